@@ -1,0 +1,1 @@
+"""Data package (installed as ``toolcage_image``): the worker Dockerfile and its pinned requirements."""

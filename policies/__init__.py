@@ -1,0 +1,20 @@
+"""The one policy model shared by runner, worker and (later) the egress proxy.
+
+Imports neither `runner` nor `worker`: both depend on it, never the other way round.
+"""
+
+from policies.errors import PolicyError
+from policies.loader import bundled_policy_names, load_policy, policy_from_json
+from policies.model import Limits, NetworkPolicy, Policy, Timeouts, parse_size
+
+__all__ = [
+    "Limits",
+    "NetworkPolicy",
+    "Policy",
+    "PolicyError",
+    "Timeouts",
+    "bundled_policy_names",
+    "load_policy",
+    "parse_size",
+    "policy_from_json",
+]

@@ -1,0 +1,54 @@
+"""``toolcage serve``: relay newline-delimited JSON-RPC between our stdio and one sandbox.
+
+Every response is parsed (bounded) by the sandbox's stream parser and re-serialised, so
+a compromised worker cannot write arbitrary bytes to the caller's stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import BinaryIO
+
+from runner.errors import ProtocolError, SandboxTimeout
+from runner.sandbox import Sandbox
+from runner.transport import EOF_MARK, Broken
+
+MAX_REQUEST_LINE = 16 * 1024 * 1024
+
+
+def _pump_requests(sb: Sandbox, infile: BinaryIO) -> None:
+    try:
+        while True:
+            line = infile.readline(MAX_REQUEST_LINE + 1)
+            if not line:
+                break
+            if len(line) > MAX_REQUEST_LINE and not line.endswith(b"\n"):
+                # too long: drop the rest of it; the worker answers the stub with -32700
+                while True:
+                    more = infile.readline(MAX_REQUEST_LINE)
+                    if not more or more.endswith(b"\n"):
+                        break
+                line = b"{\n"
+            sb.send_raw(line if line.endswith(b"\n") else line + b"\n")
+    except OSError:
+        pass
+    finally:
+        sb.finish_input()
+
+
+def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
+    """Run until stdin EOF has been answered, the worker exits, or the run deadline."""
+    t = threading.Thread(target=_pump_requests, args=(sb, infile), name="toolcage-serve-stdin", daemon=True)
+    t.start()
+    while True:
+        msg = sb.receive()
+        if msg is EOF_MARK:
+            sb.check_exit()
+            return
+        if isinstance(msg, Broken):
+            raise ProtocolError(f"protocol error: {msg.reason}")
+        if msg is None:
+            raise SandboxTimeout("run deadline reached")
+        outfile.write(json.dumps(msg).encode() + b"\n")
+        outfile.flush()

@@ -1,0 +1,198 @@
+"""The ``toolcage`` command (click): run, serve, tools, image build.
+
+stdout carries results (JSON) or the protocol (serve); everything for people goes to
+stderr. Exit codes: 0 ok, 1 the tool reported an error, 2 usage or policy error,
+3 sandbox failure (timeout, memory, crash, Docker).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from policies import PolicyError
+from runner.errors import ToolcageError, UsageError
+
+EXIT_BY_STATUS = {"ok": 0, "error": 1, "output_capped": 1, "signal": 1, "timeout": 3, "oom_killed": 3, "crashed": 3}
+_USAGE_CODES = (-32601, -32602, -32600, -32700)
+
+
+def _emit(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _fail(exc: ToolcageError | PolicyError, as_json: bool) -> NoReturn:
+    if isinstance(exc, PolicyError):
+        payload = {"status": "error", "reason": "policy", "message": str(exc)}
+        code = 2
+    else:
+        payload = exc.to_dict()
+        code = exc.exit_code
+    if as_json:
+        _emit({"error": payload, "status": payload["status"]})
+    click.echo(f"toolcage: {payload['message']}", err=True)
+    sys.exit(code)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `with Sandbox` so the container is removed
+
+
+def _parse_params(raw: str | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    text = sys.stdin.read() if raw == "-" else raw
+    try:
+        params = json.loads(text) if text.strip() else None
+    except ValueError as exc:
+        raise UsageError(f"--params is not valid JSON: {exc}") from None
+    if params is not None and not isinstance(params, dict):
+        raise UsageError("--params must be a JSON object, e.g. '{\"code\": \"print(1)\"}'")
+    return params
+
+
+def sandbox_options(f: Any) -> Any:
+    opts = [
+        click.option("--sandbox", "sandbox", type=click.Choice(["container", "none"]), default="container",
+                     show_default=True, help="'none' runs the worker as a local process: NO isolation, development only."),
+        click.option("--policy", default="default", show_default=True, help="Bundled policy name or a policy file path."),
+        click.option("--workspace", type=click.Path(file_okay=False), default=None,
+                     help="Directory mounted read-only at /workspace (default: none mounted)."),
+        click.option("--timeout", type=float, default=None,
+                     help="Run deadline in seconds; can only tighten the policy's timeouts.run_s."),
+        click.option("--keep", is_flag=True, help="Leave the container after the run, for debugging."),
+        click.option("--image", default=None, help="Worker image (default toolcage-worker:<version>, or $TOOLCAGE_IMAGE)."),
+        click.option("-v", "--verbose", count=True, help="Log run events on stderr (-vv for debug)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="toolcage")
+def cli() -> None:
+    """toolcage: run tool handlers you did not write in a hardened, per-run Docker sandbox."""
+
+
+@cli.command()
+@click.argument("tool")
+@click.option("--params", default=None, help="Tool params as a JSON object, or '-' to read it from stdin.")
+@sandbox_options
+def run(tool: str, params: str | None, sandbox: str, policy: str, workspace: str | None, timeout: float | None,
+        keep: bool, image: str | None, verbose: int) -> None:
+    """Run one TOOL call in a fresh sandbox and print the result as JSON.
+
+    Example: toolcage run run_python --params '{"code": "print(2+2)"}'
+    """
+    from runner import logs
+    from runner.sandbox import Sandbox
+
+    logs.configure(verbose)
+    try:
+        parsed = _parse_params(params)
+        sb = Sandbox(policy, workspace=workspace, tool=tool, sandbox=sandbox, image=image, keep=keep,
+                     run_timeout=timeout)
+        with sb:
+            res = sb.call(tool, parsed)
+        summary = sb.summary
+    except (ToolcageError, PolicyError) as exc:
+        _fail(exc, as_json=True)
+    out = res.to_dict()
+    out["name"] = sb.name
+    if summary is not None:
+        out.update(run_wall_ms=summary.wall_ms, cpu_ms=summary.cpu_ms, peak_memory_bytes=summary.peak_memory_bytes)
+    _emit(out)
+    if res.error and res.error.get("code") in _USAGE_CODES:
+        click.echo(f"toolcage: {res.error.get('message')}: {json.dumps(res.error.get('data'))}", err=True)
+        sys.exit(2)
+    sys.exit(EXIT_BY_STATUS.get(res.status, 3))
+
+
+@cli.command()
+@sandbox_options
+@click.option("--tool-label", default="serve", show_default=True, help="Tool name used in the container name and labels.")
+def serve(sandbox: str, policy: str, workspace: str | None, timeout: float | None, keep: bool, image: str | None,
+          verbose: int, tool_label: str) -> None:
+    """Bridge JSON-RPC on this process's stdin/stdout into one sandboxed run.
+
+    Send newline-delimited JSON-RPC 2.0 requests on stdin; responses come back on stdout.
+    The run ends at stdin EOF or at the policy's run deadline.
+    """
+    from runner import logs
+    from runner.bridge import bridge
+    from runner.sandbox import Sandbox
+
+    logs.configure(verbose)
+    try:
+        with Sandbox(policy, workspace=workspace, tool=tool_label, sandbox=sandbox, image=image, keep=keep,
+                     run_timeout=timeout) as sb:
+            bridge(sb, sys.stdin.buffer, sys.stdout.buffer)
+    except (ToolcageError, PolicyError) as exc:
+        _fail(exc, as_json=False)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print names, descriptions and params JSON schemas.")
+def tools(as_json: bool) -> None:
+    """List the built-in tools (the same list `tools.list` returns inside a sandbox)."""
+    from worker.tools import builtin_tools, describe
+
+    listing = describe(builtin_tools())
+    if as_json:
+        _emit(listing)
+        return
+    width = max(len(t["name"]) for t in listing)
+    for t in listing:
+        click.echo(f"{t['name']:<{width}}  {t['description']}")
+
+
+@cli.group()
+def image() -> None:
+    """Build and inspect the worker image."""
+
+
+@image.command("build")
+@click.option("--tag", default=None, help="Image tag (default toolcage-worker:<version>).")
+@click.option("--base", default=None, help="Base image with Python 3.11 (default: registry python image, else a local debootstrap).")
+@click.option("--force", is_flag=True, help="Rebuild even if the image is up to date.")
+def image_build(tag: str | None, base: str | None, force: bool) -> None:
+    """Build the worker image (idempotent: nothing happens when nothing changed)."""
+    from runner.docker_adapter import Engine
+    from runner.image import build_image
+    from runner.progress import StepReporter
+    from runner.sandbox import DEFAULT_IMAGE
+
+    try:
+        engine = Engine(timeout=600)
+        engine.ping()
+        with StepReporter("toolcage image build") as reporter:
+            result = build_image(engine, tag or DEFAULT_IMAGE, reporter.step, base=base, force=force)
+    except ToolcageError as exc:
+        _fail(exc, as_json=False)
+    verb = "built" if result.built else "up to date"
+    click.echo(f"{result.tag}: {verb} in {result.seconds:.1f}s (base {result.base})", err=True)
+    _emit({"tag": result.tag, "built": result.built, "base": result.base, "context_sha256": result.context_sha256,
+           "seconds": round(result.seconds, 1)})
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        cli(standalone_mode=True)
+    except KeyboardInterrupt:
+        click.echo("toolcage: interrupted; the sandbox was removed", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["cli", "main", "Path"]

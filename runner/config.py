@@ -1,0 +1,119 @@
+"""``container_config(policy, run)``: the one pure function that turns a policy into Docker settings.
+
+It returns Engine API JSON (``Config`` plus ``HostConfig``) and is unit-tested without
+Docker. Callers cannot merge extra settings over the hardening: there is no parameter
+for it. The security knobs are listed here, once, with the threat each one stops.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from policies import Policy
+
+SANDBOX_UID = 65532
+WORKSPACE = "/workspace"
+SCRATCH = "/scratch"
+NAME_PREFIX = "toolcage"
+LABEL_PREFIX = "toolcage."
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything about one run that is not the policy."""
+
+    run_id: str
+    tool: str
+    image: str
+    policy_name: str
+    started_at: str  # ISO 8601, UTC
+    deadline: float  # epoch seconds
+    owner: str  # host:pid of the runner
+    owner_started: str  # the runner process's start time, so a reused pid is not the owner
+    workspace: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def container_name(tool: str, run_id: str) -> str:
+    safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", tool)[:40].strip("-.") or "run"
+    return f"{NAME_PREFIX}-{safe}-{run_id}"
+
+
+def labels(policy: Policy, run: RunSpec) -> dict[str, str]:
+    """Labels on every object of a run, so `docker ps --filter label=toolcage.run_id` finds it."""
+    return {
+        f"{LABEL_PREFIX}run_id": run.run_id,
+        f"{LABEL_PREFIX}tool": run.tool,
+        f"{LABEL_PREFIX}policy": run.policy_name,
+        f"{LABEL_PREFIX}policy_sha256": policy.sha256(),
+        f"{LABEL_PREFIX}started_at": run.started_at,
+        f"{LABEL_PREFIX}deadline": f"{run.deadline:.3f}",
+        f"{LABEL_PREFIX}owner": run.owner,
+        f"{LABEL_PREFIX}owner_started": run.owner_started,
+    }
+
+
+def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
+    """The full create-container body for one run (Engine API field names)."""
+    lim = policy.limits
+    mounts = []
+    if run.workspace is not None:
+        # Threat: the tool changing the caller's files. Read-only, and no propagation back.
+        mounts.append(
+            {
+                "Type": "bind",
+                "Source": str(run.workspace),
+                "Target": WORKSPACE,
+                "ReadOnly": True,
+                "BindOptions": {"Propagation": "rprivate"},
+            }
+        )
+    env = {
+        "TOOLCAGE_POLICY": policy.canonical_json(),
+        "TOOLCAGE_RUN_ID": run.run_id,
+        "TOOLCAGE_DEADLINE": f"{run.deadline:.3f}",
+        "TOOLCAGE_IN_CONTAINER": "1",
+        **run.extra_env,
+    }
+    host_config: dict[str, Any] = {
+        "ReadonlyRootfs": True,  # tool code cannot alter the image (or plant files for later calls)
+        "Mounts": mounts,
+        # The only writable place: size-capped, no device nodes, no setuid, owned by the sandbox user.
+        "Tmpfs": {SCRATCH: f"rw,nosuid,nodev,size={lim.scratch},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700"},
+        "CapDrop": ["ALL"],  # no capabilities: no raw sockets, no chown, no ptrace, no mount
+        "SecurityOpt": ["no-new-privileges"],  # setuid binaries and file caps cannot raise privileges
+        "Privileged": False,
+        "PidsLimit": lim.pids,  # fork bombs hit the cgroup pids limit, not the host
+        "Memory": lim.memory,
+        "MemorySwap": lim.memory,  # swap equal to memory: no swap, so the limit bites
+        "NanoCpus": int(lim.cpus * 1e9),
+        "Ulimits": [{"Name": "nofile", "Soft": lim.nofile, "Hard": lim.nofile}],
+        "Init": True,  # an init reaps orphans and forwards signals; the worker is not PID 1
+        "NetworkMode": "none",
+        "IpcMode": "private",
+        "PortBindings": {},
+        "PublishAllPorts": False,
+        "AutoRemove": False,  # the runner removes it after reading State.OOMKilled
+        "LogConfig": {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}},
+    }
+    return {
+        "Image": run.image,
+        "User": f"{SANDBOX_UID}:{SANDBOX_UID}",
+        "WorkingDir": SCRATCH,
+        "Env": [f"{k}={v}" for k, v in env.items()],
+        "Labels": labels(policy, run),
+        "Hostname": "toolcage",
+        "AttachStdin": True,
+        "AttachStdout": True,
+        "AttachStderr": True,
+        "OpenStdin": True,
+        "StdinOnce": True,  # the runner going away closes stdin: the worker sees EOF and exits
+        "Tty": False,
+        # No network stack beyond a private loopback. Faster to start than NetworkMode "none"
+        # alone (no libnetwork sandbox); tests assert only `lo` exists and connects fail.
+        "NetworkDisabled": True,
+        "HostConfig": host_config,
+    }

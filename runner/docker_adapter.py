@@ -1,0 +1,167 @@
+"""The one module that imports docker-py: every Engine call, with foreign errors translated once.
+
+Swapping the Docker client (or adding Podman) touches this file only.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from runner.errors import DockerUnavailable, ImageMissing, SandboxError
+
+API_VERSION = "1.41"  # Docker Engine 20.10+; fixed so no /version round trip on connect
+_UNREACHABLE = (
+    "Cannot reach the Docker engine ({detail}). Start Docker (e.g. `sudo systemctl start docker` "
+    "or `sudo dockerd &`), or set DOCKER_HOST to a reachable engine."
+)
+
+
+def _translate(exc: Exception, image: str | None = None) -> SandboxError:
+    if isinstance(exc, docker.errors.ImageNotFound) or (
+        isinstance(exc, docker.errors.NotFound) and image and "image" in str(exc).lower()
+    ):
+        return ImageMissing(
+            f"The worker image {image} is not present. Build it with `toolcage image build`.", image=image
+        )
+    if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError):
+        return DockerUnavailable(_UNREACHABLE.format(detail=type(exc).__name__))
+    if isinstance(exc, docker.errors.DockerException) and "connection" in str(exc).lower():
+        return DockerUnavailable(_UNREACHABLE.format(detail=str(exc).split("(")[0].strip()))
+    if isinstance(exc, docker.errors.APIError):
+        return SandboxError(f"Docker refused the request: {exc.explanation or exc}")
+    return SandboxError(f"Docker call failed: {exc}")
+
+
+class Engine:
+    """A thin, translated view of the Docker Engine API."""
+
+    def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
+        try:
+            if base_url:
+                self.api = docker.APIClient(base_url=base_url, version=API_VERSION, timeout=timeout)
+            else:
+                self.api = docker.from_env(version=API_VERSION, timeout=timeout).api
+        except docker.errors.DockerException as exc:
+            raise _translate(exc) from exc
+
+    def ping(self) -> dict[str, Any]:
+        """The engine's version info, or DockerUnavailable."""
+        try:
+            return dict(self.api.version())
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    # images -------------------------------------------------------------------------
+    def image(self, ref: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.api.inspect_image(ref))
+        except docker.errors.ImageNotFound:
+            return None
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def pull(self, ref: str) -> bool:
+        """Try to pull; False when no registry answers (this is not an error here)."""
+        try:
+            repo, _, tag = ref.rpartition(":") if ":" in ref.split("/")[-1] else (ref, "", "latest")
+            self.api.pull(repo, tag=tag)
+            return True
+        except docker.errors.APIError:
+            return False
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def import_tarball(self, path: str, repository: str, tag: str) -> None:
+        try:
+            self.api.import_image_from_file(path, repository=repository, tag=tag)
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def build(self, context: str, tag: str, buildargs: dict[str, str], labels: dict[str, str]) -> Iterator[dict[str, Any]]:
+        """Build with no network and no pull; yields the engine's progress messages."""
+        try:
+            yield from self.api.build(
+                path=context,
+                tag=tag,
+                buildargs=buildargs,
+                labels=labels,
+                network_mode="none",
+                pull=False,
+                rm=True,
+                forcerm=True,
+                decode=True,
+            )
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    # containers ---------------------------------------------------------------------
+    def create(self, config: dict[str, Any], name: str) -> str:
+        try:
+            return str(self.api.create_container_from_config(config, name=name)["Id"])
+        except Exception as exc:
+            raise _translate(exc, image=config.get("Image")) from exc
+
+    def attach(self, cid: str) -> socket.socket:
+        """A raw, bidirectional socket on the container's stdin/stdout/stderr (multiplexed)."""
+        try:
+            sock = self.api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+        except Exception as exc:
+            raise _translate(exc) from exc
+        raw = getattr(sock, "_sock", sock)
+        assert isinstance(raw, socket.socket)
+        return raw
+
+    def start(self, cid: str) -> None:
+        try:
+            self.api.start(cid)
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def kill(self, cid: str) -> None:
+        try:
+            self.api.kill(cid)
+        except docker.errors.APIError:
+            pass  # already stopped or gone: the goal is reached
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def inspect(self, cid: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.api.inspect_container(cid))
+        except docker.errors.NotFound:
+            return None
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def wait(self, cid: str, timeout: float) -> int | None:
+        try:
+            return int(self.api.wait(cid, timeout=timeout)["StatusCode"])
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            return None
+        except docker.errors.NotFound:
+            return None
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def remove(self, cid: str) -> None:
+        try:
+            self.api.remove_container(cid, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                raise _translate(exc) from exc
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def containers(self, label: str, all: bool = True) -> list[dict[str, Any]]:
+        try:
+            return list(self.api.containers(all=all, filters={"label": label}))
+        except Exception as exc:
+            raise _translate(exc) from exc

@@ -1,0 +1,76 @@
+"""Runner-side error tree; each class carries its CLI exit code and, for sandbox failures,
+the ``status`` that says how the run ended.
+
+    ToolcageError (exit 3)
+    ├── UsageError (exit 2)                bad CLI input, bad params JSON
+    │   └── WorkspaceError (exit 2)        workspace missing or too sensitive to mount
+    └── SandboxError (exit 3)              the sandbox, not the tool, failed
+        ├── DockerUnavailable              the engine cannot be reached     status "crashed"
+        ├── ImageMissing                   the worker image is not built    status "crashed"
+        ├── SandboxTimeout                 the run deadline killed it       status "timeout"
+        ├── SandboxOOM                     the worker itself hit the limit  status "oom_killed"
+        ├── WorkerCrashed                  the worker died (stderr tail)    status "crashed"
+        └── ProtocolError                  the container sent bad framing   status "crashed"
+
+Policy errors are ``policies.PolicyError`` (exit 2). Foreign errors (docker-py, OS) are
+translated once, in the Docker adapter, with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ToolcageError(Exception):
+    exit_code = 3
+    status = "crashed"
+    reason = "error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "reason": self.reason, "message": self.message, **self.details}
+
+
+class UsageError(ToolcageError):
+    exit_code = 2
+    status = "error"
+    reason = "usage"
+
+
+class WorkspaceError(UsageError):
+    reason = "workspace"
+
+
+class SandboxError(ToolcageError):
+    exit_code = 3
+    reason = "sandbox"
+
+
+class DockerUnavailable(SandboxError):
+    reason = "docker_unreachable"
+
+
+class ImageMissing(SandboxError):
+    reason = "image_missing"
+
+
+class SandboxTimeout(SandboxError):
+    status = "timeout"
+    reason = "run_deadline"
+
+
+class SandboxOOM(SandboxError):
+    status = "oom_killed"
+    reason = "memory_limit"
+
+
+class WorkerCrashed(SandboxError):
+    reason = "worker_crashed"
+
+
+class ProtocolError(SandboxError):
+    reason = "protocol"

@@ -1,0 +1,240 @@
+"""``toolcage image build``: the worker image, built offline and only when something changed.
+
+The base is a Python 3.11 image: ``python:3.11-slim-bookworm`` where a registry answers,
+otherwise ``toolcage-base:bookworm`` bootstrapped here with debootstrap from the Debian
+mirror the host's apt already uses, then ``docker import``-ed. Wheels are downloaded on
+the host and installed in the build with ``--no-index``; the build itself has no network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from runner.errors import SandboxError
+
+REGISTRY_BASE = "python:3.11-slim-bookworm"
+LOCAL_BASE = "toolcage-base:bookworm"
+SUITE = "bookworm"  # python3.11, matching the cp311 wheels
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+CONTEXT_LABEL = "toolcage.context_sha256"
+_SLIM = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/cache/apt", "var/lib/apt/lists")
+
+Report = Callable[[str], None]
+
+
+class BuildError(SandboxError):
+    reason = "image_build"
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    tag: str
+    base: str
+    context_sha256: str
+    built: bool  # False: the image was already up to date
+    seconds: float
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "toolcage"
+
+
+def debian_mirror() -> str:
+    """The Debian mirror the host's apt uses (so an offline-but-mirrored machine still works)."""
+    if os.environ.get("TOOLCAGE_DEBIAN_MIRROR"):
+        return os.environ["TOOLCAGE_DEBIAN_MIRROR"]
+    files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for f in files:
+        try:
+            text = f.read_text(errors="replace")
+        except OSError:
+            continue
+        for m in re.finditer(r"(?m)^\s*(?:deb\s+(?:\[[^\]]*\]\s+)?|URIs:\s*)(\S+)", text):
+            uri = m.group(1).rstrip("/")
+            if "debian" in uri and "security" not in uri and uri.startswith(("http://", "https://", "file:/")):
+                return uri
+    return DEFAULT_MIRROR
+
+
+def bootstrap_base(engine: object, report: Report) -> str:
+    """debootstrap a minimal Debian with python3 and import it as LOCAL_BASE."""
+    if shutil.which("debootstrap") is None:
+        raise BuildError(
+            "No registry is reachable and debootstrap is not installed: install it "
+            "(`apt-get install debootstrap`) or set TOOLCAGE_BASE_IMAGE to a local Python 3.11 image."
+        )
+    if os.geteuid() != 0:
+        raise BuildError(
+            "Bootstrapping the base image with debootstrap needs root: run `sudo toolcage image build` once, "
+            "or set TOOLCAGE_BASE_IMAGE to a local Python 3.11 image."
+        )
+    mirror = debian_mirror()
+    work = Path(tempfile.mkdtemp(prefix="toolcage-base-", dir="/var/tmp"))
+    root = work / "root"
+    try:
+        report(f"debootstrap {SUITE} (minbase + python3) from {mirror}")
+        cmd = ["debootstrap", "--variant=minbase", "--include=python3", SUITE, str(root), mirror]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        tail: list[str] = []
+        phase = ""
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail = [*tail[-20:], line]
+            if not line.startswith("I: "):
+                continue
+            word = line[3:].split(" ", 1)[0]
+            if word != phase:  # one progress line per debootstrap phase, not per package
+                phase = word
+                report(line[3:])
+        if proc.wait() != 0:
+            raise BuildError("debootstrap failed:\n" + "\n".join(tail))
+        for rel in _SLIM:
+            target = root / rel
+            if target.is_dir():
+                shutil.rmtree(target, ignore_errors=True)
+                target.mkdir(parents=True, exist_ok=True)
+        tarball = work / "base.tar"
+        report("packing the root file system")
+        subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tarball), "."], check=True)
+        report(f"docker import → {LOCAL_BASE}")
+        repo, tag = LOCAL_BASE.split(":")
+        engine.import_tarball(str(tarball), repo, tag)  # type: ignore[attr-defined]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return LOCAL_BASE
+
+
+def choose_base(engine: object, report: Report, requested: str | None = None) -> str:
+    """An explicit base, else the registry's Python image, else the local bootstrap."""
+    requested = requested or os.environ.get("TOOLCAGE_BASE_IMAGE")
+    if requested:
+        if engine.image(requested) is None and not engine.pull(requested):  # type: ignore[attr-defined]
+            raise BuildError(f"base image {requested} is neither present nor pullable")
+        return requested
+    for ref in (REGISTRY_BASE, LOCAL_BASE):
+        if engine.image(ref) is not None:  # type: ignore[attr-defined]
+            return ref
+    report(f"trying to pull {REGISTRY_BASE}")
+    if engine.pull(REGISTRY_BASE):  # type: ignore[attr-defined]
+        return REGISTRY_BASE
+    report("no registry reachable: bootstrapping a Debian base locally")
+    return bootstrap_base(engine, report)
+
+
+def _requirements() -> Path:
+    return Path(str(resources.files("toolcage_image") / "requirements-worker.txt"))
+
+
+def download_wheels(report: Report) -> Path:
+    """Wheels for the image (cp311, manylinux, this machine's arch), cached by requirements hash."""
+    req = _requirements()
+    arch = platform.machine()
+    key = hashlib.sha256(req.read_bytes() + arch.encode()).hexdigest()[:16]
+    dest = _cache_dir() / "wheels" / key
+    if (dest / ".complete").exists():
+        report(f"wheels cached in {dest}")
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    report("downloading wheels for the image (cp311, manylinux)")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+
+    def _run(args: list[str], what: str) -> None:
+        proc = subprocess.run([*pip, *args], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BuildError(f"could not {what} (is PyPI reachable?):\n" + proc.stderr[-2000:])
+
+    # Some pinned packages ship only an sdist (jsonrpcserver 5): build those into pure-python
+    # wheels here, so the platform-specific download below can find them with --find-links.
+    with tempfile.TemporaryDirectory(prefix="toolcage-sdist-") as tmp:
+        _run(["download", "--quiet", "--no-deps", "--no-binary=:none:", "--dest", tmp, "-r", str(req)], "download requirements")
+        for sdist in sorted(Path(tmp).glob("*.tar.gz")) + sorted(Path(tmp).glob("*.zip")):
+            report(f"building a wheel from the sdist {sdist.name}")
+            _run(["wheel", "--quiet", "--no-deps", "--wheel-dir", str(dest), str(sdist)], f"build {sdist.name}")
+    for whl in dest.glob("*.whl"):
+        if not whl.name.endswith("-none-any.whl"):
+            raise BuildError(f"{whl.name} was built from an sdist but is not pure Python; pin a version with wheels")
+    base = [
+        "download", "--quiet", "--dest", str(dest), "--find-links", str(dest),
+        "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+        "--platform", f"manylinux2014_{arch}", "--platform", f"manylinux_2_17_{arch}",
+        "--platform", f"manylinux_2_28_{arch}", "--platform", "any",
+    ]
+    _run([*base, "-r", str(req)], "download the worker's wheels")
+    _run([*base, "pip"], "download pip")
+    (dest / ".complete").touch()
+    return dest
+
+
+def _copy_package(name: str, dest: Path) -> None:
+    src = Path(str(resources.files(name)))
+    shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+
+def assemble_context(wheels: Path, into: Path) -> None:
+    img = Path(str(resources.files("toolcage_image")))
+    shutil.copy(img / "Dockerfile", into / "Dockerfile")
+    (into / "wheels").mkdir()
+    for whl in sorted(wheels.glob("*.whl")):
+        shutil.copy(whl, into / "wheels" / whl.name)
+    shutil.copy(_requirements(), into / "wheels" / "requirements-worker.txt")
+    for pkg in ("worker", "policies"):
+        _copy_package(pkg, into)
+
+
+def context_sha256(context: Path, base_id: str) -> str:
+    h = hashlib.sha256(base_id.encode())
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(context)).encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def build_image(engine: object, tag: str, report: Report, base: str | None = None, force: bool = False) -> BuildResult:
+    """Build the worker image unless an image with the same context hash is already there."""
+    started = time.monotonic()
+    base_ref = choose_base(engine, report, base)
+    base_info = engine.image(base_ref)  # type: ignore[attr-defined]
+    if base_info is None:
+        raise BuildError(f"base image {base_ref} disappeared")
+    report(f"base image {base_ref}")
+    wheels = download_wheels(report)
+    with tempfile.TemporaryDirectory(prefix="toolcage-ctx-") as tmp:
+        ctx = Path(tmp)
+        assemble_context(wheels, ctx)
+        digest = context_sha256(ctx, base_info["Id"])
+        existing = engine.image(tag)  # type: ignore[attr-defined]
+        labels = ((existing or {}).get("Config") or {}).get("Labels") or {}
+        if existing is not None and labels.get(CONTEXT_LABEL) == digest and not force:
+            report(f"{tag} is up to date")
+            return BuildResult(tag, base_ref, digest, False, time.monotonic() - started)
+        report(f"building {tag}")
+        error = None
+        output: list[str] = []
+        for msg in engine.build(str(ctx), tag, {"BASE": base_ref}, {CONTEXT_LABEL: digest}):  # type: ignore[attr-defined]
+            if "error" in msg:
+                error = msg.get("error")
+            stream = (msg.get("stream") or "").strip()
+            if stream:
+                output = [*output[-30:], stream]
+            if stream.startswith("Step "):
+                report(stream[:160])
+        if error:
+            raise BuildError(f"docker build failed: {error}\n" + "\n".join(output[-15:]))
+    if engine.image(tag) is None:  # type: ignore[attr-defined]
+        raise BuildError("docker build finished but the image is missing")
+    return BuildResult(tag, base_ref, digest, True, time.monotonic() - started)
+

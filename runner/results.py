@@ -1,0 +1,64 @@
+"""How a call or a run ended: one ``status`` field, always one of STATUSES."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+STATUSES = ("ok", "error", "timeout", "oom_killed", "output_capped", "signal", "crashed")
+_ERROR_STATUS = {-32003: "timeout"}
+
+
+def classify_result(result: Any) -> str:
+    """Status of a successful JSON-RPC result: a child process reports how it ended."""
+    if isinstance(result, dict) and "exit_code" in result:
+        if result.get("oom_killed"):
+            return "oom_killed"
+        if result.get("timed_out"):
+            return "timeout"
+        if result.get("signal"):
+            return "signal"
+        if result.get("truncated"):
+            return "output_capped"
+        if result.get("exit_code") != 0:
+            return "error"
+    return "ok"
+
+
+def classify_error(code: int) -> str:
+    return _ERROR_STATUS.get(code, "error")
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The outcome of one tool call; ``status`` says how it ended."""
+
+    status: str
+    tool: str
+    run_id: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+    wall_ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What the runner knows when a run has ended."""
+
+    run_id: str
+    name: str
+    status: str
+    wall_ms: float
+    cpu_ms: float | None
+    peak_memory_bytes: int | None
+    calls: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

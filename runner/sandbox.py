@@ -1,0 +1,431 @@
+"""``Sandbox``: one hardened container (or, for development, one local process) per run.
+
+Lifecycle: create → attach → start → calls over JSON-RPC → remove. The container is
+removed on every exit path (normal close, exceptions, SIGINT/SIGTERM via the CLI's
+handlers, interpreter exit) unless ``keep=True``; a hard run deadline kills it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import secrets
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jsonrpcclient
+import structlog
+
+from policies import Policy, load_policy
+from runner import ownership
+from runner.config import RunSpec, container_config, container_name
+from runner.errors import (
+    ProtocolError,
+    SandboxError,
+    SandboxOOM,
+    SandboxTimeout,
+    ToolcageError,
+    UsageError,
+    WorkerCrashed,
+)
+from runner.results import CallResult, RunSummary, classify_error, classify_result
+from runner.transport import EOF_MARK, Broken, DockerAttachTransport, ProcessTransport, StreamParser
+from runner.workspace import validate_workspace
+
+log = structlog.get_logger()
+
+__version__ = "0.1.0"
+DEFAULT_IMAGE = f"toolcage-worker:{__version__}"
+CALL_GRACE_S = 2.0  # the worker enforces call timeouts; the runner waits this much longer
+NONE_WARNING = (
+    "WARNING: --sandbox none: the tool runs as a plain process on this host with your privileges. "
+    "NOTHING IS ISOLATED (no container, no read-only workspace, no network block). Development only."
+)
+
+_LIVE: set[Sandbox] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _cleanup_live() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for sb in live:
+        try:
+            sb.close()
+        except Exception:  # noqa: S110 - best effort at interpreter exit
+            pass
+
+
+atexit.register(_cleanup_live)
+
+
+def resolve_policy(policy: str | Path | Policy, run_timeout: float | None = None) -> Policy:
+    p = policy if isinstance(policy, Policy) else load_policy(policy)
+    if run_timeout is not None:
+        if run_timeout <= 0:
+            raise UsageError("--timeout must be a positive number of seconds")
+        # A caller may tighten the deadline, never loosen the policy's.
+        run_s = min(run_timeout, p.timeouts.run_s)
+        p = p.model_copy(update={"timeouts": p.timeouts.model_copy(update={"run_s": run_s})})
+    return p
+
+
+class Sandbox:
+    """A sandboxed worker for one run. Use as a context manager; ``call`` tools on it."""
+
+    def __init__(
+        self,
+        policy: str | Path | Policy = "default",
+        *,
+        workspace: str | os.PathLike[str] | None = None,
+        tool: str = "session",
+        sandbox: str = "container",
+        image: str | None = None,
+        keep: bool = False,
+        run_timeout: float | None = None,
+        engine: Any = None,
+    ) -> None:
+        if sandbox not in ("container", "none"):
+            raise UsageError(f"unknown sandbox kind {sandbox!r}: use 'container' or 'none'")
+        self.policy = resolve_policy(policy, run_timeout)
+        self.workspace = validate_workspace(workspace) if workspace is not None else None
+        self.tool = tool
+        self.kind = sandbox
+        self.image = image or os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)
+        self.keep = keep
+        self.run_id = secrets.token_hex(4)
+        self.name = container_name(tool, self.run_id)
+        self.container_id: str | None = None
+        self._engine = engine
+        self._transport: DockerAttachTransport | ProcessTransport | None = None
+        self._parser: StreamParser | None = None
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._deadline_hit = False
+        self._dead: SandboxError | None = None
+        self._closed = False
+        self._input_closed = False
+        self._started = 0.0
+        self._deadline = 0.0
+        self._calls = 0
+        self._tmpdirs: list[str] = []
+        self.summary: RunSummary | None = None
+        self.log = log.bind(run_id=self.run_id, name=self.name)
+
+    # lifecycle ------------------------------------------------------------------------
+    def __enter__(self) -> Sandbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> Sandbox:
+        self._started = time.monotonic()
+        self._deadline = self._started + self.policy.timeouts.run_s
+        parser = StreamParser(max_line=16 * self.policy.limits.output_cap + (1 << 20))
+        self._parser = parser
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        try:
+            if self.kind == "container":
+                self._start_container(parser)
+            else:
+                self._start_process(parser)
+        except BaseException:
+            self.close()
+            raise
+        self._timer = threading.Timer(self.policy.timeouts.run_s, self._on_deadline)
+        self._timer.daemon = True
+        self._timer.start()
+        self.log.info(
+            "run.started", kind=self.kind, policy=self.policy.name, policy_sha256=self.policy.sha256(),
+            container_id=self.container_id, workspace=str(self.workspace) if self.workspace else None,
+        )
+        return self
+
+    def _run_spec(self) -> RunSpec:
+        host_pid, started = ownership.owner()
+        return RunSpec(
+            run_id=self.run_id,
+            tool=self.tool,
+            image=self.image,
+            policy_name=self.policy.name,
+            started_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
+            deadline=time.time() + self.policy.timeouts.run_s,
+            owner=host_pid,
+            owner_started=started,
+            workspace=self.workspace,
+        )
+
+    def _start_container(self, parser: StreamParser) -> None:
+        if self._engine is None:
+            from runner.docker_adapter import Engine
+
+            self._engine = Engine()
+        config = container_config(self.policy, self._run_spec())
+        self.container_id = self._engine.create(config, self.name)
+        sock = self._engine.attach(self.container_id)
+        self._transport = DockerAttachTransport(sock, parser)
+        self._transport.start()
+        self._engine.start(self.container_id)
+
+    def _start_process(self, parser: StreamParser) -> None:
+        print(NONE_WARNING, file=sys.stderr)
+        scratch = tempfile.mkdtemp(prefix=f"toolcage-{self.run_id}-scratch-")
+        self._tmpdirs.append(scratch)
+        workspace = str(self.workspace) if self.workspace else tempfile.mkdtemp(prefix=f"toolcage-{self.run_id}-ws-")
+        if not self.workspace:
+            self._tmpdirs.append(workspace)
+        spec = self._run_spec()
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+            "TOOLCAGE_POLICY": self.policy.canonical_json(),
+            "TOOLCAGE_RUN_ID": self.run_id,
+            "TOOLCAGE_DEADLINE": f"{spec.deadline:.3f}",
+            "TOOLCAGE_WORKSPACE": workspace,
+            "TOOLCAGE_SCRATCH": scratch,
+        }
+        self._transport = ProcessTransport([sys.executable, "-m", "worker"], env, scratch, parser)
+        self._transport.start()
+
+    def _on_deadline(self) -> None:
+        self._deadline_hit = True
+        self.log.warning("run.deadline", run_s=self.policy.timeouts.run_s)
+        self._kill()
+
+    def _kill(self) -> None:
+        try:
+            if self.kind == "container" and self.container_id and self._engine is not None:
+                self._engine.kill(self.container_id)
+            elif isinstance(self._transport, ProcessTransport):
+                try:
+                    os.killpg(self._transport.proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+        except ToolcageError:
+            pass
+
+    # calls ----------------------------------------------------------------------------
+    def call(self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> CallResult:
+        """Call a tool in the sandbox. Tool outcomes come back as a CallResult; sandbox failures raise."""
+        if params is not None and not isinstance(params, dict):
+            raise UsageError("params must be a JSON object")
+        with self._lock:
+            if self._dead is not None:
+                raise self._dead
+            if self._transport is None or self._closed:
+                raise UsageError("the sandbox is not running: use it as a context manager or call start()")
+            request = jsonrpcclient.request(tool, params=params or None)
+            line = (json.dumps(request) + "\n").encode()
+            wait = timeout
+            if wait is None:
+                declared = (params or {}).get("timeout_s")
+                base = declared if isinstance(declared, int | float) and declared > 0 else self.policy.timeouts.call_s
+                wait = base + CALL_GRACE_S
+            started = time.monotonic()
+            try:
+                self._transport.send(line)
+            except OSError:
+                pass  # the worker is gone; the reader reports how it ended
+            msg = self._await(request["id"], started + wait)
+            wall_ms = round((time.monotonic() - started) * 1000, 3)
+            self._calls += 1
+            resp = jsonrpcclient.parse(msg)
+            if isinstance(resp, jsonrpcclient.Ok):
+                return CallResult(classify_result(resp.result), tool, self.run_id, result=resp.result, wall_ms=wall_ms)
+            err = {"code": resp.code, "message": resp.message, "data": resp.data}
+            return CallResult(classify_error(resp.code), tool, self.run_id, error=err, wall_ms=wall_ms)
+
+    def _await(self, req_id: Any, call_deadline: float) -> dict[str, Any]:
+        assert self._parser is not None
+        while True:
+            remaining = min(call_deadline, self._deadline + 1.0) - time.monotonic()
+            try:
+                msg = self._parser.messages.get(timeout=max(remaining, 0))
+            except queue.Empty:
+                self._kill()
+                if time.monotonic() >= self._deadline:
+                    self._deadline_hit = True
+                    raise self._fail(SandboxTimeout(f"run exceeded its deadline of {self.policy.timeouts.run_s:g}s")) from None
+                raise self._fail(
+                    SandboxTimeout("the worker did not answer within the call timeout; the sandbox was killed", reason_detail="call")
+                ) from None
+            if msg is EOF_MARK:
+                self._parser.messages.put(EOF_MARK)  # keep it visible for later callers
+                exc = self._explain_exit()
+                assert exc is not None
+                raise self._fail(exc)
+            if isinstance(msg, Broken):
+                self._kill()
+                raise self._fail(ProtocolError(f"protocol error: {msg.reason}; the sandbox was killed"))
+            if isinstance(msg, dict) and msg.get("id") == req_id and ("result" in msg or "error" in msg):
+                return msg
+            # a late answer to an abandoned call, or a notification: skip it
+
+    def _fail(self, exc: SandboxError) -> SandboxError:
+        exc.details.setdefault("run_id", self.run_id)
+        self._dead = exc
+        return exc
+
+    def _explain_exit(self, clean_ok: bool = False) -> SandboxError | None:
+        """The worker's stream ended: find out why (deadline, OOM, crash); None if it ended cleanly."""
+        tail = self._parser.stderr_tail() if self._parser else ""
+        exit_code: int | None = None
+        oom = False
+        if self.kind == "container" and self.container_id and self._engine is not None:
+            exit_code = self._engine.wait(self.container_id, timeout=5)
+            info = self._engine.inspect(self.container_id) or {}
+            state = info.get("State", {})
+            oom = bool(state.get("OOMKilled"))
+            exit_code = state.get("ExitCode", exit_code)
+        elif isinstance(self._transport, ProcessTransport):
+            try:
+                exit_code = self._transport.proc.wait(timeout=5)
+            except Exception:  # noqa: S110
+                pass
+        if self._deadline_hit:
+            return SandboxTimeout(f"run exceeded its deadline of {self.policy.timeouts.run_s:g}s; the sandbox was killed")
+        if clean_ok and exit_code == 0 and not oom:
+            return None
+        if oom:
+            return SandboxOOM(
+                f"the worker was killed by the memory limit ({self.policy.limits.memory} bytes)", exit_code=exit_code
+            )
+        return WorkerCrashed(
+            f"the worker exited unexpectedly (exit code {exit_code})", exit_code=exit_code, stderr_tail=tail[-2000:]
+        )
+
+    # raw access for `toolcage serve` ---------------------------------------------------
+    def send_raw(self, line: bytes) -> None:
+        """Forward one request line as is (the worker validates it)."""
+        if self._transport is None:
+            raise UsageError("the sandbox is not running")
+        try:
+            self._transport.send(line)
+        except OSError:
+            pass
+
+    def finish_input(self) -> None:
+        """No more requests: close the worker's stdin so it exits after answering."""
+        self._input_closed = True
+        if self._transport is not None:
+            self._transport.close_stdin()
+
+    def receive(self) -> Any:
+        """Next message from the worker: a dict/list, EOF_MARK, Broken, or None at the run deadline."""
+        assert self._parser is not None
+        try:
+            return self._parser.messages.get(timeout=max(self._deadline + 1.0 - time.monotonic(), 0))
+        except queue.Empty:
+            self._kill()
+            return None
+
+    def check_exit(self) -> None:
+        """After EOF: raise if the worker did not end cleanly (input closed and exit 0)."""
+        exc = self._explain_exit(clean_ok=self._input_closed)
+        if exc is not None:
+            raise self._fail(exc)
+        self._dead = None
+
+    def usage(self) -> dict[str, Any]:
+        """CPU time and peak memory of the whole sandbox so far (from its cgroup)."""
+        res = self.call("sandbox.usage", timeout=5)
+        return res.result if isinstance(res.result, dict) else {}
+
+    # teardown -------------------------------------------------------------------------
+    def close(self) -> RunSummary | None:
+        """End the run: gather usage, remove the container (unless keep), free everything. Idempotent."""
+        if self._closed:
+            return self.summary
+        usage: dict[str, Any] = {}
+        if self._dead is None and self._transport is not None and not self._input_closed:
+            try:
+                usage = self.usage()
+            except ToolcageError:
+                pass
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        status = self._dead.status if self._dead is not None else "ok"
+        try:
+            if self._transport is not None:
+                self._transport.close_stdin()
+            if self.kind == "container" and self.container_id and self._engine is not None:
+                if self.keep:
+                    self.log.warning("run.kept", container=self.name)
+                else:
+                    self._engine.remove(self.container_id)
+            elif isinstance(self._transport, ProcessTransport):
+                try:
+                    self._transport.proc.wait(timeout=2)
+                except Exception:
+                    self._kill()
+                    self._transport.proc.wait(timeout=5)
+        finally:
+            if self._transport is not None:
+                self._transport.close()
+            for d in self._tmpdirs:
+                shutil.rmtree(d, ignore_errors=True)
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+        self.summary = RunSummary(
+            run_id=self.run_id,
+            name=self.name,
+            status=status,
+            wall_ms=round((time.monotonic() - self._started) * 1000, 3) if self._started else 0.0,
+            cpu_ms=usage.get("cpu_ms"),
+            peak_memory_bytes=usage.get("peak_memory_bytes"),
+            calls=self._calls,
+        )
+        self.log.info("run.finished", **self.summary.to_dict())
+        return self.summary
+
+
+class AsyncSandbox:
+    """The async twin of :class:`Sandbox`: the same run, its blocking calls moved to a thread."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._sync = Sandbox(*args, **kwargs)
+
+    @property
+    def run_id(self) -> str:
+        return self._sync.run_id
+
+    @property
+    def name(self) -> str:
+        return self._sync.name
+
+    async def __aenter__(self) -> AsyncSandbox:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> AsyncSandbox:
+        import asyncio
+
+        await asyncio.to_thread(self._sync.start)
+        return self
+
+    async def call(self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> CallResult:
+        import asyncio
+
+        return await asyncio.to_thread(self._sync.call, tool, params, timeout=timeout)
+
+    async def close(self) -> RunSummary | None:
+        import asyncio
+
+        return await asyncio.to_thread(self._sync.close)
+

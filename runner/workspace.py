@@ -1,0 +1,53 @@
+"""Validate a workspace before it is bind-mounted (read-only) into a sandbox.
+
+Threat: a careless or hostile caller mounting the host's secrets (``/``, ``/etc``,
+``~/.ssh``, the Docker socket, which is root on the host) into code it does not trust.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from runner.errors import WorkspaceError
+
+# Never mount these, nor anything inside them.
+_FORBIDDEN_TREES = ("/proc", "/sys", "/dev", "/etc", "/boot", "/root", "/run", "/var/run", "/var/lib/docker")
+# Never mount these themselves (their children may be fine: /home/me/project).
+_FORBIDDEN_EXACT = ("/", "/home", "/usr", "/var", "/bin", "/sbin", "/lib", "/lib64", "/opt", "/srv", "/mnt", "/media")
+# Secrets in a home directory: refuse them and any directory that contains them.
+_HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".config/gcloud", ".netrc", ".pgpass")
+_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock")
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def validate_workspace(raw: str | os.PathLike[str]) -> Path:
+    """Return the resolved workspace, or raise WorkspaceError saying why it cannot be mounted."""
+    given = Path(raw).expanduser()
+    try:
+        path = given.resolve(strict=True)
+    except FileNotFoundError:
+        raise WorkspaceError(f"workspace {str(given)!r} does not exist") from None
+    except (OSError, RuntimeError) as exc:
+        raise WorkspaceError(f"workspace {str(given)!r} cannot be resolved: {exc}") from None
+    if not path.is_dir():
+        raise WorkspaceError(f"workspace {str(path)!r} is not a directory")
+    for tree in _FORBIDDEN_TREES:
+        if _within(path, Path(tree)):
+            raise WorkspaceError(f"refusing to mount {str(path)!r}: it is inside {tree}, which holds host secrets")
+    if str(path) in _FORBIDDEN_EXACT:
+        raise WorkspaceError(f"refusing to mount {str(path)!r}: too broad; mount a project directory instead")
+    home = Path.home().resolve()
+    if path == home:
+        raise WorkspaceError(f"refusing to mount your home directory {str(path)!r}; mount a project directory")
+    for secret in _HOME_SECRETS:
+        target = home / secret
+        if _within(path, target) or _within(target, path):
+            raise WorkspaceError(f"refusing to mount {str(path)!r}: it is or contains {str(target)!r}")
+    for sock in _SOCKETS:
+        if _within(Path(sock), path):
+            raise WorkspaceError(f"refusing to mount {str(path)!r}: it contains the container engine socket {sock}")
+    return path

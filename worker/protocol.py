@@ -1,0 +1,78 @@
+"""Protect and frame the protocol stream: newline-delimited JSON on private file descriptors.
+
+Threat: tool code (a handler's ``print``, a child that floods stdout, code that reads
+stdin) corrupting the JSON-RPC framing. At start-up the worker moves the protocol to
+private, close-on-exec descriptors and points fd 0 at /dev/null and fd 1 at stderr, so
+nothing but :class:`Channel` can ever write a response or read a request.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+_CHUNK = 256 * 1024
+
+
+class Channel:
+    """Reads request lines from and writes response lines to the private protocol fds."""
+
+    def __init__(self, fd_in: int, fd_out: int, max_line: int = MAX_REQUEST_BYTES) -> None:
+        self._in = fd_in
+        self._out = fd_out
+        self._max = max_line
+
+    @classmethod
+    def claim_stdio(cls) -> Channel:
+        """Move the protocol off fds 0/1 so handlers and children cannot touch it."""
+        proto_in = os.dup(0)  # os.dup creates non-inheritable fds (PEP 446)
+        proto_out = os.dup(1)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.dup2(2, 1)  # anything printed now lands in the log stream, not the protocol
+        sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+        sys.stdout = sys.stderr
+        return cls(proto_in, proto_out)
+
+    def lines(self) -> Iterator[bytes | None]:
+        """Yield each request line (without newline); ``None`` for a line that was too long."""
+        buf = bytearray()
+        skipping = False
+        while True:
+            chunk = os.read(self._in, _CHUNK)
+            if not chunk:
+                if buf and not skipping:
+                    yield bytes(buf)
+                return
+            start = 0
+            while True:
+                nl = chunk.find(b"\n", start)
+                if nl < 0:
+                    if not skipping:
+                        buf += chunk[start:]
+                        if len(buf) > self._max:
+                            buf.clear()
+                            skipping = True
+                    break
+                if skipping:
+                    skipping = False
+                    yield None
+                else:
+                    buf += chunk[start:nl]
+                    if len(buf) > self._max:
+                        yield None
+                    else:
+                        yield bytes(buf)
+                    buf.clear()
+                start = nl + 1
+
+    def send(self, line: str) -> None:
+        """Write one response line; JSON encoding guarantees it contains no raw newline."""
+        data = line.encode("utf-8") + b"\n"
+        view = memoryview(data)
+        while view:
+            n = os.write(self._out, view)
+            view = view[n:]

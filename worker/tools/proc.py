@@ -1,0 +1,184 @@
+"""run_python and run_shell: a child process in scratch, killed as a whole group at its timeout.
+
+Threats handled here: output floods (kept up to the policy's cap per stream, the rest
+drained and dropped), runaway children and their descendants (own process group,
+SIGKILL at the deadline and again when the call ends), a memory bomb (reported as
+``oom_killed`` from the cgroup's own counter, not guessed from exit 137).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from pydantic import Field
+
+from worker import cgroup
+from worker.settings import Settings
+from worker.tools import Tool
+from worker.tools._params import Params
+
+_CHILD_ENV_KEEP = ("LANG", "LC_ALL", "TZ")
+_GRACE_AFTER_EXIT_S = 0.2
+_LIVE_GROUPS: set[int] = set()
+
+
+def kill_all_children() -> None:
+    """Kill every process group still running (worker shutdown at the run deadline)."""
+    for pgid in list(_LIVE_GROUPS):
+        _kill_group(pgid)
+
+
+class RunPythonParams(Params):
+    code: str = Field(description="Python source, run as `python3 -c code` in the scratch dir")
+    timeout_s: float | None = Field(default=None, gt=0, description="seconds; default the policy's call timeout")
+    stdin: str | None = Field(default=None, description="text fed to the child's stdin")
+
+
+class RunShellParams(Params):
+    command: str = Field(description="shell command, run as `/bin/sh -c command` in the scratch dir")
+    timeout_s: float | None = Field(default=None, gt=0, description="seconds; default the policy's call timeout")
+    stdin: str | None = Field(default=None, description="text fed to the child's stdin")
+
+
+def _child_env(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in _CHILD_ENV_KEEP}
+    env.update(
+        PATH="/usr/local/bin:/usr/bin:/bin",
+        HOME=settings.scratch,
+        TMPDIR=settings.scratch,
+        PYTHONDONTWRITEBYTECODE="1",
+        LANG=env.get("LANG", "C.UTF-8"),
+    )
+    return env
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdin: str | None) -> dict[str, Any]:
+    """Run argv; return stdout/stderr (capped), exit code, and how it ended."""
+    cap = settings.policy.limits.output_cap
+    timeout = min(timeout_s or settings.policy.timeouts.call_s, settings.policy.timeouts.run_s)
+    oom_before = cgroup.oom_kills()
+    started = time.monotonic()
+    proc = subprocess.Popen(  # noqa: S603 - argv is ours; the code inside it is the sandboxed payload
+        argv,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=settings.scratch,
+        env=_child_env(settings),
+        start_new_session=True,  # own process group: killpg reaches every descendant
+        close_fds=True,
+    )
+    pgid = proc.pid
+    _LIVE_GROUPS.add(pgid)
+    out = {"stdout": bytearray(), "stderr": bytearray()}
+    truncated = False
+    timed_out = False
+    sel = selectors.DefaultSelector()
+    assert proc.stdout is not None and proc.stderr is not None
+    sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+    sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+    pending = memoryview(stdin.encode()) if stdin is not None else None
+    if proc.stdin is not None:
+        os.set_blocking(proc.stdin.fileno(), False)
+        sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
+    deadline = started + timeout
+    exited_at: float | None = None
+    while sel.get_map():
+        now = time.monotonic()
+        if now >= deadline:
+            timed_out = proc.poll() is None
+            break
+        if exited_at is None and proc.poll() is not None:
+            exited_at = now
+        if exited_at is not None and now - exited_at > _GRACE_AFTER_EXIT_S:
+            break  # a background descendant still holds the pipes: stop waiting for it
+        wait = min(deadline - now, 0.05 if exited_at is None else _GRACE_AFTER_EXIT_S)
+        for key, _ in sel.select(timeout=wait):
+            if key.data == "stdin":
+                try:
+                    n = os.write(key.fd, pending[:65536]) if pending else 0
+                except (BrokenPipeError, BlockingIOError):
+                    n = -1
+                if n < 0 or pending is None or n >= len(pending):
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()  # type: ignore[union-attr]
+                    pending = None
+                else:
+                    pending = pending[n:]
+                continue
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            buf = out[key.data]
+            room = cap - len(buf)
+            if room > 0:
+                buf += chunk[:room]
+            if len(chunk) > room:
+                truncated = True  # keep draining so the child never blocks on a full pipe
+    _kill_group(pgid)
+    _LIVE_GROUPS.discard(pgid)
+    for key in list(sel.get_map().values()):
+        sel.unregister(key.fileobj)
+        key.fileobj.close()  # type: ignore[union-attr]
+    sel.close()
+    _, status, rusage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    for stream in (proc.stdout, proc.stderr, proc.stdin):
+        if stream is not None and not stream.closed:
+            stream.close()
+    exit_code = proc.returncode
+    killed_by = -exit_code if exit_code < 0 else None
+    oom_killed = killed_by == signal.SIGKILL and not timed_out and cgroup.oom_kills() > oom_before
+    return {
+        "stdout": out["stdout"].decode("utf-8", errors="replace"),
+        "stderr": out["stderr"].decode("utf-8", errors="replace"),
+        "exit_code": exit_code,
+        "signal": signal.Signals(killed_by).name if killed_by and not timed_out else None,
+        "timed_out": timed_out,
+        "truncated": truncated,
+        "oom_killed": oom_killed,
+        "wall_ms": round((time.monotonic() - started) * 1000, 3),
+        "cpu_ms": round((rusage.ru_utime + rusage.ru_stime) * 1000, 3),
+        "peak_rss_bytes": rusage.ru_maxrss * 1024,
+    }
+
+
+def run_python(settings: Settings, p: RunPythonParams) -> dict[str, Any]:
+    return run_child([sys.executable, "-c", p.code], settings, p.timeout_s, p.stdin)
+
+
+def run_shell(settings: Settings, p: RunShellParams) -> dict[str, Any]:
+    return run_child(["/bin/sh", "-c", p.command], settings, p.timeout_s, p.stdin)
+
+
+TOOLS = [
+    Tool(
+        "run_python",
+        "Run Python code in a child process in the scratch dir; returns stdout, stderr, exit_code, "
+        "timed_out, truncated.",
+        RunPythonParams,
+        run_python,
+        in_process_timeout=False,
+    ),
+    Tool(
+        "run_shell",
+        "Run a /bin/sh command in the scratch dir; returns stdout, stderr, exit_code, timed_out, truncated.",
+        RunShellParams,
+        run_shell,
+        in_process_timeout=False,
+    ),
+]

@@ -1,0 +1,32 @@
+"""``sandbox.usage``: CPU time and peak memory of the whole sandbox so far.
+
+In a container the numbers come from its own cgroup (every process counted); with
+``--sandbox none`` they come from the worker's own rusage and its reaped children.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import Any
+
+from worker import cgroup
+
+
+def usage() -> dict[str, Any]:
+    if os.environ.get("TOOLCAGE_IN_CONTAINER") == "1":
+        cpu = cgroup.cpu_usage_ns()
+        return {
+            "cpu_ms": round(cpu / 1e6, 3) if cpu is not None else None,
+            "peak_memory_bytes": cgroup.peak_memory(),
+            "oom_kills": cgroup.oom_kills(),
+            "source": "cgroup",
+        }
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "cpu_ms": round((me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime) * 1000, 3),
+        "peak_memory_bytes": max(me.ru_maxrss, kids.ru_maxrss) * 1024,
+        "oom_kills": 0,
+        "source": "rusage",
+    }
