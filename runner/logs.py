@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
 
@@ -26,3 +27,22 @@ def configure(verbose: int = 0, json_logs: bool | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(level),
         cache_logger_on_first_use=False,
     )
+
+
+_fallback: Any = None
+
+
+def get_logger(**context: Any) -> Any:
+    """The app's structlog logger if it configured structlog; else a private one that writes
+    warnings and errors to stderr, never stdout (structlog's unconfigured default)."""
+    global _fallback
+    if structlog.is_configured():
+        return structlog.get_logger("toolcage").bind(**context)
+    if _fallback is None:
+        _fallback = structlog.wrap_logger(
+            structlog.WriteLogger(sys.stderr),
+            processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
+                        structlog.processors.JSONRenderer()],
+            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        )
+    return _fallback.bind(**context)

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonrpcclient
-import structlog
 
 from policies import Policy, load_policy
-from runner import ownership
+from runner import logs, ownership
 from runner.config import RunSpec, container_config, container_name
 from runner.errors import (
     ProtocolError,
@@ -39,8 +38,6 @@ from runner.errors import (
 from runner.results import CallResult, RunSummary, classify_error, classify_result
 from runner.transport import EOF_MARK, Broken, DockerAttachTransport, ProcessTransport, StreamParser
 from runner.workspace import validate_workspace
-
-log = structlog.get_logger()
 
 __version__ = "0.1.0"
 DEFAULT_IMAGE = f"toolcage-worker:{__version__}"
@@ -118,7 +115,7 @@ class Sandbox:
         self._calls = 0
         self._tmpdirs: list[str] = []
         self.summary: RunSummary | None = None
-        self.log = log.bind(run_id=self.run_id, name=self.name)
+        self.log = logs.get_logger(run_id=self.run_id, name=self.name)
 
     # lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> Sandbox:

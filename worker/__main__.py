@@ -1,8 +1,13 @@
-"""Entry point: ``python -m worker``. Claims the protocol fds, hardens itself, serves until EOF."""
+"""Entry point: ``python -m worker``. Claims the protocol fds, hardens itself, serves until EOF.
+
+Start-up is kept lean (it is on the critical path of every run): only the JSON-RPC core
+is imported here; pydantic, the tool modules and structlog load on first use.
+"""
 
 from __future__ import annotations
 
 import os
+import select
 import sys
 import threading
 import time
@@ -10,6 +15,7 @@ import time
 # After the run deadline (plus this grace, so the runner's own kill is seen first) the
 # worker exits by itself: an orphaned sandbox whose runner was SIGKILLed still ends.
 _DEADLINE_GRACE_S = 2.0
+_IDLE_FLUSH_S = 0.05
 
 
 def _arm_deadline(raw: str | None) -> None:
@@ -23,7 +29,7 @@ def _arm_deadline(raw: str | None) -> None:
     def _expire() -> None:
         from worker.tools.proc import kill_all_children
 
-        print('{"event":"worker.deadline","level":"warning"}', file=sys.stderr, flush=True)
+        os.write(2, b'{"event": "worker.deadline", "level": "warning", "component": "worker"}\n')
         kill_all_children()
         os._exit(124)
 
@@ -35,35 +41,33 @@ def _arm_deadline(raw: str | None) -> None:
 def main() -> int:
     from worker.protocol import Channel
 
-    channel = Channel.claim_stdio()  # first, before any import can print
+    channel = Channel.claim_stdio()  # first, before anything can print
 
     from worker import hardening, logs
-    from worker.settings import Settings
-
-    dumpable_off = hardening.make_non_dumpable()
-    try:
-        settings = Settings.from_env()
-    except ValueError as exc:
-        print(f"toolcage worker: bad settings: {exc}", file=sys.stderr)
-        return 2
-    logs.configure(settings.run_id)
-
-    import structlog
-
     from worker.dispatch import Dispatcher
-    from worker.tools import builtin_tools
+    from worker.settings import Settings
+    from worker.tools import Catalog
 
-    log = structlog.get_logger()
+    non_dumpable = hardening.make_non_dumpable()
+    settings = Settings.from_env()
+    logs.bind(run_id=settings.run_id)
     _arm_deadline(os.environ.get("TOOLCAGE_DEADLINE"))
-    dispatcher = Dispatcher(settings, builtin_tools())
-    log.info("worker.started", policy=settings.policy.name, non_dumpable=dumpable_off)
+    dispatcher = Dispatcher(settings, Catalog())
+    logs.info("worker.started", non_dumpable=non_dumpable, pid=os.getpid())
+
+    def idle() -> None:
+        # write queued log lines only when no request is waiting (see worker.logs)
+        if not select.select([channel.fd_in], [], [], _IDLE_FLUSH_S)[0]:
+            logs.flush()
+
     served = 0
-    for line in channel.lines():
+    for line in channel.lines(before_read=idle):
         response = dispatcher.handle(line)
         if response:
             channel.send(response)
         served += 1
-    log.info("worker.stopped", requests=served)
+    logs.info("worker.stopped", requests=served)
+    logs.flush()
     return 0
 
 

@@ -2,7 +2,9 @@
 
 jsonrpcserver answers an unexpected exception with ``str(exc)`` in the error data; every
 handler is wrapped here so that never happens: the exception is logged on stderr with an
-error id and the caller gets -32603 with that id only.
+error id and the caller gets -32603 with that id only. Its core pipeline is loaded
+without the package ``__init__`` (see ``worker._lean``), with a request validator that
+implements jsonrpcserver's own request schema in plain Python.
 """
 
 from __future__ import annotations
@@ -15,21 +17,40 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import structlog
-from jsonrpcserver import Error, Result, Success, dispatch
-from pydantic import ValidationError
-
+from worker import _lean, logs
 from worker.errors import CallTimeout, WorkerError
 from worker.settings import Settings
-from worker.tools import Tool, describe
+from worker.tools import Catalog
 
-log = structlog.get_logger()
+_lean.bare_package("jsonrpcserver")
+from jsonrpcserver.dispatcher import dispatch_to_response_pure  # noqa: E402
+from jsonrpcserver.response import to_serializable_one  # noqa: E402
+from jsonrpcserver.result import Error, Result, Success  # noqa: E402
+from jsonrpcserver.sentinels import NOCONTEXT  # noqa: E402
 
-_TOO_LONG = {"jsonrpc": "2.0", "error": {"code": -32600, "message": "Invalid request"}, "id": None}
+_REQUEST_KEYS = frozenset(("jsonrpc", "method", "params", "id"))
+_TOO_LONG = {"jsonrpc": "2.0", "error": {"code": -32600, "message": "Invalid request", "data": "request line too long"},
+             "id": None}
 
 
-def _param_errors(exc: ValidationError) -> list[dict[str, Any]]:
-    return [{"field": ".".join(str(x) for x in e["loc"]), "error": e["msg"]} for e in exc.errors()]
+def _valid_request(obj: Any) -> bool:
+    if not isinstance(obj, dict) or not obj.keys() <= _REQUEST_KEYS:
+        return False
+    if obj.get("jsonrpc") != "2.0" or not isinstance(obj.get("method"), str):
+        return False
+    if "params" in obj and not isinstance(obj["params"], list | dict):
+        return False
+    return "id" not in obj or obj["id"] is None or type(obj["id"]) in (str, int, float)
+
+
+def validate_request(deserialized: Any) -> Any:
+    """jsonrpcserver's request-schema.json, in Python: one request or a non-empty batch."""
+    if isinstance(deserialized, list):
+        if not deserialized or not all(_valid_request(r) for r in deserialized):
+            raise ValueError("invalid batch")
+    elif not _valid_request(deserialized):
+        raise ValueError("invalid request")
+    return deserialized
 
 
 @contextmanager
@@ -49,48 +70,36 @@ def _alarm(seconds: float) -> Iterator[None]:
 
 
 class Dispatcher:
-    """Turns one request line into one response line (or none, for notifications)."""
+    """Turns one request line into one response line (or "" for notifications)."""
 
-    def __init__(self, settings: Settings, tools: dict[str, Tool]) -> None:
+    def __init__(self, settings: Settings, catalog: Catalog) -> None:
         self.settings = settings
-        self.tools = tools
-        self._listing: list[dict[str, Any]] | None = None
-        self.methods: dict[str, Callable[..., Result]] = {n: self._wrap(t) for n, t in tools.items()}
-        self.methods["tools.list"] = self._tools_list
-        self.methods["ping"] = self._ping
+        self.catalog = catalog
+        self.methods: dict[str, Callable[..., Result]] = {n: self._wrap(n) for n in catalog.names()}
+        self.methods["tools.list"] = lambda: Success(self.catalog.describe())
+        self.methods["ping"] = lambda: Success("pong")
         self.methods["sandbox.usage"] = self._usage
 
-    def _tools_list(self) -> Result:
-        if self._listing is None:
-            self._listing = describe(self.tools)
-        return Success(self._listing)
-
-    def _ping(self) -> Result:
-        return Success("pong")
-
-    def _usage(self) -> Result:
+    @staticmethod
+    def _usage() -> Result:
         from worker.usage import usage
 
         return Success(usage())
 
-    def _wrap(self, tool: Tool) -> Callable[..., Result]:
-        settings = self.settings
-
+    def _wrap(self, name: str) -> Callable[..., Result]:
         def method(*args: Any, **kwargs: Any) -> Result:
             if args:
                 return Error(-32602, "Invalid params", "params must be a JSON object of named fields")
-            try:
-                params = tool.params.model_validate(kwargs)
-            except ValidationError as exc:
-                return Error(-32602, "Invalid params", _param_errors(exc))
             started = time.monotonic()
             outcome = "ok"
             try:
+                tool = self.catalog.get(name)
+                params = tool.validate(kwargs)
                 if tool.in_process_timeout:
-                    with _alarm(settings.policy.timeouts.call_s):
-                        result = tool.handler(settings, params)
+                    with _alarm(self.settings.policy.timeouts.call_s):
+                        result = tool.handler(self.settings, params)
                 else:
-                    result = tool.handler(settings, params)
+                    result = tool.handler(self.settings, params)
                 return Success(result)
             except WorkerError as exc:
                 outcome = type(exc).__name__
@@ -98,20 +107,27 @@ class Dispatcher:
             except Exception:
                 error_id = uuid.uuid4().hex[:12]
                 outcome = "internal_error"
-                log.exception("call.crashed", tool=tool.name, error_id=error_id)
+                logs.exception("call.crashed", tool=name, error_id=error_id)
                 return Error(-32603, "Internal error", {"error_id": error_id})
             finally:
-                log.info(
-                    "call.finished",
-                    tool=tool.name,
-                    outcome=outcome,
-                    duration_ms=round((time.monotonic() - started) * 1000, 3),
-                )
+                logs.info("call.finished", tool=name, outcome=outcome,
+                          duration_ms=round((time.monotonic() - started) * 1000, 3))
 
         return method
 
     def handle(self, line: bytes | None) -> str:
         """One request line in, one response line out ("" when nothing must be sent)."""
         if line is None:
-            return json.dumps({**_TOO_LONG, "error": {**_TOO_LONG["error"], "data": "request line too long"}})
-        return dispatch(line, methods=self.methods, deserializer=json.loads)  # type: ignore[arg-type]
+            return json.dumps(_TOO_LONG)
+        response = dispatch_to_response_pure(
+            deserializer=json.loads,
+            validator=validate_request,
+            methods=self.methods,
+            context=NOCONTEXT,
+            post_process=to_serializable_one,
+            request=line,  # type: ignore[arg-type]
+        )
+        if response is None:
+            return ""
+        return json.dumps(response)
+

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 _CHUNK = 256 * 1024
@@ -37,11 +37,21 @@ class Channel:
         sys.stdout = sys.stderr
         return cls(proto_in, proto_out)
 
-    def lines(self) -> Iterator[bytes | None]:
-        """Yield each request line (without newline); ``None`` for a line that was too long."""
+    @property
+    def fd_in(self) -> int:
+        return self._in
+
+    def lines(self, before_read: Callable[[], None] | None = None) -> Iterator[bytes | None]:
+        """Yield each request line (without newline); ``None`` for a line that was too long.
+
+        ``before_read`` runs before each blocking read, i.e. only when no complete
+        request is buffered (the worker uses it to write logs while idle).
+        """
         buf = bytearray()
         skipping = False
         while True:
+            if before_read is not None:
+                before_read()
             chunk = os.read(self._in, _CHUNK)
             if not chunk:
                 if buf and not skipping:

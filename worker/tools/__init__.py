@@ -1,40 +1,72 @@
 """Built-in tools: each is a name, a description, a pydantic params model and a handler.
 
 The params model gives both validation (-32602 on mismatch) and the JSON schema that
-``tools.list`` returns, so the two cannot drift apart.
+``tools.list`` returns, so the two cannot drift apart. Tool modules are imported on
+first use: a run that only lists files never pays for pydantic models it does not use.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
-
+from worker.errors import BadParams
 from worker.settings import Settings
+
+# tool name -> module that defines it (in its TOOLS list)
+BUILTIN: dict[str, str] = {
+    "run_python": "worker.tools.proc",
+    "run_shell": "worker.tools.proc",
+    "list_files": "worker.tools.files",
+    "read_file": "worker.tools.files",
+    "grep": "worker.tools.files",
+    "write_file": "worker.tools.files",
+}
 
 
 @dataclass(frozen=True)
 class Tool:
     name: str
     description: str
-    params: type[BaseModel]
+    params: Any  # a pydantic model class
     handler: Callable[[Settings, Any], dict[str, Any]]
     in_process_timeout: bool = True  # handlers that run no child get a SIGALRM deadline
 
+    def validate(self, raw: dict[str, Any]) -> Any:
+        from pydantic import ValidationError
 
-def builtin_tools() -> dict[str, Tool]:
-    """Every built-in tool by name."""
-    from worker.tools import files, proc
+        try:
+            return self.params.model_validate(raw)
+        except ValidationError as exc:
+            errors = [{"field": ".".join(str(x) for x in e["loc"]), "error": e["msg"]} for e in exc.errors()]
+            raise BadParams("Invalid params", errors) from None
 
-    tools = [*proc.TOOLS, *files.TOOLS]
-    return {t.name: t for t in tools}
 
+class Catalog:
+    """Tools by name, loaded lazily from their modules."""
 
-def describe(tools: dict[str, Tool]) -> list[dict[str, Any]]:
-    """What ``tools.list`` answers: name, description and params schema of each tool."""
-    return [
-        {"name": t.name, "description": t.description, "params_schema": t.params.model_json_schema()}
-        for t in tools.values()
-    ]
+    def __init__(self, modules: dict[str, str] | None = None) -> None:
+        self._modules = dict(BUILTIN if modules is None else modules)
+        self._loaded: dict[str, Tool] = {}
+
+    def names(self) -> list[str]:
+        return list(self._modules)
+
+    def get(self, name: str) -> Tool:
+        tool = self._loaded.get(name)
+        if tool is None:
+            module = importlib.import_module(self._modules[name])
+            for t in module.TOOLS:
+                self._loaded[t.name] = t
+            tool = self._loaded[name]
+        return tool
+
+    def describe(self) -> list[dict[str, Any]]:
+        """What ``tools.list`` answers: name, description and params schema of each tool."""
+        out = []
+        for name in self.names():
+            t = self.get(name)
+            out.append({"name": t.name, "description": t.description, "params_schema": t.params.model_json_schema()})
+        return out
