@@ -6,7 +6,7 @@ Swapping the Docker client (or adding Podman) touches this file only.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import docker
@@ -40,6 +40,18 @@ def _translate(exc: Exception, image: str | None = None) -> SandboxError:
 
 class Engine:
     """A thin, translated view of the Docker Engine API."""
+
+    _default: Engine | None = None
+
+    @classmethod
+    def default(cls) -> Engine:
+        """One shared client per process (from DOCKER_HOST or the local socket): reuses its connections."""
+        if cls._default is None:
+            cls._default = cls()
+        return cls._default
+
+    def close(self) -> None:
+        self.api.close()
 
     def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
         try:
@@ -107,15 +119,25 @@ class Engine:
         except Exception as exc:
             raise _translate(exc, image=config.get("Image")) from exc
 
-    def attach(self, cid: str) -> socket.socket:
-        """A raw, bidirectional socket on the container's stdin/stdout/stderr (multiplexed)."""
+    def attach(self, cid: str) -> tuple[socket.socket, Callable[[], None]]:
+        """A raw, bidirectional socket on the container's stdin/stdout/stderr (multiplexed),
+        and a function that closes it together with docker-py's wrappers around it."""
         try:
             sock = self.api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
         except Exception as exc:
             raise _translate(exc) from exc
         raw = getattr(sock, "_sock", sock)
         assert isinstance(raw, socket.socket)
-        return raw
+
+        def close() -> None:
+            for obj in (raw, sock, getattr(sock, "_response", None)):
+                try:
+                    if obj is not None:
+                        obj.close()
+                except Exception:  # noqa: S110 - closing is best effort
+                    pass
+
+        return raw, close
 
     def start(self, cid: str) -> None:
         try:

@@ -37,7 +37,7 @@ from runner.errors import (
 )
 from runner.results import CallResult, RunSummary, classify_error, classify_result
 from runner.transport import EOF_MARK, Broken, DockerAttachTransport, ProcessTransport, StreamParser
-from runner.workspace import validate_workspace
+from runner.workspace import readable_by_sandbox, validate_workspace
 
 __version__ = "0.1.0"
 DEFAULT_IMAGE = f"toolcage-worker:{__version__}"
@@ -116,6 +116,11 @@ class Sandbox:
         self._tmpdirs: list[str] = []
         self.summary: RunSummary | None = None
         self.log = logs.get_logger(run_id=self.run_id, name=self.name)
+        if self.workspace is not None and sandbox == "container" and not readable_by_sandbox(self.workspace):
+            self.log.warning(
+                "workspace.unreadable", workspace=str(self.workspace),
+                hint="the sandbox user (uid 65532) cannot read it: `chmod o+rX` the files it should see",
+            )
 
     # lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> Sandbox:
@@ -167,11 +172,11 @@ class Sandbox:
         if self._engine is None:
             from runner.docker_adapter import Engine
 
-            self._engine = Engine()
+            self._engine = Engine.default()
         config = container_config(self.policy, self._run_spec())
         self.container_id = self._engine.create(config, self.name)
-        sock = self._engine.attach(self.container_id)
-        self._transport = DockerAttachTransport(sock, parser)
+        sock, closer = self._engine.attach(self.container_id)
+        self._transport = DockerAttachTransport(sock, parser, closer)
         self._transport.start()
         self._engine.start(self.container_id)
 

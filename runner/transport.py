@@ -98,8 +98,9 @@ class StreamParser:
 class DockerAttachTransport:
     """The attach socket of a container started without a TTY (multiplexed streams)."""
 
-    def __init__(self, sock: socket.socket, parser: StreamParser) -> None:
+    def __init__(self, sock: socket.socket, parser: StreamParser, closer: Any = None) -> None:
         self._sock = sock
+        self._closer = closer
         self.parser = parser
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._read, name="toolcage-attach-reader", daemon=True)
@@ -152,6 +153,8 @@ class DockerAttachTransport:
 
     def close(self) -> None:
         try:
+            if self._closer is not None:
+                self._closer()
             self._sock.close()
         except OSError:
             pass

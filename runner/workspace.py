@@ -51,3 +51,9 @@ def validate_workspace(raw: str | os.PathLike[str]) -> Path:
         if _within(Path(sock), path):
             raise WorkspaceError(f"refusing to mount {str(path)!r}: it contains the container engine socket {sock}")
     return path
+
+
+def readable_by_sandbox(path: Path) -> bool:
+    """Whether uid 65532 (neither owner nor group here) can list the directory: o+rx."""
+    mode = path.stat().st_mode
+    return bool(mode & 0o005 == 0o005)

@@ -52,7 +52,7 @@ def main() -> int:
     settings = Settings.from_env()
     logs.bind(run_id=settings.run_id)
     _arm_deadline(os.environ.get("TOOLCAGE_DEADLINE"))
-    dispatcher = Dispatcher(settings, Catalog())
+    dispatcher = Dispatcher(settings, Catalog.from_env())
     logs.info("worker.started", non_dumpable=non_dumpable, pid=os.getpid())
 
     def idle() -> None:

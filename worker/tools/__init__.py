@@ -47,9 +47,23 @@ class Tool:
 class Catalog:
     """Tools by name, loaded lazily from their modules."""
 
-    def __init__(self, modules: dict[str, str] | None = None) -> None:
+    def __init__(self, modules: dict[str, str] | None = None, extra_modules: tuple[str, ...] = ()) -> None:
         self._modules = dict(BUILTIN if modules is None else modules)
         self._loaded: dict[str, Tool] = {}
+        # Extension point for images derived from toolcage-worker: modules with a TOOLS list,
+        # named by the runner in TOOLCAGE_TOOL_MODULES. Imported now, since their names are needed.
+        for mod_name in extra_modules:
+            module = importlib.import_module(mod_name)
+            for t in module.TOOLS:
+                self._modules[t.name] = mod_name
+                self._loaded[t.name] = t
+
+    @classmethod
+    def from_env(cls) -> Catalog:
+        import os
+
+        extra = tuple(m.strip() for m in os.environ.get("TOOLCAGE_TOOL_MODULES", "").split(",") if m.strip())
+        return cls(extra_modules=extra)
 
     def names(self) -> list[str]:
         return list(self._modules)

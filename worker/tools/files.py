@@ -74,6 +74,8 @@ def list_files(s: Settings, p: ListFilesParams) -> dict[str, Any]:
     st = must_exist(root, p.path)
     if not stat.S_ISDIR(st.st_mode):
         raise ToolError(f"not a directory: {p.path!r}", {"path": p.path})
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise ToolError(f"permission denied: {p.path!r} is not readable by the sandbox user", {"path": p.path})
     entries: list[dict[str, Any]] = []
     truncated = False
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -94,6 +96,8 @@ def list_files(s: Settings, p: ListFilesParams) -> dict[str, Any]:
 
 
 def _encode(data: bytes) -> tuple[str, str]:
+    if b"\x00" in data:
+        return base64.b64encode(data).decode("ascii"), "base64"
     try:
         return data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:

@@ -30,11 +30,6 @@ def confine(path: str, roots: tuple[str, ...], base: str) -> str:
     return resolved
 
 
-def display(path: str, roots: tuple[str, ...]) -> str:
-    """Show a resolved path as the sandbox sees it."""
-    return path
-
-
 def must_exist(path: str, original: str) -> os.stat_result:
     try:
         return os.stat(path)

@@ -9,6 +9,7 @@ SIGKILL at the deadline and again when the call ends), a memory bomb (reported a
 from __future__ import annotations
 
 import os
+import resource
 import selectors
 import signal
 import subprocess
@@ -96,13 +97,18 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
         sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
     deadline = started + timeout
     exited_at: float | None = None
+    reaped: tuple[int, resource.struct_rusage] | None = None
     while sel.get_map():
         now = time.monotonic()
+        if reaped is None:
+            # wait4 ourselves (not Popen.poll) so the child's rusage is not thrown away
+            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                reaped = (status, rusage)
+                exited_at = now
         if now >= deadline:
-            timed_out = proc.poll() is None
+            timed_out = reaped is None
             break
-        if exited_at is None and proc.poll() is not None:
-            exited_at = now
         if exited_at is not None and now - exited_at > _GRACE_AFTER_EXIT_S:
             break  # a background descendant still holds the pipes: stop waiting for it
         wait = min(deadline - now, 0.05 if exited_at is None else _GRACE_AFTER_EXIT_S)
@@ -135,7 +141,10 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
         sel.unregister(key.fileobj)
         key.fileobj.close()  # type: ignore[union-attr]
     sel.close()
-    _, status, rusage = os.wait4(proc.pid, 0)
+    if reaped is None:
+        _, status, rusage = os.wait4(proc.pid, 0)
+    else:
+        status, rusage = reaped
     proc.returncode = os.waitstatus_to_exitcode(status)
     for stream in (proc.stdout, proc.stderr, proc.stdin):
         if stream is not None and not stream.closed:

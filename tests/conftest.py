@@ -1,0 +1,73 @@
+"""Shared test set-up: tests under integration/ and security/ need the real Docker engine.
+
+They are marked ``docker`` automatically. Without an engine or the worker image they
+FAIL with a message saying what to do; they never skip.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = Path(str(item.fspath)).resolve().relative_to(ROOT)
+        if rel.parts[0] in ("integration", "security"):
+            item.add_marker(pytest.mark.docker)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Any:
+    """The real Docker engine, with the worker image present; fails loudly otherwise."""
+    from runner import DEFAULT_IMAGE, ToolcageError
+    from runner.docker_adapter import Engine
+
+    try:
+        eng = Engine.default()
+        eng.ping()
+    except ToolcageError as exc:
+        pytest.fail(f"Docker is required for this test and is not reachable: {exc}", pytrace=False)
+    image = os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)
+    if eng.image(image) is None:
+        pytest.fail(f"worker image {image} is missing: run `toolcage image build` first", pytrace=False)
+    return eng
+
+
+def _mine(eng: Any) -> list[dict[str, Any]]:
+    """Containers created by this test process (owner label host:pid)."""
+    from runner import ownership
+
+    host_pid, _ = ownership.owner()
+    return [c for c in eng.containers("toolcage.run_id") if c["Labels"].get("toolcage.owner") == host_pid]
+
+
+@pytest.fixture
+def no_leaks(engine: Any) -> Iterator[None]:
+    """Fails a test that leaves one of its containers behind (and removes it anyway)."""
+    before = {c["Id"] for c in _mine(engine)}
+    yield
+    leaked = [c for c in _mine(engine) if c["Id"] not in before]
+    for c in leaked:
+        engine.remove(c["Id"])
+    assert not leaked, f"containers left behind: {[c['Names'] for c in leaked]}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _final_sweep() -> Iterator[None]:
+    """At the end of the session remove anything this process created, whatever happened."""
+    yield
+    try:
+        from runner.docker_adapter import Engine
+
+        eng = Engine.default()
+        for c in _mine(eng):
+            eng.remove(c["Id"])
+    except Exception:  # noqa: S110 - no engine: nothing to sweep
+        pass

@@ -1,0 +1,209 @@
+"""The sandbox end to end on the real engine: results, lifecycle, limits, failure reporting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner import (
+    DockerUnavailable,
+    ImageMissing,
+    Sandbox,
+    SandboxOOM,
+    SandboxTimeout,
+    WorkerCrashed,
+)
+from runner.docker_adapter import Engine
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "policies"
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def py(sb: Sandbox, code: str, **kw: Any) -> Any:
+    return sb.call("run_python", {"code": code, **kw})
+
+
+def test_result_comes_back(engine: Any) -> None:
+    """A tool call returns its result with status ok and timings."""
+    with Sandbox() as sb:
+        r = py(sb, "print(2+2)")
+    assert r.status == "ok" and r.result["stdout"] == "4\n" and r.wall_ms > 0
+    assert sb.summary is not None and sb.summary.peak_memory_bytes and sb.summary.cpu_ms
+
+
+def test_explore_tools_over_workspace(engine: Any, tmp_path: Path) -> None:
+    """list_files, read_file and grep see the mounted workspace; write_file lands in scratch."""
+    (tmp_path / "notes.md").write_text("alpha\nbeta\n")
+    tmp_path.chmod(0o755)  # pytest makes it 0700; the sandbox user is not root
+    with Sandbox(workspace=tmp_path) as sb:
+        entries = sb.call("list_files", {}).result["entries"]
+        assert [e["path"] for e in entries] == ["notes.md"]
+        assert sb.call("read_file", {"path": "notes.md"}).result["content"] == "alpha\nbeta\n"
+        assert sb.call("grep", {"pattern": "bet"}).result["matches"][0]["line"] == 2
+        w = sb.call("write_file", {"path": "out.txt", "content": "x"})
+        assert w.status == "ok" and w.result["path"] == "/scratch/out.txt"
+        esc = sb.call("read_file", {"path": "/etc/passwd"})
+        assert esc.status == "error" and esc.error is not None and esc.error["code"] == -32002
+
+
+def test_tools_list(engine: Any) -> None:
+    """tools.list gives every built-in tool with a JSON schema."""
+    with Sandbox() as sb:
+        tools = {t["name"]: t for t in sb.call("tools.list").result}
+    assert {"run_python", "run_shell", "list_files", "read_file", "grep", "write_file"} <= set(tools)
+    assert tools["run_python"]["params_schema"]["required"] == ["code"]
+
+
+def test_docker_ps_shows_run_then_nothing_remains(engine: Any) -> None:
+    """During a run `docker ps` shows its name and labels; afterwards nothing of it remains."""
+    with Sandbox(tool="run_python") as sb:
+        out = subprocess.run(
+            ["docker", "ps", "--filter", f"label=toolcage.run_id={sb.run_id}", "--format", "{{.Names}}|{{.Labels}}"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        name, labels = out.split("|", 1)
+        assert name == f"toolcage-run_python-{sb.run_id}"
+        for key in ("toolcage.tool=run_python", "toolcage.policy=default", "toolcage.policy_sha256=", "toolcage.owner="):
+            assert key in labels
+    after = subprocess.run(["docker", "ps", "-a", "--filter", f"label=toolcage.run_id={sb.run_id}", "-q"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert after == ""
+
+
+def test_memory_bomb_is_oom_killed(engine: Any) -> None:
+    """A child that allocates past the limit ends as oom_killed, and the sandbox keeps working."""
+    with Sandbox(FIX / "good-small.yaml") as sb:
+        r = py(sb, "b = []\nwhile True: b.append(bytearray(16 * 1024 * 1024))", timeout_s=15)
+        assert r.status == "oom_killed", r
+        assert py(sb, "print('alive')").result["stdout"] == "alive\n"
+
+
+def test_worker_oom_is_reported(engine: Any) -> None:
+    """When the worker itself is the OOM victim, the run ends as oom_killed (read from State.OOMKilled)."""
+    chunk = "A" * (4 * 1024 * 1024)
+    with Sandbox(FIX / "good-tmpfs-over-memory.yaml") as sb, pytest.raises(SandboxOOM) as info:
+        for i in range(64):  # 256 MiB of tmpfs pages against a 48 MiB memory limit
+            sb.call("write_file", {"path": f"f{i}", "content": chunk})
+    assert info.value.status == "oom_killed"
+    assert sb.summary is not None and sb.summary.status == "oom_killed"
+
+
+def test_endless_loop_times_out_and_leaves_nothing(engine: Any) -> None:
+    """An endless loop ends as a timeout (partial output kept) and no container is left."""
+    with Sandbox() as sb:
+        r = py(sb, "print('before', flush=True)\nwhile True: pass", timeout_s=1)
+    assert r.status == "timeout" and r.result["timed_out"] and r.result["stdout"] == "before\n"
+
+
+def test_run_deadline_kills_container(engine: Any) -> None:
+    """The run deadline kills the container even while a call is running."""
+    t = time.monotonic()
+    with Sandbox(run_timeout=2) as sb, pytest.raises(SandboxTimeout) as info:
+        py(sb, "import time; time.sleep(30)", timeout_s=30)
+    assert time.monotonic() - t < 10
+    assert info.value.status == "timeout"
+
+
+def test_fork_bomb_stopped_by_pids_limit(engine: Any) -> None:
+    """A fork bomb hits the pids limit; the call ends and the host is fine."""
+    with Sandbox() as sb:
+        r = sb.call("run_shell", {"command": "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", "timeout_s": 8})
+        assert r.status in ("ok", "timeout", "error")
+        count = py(sb, "import os; print(len([p for p in os.listdir('/proc') if p.isdigit()]))")
+        assert count.status == "ok" and int(count.result["stdout"]) <= 64
+    # the host can still start processes
+    assert subprocess.run(["true"]).returncode == 0
+
+
+def test_worker_crash_reports_stderr_tail(engine: Any) -> None:
+    """If the worker dies, the call raises WorkerCrashed with the tail of its stderr."""
+    with Sandbox() as sb:
+        sb.call("ping")
+        time.sleep(0.3)  # the worker writes its log lines when idle
+        with pytest.raises(WorkerCrashed) as info:
+            py(sb, "import os, signal; print('bye', flush=True); os.kill(os.getppid(), signal.SIGKILL)")
+    assert info.value.status == "crashed"
+    assert "worker.started" in info.value.details["stderr_tail"]
+
+
+def test_image_missing_is_clear(engine: Any) -> None:
+    """A missing image says how to build it."""
+    with pytest.raises(ImageMissing, match="toolcage image build"):
+        Sandbox(image="toolcage-worker:does-not-exist").start()
+
+
+# docker-py's UnixHTTPConnection does not close its socket when connect() fails
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_docker_unreachable_is_clear(engine: Any) -> None:
+    """An unreachable engine gives one clear sentence."""
+    unreachable = Engine(base_url="unix:///nonexistent/docker.sock")
+    try:
+        with pytest.raises(DockerUnavailable, match="Cannot reach the Docker engine"):
+            Sandbox(engine=unreachable).start()
+    finally:
+        unreachable.close()
+
+
+def test_async_twin(engine: Any) -> None:
+    """AsyncSandbox runs the same calls from asyncio."""
+    import asyncio
+
+    from runner import AsyncSandbox
+
+    async def go() -> str:
+        async with AsyncSandbox() as sb:
+            r = await sb.call("run_python", {"code": "print('async')"})
+            return str(r.result["stdout"])
+
+    assert asyncio.run(go()) == "async\n"
+
+
+def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner.cli", *args], input=stdin, capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def test_cli_run_and_exit_codes(engine: Any) -> None:
+    """`toolcage run` prints JSON; exit 0 ok, 1 tool error, 2 usage, 3 sandbox failure."""
+    ok = _cli("run", "run_python", "--params", '{"code": "print(2+2)"}')
+    assert ok.returncode == 0 and json.loads(ok.stdout)["result"]["stdout"] == "4\n"
+    err = _cli("run", "run_shell", "--params", '{"command": "exit 4"}')
+    assert err.returncode == 1 and json.loads(err.stdout)["status"] == "error"
+    bad = _cli("run", "run_python", "--params", "{nope")
+    assert bad.returncode == 2 and "not valid JSON" in bad.stderr and "Traceback" not in bad.stderr
+    missing = _cli("run", "run_python", "--params", '{"code": "1"}', "--image", "toolcage-worker:nope")
+    assert missing.returncode == 3 and "toolcage image build" in missing.stderr
+    timeout = _cli("run", "run_python", "--params", '{"code": "while True: pass", "timeout_s": 1}')
+    assert timeout.returncode == 3 and json.loads(timeout.stdout)["status"] == "timeout"
+    stdin = _cli("run", "run_python", "--params", "-", stdin='{"code": "print(7)"}')
+    assert json.loads(stdin.stdout)["result"]["stdout"] == "7\n"
+
+
+def test_cli_serve_bridges_jsonrpc(engine: Any) -> None:
+    """`toolcage serve` relays JSON-RPC; a malformed line gets -32700 and the next request works."""
+    lines = "\n".join([
+        '{"jsonrpc": "2.0", "method": "ping", "id": 1}',
+        "{garbage",
+        '{"jsonrpc": "2.0", "method": "run_python", "params": {"code": "print(5)"}, "id": 2}',
+    ]) + "\n"
+    out = _cli("serve", stdin=lines)
+    assert out.returncode == 0, out.stderr
+    msgs = [json.loads(x) for x in out.stdout.splitlines()]
+    assert msgs[0] == {"jsonrpc": "2.0", "result": "pong", "id": 1}
+    assert msgs[1]["error"]["code"] == -32700
+    assert msgs[2]["result"]["stdout"] == "5\n"
+
+
+def test_sandbox_none_runs_same_worker_with_warning() -> None:
+    """--sandbox none runs the same worker locally and warns loudly on stderr."""
+    out = _cli("run", "run_python", "--params", '{"code": "print(1)"}', "--sandbox", "none")
+    assert out.returncode == 0 and json.loads(out.stdout)["result"]["stdout"] == "1\n"
+    assert "NOTHING IS ISOLATED" in out.stderr

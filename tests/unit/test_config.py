@@ -1,0 +1,85 @@
+"""container_config(): every hardening knob is set, from the policy, with no way to override."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from policies import load_policy
+from runner.config import RunSpec, container_config, container_name
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
+
+
+def _spec(**kw: object) -> RunSpec:
+    base = dict(run_id="abcd1234", tool="run_python", image="toolcage-worker:test", policy_name="default",
+                started_at="2026-01-01T00:00:00Z", deadline=1e9, owner="host:1", owner_started="42")
+    base.update(kw)
+    return RunSpec(**base)  # type: ignore[arg-type]
+
+
+def test_hardening_knobs() -> None:
+    """Read-only root, no caps, no-new-privs, init, no network, non-root, no ports."""
+    cfg = container_config(load_policy("default"), _spec())
+    hc = cfg["HostConfig"]
+    assert hc["ReadonlyRootfs"] is True
+    assert hc["CapDrop"] == ["ALL"]
+    assert "CapAdd" not in hc
+    assert hc["SecurityOpt"] == ["no-new-privileges"]
+    assert hc["Privileged"] is False
+    assert hc["Init"] is True
+    assert hc["NetworkMode"] == "none"
+    assert cfg["NetworkDisabled"] is True
+    assert hc["PortBindings"] == {} and hc["PublishAllPorts"] is False
+    assert cfg["User"] == "65532:65532"
+    assert hc["AutoRemove"] is False
+    assert cfg["StdinOnce"] is True and cfg["OpenStdin"] is True and cfg["Tty"] is False
+
+
+def test_limits_come_from_policy() -> None:
+    """Memory (swap equal), pids, cpus, nofile and scratch size follow the policy."""
+    p = load_policy(FIX / "good-small.yaml")
+    hc = container_config(p, _spec())["HostConfig"]
+    assert hc["Memory"] == 128 * 1024**2 == hc["MemorySwap"]
+    assert hc["PidsLimit"] == 32
+    assert hc["NanoCpus"] == 1_000_000_000
+    assert hc["Ulimits"] == [{"Name": "nofile", "Soft": 256, "Hard": 256}]
+    tmpfs = hc["Tmpfs"]["/scratch"]
+    for opt in ("nosuid", "nodev", f"size={8 * 1024**2}", "uid=65532", "gid=65532"):
+        assert opt in tmpfs.split(",")
+
+
+def test_workspace_is_read_only_bind() -> None:
+    """The workspace is bound read-only at /workspace; without one nothing is mounted."""
+    hc = container_config(load_policy("default"), _spec(workspace=Path("/srv/proj")))["HostConfig"]
+    assert hc["Mounts"] == [{"Type": "bind", "Source": "/srv/proj", "Target": "/workspace", "ReadOnly": True,
+                             "BindOptions": {"Propagation": "rprivate"}}]
+    assert container_config(load_policy("default"), _spec())["HostConfig"]["Mounts"] == []
+
+
+def test_labels_and_name() -> None:
+    """Name and labels identify the run, its tool, policy (and hash) and owner."""
+    p = load_policy("default")
+    cfg = container_config(p, _spec())
+    assert container_name("run_python", "abcd1234") == "toolcage-run_python-abcd1234"
+    assert container_name("../weird name!", "x") == "toolcage-weird-name-x"
+    lab = cfg["Labels"]
+    assert lab["toolcage.run_id"] == "abcd1234"
+    assert lab["toolcage.tool"] == "run_python"
+    assert lab["toolcage.policy"] == "default"
+    assert lab["toolcage.policy_sha256"] == p.sha256()
+    assert lab["toolcage.owner"] == "host:1"
+    for key in ("toolcage.started_at", "toolcage.deadline", "toolcage.owner_started"):
+        assert key in lab
+
+
+def test_policy_travels_to_worker() -> None:
+    """The worker receives the canonical policy JSON in its environment."""
+    p = load_policy("default")
+    env = container_config(p, _spec())["Env"]
+    assert f"TOOLCAGE_POLICY={p.canonical_json()}" in env
+
+
+def test_no_override_parameter() -> None:
+    """Callers cannot merge extra settings over the hardening: the function takes policy and run only."""
+    assert list(inspect.signature(container_config).parameters) == ["policy", "run"]

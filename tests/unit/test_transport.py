@@ -1,0 +1,61 @@
+"""Hostile-input handling of worker output: Docker demultiplexing, line caps, garbage."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from runner.transport import EOF_MARK, Broken, DockerAttachTransport, StreamParser
+
+
+def frame(stream: int, data: bytes) -> bytes:
+    return struct.pack(">BxxxI", stream, len(data)) + data
+
+
+def drain(parser: StreamParser) -> list[object]:
+    out = []
+    while not parser.messages.empty():
+        out.append(parser.messages.get())
+    return out
+
+
+def test_demux_splits_streams_and_reassembles_lines() -> None:
+    """stdout frames become JSON messages even when a line spans frames; stderr is kept as a tail."""
+    a, b = socket.socketpair()
+    parser = StreamParser(max_line=1 << 20)
+    t = DockerAttachTransport(b, parser)
+    t.start()
+    a.sendall(frame(1, b'{"id": 1, "res') + frame(2, b"log line\n") + frame(1, b'ult": 2}\n{"id": 2, "result": 3}\n'))
+    a.close()
+    t._thread.join(5)
+    t.close()
+    msgs = drain(parser)
+    assert msgs[:2] == [{"id": 1, "result": 2}, {"id": 2, "result": 3}]
+    assert msgs[2] is EOF_MARK
+    assert parser.stderr_tail() == "log line\n"
+
+
+def test_oversized_line_breaks_stream() -> None:
+    """A line over the cap is refused without buffering it all."""
+    parser = StreamParser(max_line=1000)
+    for _ in range(100):
+        parser.stdout(b"x" * 100)
+    msgs = drain(parser)
+    assert len(msgs) == 1 and isinstance(msgs[0], Broken) and "longer than" in msgs[0].reason
+    assert len(parser._buf) == 0
+
+
+def test_garbage_breaks_stream() -> None:
+    """A line that is not JSON marks the stream broken; nothing after it is trusted."""
+    parser = StreamParser(max_line=1000)
+    parser.stdout(b'not json\n{"id": 1, "result": 1}\n')
+    msgs = drain(parser)
+    assert len(msgs) == 1 and isinstance(msgs[0], Broken)
+
+
+def test_stderr_tail_is_bounded() -> None:
+    """Only the last 64 KiB of stderr are kept."""
+    parser = StreamParser(max_line=1000)
+    for _ in range(1000):
+        parser.stderr(b"y" * 1024)
+    assert parser._err_size <= 64 * 1024 + 1024

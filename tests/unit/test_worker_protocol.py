@@ -1,0 +1,110 @@
+"""The worker as a process: framing survives noisy handlers, errors map to JSON-RPC codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_worker(lines: list[bytes], tmp_path: Path, **env: str) -> tuple[list[Any], str]:
+    e = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(ROOT),
+        "TOOLCAGE_SCRATCH": str(tmp_path),
+        "TOOLCAGE_WORKSPACE": str(tmp_path),
+        **env,
+    }
+    proc = subprocess.run([sys.executable, "-m", "worker"], input=b"".join(lines), capture_output=True, env=e,
+                          timeout=60)
+    out = [json.loads(x) for x in proc.stdout.splitlines()]
+    return out, proc.stderr.decode()
+
+
+def req(method: str, params: Any = None, id: Any = 1) -> bytes:
+    obj: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "id": id}
+    if params is not None:
+        obj["params"] = params
+    return json.dumps(obj).encode() + b"\n"
+
+
+def test_noisy_handler_cannot_corrupt_stream(tmp_path: Path) -> None:
+    """print(), sys.stdout, fd 1 and a flooding child all miss the protocol: one clean response per request."""
+    out, err = run_worker([req("noisy", {}, 1), req("ping", None, 2)], tmp_path,
+                          TOOLCAGE_TOOL_MODULES="tests.fixtures.noisy_tools")
+    assert out == [{"jsonrpc": "2.0", "result": {"ok": True}, "id": 1},
+                   {"jsonrpc": "2.0", "result": "pong", "id": 2}]
+    assert "this print must not reach" in err  # it went to the log stream
+
+
+def test_malformed_then_valid(tmp_path: Path) -> None:
+    """A parse error answers -32700 with id null, and the next request still works."""
+    out, _ = run_worker([b"{not json\n", req("ping")], tmp_path)
+    assert out[0]["error"]["code"] == -32700 and out[0]["id"] is None
+    assert out[1] == {"jsonrpc": "2.0", "result": "pong", "id": 1}
+
+
+def test_error_codes(tmp_path: Path) -> None:
+    """-32600 invalid request, -32601 unknown method, -32602 bad params (named fields)."""
+    out, _ = run_worker(
+        [
+            b'{"jsonrpc": "1.0", "method": "ping", "id": 1}\n',
+            b"[]\n",
+            b'{"jsonrpc": "2.0", "method": "ping", "id": true}\n',
+            req("no_such_tool", {}, 2),
+            req("run_python", {"cod": "x"}, 3),
+            req("run_python", ["positional"], 4),
+            req("run_python", {"code": 5}, 5),
+        ],
+        tmp_path,
+    )
+    codes = [o["error"]["code"] for o in out]
+    assert codes == [-32600, -32600, -32600, -32601, -32602, -32602, -32602]
+    fields = {e["field"] for e in out[4]["error"]["data"]}
+    assert fields == {"code", "cod"}
+
+
+def test_internal_error_does_not_leak(tmp_path: Path) -> None:
+    """An unexpected exception answers -32603 with an error id only; details go to stderr."""
+    out, err = run_worker([req("boom", {})], tmp_path, TOOLCAGE_TOOL_MODULES="tests.fixtures.noisy_tools")
+    error = out[0]["error"]
+    assert error["code"] == -32603
+    assert "shadow" not in json.dumps(error)
+    assert set(error["data"]) == {"error_id"}
+    assert error["data"]["error_id"] in err and "shadow" in err
+
+
+def test_oversized_line(tmp_path: Path) -> None:
+    """A request line over the limit gets -32600 and the worker keeps serving."""
+    big = b'{"jsonrpc": "2.0", "method": "ping", "params": ["' + b"a" * (17 * 1024 * 1024) + b'"], "id": 1}\n'
+    out, _ = run_worker([big, req("ping", None, 2)], tmp_path)
+    assert out[0]["error"]["code"] == -32600
+    assert out[1]["result"] == "pong"
+
+
+def test_notification_gets_no_response(tmp_path: Path) -> None:
+    """A notification (no id) is executed but not answered; batches are answered as batches."""
+    out, _ = run_worker([b'{"jsonrpc": "2.0", "method": "ping"}\n',
+                         b'[{"jsonrpc": "2.0", "method": "ping", "id": 7}, {"jsonrpc": "2.0", "method": "ping", "id": 8}]\n'],
+                        tmp_path)
+    assert out == [[{"jsonrpc": "2.0", "result": "pong", "id": 7}, {"jsonrpc": "2.0", "result": "pong", "id": 8}]]
+
+
+def test_logs_are_json_on_stderr(tmp_path: Path) -> None:
+    """Worker logs are structlog JSON lines on stderr with stable event names."""
+    _, err = run_worker([req("ping")], tmp_path)
+    events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
+    assert "worker.started" in events and "worker.stopped" in events
+
+
+def test_lean_start_up_imports() -> None:
+    """Start-up imports neither asyncio, jsonschema, pydantic nor structlog (they cost ~400 ms in a container)."""
+    code = ("import sys, worker.__main__, worker.dispatch, worker.protocol, worker.settings, worker.tools; "
+            "print([m for m in ('asyncio', 'jsonschema', 'pydantic', 'structlog') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"

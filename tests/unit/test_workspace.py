@@ -1,0 +1,57 @@
+"""Workspace validation: existing directories only, never host secrets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from runner.errors import WorkspaceError
+from runner.workspace import validate_workspace
+
+
+def test_accepts_a_project_dir(tmp_path: Path) -> None:
+    """A plain directory is accepted and returned resolved."""
+    assert validate_workspace(tmp_path) == tmp_path.resolve()
+
+
+def test_resolves_symlinks(tmp_path: Path) -> None:
+    """A symlink is resolved before the checks (a link to /etc is still /etc)."""
+    link = tmp_path / "link"
+    link.symlink_to("/etc")
+    with pytest.raises(WorkspaceError, match="inside /etc"):
+        validate_workspace(link)
+
+
+@pytest.mark.parametrize("path", ["/", "/etc", "/etc/ssl", "/root", "/proc", "/proc/self", "/sys", "/dev", "/usr",
+                                  "/var/run", "/run", "/boot", "/home"])
+def test_refuses_system_paths(path: str) -> None:
+    """System and secret-holding paths are refused."""
+    if not os.path.exists(path):
+        pytest.fail(f"{path} should exist on a Linux test host")
+    with pytest.raises(WorkspaceError):
+        validate_workspace(path)
+
+
+def test_refuses_missing_and_files(tmp_path: Path) -> None:
+    """A missing path or a file is refused with a clear message."""
+    with pytest.raises(WorkspaceError, match="does not exist"):
+        validate_workspace(tmp_path / "nope")
+    f = tmp_path / "f"
+    f.write_text("x")
+    with pytest.raises(WorkspaceError, match="not a directory"):
+        validate_workspace(f)
+
+
+def test_refuses_home_and_its_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The home directory itself, ~/.ssh and anything containing them are refused."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / "proj").mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(WorkspaceError, match="home directory"):
+        validate_workspace(home)
+    with pytest.raises(WorkspaceError, match=".ssh"):
+        validate_workspace(home / ".ssh")
+    assert validate_workspace(home / "proj") == (home / "proj").resolve()
