@@ -1,8 +1,8 @@
 """toolcage's host side: start hardened per-run sandboxes and call tools in them.
 
-    from runner import Sandbox
-    with Sandbox(workspace=".") as sb:
-        print(sb.call("run_python", {"code": "print(2+2)"}).result["stdout"])
+from runner import Sandbox
+with Sandbox(workspace=".") as sb:
+    print(sb.call("run_python", {"code": "print(2+2)"}).result["stdout"])
 """
 
 from policies import Policy, PolicyError, load_policy

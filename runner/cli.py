@@ -53,21 +53,39 @@ def _parse_params(raw: str | None) -> dict[str, Any] | None:
     except ValueError as exc:
         raise UsageError(f"--params is not valid JSON: {exc}") from None
     if params is not None and not isinstance(params, dict):
-        raise UsageError("--params must be a JSON object, e.g. '{\"code\": \"print(1)\"}'")
+        raise UsageError('--params must be a JSON object, e.g. \'{"code": "print(1)"}\'')
     return params
 
 
 def sandbox_options(f: Any) -> Any:
     opts = [
-        click.option("--sandbox", "sandbox", type=click.Choice(["container", "none"]), default="container",
-                     show_default=True, help="'none' runs the worker as a local process: NO isolation, development only."),
-        click.option("--policy", default="default", show_default=True, help="Bundled policy name or a policy file path."),
-        click.option("--workspace", type=click.Path(file_okay=False), default=None,
-                     help="Directory mounted read-only at /workspace (default: none mounted)."),
-        click.option("--timeout", type=float, default=None,
-                     help="Run deadline in seconds; can only tighten the policy's timeouts.run_s."),
+        click.option(
+            "--sandbox",
+            "sandbox",
+            type=click.Choice(["container", "none"]),
+            default="container",
+            show_default=True,
+            help="'none' runs the worker as a local process: NO isolation, development only.",
+        ),
+        click.option(
+            "--policy", default="default", show_default=True, help="Bundled policy name or a policy file path."
+        ),
+        click.option(
+            "--workspace",
+            type=click.Path(file_okay=False),
+            default=None,
+            help="Directory mounted read-only at /workspace (default: none mounted).",
+        ),
+        click.option(
+            "--timeout",
+            type=float,
+            default=None,
+            help="Run deadline in seconds; can only tighten the policy's timeouts.run_s.",
+        ),
         click.option("--keep", is_flag=True, help="Leave the container after the run, for debugging."),
-        click.option("--image", default=None, help="Worker image (default toolcage-worker:<version>, or $TOOLCAGE_IMAGE)."),
+        click.option(
+            "--image", default=None, help="Worker image (default toolcage-worker:<version>, or $TOOLCAGE_IMAGE)."
+        ),
         click.option("-v", "--verbose", count=True, help="Log run events on stderr (-vv for debug)."),
     ]
     for opt in reversed(opts):
@@ -85,8 +103,17 @@ def cli() -> None:
 @click.argument("tool")
 @click.option("--params", default=None, help="Tool params as a JSON object, or '-' to read it from stdin.")
 @sandbox_options
-def run(tool: str, params: str | None, sandbox: str, policy: str, workspace: str | None, timeout: float | None,
-        keep: bool, image: str | None, verbose: int) -> None:
+def run(
+    tool: str,
+    params: str | None,
+    sandbox: str,
+    policy: str,
+    workspace: str | None,
+    timeout: float | None,
+    keep: bool,
+    image: str | None,
+    verbose: int,
+) -> None:
     """Run one TOOL call in a fresh sandbox and print the result as JSON.
 
     Example: toolcage run run_python --params '{"code": "print(2+2)"}'
@@ -97,8 +124,9 @@ def run(tool: str, params: str | None, sandbox: str, policy: str, workspace: str
     logs.configure(verbose)
     try:
         parsed = _parse_params(params)
-        sb = Sandbox(policy, workspace=workspace, tool=tool, sandbox=sandbox, image=image, keep=keep,
-                     run_timeout=timeout)
+        sb = Sandbox(
+            policy, workspace=workspace, tool=tool, sandbox=sandbox, image=image, keep=keep, run_timeout=timeout
+        )
         with sb:
             res = sb.call(tool, parsed)
         summary = sb.summary
@@ -117,9 +145,19 @@ def run(tool: str, params: str | None, sandbox: str, policy: str, workspace: str
 
 @cli.command()
 @sandbox_options
-@click.option("--tool-label", default="serve", show_default=True, help="Tool name used in the container name and labels.")
-def serve(sandbox: str, policy: str, workspace: str | None, timeout: float | None, keep: bool, image: str | None,
-          verbose: int, tool_label: str) -> None:
+@click.option(
+    "--tool-label", default="serve", show_default=True, help="Tool name used in the container name and labels."
+)
+def serve(
+    sandbox: str,
+    policy: str,
+    workspace: str | None,
+    timeout: float | None,
+    keep: bool,
+    image: str | None,
+    verbose: int,
+    tool_label: str,
+) -> None:
     """Bridge JSON-RPC on this process's stdin/stdout into one sandboxed run.
 
     Send newline-delimited JSON-RPC 2.0 requests on stdin; responses come back on stdout.
@@ -131,8 +169,9 @@ def serve(sandbox: str, policy: str, workspace: str | None, timeout: float | Non
 
     logs.configure(verbose)
     try:
-        with Sandbox(policy, workspace=workspace, tool=tool_label, sandbox=sandbox, image=image, keep=keep,
-                     run_timeout=timeout) as sb:
+        with Sandbox(
+            policy, workspace=workspace, tool=tool_label, sandbox=sandbox, image=image, keep=keep, run_timeout=timeout
+        ) as sb:
             bridge(sb, sys.stdin.buffer, sys.stdout.buffer)
     except (ToolcageError, PolicyError) as exc:
         _fail(exc, as_json=False)
@@ -142,9 +181,9 @@ def serve(sandbox: str, policy: str, workspace: str | None, timeout: float | Non
 @click.option("--json", "as_json", is_flag=True, help="Print names, descriptions and params JSON schemas.")
 def tools(as_json: bool) -> None:
     """List the built-in tools (the same list `tools.list` returns inside a sandbox)."""
-    from worker.tools import builtin_tools, describe
+    from worker.tools import Catalog
 
-    listing = describe(builtin_tools())
+    listing = Catalog().describe()
     if as_json:
         _emit(listing)
         return
@@ -160,7 +199,11 @@ def image() -> None:
 
 @image.command("build")
 @click.option("--tag", default=None, help="Image tag (default toolcage-worker:<version>).")
-@click.option("--base", default=None, help="Base image with Python 3.11 (default: registry python image, else a local debootstrap).")
+@click.option(
+    "--base",
+    default=None,
+    help="Base image with Python 3.11 (default: registry python image, else a local debootstrap).",
+)
 @click.option("--force", is_flag=True, help="Rebuild even if the image is up to date.")
 def image_build(tag: str | None, base: str | None, force: bool) -> None:
     """Build the worker image (idempotent: nothing happens when nothing changed)."""
@@ -178,8 +221,15 @@ def image_build(tag: str | None, base: str | None, force: bool) -> None:
         _fail(exc, as_json=False)
     verb = "built" if result.built else "up to date"
     click.echo(f"{result.tag}: {verb} in {result.seconds:.1f}s (base {result.base})", err=True)
-    _emit({"tag": result.tag, "built": result.built, "base": result.base, "context_sha256": result.context_sha256,
-           "seconds": round(result.seconds, 1)})
+    _emit(
+        {
+            "tag": result.tag,
+            "built": result.built,
+            "base": result.base,
+            "context_sha256": result.context_sha256,
+            "seconds": round(result.seconds, 1),
+        }
+    )
 
 
 def main() -> None:
@@ -195,4 +245,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["cli", "main", "Path"]
+__all__ = ["Path", "cli", "main"]

@@ -95,7 +95,9 @@ class Engine:
         except Exception as exc:
             raise _translate(exc) from exc
 
-    def build(self, context: str, tag: str, buildargs: dict[str, str], labels: dict[str, str]) -> Iterator[dict[str, Any]]:
+    def build(
+        self, context: str, tag: str, buildargs: dict[str, str], labels: dict[str, str]
+    ) -> Iterator[dict[str, Any]]:
         """Build with no network and no pull; yields the engine's progress messages."""
         try:
             yield from self.api.build(

@@ -160,7 +160,10 @@ def download_wheels(report: Report) -> Path:
     # Some pinned packages ship only an sdist (jsonrpcserver 5): build those into pure-python
     # wheels here, so the platform-specific download below can find them with --find-links.
     with tempfile.TemporaryDirectory(prefix="toolcage-sdist-") as tmp:
-        _run(["download", "--quiet", "--no-deps", "--no-binary=:none:", "--dest", tmp, "-r", str(req)], "download requirements")
+        _run(
+            ["download", "--quiet", "--no-deps", "--no-binary=:none:", "--dest", tmp, "-r", str(req)],
+            "download requirements",
+        )
         for sdist in sorted(Path(tmp).glob("*.tar.gz")) + sorted(Path(tmp).glob("*.zip")):
             report(f"building a wheel from the sdist {sdist.name}")
             _run(["wheel", "--quiet", "--no-deps", "--wheel-dir", str(dest), str(sdist)], f"build {sdist.name}")
@@ -168,10 +171,27 @@ def download_wheels(report: Report) -> Path:
         if not whl.name.endswith("-none-any.whl"):
             raise BuildError(f"{whl.name} was built from an sdist but is not pure Python; pin a version with wheels")
     base = [
-        "download", "--quiet", "--dest", str(dest), "--find-links", str(dest),
-        "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-        "--platform", f"manylinux2014_{arch}", "--platform", f"manylinux_2_17_{arch}",
-        "--platform", f"manylinux_2_28_{arch}", "--platform", "any",
+        "download",
+        "--quiet",
+        "--dest",
+        str(dest),
+        "--find-links",
+        str(dest),
+        "--only-binary=:all:",
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp311",
+        "--platform",
+        f"manylinux2014_{arch}",
+        "--platform",
+        f"manylinux_2_17_{arch}",
+        "--platform",
+        f"manylinux_2_28_{arch}",
+        "--platform",
+        "any",
     ]
     _run([*base, "-r", str(req)], "download the worker's wheels")
     _run([*base, "pip"], "download pip")
@@ -237,4 +257,3 @@ def build_image(engine: object, tag: str, report: Report, base: str | None = Non
     if engine.image(tag) is None:  # type: ignore[attr-defined]
         raise BuildError("docker build finished but the image is missing")
     return BuildResult(tag, base_ref, digest, True, time.monotonic() - started)
-

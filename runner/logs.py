@@ -41,8 +41,11 @@ def get_logger(**context: Any) -> Any:
     if _fallback is None:
         _fallback = structlog.wrap_logger(
             structlog.WriteLogger(sys.stderr),
-            processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
-                        structlog.processors.JSONRenderer()],
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.JSONRenderer(),
+            ],
             wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         )
     return _fallback.bind(**context)

@@ -6,6 +6,8 @@ import sys
 import time
 from types import TracebackType
 
+from typing import Any
+
 from rich.console import Console
 
 
@@ -16,7 +18,7 @@ class StepReporter:
         self.console = Console(stderr=True, highlight=False)
         self.title = title
         self._t0 = time.monotonic()
-        self._status = None
+        self._status: Any = None
 
     def __enter__(self) -> StepReporter:
         if self.console.is_terminal:

@@ -8,6 +8,7 @@ handlers, interpreter exit) unless ``keep=True``; a hard run deadline kills it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import queue
@@ -118,7 +119,8 @@ class Sandbox:
         self.log = logs.get_logger(run_id=self.run_id, name=self.name)
         if self.workspace is not None and sandbox == "container" and not readable_by_sandbox(self.workspace):
             self.log.warning(
-                "workspace.unreadable", workspace=str(self.workspace),
+                "workspace.unreadable",
+                workspace=str(self.workspace),
                 hint="the sandbox user (uid 65532) cannot read it: `chmod o+rX` the files it should see",
             )
 
@@ -149,8 +151,12 @@ class Sandbox:
         self._timer.daemon = True
         self._timer.start()
         self.log.info(
-            "run.started", kind=self.kind, policy=self.policy.name, policy_sha256=self.policy.sha256(),
-            container_id=self.container_id, workspace=str(self.workspace) if self.workspace else None,
+            "run.started",
+            kind=self.kind,
+            policy=self.policy.name,
+            policy_sha256=self.policy.sha256(),
+            container_id=self.container_id,
+            workspace=str(self.workspace) if self.workspace else None,
         )
         return self
 
@@ -211,10 +217,8 @@ class Sandbox:
             if self.kind == "container" and self.container_id and self._engine is not None:
                 self._engine.kill(self.container_id)
             elif isinstance(self._transport, ProcessTransport):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(self._transport.proc.pid, 9)
-                except ProcessLookupError:
-                    pass
         except ToolcageError:
             pass
 
@@ -246,6 +250,7 @@ class Sandbox:
             resp = jsonrpcclient.parse(msg)
             if isinstance(resp, jsonrpcclient.Ok):
                 return CallResult(classify_result(resp.result), tool, self.run_id, result=resp.result, wall_ms=wall_ms)
+            assert isinstance(resp, jsonrpcclient.Error)
             err = {"code": resp.code, "message": resp.message, "data": resp.data}
             return CallResult(classify_error(resp.code), tool, self.run_id, error=err, wall_ms=wall_ms)
 
@@ -259,9 +264,14 @@ class Sandbox:
                 self._kill()
                 if time.monotonic() >= self._deadline:
                     self._deadline_hit = True
-                    raise self._fail(SandboxTimeout(f"run exceeded its deadline of {self.policy.timeouts.run_s:g}s")) from None
+                    raise self._fail(
+                        SandboxTimeout(f"run exceeded its deadline of {self.policy.timeouts.run_s:g}s")
+                    ) from None
                 raise self._fail(
-                    SandboxTimeout("the worker did not answer within the call timeout; the sandbox was killed", reason_detail="call")
+                    SandboxTimeout(
+                        "the worker did not answer within the call timeout; the sandbox was killed",
+                        reason_detail="call",
+                    )
                 ) from None
             if msg is EOF_MARK:
                 self._parser.messages.put(EOF_MARK)  # keep it visible for later callers
@@ -297,7 +307,9 @@ class Sandbox:
             except Exception:  # noqa: S110
                 pass
         if self._deadline_hit:
-            return SandboxTimeout(f"run exceeded its deadline of {self.policy.timeouts.run_s:g}s; the sandbox was killed")
+            return SandboxTimeout(
+                f"run exceeded its deadline of {self.policy.timeouts.run_s:g}s; the sandbox was killed"
+            )
         if clean_ok and exit_code == 0 and not oom:
             return None
         if oom:
@@ -313,10 +325,8 @@ class Sandbox:
         """Forward one request line as is (the worker validates it)."""
         if self._transport is None:
             raise UsageError("the sandbox is not running")
-        try:
+        with contextlib.suppress(OSError):
             self._transport.send(line)
-        except OSError:
-            pass
 
     def finish_input(self) -> None:
         """No more requests: close the worker's stdin so it exits after answering."""
@@ -352,10 +362,8 @@ class Sandbox:
             return self.summary
         usage: dict[str, Any] = {}
         if self._dead is None and self._transport is not None and not self._input_closed:
-            try:
+            with contextlib.suppress(ToolcageError):
                 usage = self.usage()
-            except ToolcageError:
-                pass
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
@@ -421,7 +429,9 @@ class AsyncSandbox:
         await asyncio.to_thread(self._sync.start)
         return self
 
-    async def call(self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> CallResult:
+    async def call(
+        self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None
+    ) -> CallResult:
         import asyncio
 
         return await asyncio.to_thread(self._sync.call, tool, params, timeout=timeout)
@@ -430,4 +440,3 @@ class AsyncSandbox:
         import asyncio
 
         return await asyncio.to_thread(self._sync.close)
-

@@ -8,6 +8,7 @@ keeps only the tail of stderr.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -146,10 +147,8 @@ class DockerAttachTransport:
             self._sock.sendall(data)
 
     def close_stdin(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
 
     def close(self) -> None:
         try:
@@ -166,7 +165,12 @@ class ProcessTransport:
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, parser: StreamParser) -> None:
         self.parser = parser
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
             start_new_session=True,
         )
         self._lock = threading.Lock()
@@ -206,3 +210,8 @@ class ProcessTransport:
 
     def close(self) -> None:
         self.close_stdin()
+        for t in self._threads:
+            t.join(timeout=2)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()

@@ -29,8 +29,11 @@ from jsonrpcserver.result import Error, Result, Success  # noqa: E402
 from jsonrpcserver.sentinels import NOCONTEXT  # noqa: E402
 
 _REQUEST_KEYS = frozenset(("jsonrpc", "method", "params", "id"))
-_TOO_LONG = {"jsonrpc": "2.0", "error": {"code": -32600, "message": "Invalid request", "data": "request line too long"},
-             "id": None}
+_TOO_LONG = {
+    "jsonrpc": "2.0",
+    "error": {"code": -32600, "message": "Invalid request", "data": "request line too long"},
+    "id": None,
+}
 
 
 def _valid_request(obj: Any) -> bool:
@@ -110,8 +113,12 @@ class Dispatcher:
                 logs.exception("call.crashed", tool=name, error_id=error_id)
                 return Error(-32603, "Internal error", {"error_id": error_id})
             finally:
-                logs.info("call.finished", tool=name, outcome=outcome,
-                          duration_ms=round((time.monotonic() - started) * 1000, 3))
+                logs.info(
+                    "call.finished",
+                    tool=name,
+                    outcome=outcome,
+                    duration_ms=round((time.monotonic() - started) * 1000, 3),
+                )
 
         return method
 
@@ -124,10 +131,9 @@ class Dispatcher:
             validator=validate_request,
             methods=self.methods,
             context=NOCONTEXT,
-            post_process=to_serializable_one,
+            post_process=to_serializable_one,  # type: ignore[arg-type]
             request=line,  # type: ignore[arg-type]
         )
         if response is None:
             return ""
         return json.dumps(response)
-

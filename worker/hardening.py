@@ -18,6 +18,6 @@ def make_non_dumpable() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
-    ok = libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    ok = bool(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     return ok

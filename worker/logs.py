@@ -23,7 +23,9 @@ def bind(**kw: Any) -> None:
 
 
 def _stamp(kw: dict[str, Any]) -> dict[str, Any]:
-    kw.setdefault("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() % 1 * 1e6):06d}Z")
+    kw.setdefault(
+        "timestamp", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() % 1 * 1e6):06d}Z"
+    )
     return kw
 
 

@@ -66,14 +66,25 @@ def test_docker_ps_shows_run_then_nothing_remains(engine: Any) -> None:
     with Sandbox(tool="run_python") as sb:
         out = subprocess.run(
             ["docker", "ps", "--filter", f"label=toolcage.run_id={sb.run_id}", "--format", "{{.Names}}|{{.Labels}}"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         name, labels = out.split("|", 1)
         assert name == f"toolcage-run_python-{sb.run_id}"
-        for key in ("toolcage.tool=run_python", "toolcage.policy=default", "toolcage.policy_sha256=", "toolcage.owner="):
+        for key in (
+            "toolcage.tool=run_python",
+            "toolcage.policy=default",
+            "toolcage.policy_sha256=",
+            "toolcage.owner=",
+        ):
             assert key in labels
-    after = subprocess.run(["docker", "ps", "-a", "--filter", f"label=toolcage.run_id={sb.run_id}", "-q"],
-                           capture_output=True, text=True, check=True).stdout.strip()
+    after = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"label=toolcage.run_id={sb.run_id}", "-q"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert after == ""
 
 
@@ -167,8 +178,9 @@ def test_async_twin(engine: Any) -> None:
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner.cli", *args], input=stdin, capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "runner.cli", *args], input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
 
 
 def test_cli_run_and_exit_codes(engine: Any) -> None:
@@ -189,11 +201,16 @@ def test_cli_run_and_exit_codes(engine: Any) -> None:
 
 def test_cli_serve_bridges_jsonrpc(engine: Any) -> None:
     """`toolcage serve` relays JSON-RPC; a malformed line gets -32700 and the next request works."""
-    lines = "\n".join([
-        '{"jsonrpc": "2.0", "method": "ping", "id": 1}',
-        "{garbage",
-        '{"jsonrpc": "2.0", "method": "run_python", "params": {"code": "print(5)"}, "id": 2}',
-    ]) + "\n"
+    lines = (
+        "\n".join(
+            [
+                '{"jsonrpc": "2.0", "method": "ping", "id": 1}',
+                "{garbage",
+                '{"jsonrpc": "2.0", "method": "run_python", "params": {"code": "print(5)"}, "id": 2}',
+            ]
+        )
+        + "\n"
+    )
     out = _cli("serve", stdin=lines)
     assert out.returncode == 0, out.stderr
     msgs = [json.loads(x) for x in out.stdout.splitlines()]

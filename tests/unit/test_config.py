@@ -12,8 +12,16 @@ FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
 
 
 def _spec(**kw: object) -> RunSpec:
-    base = dict(run_id="abcd1234", tool="run_python", image="toolcage-worker:test", policy_name="default",
-                started_at="2026-01-01T00:00:00Z", deadline=1e9, owner="host:1", owner_started="42")
+    base = dict(
+        run_id="abcd1234",
+        tool="run_python",
+        image="toolcage-worker:test",
+        policy_name="default",
+        started_at="2026-01-01T00:00:00Z",
+        deadline=1e9,
+        owner="host:1",
+        owner_started="42",
+    )
     base.update(kw)
     return RunSpec(**base)  # type: ignore[arg-type]
 
@@ -52,8 +60,15 @@ def test_limits_come_from_policy() -> None:
 def test_workspace_is_read_only_bind() -> None:
     """The workspace is bound read-only at /workspace; without one nothing is mounted."""
     hc = container_config(load_policy("default"), _spec(workspace=Path("/srv/proj")))["HostConfig"]
-    assert hc["Mounts"] == [{"Type": "bind", "Source": "/srv/proj", "Target": "/workspace", "ReadOnly": True,
-                             "BindOptions": {"Propagation": "rprivate"}}]
+    assert hc["Mounts"] == [
+        {
+            "Type": "bind",
+            "Source": "/srv/proj",
+            "Target": "/workspace",
+            "ReadOnly": True,
+            "BindOptions": {"Propagation": "rprivate"},
+        }
+    ]
     assert container_config(load_policy("default"), _spec())["HostConfig"]["Mounts"] == []
 
 

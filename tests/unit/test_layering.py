@@ -27,8 +27,10 @@ def _imports_ok(modules: str, blocked: set[str]) -> None:
 
 def test_worker_does_not_import_runner() -> None:
     """The worker (and every tool module) imports without runner, docker or jsonrpcclient."""
-    _imports_ok("worker.__main__, worker.dispatch, worker.tools.proc, worker.tools.files, worker.usage",
-                {"runner", "docker", "jsonrpcclient"})
+    _imports_ok(
+        "worker.__main__, worker.dispatch, worker.tools.proc, worker.tools.files, worker.usage",
+        {"runner", "docker", "jsonrpcclient"},
+    )
 
 
 def test_policies_import_neither_side() -> None:
@@ -38,7 +40,10 @@ def test_policies_import_neither_side() -> None:
 
 def test_only_the_adapter_imports_docker() -> None:
     """Only runner/docker_adapter.py imports docker; only worker/dispatch.py imports jsonrpcserver."""
-    for pkg, lib, allowed in (("runner", "docker", {"docker_adapter.py"}), ("worker", "jsonrpcserver", {"dispatch.py"})):
+    for pkg, lib, allowed in (
+        ("runner", "docker", {"docker_adapter.py"}),
+        ("worker", "jsonrpcserver", {"dispatch.py"}),
+    ):
         for f in (ROOT / pkg).rglob("*.py"):
             text = f.read_text()
             if re.search(rf"^\s*(import {lib}\b|from {lib}\b)", text, re.M):

@@ -91,7 +91,7 @@ def test_bad_policy_files_name_the_field(name: str, needle: str) -> None:
 
 def test_unknown_bundled_name() -> None:
     """An unknown bundled name lists the names that exist."""
-    with pytest.raises(PolicyError, match="bundled policies are .*default"):
+    with pytest.raises(PolicyError, match=r"bundled policies are .*default"):
         load_policy("no-such-policy")
 
 

@@ -20,8 +20,9 @@ def run_worker(lines: list[bytes], tmp_path: Path, **env: str) -> tuple[list[Any
         "TOOLCAGE_WORKSPACE": str(tmp_path),
         **env,
     }
-    proc = subprocess.run([sys.executable, "-m", "worker"], input=b"".join(lines), capture_output=True, env=e,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker"], input=b"".join(lines), capture_output=True, env=e, timeout=60
+    )
     out = [json.loads(x) for x in proc.stdout.splitlines()]
     return out, proc.stderr.decode()
 
@@ -35,10 +36,10 @@ def req(method: str, params: Any = None, id: Any = 1) -> bytes:
 
 def test_noisy_handler_cannot_corrupt_stream(tmp_path: Path) -> None:
     """print(), sys.stdout, fd 1 and a flooding child all miss the protocol: one clean response per request."""
-    out, err = run_worker([req("noisy", {}, 1), req("ping", None, 2)], tmp_path,
-                          TOOLCAGE_TOOL_MODULES="tests.fixtures.noisy_tools")
-    assert out == [{"jsonrpc": "2.0", "result": {"ok": True}, "id": 1},
-                   {"jsonrpc": "2.0", "result": "pong", "id": 2}]
+    out, err = run_worker(
+        [req("noisy", {}, 1), req("ping", None, 2)], tmp_path, TOOLCAGE_TOOL_MODULES="tests.fixtures.noisy_tools"
+    )
+    assert out == [{"jsonrpc": "2.0", "result": {"ok": True}, "id": 1}, {"jsonrpc": "2.0", "result": "pong", "id": 2}]
     assert "this print must not reach" in err  # it went to the log stream
 
 
@@ -89,9 +90,13 @@ def test_oversized_line(tmp_path: Path) -> None:
 
 def test_notification_gets_no_response(tmp_path: Path) -> None:
     """A notification (no id) is executed but not answered; batches are answered as batches."""
-    out, _ = run_worker([b'{"jsonrpc": "2.0", "method": "ping"}\n',
-                         b'[{"jsonrpc": "2.0", "method": "ping", "id": 7}, {"jsonrpc": "2.0", "method": "ping", "id": 8}]\n'],
-                        tmp_path)
+    out, _ = run_worker(
+        [
+            b'{"jsonrpc": "2.0", "method": "ping"}\n',
+            b'[{"jsonrpc": "2.0", "method": "ping", "id": 7}, {"jsonrpc": "2.0", "method": "ping", "id": 8}]\n',
+        ],
+        tmp_path,
+    )
     assert out == [[{"jsonrpc": "2.0", "result": "pong", "id": 7}, {"jsonrpc": "2.0", "result": "pong", "id": 8}]]
 
 
@@ -104,7 +109,9 @@ def test_logs_are_json_on_stderr(tmp_path: Path) -> None:
 
 def test_lean_start_up_imports() -> None:
     """Start-up imports neither asyncio, jsonschema, pydantic nor structlog (they cost ~400 ms in a container)."""
-    code = ("import sys, worker.__main__, worker.dispatch, worker.protocol, worker.settings, worker.tools; "
-            "print([m for m in ('asyncio', 'jsonschema', 'pydantic', 'structlog') if m in sys.modules])")
+    code = (
+        "import sys, worker.__main__, worker.dispatch, worker.protocol, worker.settings, worker.tools; "
+        "print([m for m in ('asyncio', 'jsonschema', 'pydantic', 'structlog') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"

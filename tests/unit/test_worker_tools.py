@@ -55,7 +55,9 @@ def test_read_file_text_and_binary(dirs: tuple[Path, Path]) -> None:
     assert call(s, "read_file", path="bin.dat")["encoding"] == "base64"
 
 
-@pytest.mark.parametrize("path", ["/etc/passwd", "../../../etc/passwd", "escape/passwd", "escape", "/proc/self/environ"])
+@pytest.mark.parametrize(
+    "path", ["/etc/passwd", "../../../etc/passwd", "escape/passwd", "escape", "/proc/self/environ"]
+)
 def test_read_escapes_refused(dirs: tuple[Path, Path], path: str) -> None:
     """Absolute paths, .. and symlinks out of the roots are refused with PathEscape."""
     with pytest.raises(PathEscape):
@@ -121,8 +123,12 @@ def test_timeout_kills_whole_group(dirs: tuple[Path, Path]) -> None:
     """At the timeout the child and its descendants die; partial output is kept."""
     _, scratch = dirs
     t = time.monotonic()
-    r = call(settings(dirs), "run_shell", timeout_s=0.5,
-             command=f"echo started; (sleep 30; touch {scratch}/survivor) & sleep 30")
+    r = call(
+        settings(dirs),
+        "run_shell",
+        timeout_s=0.5,
+        command=f"echo started; (sleep 30; touch {scratch}/survivor) & sleep 30",
+    )
     assert time.monotonic() - t < 5
     assert r["timed_out"] is True and r["stdout"] == "started\n"
     time.sleep(0.3)

@@ -24,8 +24,24 @@ def test_resolves_symlinks(tmp_path: Path) -> None:
         validate_workspace(link)
 
 
-@pytest.mark.parametrize("path", ["/", "/etc", "/etc/ssl", "/root", "/proc", "/proc/self", "/sys", "/dev", "/usr",
-                                  "/var/run", "/run", "/boot", "/home"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/etc",
+        "/etc/ssl",
+        "/root",
+        "/proc",
+        "/proc/self",
+        "/sys",
+        "/dev",
+        "/usr",
+        "/var/run",
+        "/run",
+        "/boot",
+        "/home",
+    ],
+)
 def test_refuses_system_paths(path: str) -> None:
     """System and secret-holding paths are refused."""
     if not os.path.exists(path):
@@ -52,6 +68,6 @@ def test_refuses_home_and_its_secrets(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("HOME", str(home))
     with pytest.raises(WorkspaceError, match="home directory"):
         validate_workspace(home)
-    with pytest.raises(WorkspaceError, match=".ssh"):
+    with pytest.raises(WorkspaceError, match=r"\.ssh"):
         validate_workspace(home / ".ssh")
     assert validate_workspace(home / "proj") == (home / "proj").resolve()

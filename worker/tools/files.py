@@ -129,8 +129,10 @@ def grep(s: Settings, p: GrepParams) -> dict[str, Any]:
     matches: list[dict[str, Any]] = []
     out_bytes = 0
     cap = s.policy.limits.output_cap
-    files = [root] if os.path.isfile(root) else (
-        os.path.join(d, f) for d, dirs, fs in os.walk(root) if not dirs.sort() for f in sorted(fs)
+    files = (
+        [root]
+        if os.path.isfile(root)
+        else (os.path.join(d, f) for d, dirs, fs in os.walk(root) if not dirs.sort() for f in sorted(fs))
     )
     for path in files:
         try:
@@ -169,7 +171,7 @@ def write_file(s: Settings, p: WriteFileParams) -> dict[str, Any]:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
     except OSError as exc:
@@ -182,8 +184,15 @@ def write_file(s: Settings, p: WriteFileParams) -> dict[str, Any]:
 
 
 TOOLS = [
-    Tool("list_files", "List a directory under /workspace or scratch (optionally recursive).", ListFilesParams, list_files),
+    Tool(
+        "list_files",
+        "List a directory under /workspace or scratch (optionally recursive).",
+        ListFilesParams,
+        list_files,
+    ),
     Tool("read_file", "Read a file under /workspace or scratch, up to the output cap.", ReadFileParams, read_file),
     Tool("grep", "Search text files under /workspace or scratch for a regex or fixed string.", GrepParams, grep),
-    Tool("write_file", "Write a file into the scratch directory (the only writable place).", WriteFileParams, write_file),
+    Tool(
+        "write_file", "Write a file into the scratch directory (the only writable place).", WriteFileParams, write_file
+    ),
 ]

@@ -8,6 +8,7 @@ SIGKILL at the deadline and again when the call ends), a memory bomb (reported a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import selectors
@@ -60,10 +61,8 @@ def _child_env(settings: Settings) -> dict[str, str]:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdin: str | None) -> dict[str, Any]:
@@ -72,7 +71,7 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
     timeout = min(timeout_s or settings.policy.timeouts.call_s, settings.policy.timeouts.run_s)
     oom_before = cgroup.oom_kills()
     started = time.monotonic()
-    proc = subprocess.Popen(  # noqa: S603 - argv is ours; the code inside it is the sandboxed payload
+    proc = subprocess.Popen(
         argv,
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,

@@ -1,0 +1,155 @@
+"""Benchmark: toolcage against plain hardened `docker run`, measured in the same run.
+
+    python -m bench [--runs 20] [--calls 2000] [--json PATH] [--check]
+
+Measures, on the same image with the same hardening flags (derived from
+``container_config`` so they cannot drift):
+  1. plain ``docker run --rm ... python3 -c pass`` (the CLI, as a user would type it);
+  2. a toolcage cold run: ``Sandbox()`` -> first response (``ping``) -> container removed;
+  3. the same with a real tool call (``run_python`` ``pass``), which also starts a child;
+  4. RPC round trip on one open sandbox (p50, p99) and sequential calls per second.
+Goals: cold run <= 1.3x plain docker run; RPC p50 < 1 ms; >= 2,000 sequential calls/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from policies import load_policy
+from runner import DEFAULT_IMAGE, Sandbox
+from runner.config import RunSpec, container_config
+
+
+def docker_run_flags(image: str) -> list[str]:
+    """The CLI flags equivalent to toolcage's container_config for the default policy."""
+    cfg = container_config(
+        load_policy("default"),
+        RunSpec(run_id="bench", tool="bench", image=image, policy_name="default", started_at="", deadline=0,
+                owner="bench", owner_started=""),
+    )
+    hc = cfg["HostConfig"]
+    flags = ["--read-only", "--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+             "--pids-limit", str(hc["PidsLimit"]), "--memory", str(hc["Memory"]), "--memory-swap", str(hc["MemorySwap"]),
+             "--cpus", str(hc["NanoCpus"] / 1e9), "--user", cfg["User"], "--ipc", "private", "--init"]
+    for path, opts in hc["Tmpfs"].items():
+        flags += ["--tmpfs", f"{path}:{opts}"]
+    for u in hc["Ulimits"]:
+        flags += ["--ulimit", f"{u['Name']}={u['Soft']}:{u['Hard']}"]
+    return flags
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "p50": statistics.median(values), "p90": pct(values, 90), "p99": pct(values, 99),
+            "max": max(values), "n": len(values)}
+
+
+def timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1000
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=20, help="cold runs per measure (after 1 warm-up)")
+    ap.add_argument("--calls", type=int, default=2000, help="RPC round trips on one open sandbox")
+    ap.add_argument("--image", default=os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE))
+    ap.add_argument("--json", type=Path, default=Path("bench/results/latest.json"))
+    ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
+    args = ap.parse_args()
+
+    plain_cmd = ["docker", "run", "--rm", *docker_run_flags(args.image), "--entrypoint", "python3", args.image,
+                 "-c", "pass"]
+
+    def plain() -> None:
+        subprocess.run(plain_cmd, check=True, stdout=subprocess.DEVNULL)
+
+    def cold_ping() -> None:
+        with Sandbox(image=args.image, tool="bench") as sb:
+            sb.call("ping")
+
+    def cold_tool() -> None:
+        with Sandbox(image=args.image, tool="bench") as sb:
+            r = sb.call("run_python", {"code": "pass"})
+            assert r.ok, r
+
+    measures = {"plain_docker_run": plain, "toolcage_cold_ping": cold_ping, "toolcage_cold_run_python": cold_tool}
+    samples: dict[str, list[float]] = {k: [] for k in measures}
+    for fn in measures.values():
+        fn()  # warm-up, discarded
+    for i in range(args.runs):  # interleaved, so drift on a noisy host hits every measure alike
+        for name, fn in measures.items():
+            samples[name].append(timed(fn))
+        print(f"\rcold runs {i + 1}/{args.runs}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+
+    rtts: list[float] = []
+    with Sandbox(image=args.image, tool="bench") as sb:
+        for _ in range(200):
+            sb.call("ping")
+        t0 = time.perf_counter()
+        for _ in range(args.calls):
+            t = time.perf_counter()
+            sb.call("ping")
+            rtts.append((time.perf_counter() - t) * 1000)
+        total_s = time.perf_counter() - t0
+    calls_per_s = args.calls / total_s
+
+    stats = {k: summary(v) for k, v in samples.items()}
+    stats["rpc_round_trip"] = summary(rtts)
+    base = stats["plain_docker_run"]["p50"]
+    ratios = {
+        "cold_ping_vs_plain": stats["toolcage_cold_ping"]["p50"] / base,
+        "cold_run_python_vs_plain": stats["toolcage_cold_run_python"]["p50"] / base,
+    }
+    goals = {
+        "cold run <= 1.3x plain docker run (ping)": ratios["cold_ping_vs_plain"] <= 1.3,
+        "cold run <= 1.3x plain docker run (run_python)": ratios["cold_run_python_vs_plain"] <= 1.3,
+        "RPC p50 < 1 ms": stats["rpc_round_trip"]["p50"] < 1.0,
+        ">= 2000 sequential calls/s": calls_per_s >= 2000,
+    }
+
+    print(f"\n{'measure (ms)':<28}{'min':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}{'n':>6}")
+    for name, s in stats.items():
+        print(f"{name:<28}{s['min']:>9.2f}{s['p50']:>9.2f}{s['p90']:>9.2f}{s['p99']:>9.2f}{s['max']:>9.2f}{s['n']:>6}")
+    print(f"\nsequential calls/s: {calls_per_s:,.0f}")
+    for k, v in ratios.items():
+        print(f"ratio {k}: {v:.2f}x")
+    for goal, ok in goals.items():
+        print(f"{'PASS' if ok else 'MISS'}  {goal}")
+
+    engine_version = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
+                                    text=True).stdout.strip()
+    report = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "docker": engine_version},
+        "image": args.image,
+        "plain_command": plain_cmd,
+        "stats_ms": stats,
+        "calls_per_s": calls_per_s,
+        "ratios": ratios,
+        "goals": goals,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {args.json}", file=sys.stderr)
+    return 1 if args.check and not all(goals.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

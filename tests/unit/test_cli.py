@@ -1,0 +1,59 @@
+"""The CLI without Docker: usage and policy errors exit 2 with one clear line, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from runner.cli import cli
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
+
+
+def test_tools_lists_builtins() -> None:
+    """`toolcage tools` lists every built-in tool; --json adds schemas."""
+    out = CliRunner().invoke(cli, ["tools"])
+    assert out.exit_code == 0 and "run_python" in out.output and "write_file" in out.output
+    listing = json.loads(CliRunner().invoke(cli, ["tools", "--json"]).output)
+    assert {t["name"] for t in listing} >= {"run_python", "grep"}
+
+
+def test_bad_params_json_exits_2() -> None:
+    """Malformed --params is a usage error (exit 2) with a clear message."""
+    out = CliRunner().invoke(cli, ["run", "run_python", "--params", "{nope"])
+    assert out.exit_code == 2 and "not valid JSON" in out.output and "Traceback" not in out.output
+
+
+def test_params_must_be_object() -> None:
+    """--params must be a JSON object."""
+    out = CliRunner().invoke(cli, ["run", "run_python", "--params", "[1, 2]"])
+    assert out.exit_code == 2 and "JSON object" in out.output
+
+
+def test_bad_policy_exits_2() -> None:
+    """A broken policy file is exit 2 naming the field."""
+    out = CliRunner().invoke(cli, ["run", "run_python", "--params", "{}", "--policy", str(FIX / "bad-memory-unit.yaml")])
+    assert out.exit_code == 2 and "limits.memory" in out.output
+
+
+def test_bad_workspace_exits_2() -> None:
+    """A forbidden workspace is exit 2 with the reason."""
+    out = CliRunner().invoke(cli, ["run", "run_python", "--params", "{}", "--workspace", "/etc"])
+    assert out.exit_code == 2 and "/etc" in out.output
+
+
+def test_sandbox_none_runs_locally() -> None:
+    """--sandbox none runs the same worker as a local process and warns that nothing is isolated."""
+    out = CliRunner().invoke(cli, ["run", "run_python", "--params", '{"code": "print(6*7)"}', "--sandbox", "none"])
+    assert out.exit_code == 0, out.output
+    assert "NOTHING IS ISOLATED" in out.output and '"stdout": "42\\n"' in out.output
+
+
+def test_sandbox_none_tool_error_exit_1() -> None:
+    """A tool that reports an error exits 1; unknown tools and bad params exit 2."""
+    r = CliRunner()
+    assert r.invoke(cli, ["run", "run_shell", "--params", '{"command": "exit 3"}', "--sandbox", "none"]).exit_code == 1
+    assert r.invoke(cli, ["run", "nope", "--params", "{}", "--sandbox", "none"]).exit_code == 2
+    assert r.invoke(cli, ["run", "run_python", "--params", '{"x": 1}', "--sandbox", "none"]).exit_code == 2
