@@ -34,13 +34,40 @@ def docker_run_flags(image: str) -> list[str]:
     """The CLI flags equivalent to toolcage's container_config for the default policy."""
     cfg = container_config(
         load_policy("default"),
-        RunSpec(run_id="bench", tool="bench", image=image, policy_name="default", started_at="", deadline=0,
-                owner="bench", owner_started=""),
+        RunSpec(
+            run_id="bench",
+            tool="bench",
+            image=image,
+            policy_name="default",
+            started_at="",
+            deadline=0,
+            owner="bench",
+            owner_started="",
+        ),
     )
     hc = cfg["HostConfig"]
-    flags = ["--read-only", "--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-             "--pids-limit", str(hc["PidsLimit"]), "--memory", str(hc["Memory"]), "--memory-swap", str(hc["MemorySwap"]),
-             "--cpus", str(hc["NanoCpus"] / 1e9), "--user", cfg["User"], "--ipc", "private", "--init"]
+    flags = [
+        "--read-only",
+        "--network",
+        "none",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--pids-limit",
+        str(hc["PidsLimit"]),
+        "--memory",
+        str(hc["Memory"]),
+        "--memory-swap",
+        str(hc["MemorySwap"]),
+        "--cpus",
+        str(hc["NanoCpus"] / 1e9),
+        "--user",
+        cfg["User"],
+        "--ipc",
+        "private",
+        "--init",
+    ]
     for path, opts in hc["Tmpfs"].items():
         flags += ["--tmpfs", f"{path}:{opts}"]
     for u in hc["Ulimits"]:
@@ -54,8 +81,14 @@ def pct(values: list[float], q: float) -> float:
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {"min": min(values), "p50": statistics.median(values), "p90": pct(values, 90), "p99": pct(values, 99),
-            "max": max(values), "n": len(values)}
+    return {
+        "min": min(values),
+        "p50": statistics.median(values),
+        "p90": pct(values, 90),
+        "p99": pct(values, 99),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def timed(fn: Any) -> float:
@@ -73,8 +106,17 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = ap.parse_args()
 
-    plain_cmd = ["docker", "run", "--rm", *docker_run_flags(args.image), "--entrypoint", "python3", args.image,
-                 "-c", "pass"]
+    plain_cmd = [
+        "docker",
+        "run",
+        "--rm",
+        *docker_run_flags(args.image),
+        "--entrypoint",
+        "python3",
+        args.image,
+        "-c",
+        "pass",
+    ]
 
     def plain() -> None:
         subprocess.run(plain_cmd, check=True, stdout=subprocess.DEVNULL)
@@ -133,8 +175,9 @@ def main() -> int:
     for goal, ok in goals.items():
         print(f"{'PASS' if ok else 'MISS'}  {goal}")
 
-    engine_version = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                                    text=True).stdout.strip()
+    engine_version = subprocess.run(
+        ["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True
+    ).stdout.strip()
     report = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "docker": engine_version},

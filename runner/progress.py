@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import time
 from types import TracebackType
-
 from typing import Any
 
 from rich.console import Console

@@ -34,7 +34,9 @@ def test_params_must_be_object() -> None:
 
 def test_bad_policy_exits_2() -> None:
     """A broken policy file is exit 2 naming the field."""
-    out = CliRunner().invoke(cli, ["run", "run_python", "--params", "{}", "--policy", str(FIX / "bad-memory-unit.yaml")])
+    out = CliRunner().invoke(
+        cli, ["run", "run_python", "--params", "{}", "--policy", str(FIX / "bad-memory-unit.yaml")]
+    )
     assert out.exit_code == 2 and "limits.memory" in out.output
 
 
