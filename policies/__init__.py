@@ -4,8 +4,9 @@ Imports neither `runner` nor `worker`: both depend on it, never the other way ro
 """
 
 from policies.errors import PolicyError
-from policies.loader import bundled_policy_names, load_policy, policy_from_json
-from policies.model import Limits, NetworkPolicy, Policy, Timeouts, parse_size
+from policies.loader import bundled_policy_names, load_policy, policy_from_json, validate_policy
+from policies.model import Limits, NetworkPolicy, Policy, Timeouts
+from policies.typed import parse_size
 
 __all__ = [
     "Limits",
@@ -17,4 +18,5 @@ __all__ = [
     "load_policy",
     "parse_size",
     "policy_from_json",
+    "validate_policy",
 ]

@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from policies.errors import PolicyError
 from policies.model import Policy
+from policies.typed import BuildError, build
+
+_ADAPTER: Any = None
+_UNKNOWN = ("extra_forbidden", "unexpected_keyword_argument")
 
 _BUNDLED = Path(__file__).resolve().parent
 
@@ -19,24 +21,31 @@ def bundled_policy_names() -> list[str]:
     return sorted(p.stem for p in _BUNDLED.glob("*.yaml"))
 
 
-def _describe(exc: ValidationError, source: str) -> str:
+def _describe(errors: list[Any], source: str) -> str:
     parts = []
-    for err in exc.errors():
+    for err in errors:
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         msg = err["msg"]
-        if err["type"] == "extra_forbidden":
+        if err["type"] in _UNKNOWN:
             msg = "unknown field (typo?)"
         parts.append(f"{loc}: {msg}")
     return f"invalid policy {source}: " + "; ".join(parts)
 
 
-def _validate(data: Any, source: str) -> Policy:
+def validate_policy(data: Any, source: str = "(data)") -> Policy:
+    """Validate policy data a person wrote (pydantic: the clearest errors)."""
+    global _ADAPTER
+    from pydantic import TypeAdapter, ValidationError
+
     if not isinstance(data, dict):
         raise PolicyError(f"invalid policy {source}: the top level must be a mapping of fields")
+    if _ADAPTER is None:
+        _ADAPTER = TypeAdapter(Policy)
     try:
-        return Policy.model_validate(data)
+        # JSON mode: strict about types ("64" is not 64) while accepting mappings for dataclasses
+        return _ADAPTER.validate_json(json.dumps(data, default=str))  # type: ignore[no-any-return]
     except ValidationError as exc:
-        raise PolicyError(_describe(exc, source)) from None
+        raise PolicyError(_describe(exc.errors(), source)) from None
 
 
 def load_policy(name_or_path: str | Path = "default") -> Policy:
@@ -61,14 +70,14 @@ def load_policy(name_or_path: str | Path = "default") -> Policy:
         data = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
         raise PolicyError(f"policy file {path} is not valid YAML: {exc}") from None
-    policy = _validate(data, repr(str(path)))
-    return policy
+    return validate_policy(data, repr(str(path)))
 
 
 def policy_from_json(text: str) -> Policy:
-    """Rebuild a policy from its canonical JSON (how the worker receives it)."""
+    """Rebuild a policy from its canonical JSON (how the worker receives it), without pydantic."""
     try:
-        data = json.loads(text)
+        return build(Policy, json.loads(text))  # type: ignore[no-any-return]
+    except BuildError as exc:
+        raise PolicyError(f"invalid policy (from JSON): {exc}") from None
     except ValueError as exc:
         raise PolicyError(f"policy JSON is malformed: {exc}") from None
-    return _validate(data, "(from JSON)")

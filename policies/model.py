@@ -1,87 +1,87 @@
-"""The frozen, validated policy model and its stable sha256.
+"""The policy model: frozen stdlib dataclasses, constraints as annotated_types metadata.
 
-Safe values are the defaults; every field is strict (``"yes"`` is not ``True``,
-``"64"`` is not ``64``) and unknown keys are refused, so a typo cannot silently
-loosen a sandbox.
+Safe values are the defaults; every field is strict (``"yes"`` is not ``True``, ``"64"``
+is not ``64``) and unknown keys are refused, so a typo cannot silently loosen a sandbox.
+Validation: pydantic for files people write (policies.loader), :func:`policies.typed.build`
+for the canonical JSON the worker receives (see policies.typed for why).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from annotated_types import Ge, Gt, Le, MaxLen, MinLen
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+from policies.typed import SIZE, STRICT_CONFIG, to_dict
 
-
-def parse_size(value: Any) -> int:
-    """Turn ``512m``, ``64MiB``, ``1g`` or a plain int into bytes (binary units)."""
-    if isinstance(value, bool):
-        raise ValueError("a size must be a number of bytes or a string like '64m'")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    raise ValueError(f"not a size: {value!r} (use bytes or a string like '64m', '1g')")
+MiB = 1024**2
+GiB = 1024**3
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-Size = Annotated[int, BeforeValidator(parse_size)]
-
-_STRICT = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-
-class Limits(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class Limits:
     """Kernel-enforced resource limits for one run (cgroups, rlimits, tmpfs size)."""
 
-    model_config = _STRICT
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_CONFIG
 
-    memory: Size = Field(default=512 * 1024**2, ge=16 * 1024**2, le=64 * 1024**3)
-    cpus: float = Field(default=1.0, gt=0, le=64)
-    pids: int = Field(default=64, ge=8, le=32768)
-    nofile: int = Field(default=256, ge=16, le=65536)
-    scratch: Size = Field(default=64 * 1024**2, ge=1024**2, le=16 * 1024**3)
-    output_cap: Size = Field(default=1024**2, ge=1024, le=256 * 1024**2)
+    memory: Annotated[int, SIZE, Ge(16 * MiB), Le(64 * GiB)] = 512 * MiB
+    cpus: Annotated[float, Gt(0), Le(64)] = 1.0
+    pids: Annotated[int, Ge(8), Le(32768)] = 64
+    nofile: Annotated[int, Ge(16), Le(65536)] = 256
+    scratch: Annotated[int, SIZE, Ge(1 * MiB), Le(16 * GiB)] = 64 * MiB
+    output_cap: Annotated[int, SIZE, Ge(1024), Le(256 * MiB)] = 1 * MiB
 
 
-class Timeouts(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
     """Per-call timeout (enforced by the worker) and hard run deadline (by the runner)."""
 
-    model_config = _STRICT
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_CONFIG
 
-    call_s: float = Field(default=30.0, gt=0, le=24 * 3600)
-    run_s: float = Field(default=60.0, gt=0, le=24 * 3600)
+    call_s: Annotated[float, Gt(0), Le(24 * 3600)] = 30.0
+    run_s: Annotated[float, Gt(0), Le(24 * 3600)] = 60.0
 
 
-class NetworkPolicy(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class NetworkPolicy:
     """Network access. Only ``none`` exists yet; allowlists arrive with the egress proxy."""
 
-    model_config = _STRICT
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_CONFIG
 
     mode: Literal["none"] = "none"
 
 
-class Policy(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class Policy:
     """One sandbox policy. Immutable; hash it with :meth:`sha256`."""
 
-    model_config = _STRICT
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_CONFIG
 
     version: Literal[1] = 1
-    name: str = Field(default="default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: Annotated[str, MinLen(1), MaxLen(64)] = "default"
     description: str = ""
-    limits: Limits = Limits()
-    timeouts: Timeouts = Timeouts()
-    network: NetworkPolicy = NetworkPolicy()
+    limits: Limits = field(default_factory=Limits)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ValueError("name may contain only letters, digits, '_', '.' and '-'")
 
     def canonical_json(self) -> str:
         """The policy as sorted, compact JSON: the input of the hash and the worker's copy."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return json.dumps(to_dict(self), sort_keys=True, separators=(",", ":"))
 
     def sha256(self) -> str:
         """Stable content hash, recorded in container labels and the audit log."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def with_run_deadline(self, run_s: float) -> Policy:
+        """A copy whose run deadline is ``run_s`` (callers only ever tighten it)."""
+        return dataclasses.replace(self, timeouts=dataclasses.replace(self.timeouts, run_s=run_s))

@@ -72,7 +72,7 @@ def resolve_policy(policy: str | Path | Policy, run_timeout: float | None = None
             raise UsageError("--timeout must be a positive number of seconds")
         # A caller may tighten the deadline, never loosen the policy's.
         run_s = min(run_timeout, p.timeouts.run_s)
-        p = p.model_copy(update={"timeouts": p.timeouts.model_copy(update={"run_s": run_s})})
+        p = p.with_run_deadline(run_s)
     return p
 
 

@@ -108,9 +108,14 @@ def test_logs_are_json_on_stderr(tmp_path: Path) -> None:
 
 
 def test_lean_start_up_imports() -> None:
-    """Start-up imports neither asyncio, jsonschema, pydantic nor structlog (they cost ~400 ms in a container)."""
+    """Start-up and a tool call import neither asyncio, jsonschema, pydantic nor structlog (~400 ms in a container)."""
     code = (
-        "import sys, worker.__main__, worker.dispatch, worker.protocol, worker.settings, worker.tools; "
+        "import sys, worker.__main__, worker.dispatch, worker.protocol, worker.settings\n"
+        "from worker.tools import Catalog\n"
+        "from policies import Policy, policy_from_json\n"
+        "p = policy_from_json(Policy().canonical_json())\n"
+        "for name, params in (('run_python', {'code': 'x', 'timeout_s': 1}), ('grep', {'pattern': 'a'})):\n"
+        "    Catalog().get(name).validate(params)\n"
         "print([m for m in ('asyncio', 'jsonschema', 'pydantic', 'structlog') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from policies import Policy
+from policies import validate_policy
 from worker.errors import BadParams, NoSpace, PathEscape, ToolError
 from worker.settings import Settings
 from worker.tools import Catalog
@@ -29,7 +29,7 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
 
 def settings(dirs: tuple[Path, Path], **limits: object) -> Settings:
     ws, scratch = dirs
-    policy = Policy.model_validate({"limits": limits, "timeouts": {"call_s": 5, "run_s": 20}})
+    policy = validate_policy({"limits": limits, "timeouts": {"call_s": 5, "run_s": 20}})
     return Settings(policy.canonical_json(), str(ws), str(scratch), "test")
 
 

@@ -1,7 +1,7 @@
 """Built-in tools: each is a name, a description, a pydantic params model and a handler.
 
-The params model gives both validation (-32602 on mismatch) and the JSON schema that
-``tools.list`` returns, so the two cannot drift apart. Tool modules are imported on
+The params dataclass gives both validation (-32602 on mismatch, by policies.typed.build)
+and the JSON schema that ``tools.list`` returns (by pydantic), read off one declaration. Tool modules are imported on
 first use: a run that only lists files never pays for pydantic models it does not use.
 """
 
@@ -12,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from policies.typed import BuildError, build
 from worker.errors import BadParams
 from worker.settings import Settings
+from worker.tools._params import json_schema
 
 # tool name -> module that defines it (in its TOOLS list)
 BUILTIN: dict[str, str] = {
@@ -30,18 +32,15 @@ BUILTIN: dict[str, str] = {
 class Tool:
     name: str
     description: str
-    params: Any  # a pydantic model class
+    params: Any  # a frozen dataclass declared with worker.tools._params.params
     handler: Callable[[Settings, Any], dict[str, Any]]
     in_process_timeout: bool = True  # handlers that run no child get a SIGALRM deadline
 
     def validate(self, raw: dict[str, Any]) -> Any:
-        from pydantic import ValidationError
-
         try:
-            return self.params.model_validate(raw)
-        except ValidationError as exc:
-            errors = [{"field": ".".join(str(x) for x in e["loc"]), "error": e["msg"]} for e in exc.errors()]
-            raise BadParams("Invalid params", errors) from None
+            return build(self.params, raw)
+        except BuildError as exc:
+            raise BadParams("Invalid params", exc.errors) from None
 
 
 class Catalog:
@@ -82,5 +81,5 @@ class Catalog:
         out = []
         for name in self.names():
             t = self.get(name)
-            out.append({"name": t.name, "description": t.description, "params_schema": t.params.model_json_schema()})
+            out.append({"name": t.name, "description": t.description, "params_schema": json_schema(t.params)})
         return out

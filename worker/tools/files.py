@@ -7,14 +7,14 @@ import errno
 import os
 import re
 import stat
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from annotated_types import Ge, Le, MaxLen, MinLen
 
 from worker.errors import BadParams, NoSpace, ToolError
 from worker.settings import Settings
 from worker.tools import Tool
-from worker.tools._params import Params
+from worker.tools._params import doc, params
 from worker.tools.paths import confine, must_exist
 
 _MAX_GREP_FILE = 8 * 1024 * 1024
@@ -24,29 +24,33 @@ def _read_roots(s: Settings) -> tuple[str, ...]:
     return (s.workspace, s.scratch)
 
 
-class ListFilesParams(Params):
-    path: str = Field(default=".", description="directory, relative to /workspace or absolute")
+@params
+class ListFilesParams:
+    path: str = doc("directory, relative to /workspace or absolute", ".")
     recursive: bool = False
-    max_entries: int = Field(default=1000, ge=1, le=100_000)
+    max_entries: Annotated[int, Ge(1), Le(100_000)] = 1000
 
 
-class ReadFileParams(Params):
-    path: str
-    offset: int = Field(default=0, ge=0)
-    max_bytes: int | None = Field(default=None, ge=1, description="default: the policy's output cap")
+@params
+class ReadFileParams:
+    path: str = doc("file, relative to /workspace or absolute")
+    offset: Annotated[int, Ge(0)] = 0
+    max_bytes: Annotated[int, Ge(1)] | None = doc("default: the policy's output cap", None)
 
 
-class GrepParams(Params):
-    pattern: str = Field(min_length=1, max_length=4096)
+@params
+class GrepParams:
+    pattern: Annotated[str, MinLen(1), MaxLen(4096)] = doc("a Python regular expression, or text with fixed_string")
     path: str = "."
     fixed_string: bool = False
     ignore_case: bool = False
-    max_matches: int = Field(default=200, ge=1, le=100_000)
+    max_matches: Annotated[int, Ge(1), Le(100_000)] = 200
 
 
-class WriteFileParams(Params):
-    path: str = Field(description="file path, relative to scratch or absolute under it")
-    content: str
+@params
+class WriteFileParams:
+    path: str = doc("file path, relative to scratch or absolute under it")
+    content: str = doc("the file's content, as text or base64")
     encoding: Literal["utf-8", "base64"] = "utf-8"
     append: bool = False
 

@@ -16,14 +16,14 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from annotated_types import Gt
 
 from worker import cgroup
 from worker.settings import Settings
 from worker.tools import Tool
-from worker.tools._params import Params
+from worker.tools._params import doc, params
 
 _CHILD_ENV_KEEP = ("LANG", "LC_ALL", "TZ")
 _GRACE_AFTER_EXIT_S = 0.2
@@ -36,16 +36,18 @@ def kill_all_children() -> None:
         _kill_group(pgid)
 
 
-class RunPythonParams(Params):
-    code: str = Field(description="Python source, run as `python3 -c code` in the scratch dir")
-    timeout_s: float | None = Field(default=None, gt=0, description="seconds; default the policy's call timeout")
-    stdin: str | None = Field(default=None, description="text fed to the child's stdin")
+@params
+class RunPythonParams:
+    code: str = doc("Python source, run as `python3 -c code` in the scratch dir")
+    timeout_s: Annotated[float, Gt(0)] | None = doc("seconds; default the policy's call timeout", None)
+    stdin: str | None = doc("text fed to the child's stdin", None)
 
 
-class RunShellParams(Params):
-    command: str = Field(description="shell command, run as `/bin/sh -c command` in the scratch dir")
-    timeout_s: float | None = Field(default=None, gt=0, description="seconds; default the policy's call timeout")
-    stdin: str | None = Field(default=None, description="text fed to the child's stdin")
+@params
+class RunShellParams:
+    command: str = doc("shell command, run as `/bin/sh -c command` in the scratch dir")
+    timeout_s: Annotated[float, Gt(0)] | None = doc("seconds; default the policy's call timeout", None)
+    stdin: str | None = doc("text fed to the child's stdin", None)
 
 
 def _child_env(settings: Settings) -> dict[str, str]:
