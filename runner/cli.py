@@ -40,8 +40,11 @@ def _fail(exc: ToolcageError | PolicyError, as_json: bool) -> NoReturn:
     sys.exit(code)
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # unwinds through `with Sandbox` so the container is removed
+def _on_signal(signum: int, frame: Any) -> None:
+    # unwinds through `with Sandbox`, so the container is removed before the process exits
+    signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
+    click.echo(f"toolcage: {signal.Signals(signum).name}: removing the sandbox", err=True)
+    raise SystemExit(128 + signum)
 
 
 def _parse_params(raw: str | None) -> dict[str, Any] | None:
@@ -233,7 +236,8 @@ def image_build(tag: str | None, base: str | None, force: bool) -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     try:
         cli(standalone_mode=True)
     except KeyboardInterrupt:

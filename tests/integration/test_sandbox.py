@@ -227,3 +227,33 @@ def test_sandbox_none_runs_same_worker_with_warning() -> None:
     out = _cli("run", "run_python", "--params", '{"code": "print(1)"}', "--sandbox", "none")
     assert out.returncode == 0 and json.loads(out.stdout)["result"]["stdout"] == "1\n"
     assert "NOTHING IS ISOLATED" in out.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_cli_signal_removes_container(engine: Any, sig: str) -> None:
+    """SIGTERM or SIGINT to `toolcage run` mid-call removes the container before it exits."""
+    import signal
+    import socket
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner.cli", "run", "run_python", "--params", '{"code": "import time; time.sleep(60)"}'],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    owner = f"{socket.gethostname()}:{proc.pid}"
+    try:
+        deadline = time.monotonic() + 30
+        mine: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not mine:
+            mine = [c for c in engine.containers("toolcage.run_id") if c["Labels"].get("toolcage.owner") == owner]
+            time.sleep(0.1)
+        assert mine, "the run's container never appeared"
+        time.sleep(0.5)
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    left = [c for c in engine.containers("toolcage.run_id") if c["Labels"].get("toolcage.owner") == owner]
+    assert left == []
+    assert proc.returncode in (130, 143)
