@@ -236,8 +236,19 @@ def test_cli_signal_removes_container(engine: Any, sig: str) -> None:
     import socket
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runner.cli", "run", "run_python", "--params", '{"code": "import time; time.sleep(60)"}'],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "runner.cli",
+            "run",
+            "run_python",
+            "--params",
+            '{"code": "import time; time.sleep(60)"}',
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     owner = f"{socket.gethostname()}:{proc.pid}"
     try:
