@@ -48,13 +48,60 @@ class Timeouts:
     run_s: Annotated[float, Gt(0), Le(24 * 3600)] = 60.0
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 @dataclass(frozen=True, kw_only=True)
-class NetworkPolicy:
-    """Network access. Only ``none`` exists yet; allowlists arrive with the egress proxy."""
+class AllowRule:
+    """One allowlist entry: a host (exact, or ``*.`` for subdomains) and what may be sent to it."""
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_CONFIG
 
-    mode: Literal["none"] = "none"
+    host: Annotated[str, MinLen(1), MaxLen(253)]
+    schemes: tuple[Literal["http", "https"], ...] = ("https",)
+    ports: tuple[Annotated[int, Ge(1), Le(65535)], ...] = ()  # empty: each scheme's default port
+    methods: tuple[Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"], ...] = ()  # empty: all
+
+    def __post_init__(self) -> None:
+        from policies.names import validate_glob
+
+        object.__setattr__(self, "host", validate_glob(self.host))  # compare normal forms only
+        if not self.schemes:
+            raise ValueError(f"host {self.host!r}: schemes must not be empty")
+
+    def allowed_ports(self, scheme: str) -> tuple[int, ...]:
+        return self.ports or (DEFAULT_PORTS[scheme],)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkPolicy:
+    """Network access: ``none`` (no interface but lo) or ``proxy`` (only through the egress proxy,
+    only to the allowlist). ``allow_private_cidrs`` deliberately opens private ranges."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_CONFIG
+
+    mode: Literal["none", "proxy"] = "none"
+    allow: tuple[AllowRule, ...] = ()
+    allow_private_cidrs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        import ipaddress
+
+        if self.mode == "none" and (self.allow or self.allow_private_cidrs):
+            raise ValueError("mode 'none' cannot enforce an allowlist: set mode: proxy, or remove allow")
+        for cidr in self.allow_private_cidrs:
+            try:
+                net = ipaddress.ip_network(cidr, strict=True)
+            except ValueError as exc:
+                raise ValueError(f"allow_private_cidrs: {cidr!r} is not a network ({exc})") from None
+            if net.prefixlen == 0:
+                raise ValueError(f"allow_private_cidrs: {cidr!r} would open every address")
+
+    def private_networks(self) -> tuple[Any, ...]:
+        import ipaddress
+
+        return tuple(ipaddress.ip_network(c) for c in self.allow_private_cidrs)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -139,6 +139,12 @@ def _build(tp: Any, value: Any, loc: str, errors: list[dict[str, str]]) -> Any:
             return None
         (item,) = get_args(tp)[:1]
         return tuple(_build(item, v, f"{loc}.{i}" if loc else str(i), errors) for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            fail("must be a mapping")
+            return None
+        _, item = get_args(tp)
+        return {k: _build(item, v, f"{loc}.{k}" if loc else str(k), errors) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             fail("must be a mapping of fields")
