@@ -90,6 +90,17 @@ def sandbox_options(f: Any) -> Any:
             "--image", default=None, help="Worker image (default toolcage-worker:<version>, or $TOOLCAGE_IMAGE)."
         ),
         click.option("-v", "--verbose", count=True, help="Log run events on stderr (-vv for debug)."),
+        click.option(
+            "--egress-network",
+            default=None,
+            help="Docker network for the egress proxy's outbound side (network.mode: proxy; "
+            "default: a per-run bridge).",
+        ),
+        click.option(
+            "--egress-proxy",
+            default=None,
+            help="Upstream HTTP proxy for allowed traffic (default $TOOLCAGE_EGRESS_PROXY).",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -116,6 +127,8 @@ def run(
     keep: bool,
     image: str | None,
     verbose: int,
+    egress_network: str | None,
+    egress_proxy: str | None,
 ) -> None:
     """Run one TOOL call in a fresh sandbox and print the result as JSON.
 
@@ -128,7 +141,15 @@ def run(
     try:
         parsed = _parse_params(params)
         sb = Sandbox(
-            policy, workspace=workspace, tool=tool, sandbox=sandbox, image=image, keep=keep, run_timeout=timeout
+            policy,
+            workspace=workspace,
+            tool=tool,
+            sandbox=sandbox,
+            image=image,
+            keep=keep,
+            run_timeout=timeout,
+            egress_network=egress_network,
+            egress_proxy=egress_proxy,
         )
         with sb:
             res = sb.call(tool, parsed)
@@ -159,6 +180,8 @@ def serve(
     keep: bool,
     image: str | None,
     verbose: int,
+    egress_network: str | None,
+    egress_proxy: str | None,
     tool_label: str,
 ) -> None:
     """Bridge JSON-RPC on this process's stdin/stdout into one sandboxed run.
@@ -173,7 +196,15 @@ def serve(
     logs.configure(verbose)
     try:
         with Sandbox(
-            policy, workspace=workspace, tool=tool_label, sandbox=sandbox, image=image, keep=keep, run_timeout=timeout
+            policy,
+            workspace=workspace,
+            tool=tool_label,
+            sandbox=sandbox,
+            image=image,
+            keep=keep,
+            run_timeout=timeout,
+            egress_network=egress_network,
+            egress_proxy=egress_proxy,
         ) as sb:
             bridge(sb, sys.stdin.buffer, sys.stdout.buffer)
     except (ToolcageError, PolicyError) as exc:
@@ -193,6 +224,63 @@ def tools(as_json: bool) -> None:
     width = max(len(t["name"]) for t in listing)
     for t in listing:
         click.echo(f"{t['name']:<{width}}  {t['description']}")
+
+
+@cli.group()
+def policy() -> None:
+    """Check policies and URLs against them."""
+
+
+@policy.command("test")
+@click.argument("policy_ref", metavar="POLICY")
+@click.argument("url")
+@click.option("--method", default="GET", show_default=True, help="HTTP method of the request.")
+@click.option(
+    "--resolve",
+    "resolve",
+    multiple=True,
+    metavar="HOST=IP",
+    help="Answer for HOST instead of DNS (repeatable; several for one host give several answers).",
+)
+def policy_test(policy_ref: str, url: str, method: str, resolve: tuple[str, ...]) -> None:
+    """Would POLICY let a sandbox fetch URL? Prints {"allowed", "reason"}; exit 0 allowed, 1 denied, 2 error.
+
+    Runs the same decide() as SafeFetch and the egress proxy, with the system resolver for
+    names not given with --resolve (a name that cannot be resolved is denied).
+    """
+    from policies import load_policy
+    from policies.decide import Request, decide, system_resolver
+
+    fixed: dict[str, list[str]] = {}
+    for item in resolve:
+        host, sep, ip = item.partition("=")
+        if not sep or not host or not ip:
+            _fail(UsageError(f"--resolve wants HOST=IP, not {item!r}"), as_json=False)
+        try:
+            import ipaddress
+
+            ipaddress.ip_address(ip)
+        except ValueError:
+            _fail(UsageError(f"--resolve {item!r}: {ip!r} is not an IP address"), as_json=False)
+        from policies.names import NameError_, normalize_host
+
+        try:
+            fixed.setdefault(normalize_host(host), []).append(ip)
+        except NameError_ as exc:
+            _fail(UsageError(f"--resolve {item!r}: {exc}"), as_json=False)
+
+    def resolver(name: str) -> list[str]:
+        if name in fixed:
+            return fixed[name]
+        return system_resolver(name)
+
+    try:
+        p = load_policy(policy_ref)
+    except PolicyError as exc:
+        _fail(exc, as_json=False)
+    d = decide(Request(url, method.upper()), p, resolver)
+    _emit({"allowed": d.allowed, "reason": d.reason, "rule": d.rule, "addresses": list(d.addresses)})
+    sys.exit(0 if d.allowed else 1)
 
 
 @cli.group()

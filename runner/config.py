@@ -7,6 +7,7 @@ for it. The security knobs are listed here, once, with the threat each one stops
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ class RunSpec:
     owner_started: str  # the runner process's start time, so a reused pid is not the owner
     workspace: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    network: str | None = None  # the run's internal network (network.mode: proxy); None: no network
 
 
 def container_name(tool: str, run_id: str) -> str:
@@ -53,6 +55,7 @@ def labels(policy: Policy, run: RunSpec) -> dict[str, str]:
         f"{LABEL_PREFIX}deadline": f"{run.deadline:.3f}",
         f"{LABEL_PREFIX}owner": run.owner,
         f"{LABEL_PREFIX}owner_started": run.owner_started,
+        f"{LABEL_PREFIX}role": "sandbox",
     }
 
 
@@ -92,14 +95,14 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         "NanoCpus": int(lim.cpus * 1e9),
         "Ulimits": [{"Name": "nofile", "Soft": lim.nofile, "Hard": lim.nofile}],
         "Init": True,  # an init reaps orphans and forwards signals; the worker is not PID 1
-        "NetworkMode": "none",
+        "NetworkMode": run.network or "none",
         "IpcMode": "private",
         "PortBindings": {},
         "PublishAllPorts": False,
         "AutoRemove": False,  # the runner removes it after reading State.OOMKilled
         "LogConfig": {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}},
     }
-    return {
+    config: dict[str, Any] = {
         "Image": run.image,
         "User": f"{SANDBOX_UID}:{SANDBOX_UID}",
         "WorkingDir": SCRATCH,
@@ -114,6 +117,46 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         "Tty": False,
         # No network stack beyond a private loopback. Faster to start than NetworkMode "none"
         # alone (no libnetwork sandbox); tests assert only `lo` exists and connects fail.
-        "NetworkDisabled": True,
+        "NetworkDisabled": run.network is None,
         "HostConfig": host_config,
     }
+    if run.network is not None:
+        # Only the internal network, whose one other member is the egress proxy. Docker's
+        # embedded DNS would forward outside names to these servers: loopback, where nothing
+        # listens, so a lookup cannot carry data out (no DNS exfiltration).
+        host_config["Dns"] = ["127.0.0.1"]
+        host_config["DnsSearch"] = []
+        host_config["DnsOptions"] = ["timeout:1", "attempts:1"]
+    return config
+
+
+PROXY_PORT = 3128
+PROXY_ALIAS = "toolcage-proxy"
+
+
+def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, upstream: str | None) -> dict[str, Any]:
+    """The egress proxy's container: as hardened as the sandbox, with the egress network as its
+    only route out (the runner connects it to the run's internal network too)."""
+    cfg = container_config(policy, dataclasses.replace(run, workspace=None, network=egress_network))
+    hc = cfg["HostConfig"]
+    hc["Memory"] = hc["MemorySwap"] = 128 * 1024**2
+    hc["PidsLimit"] = 32
+    hc["NanoCpus"] = 500_000_000
+    hc["Ulimits"] = [{"Name": "nofile", "Soft": 1024, "Hard": 1024}]
+    hc["Dns"] = []  # the proxy resolves names itself, through Docker's resolver on the egress network
+    hc.pop("DnsSearch", None)
+    hc.pop("DnsOptions", None)
+    env = [e for e in cfg["Env"] if not e.startswith("TOOLCAGE_IN_CONTAINER=")]
+    env.append(f"TOOLCAGE_PROXY_LISTEN=0.0.0.0:{PROXY_PORT}")
+    if upstream:
+        env.append(f"TOOLCAGE_EGRESS_PROXY={upstream}")
+    cfg.update(
+        Env=env,
+        Entrypoint=["python3", "-S", "-m", "worker.proxy"],
+        AttachStdin=False,
+        OpenStdin=False,
+        StdinOnce=False,
+        NetworkDisabled=False,
+    )
+    cfg["Labels"] = {**cfg["Labels"], f"{LABEL_PREFIX}role": "egress-proxy"}
+    return cfg

@@ -189,3 +189,51 @@ class Engine:
             return list(self.api.containers(all=all, filters={"label": label}))
         except Exception as exc:
             raise _translate(exc) from exc
+
+    # networks -----------------------------------------------------------------------
+    def create_network(self, name: str, internal: bool, labels: dict[str, str]) -> str:
+        try:
+            return str(
+                self.api.create_network(name, driver="bridge", internal=internal, labels=labels, check_duplicate=True)[
+                    "Id"
+                ]
+            )
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def network(self, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.api.inspect_network(name))
+        except docker.errors.NotFound:
+            return None
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def connect(self, network: str, cid: str, aliases: list[str]) -> None:
+        try:
+            self.api.connect_container_to_network(cid, network, aliases=aliases)
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def remove_network(self, name: str) -> None:
+        try:
+            self.api.remove_network(name)
+        except docker.errors.NotFound:
+            pass
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def networks(self, label: str) -> list[dict[str, Any]]:
+        try:
+            return list(self.api.networks(filters={"label": label}))
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def logs(self, cid: str, tail: int | None = None) -> str:
+        try:
+            raw = self.api.logs(cid, stdout=True, stderr=True, tail=tail if tail is not None else "all")
+            return bytes(raw).decode("utf-8", errors="replace")
+        except docker.errors.NotFound:
+            return ""
+        except Exception as exc:
+            raise _translate(exc) from exc

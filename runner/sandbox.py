@@ -90,6 +90,8 @@ class Sandbox:
         keep: bool = False,
         run_timeout: float | None = None,
         engine: Any = None,
+        egress_network: str | None = None,
+        egress_proxy: str | None = None,
     ) -> None:
         if sandbox not in ("container", "none"):
             raise UsageError(f"unknown sandbox kind {sandbox!r}: use 'container' or 'none'")
@@ -103,6 +105,9 @@ class Sandbox:
         self.name = container_name(tool, self.run_id)
         self.container_id: str | None = None
         self._engine = engine
+        self.egress_network = egress_network
+        self.egress_proxy = egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY")
+        self._egress: Any = None
         self._transport: DockerAttachTransport | ProcessTransport | None = None
         self._parser: StreamParser | None = None
         self._lock = threading.Lock()
@@ -160,7 +165,7 @@ class Sandbox:
         )
         return self
 
-    def _run_spec(self) -> RunSpec:
+    def _run_spec(self, network: str | None = None, extra_env: dict[str, str] | None = None) -> RunSpec:
         host_pid, started = ownership.owner()
         return RunSpec(
             run_id=self.run_id,
@@ -172,6 +177,8 @@ class Sandbox:
             owner=host_pid,
             owner_started=started,
             workspace=self.workspace,
+            network=network,
+            extra_env=extra_env or {},
         )
 
     def _start_container(self, parser: StreamParser) -> None:
@@ -179,7 +186,14 @@ class Sandbox:
             from runner.docker_adapter import Engine
 
             self._engine = Engine.default()
-        config = container_config(self.policy, self._run_spec())
+        spec = self._run_spec()
+        if self.policy.network.mode == "proxy":
+            from runner.egress import Egress
+
+            self._egress = Egress(self._engine, self.policy, spec, self.egress_network, self.egress_proxy, self.log)
+            network, env = self._egress.up()
+            spec = self._run_spec(network=network, extra_env=env)
+        config = container_config(self.policy, spec)
         self.container_id = self._engine.create(config, self.name)
         sock, closer = self._engine.attach(self.container_id)
         self._transport = DockerAttachTransport(sock, parser, closer)
@@ -371,17 +385,21 @@ class Sandbox:
         try:
             if self._transport is not None:
                 self._transport.close_stdin()
-            if self.kind == "container" and self.container_id and self._engine is not None:
-                if self.keep:
-                    self.log.warning("run.kept", container=self.name)
-                else:
-                    self._engine.remove(self.container_id)
-            elif isinstance(self._transport, ProcessTransport):
-                try:
-                    self._transport.proc.wait(timeout=2)
-                except Exception:
-                    self._kill()
-                    self._transport.proc.wait(timeout=5)
+            try:
+                if self.kind == "container" and self.container_id and self._engine is not None:
+                    if self.keep:
+                        self.log.warning("run.kept", container=self.name)
+                    else:
+                        self._engine.remove(self.container_id)
+                elif isinstance(self._transport, ProcessTransport):
+                    try:
+                        self._transport.proc.wait(timeout=2)
+                    except Exception:
+                        self._kill()
+                        self._transport.proc.wait(timeout=5)
+            finally:
+                if self._egress is not None and not self.keep:
+                    self._egress.down()
         finally:
             if self._transport is not None:
                 self._transport.close()

@@ -25,6 +25,7 @@ BUILTIN: dict[str, str] = {
     "read_file": "worker.tools.files",
     "grep": "worker.tools.files",
     "write_file": "worker.tools.files",
+    "http_fetch": "worker.tools.net",
 }
 
 

@@ -25,7 +25,19 @@ from worker.settings import Settings
 from worker.tools import Tool
 from worker.tools._params import doc, params
 
-_CHILD_ENV_KEEP = ("LANG", "LC_ALL", "TZ")
+# the proxy settings let ordinary HTTP clients in tool code use the egress proxy (its only way out)
+_CHILD_ENV_KEEP = (
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "NO_PROXY",
+    "no_proxy",
+    "TOOLCAGE_PROXY",
+)
 _GRACE_AFTER_EXIT_S = 0.2
 _LIVE_GROUPS: set[int] = set()
 

@@ -1,0 +1,270 @@
+"""Network by policy only, on the real engine: SafeFetch, the egress proxy, and what raw code can reach.
+
+The upstream servers are containers of this test (network aliases api.allowed.test and
+other.test) on an egress network the test creates with ``internal=True``, so nothing
+here can reach beyond the machine. Everything is labelled and removed afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from runner import Sandbox
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+UPSTREAM = r"""
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def _send(self, code, body, headers=()):
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        if self.path == "/redirect-out":
+            return self._send(302, b"", [("Location", "http://other.test:8080/secret")])
+        if self.path == "/redirect-in":
+            return self._send(302, b"", [("Location", "/ok")])
+        self._send(200, ("hello %s %s" % (self.headers.get("Host"), self.path)).encode())
+    do_POST = do_DELETE = do_GET
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
+"""
+
+
+@pytest.fixture(scope="module")
+def upstream(engine: Any) -> Iterator[dict[str, Any]]:
+    """An internal egress network with one HTTP server answering as api.allowed.test and other.test."""
+    from runner import DEFAULT_IMAGE
+
+    tag = secrets.token_hex(3)
+    net = f"toolcage-test-egress-{tag}"
+    labels = {"toolcage.test": tag}
+    engine.create_network(net, internal=True, labels=labels)
+    name = f"toolcage-test-upstream-{tag}"
+    cid = None
+    try:
+        cid = engine.create(
+            {
+                "Image": DEFAULT_IMAGE,
+                "Entrypoint": ["python3", "-c", UPSTREAM],
+                "User": "65532:65532",
+                "Labels": labels,
+                "HostConfig": {
+                    "NetworkMode": net,
+                    "ReadonlyRootfs": True,
+                    "CapDrop": ["ALL"],
+                    "Memory": 128 << 20,
+                    "PidsLimit": 32,
+                    "SecurityOpt": ["no-new-privileges"],
+                },
+                "NetworkingConfig": {"EndpointsConfig": {net: {"Aliases": ["api.allowed.test", "other.test"]}}},
+            },
+            name,
+        )
+        engine.start(cid)
+        info = engine.inspect(cid)
+        ip = info["NetworkSettings"]["Networks"][net]["IPAddress"]
+        subnet = engine.network(net)["IPAM"]["Config"][0]["Subnet"]
+        yield {"network": net, "ip": ip, "subnet": subnet}
+    finally:
+        if cid:
+            engine.remove(cid)
+        engine.remove_network(net)
+
+
+def policy_file(tmp_path: Path, network: dict[str, Any], name: str = "egress-test") -> Path:
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump({"name": name, "network": network, "timeouts": {"call_s": 10, "run_s": 60}}))
+    return p
+
+
+@pytest.fixture
+def allow_api(tmp_path: Path, upstream: dict[str, Any]) -> Path:
+    return policy_file(
+        tmp_path,
+        {
+            "mode": "proxy",
+            "allow": [{"host": "api.allowed.test", "schemes": ["http"], "ports": [8080], "methods": ["GET", "POST"]}],
+            "allow_private_cidrs": [upstream["subnet"]],
+        },
+    )
+
+
+def fetch(sb: Sandbox, url: str, **kw: Any) -> Any:
+    return sb.call("http_fetch", {"url": url, **kw})
+
+
+def run_probe(sb: Sandbox, code: str) -> dict[str, Any]:
+    r = sb.call("run_python", {"code": textwrap.dedent(code), "timeout_s": 20})
+    assert r.result["exit_code"] == 0, r.result["stderr"]
+    return json.loads(r.result["stdout"].strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def assert_run_gone(engine: Any, run_id: str) -> None:
+    assert engine.containers(f"toolcage.run_id={run_id}") == []
+    assert engine.networks(f"toolcage.run_id={run_id}") == []
+
+
+def test_allowed_request_succeeds(engine: Any, upstream: dict[str, Any], allow_api: Path) -> None:
+    """http_fetch to an allowed host goes through the proxy and returns the upstream's answer."""
+    with Sandbox(allow_api, egress_network=upstream["network"]) as sb:
+        r = fetch(sb, "http://api.allowed.test:8080/ok")
+        assert r.status == "ok", r
+        assert r.result["status"] == 200 and r.result["body"] == "hello api.allowed.test:8080 /ok"
+        local_redirect = fetch(sb, "http://api.allowed.test:8080/redirect-in")
+        assert local_redirect.result["url"].endswith("/ok") and len(local_redirect.result["decisions"]) == 2
+    assert_run_gone(engine, sb.run_id)
+    assert any(d["event"] == "egress.allowed" for d in sb._egress.decisions)
+
+
+@pytest.mark.parametrize(
+    ("url", "method", "reason"),
+    [
+        ("http://other.test:8080/", "GET", "host other.test is not in the allowlist"),
+        ("http://api.allowed.test:9090/", "GET", "port 9090 is not allowed"),
+        ("https://api.allowed.test:8080/", "GET", "scheme https is not allowed"),
+        ("http://api.allowed.test:8080/", "DELETE", "method DELETE is not allowed"),
+        ("http://169.254.169.254/latest/meta-data/", "GET", "IP address 169.254.169.254 is not in the allowlist"),
+    ],
+)
+def test_safefetch_refuses_with_reason(
+    engine: Any, upstream: dict[str, Any], allow_api: Path, url: str, method: str, reason: str
+) -> None:
+    """A denied host, port, scheme or method is refused by SafeFetch with the reason."""
+    with Sandbox(allow_api, egress_network=upstream["network"]) as sb:
+        r = fetch(sb, url, method=method)
+    assert r.status == "error" and r.error is not None and r.error["code"] == -32010
+    assert reason in r.error["data"]["reason"]
+
+
+def test_redirect_to_denied_host_refused(engine: Any, upstream: dict[str, Any], allow_api: Path) -> None:
+    """A redirect from an allowed host to a denied one is refused at the hop."""
+    with Sandbox(allow_api, egress_network=upstream["network"]) as sb:
+        r = fetch(sb, "http://api.allowed.test:8080/redirect-out")
+    assert r.error is not None and "other.test is not in the allowlist" in r.error["data"]["reason"]
+
+
+RAW = """
+import json, os, socket
+h, p = os.environ["TOOLCAGE_PROXY"].split(":")
+def raw(req):
+    s = socket.create_connection((h, int(p)), timeout=5)
+    s.sendall(req)
+    data = b""
+    while b"\\r\\n\\r\\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    return data.split(b"\\r\\n")[0].decode()
+def tunnel_get(host):
+    s = socket.create_connection((h, int(p)), timeout=5)
+    s.sendall(("CONNECT %s:8080 HTTP/1.1\\r\\nHost: %s:8080\\r\\n\\r\\n" % (host, host)).encode())
+    first = s.recv(4096).split(b"\\r\\n")[0].decode()
+    if " 200 " not in first:
+        return first, ""
+    s.sendall(("GET /via-tunnel HTTP/1.1\\r\\nHost: %s:8080\\r\\nConnection: close\\r\\n\\r\\n" % host).encode())
+    body = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    return first, body.split(b"\\r\\n\\r\\n", 1)[-1].decode()
+def connect(addr, port):
+    s = socket.socket(); s.settimeout(3)
+    try:
+        s.connect((addr, port)); return "connected"
+    except OSError as e:
+        return type(e).__name__ + ":" + str(e.errno)
+def dns(name):
+    try:
+        socket.getaddrinfo(name, 80); return "resolved"
+    except socket.gaierror:
+        return "failed"
+print(json.dumps({
+    "raw_get_denied": raw(b"GET http://other.test:8080/ HTTP/1.1\\r\\nHost: other.test:8080\\r\\n\\r\\n"),
+    "raw_connect_denied": raw(b"CONNECT other.test:8080 HTTP/1.1\\r\\nHost: other.test:8080\\r\\n\\r\\n"),
+    "raw_get_allowed": raw(b"GET http://api.allowed.test:8080/x HTTP/1.1\\r\\nHost: api.allowed.test:8080\\r\\n\\r\\n"),
+    "fronting": raw(b"GET http://api.allowed.test:8080/ HTTP/1.1\\r\\nHost: other.test:8080\\r\\n\\r\\n"),
+    "tunnel_allowed": tunnel_get("api.allowed.test"),
+    "direct_to_upstream": connect(UPSTREAM_IP, 8080),
+    "direct_to_metadata": connect("169.254.169.254", 80),
+    "dns_external": dns("exfil-probe.invalid"),
+    "dns_upstream_alias": dns("api.allowed.test"),
+    "interfaces": sorted(os.listdir("/sys/class/net")),
+}))
+"""
+
+
+def test_raw_code_cannot_bypass(engine: Any, upstream: dict[str, Any], allow_api: Path) -> None:
+    """Code that skips SafeFetch gets 403 from the proxy for denied hosts, no route to anything else, no DNS."""
+    with Sandbox(allow_api, egress_network=upstream["network"]) as sb:
+        out = run_probe(sb, RAW.replace("UPSTREAM_IP", repr(upstream["ip"])))
+    assert out["raw_get_denied"].startswith("HTTP/1.1 403")
+    assert out["raw_connect_denied"].startswith("HTTP/1.1 403")
+    assert " 200 " in out["raw_get_allowed"]
+    assert out["fronting"].startswith("HTTP/1.1 403") and "Host header" in out["fronting"]
+    # CONNECT is a TLS tunnel: it counts as https, which this policy does not allow
+    assert out["tunnel_allowed"][0].startswith("HTTP/1.1 403") and "scheme https" in out["tunnel_allowed"][0]
+    assert out["direct_to_upstream"] in ("OSError:101", "OSError:113", "TimeoutError:None")
+    assert out["direct_to_metadata"] in ("OSError:101", "OSError:113", "TimeoutError:None")
+    assert out["dns_external"] == "failed" and out["dns_upstream_alias"] == "failed"
+    assert out["interfaces"] == ["eth0", "lo"]
+    assert_run_gone(engine, sb.run_id)
+
+
+def test_private_address_refused_unless_opened(engine: Any, tmp_path: Path, upstream: dict[str, Any]) -> None:
+    """A name that resolves to a private address is refused (by the proxy) unless its range is opened."""
+    closed = policy_file(
+        tmp_path,
+        {"mode": "proxy", "allow": [{"host": "api.allowed.test", "schemes": ["http"], "ports": [8080]}]},
+        "closed",
+    )
+    with Sandbox(closed, egress_network=upstream["network"]) as sb:
+        r = fetch(sb, "http://api.allowed.test:8080/ok")
+    assert r.error is not None and r.error["code"] == -32010
+    assert "which is private" in r.error["data"]["reason"]
+    denied = [d for d in sb._egress.decisions if d["event"] == "egress.denied"]
+    assert denied and "private" in denied[0]["reason"]
+
+
+def test_mode_none_reaches_nothing(engine: Any) -> None:
+    """With network mode none, http_fetch is refused and raw code has no interface but lo."""
+    with Sandbox() as sb:
+        r = fetch(sb, "http://api.allowed.test:8080/ok")
+        ifs = sb.call("run_python", {"code": "import os; print(sorted(os.listdir('/sys/class/net')))"})
+    assert r.error is not None and "network.mode: none" in r.error["data"]["reason"]
+    assert ifs.result["stdout"].strip() == "['lo']"
+
+
+def test_connect_tunnel_pipes_bytes(engine: Any, tmp_path: Path, upstream: dict[str, Any]) -> None:
+    """An allowed CONNECT opens a tunnel to the checked address and relays bytes both ways."""
+    tls_ok = policy_file(
+        tmp_path,
+        {
+            "mode": "proxy",
+            "allow": [{"host": "api.allowed.test", "schemes": ["https"], "ports": [8080]}],
+            "allow_private_cidrs": [upstream["subnet"]],
+        },
+        "tunnel",
+    )
+    code = RAW.split("print(json.dumps(")[0] + "print(json.dumps({'t': tunnel_get('api.allowed.test')}))"
+    with Sandbox(tls_ok, egress_network=upstream["network"]) as sb:
+        out = run_probe(sb, code)
+    first, body = out["t"]
+    assert first.startswith("HTTP/1.1 200") and body == "hello api.allowed.test:8080 /via-tunnel"

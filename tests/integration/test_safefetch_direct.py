@@ -1,0 +1,121 @@
+"""SafeFetch without a proxy (as with --sandbox none), against HTTP servers on loopback only."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from policies import validate_policy
+from worker.safefetch import EgressDenied, FetchFailed, SafeFetch
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def _send(self, code: int, body: bytes, headers: tuple[tuple[str, str], ...] = ()) -> None:
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        port = self.server.server_address[1]
+        routes: dict[str, tuple[int, bytes, tuple[tuple[str, str], ...]]] = {
+            "/redirect-out": (302, b"", (("Location", f"http://other.local.test:{port}/"),)),
+            "/redirect-in": (301, b"", (("Location", "/ok"),)),
+            "/loop": (302, b"", (("Location", "/loop"),)),
+            "/big": (200, b"x" * 10_000, ()),
+            "/see-other": (303, b"", (("Location", "/ok"),)),
+        }
+        code, body, headers = routes.get(
+            self.path, (200, f"{self.command} {self.path} {self.headers['Host']}".encode(), ())
+        )
+        self._send(code, body, headers)
+
+    do_POST = do_GET
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[int]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def resolver(host: str) -> list[str]:
+    return {"api.local.test": ["127.0.0.1"], "other.local.test": ["127.0.0.1"]}[host]
+
+
+def client(port: int, open_loopback: bool = True, **kw: Any) -> SafeFetch:
+    policy = validate_policy(
+        {
+            "network": {
+                "mode": "proxy",
+                "allow": [{"host": "api.local.test", "schemes": ["http"], "ports": [port], "methods": ["GET", "POST"]}],
+                "allow_private_cidrs": ["127.0.0.0/8"] if open_loopback else [],
+            }
+        }
+    )
+    return SafeFetch(policy, resolver=resolver, **kw)
+
+
+def test_allowed_fetch_connects_to_checked_address(server: int) -> None:
+    """An allowed request is sent to the checked address with the original Host."""
+    r = client(server).fetch(f"http://api.local.test:{server}/hello")
+    assert r.status == 200 and r.body.decode() == f"GET /hello api.local.test:{server}"
+    assert r.decisions[0]["addresses"] == ["127.0.0.1"]
+
+
+def test_redirect_rechecked_each_hop(server: int) -> None:
+    """A same-host redirect is followed (new decision); one to a denied host is refused."""
+    r = client(server).fetch(f"http://api.local.test:{server}/redirect-in")
+    assert r.url.endswith("/ok") and len(r.decisions) == 2
+    with pytest.raises(EgressDenied, match=r"other\.local\.test is not in the allowlist"):
+        client(server).fetch(f"http://api.local.test:{server}/redirect-out")
+
+
+def test_redirect_limit(server: int) -> None:
+    """A redirect loop ends after the hop limit."""
+    with pytest.raises(FetchFailed, match="redirects"):
+        client(server).fetch(f"http://api.local.test:{server}/loop")
+
+
+def test_303_turns_post_into_get(server: int) -> None:
+    """303 See Other re-requests with GET and no body."""
+    r = client(server).fetch(f"http://api.local.test:{server}/see-other", "POST", body=b"data")
+    assert r.body.decode().startswith("GET /ok")
+
+
+def test_body_cap(server: int) -> None:
+    """Response bodies are capped and marked truncated."""
+    r = client(server, max_bytes=1024).fetch(f"http://api.local.test:{server}/big")
+    assert len(r.body) == 1024 and r.truncated
+
+
+def test_private_address_needs_open_range(server: int) -> None:
+    """Without allow_private_cidrs the loopback answer is refused."""
+    with pytest.raises(EgressDenied, match="which is loopback"):
+        client(server, open_loopback=False).fetch(f"http://api.local.test:{server}/")
+
+
+def test_host_header_cannot_be_set(server: int) -> None:
+    """Callers cannot set Host (domain fronting) or proxy headers."""
+    with pytest.raises(EgressDenied, match="headers not allowed: Host"):
+        client(server).fetch(f"http://api.local.test:{server}/", headers={"Host": "other.local.test"})
+
+
+def test_env_proxies_ignored(server: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY in the environment does not steer SafeFetch."""
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    assert client(server).fetch(f"http://api.local.test:{server}/x").status == 200

@@ -1,0 +1,197 @@
+"""SafeFetch: the HTTP client for tool handlers, enforcing the run's egress policy.
+
+Every request and every redirect hop goes through ``policies.decide``. Directly (no proxy,
+e.g. ``--sandbox none``) it resolves once, checks every address and connects only to a
+checked one, with TLS verified against the original host name. Behind the egress proxy
+(``network.mode: proxy`` in a container) it checks names, schemes, ports and methods
+itself and sends everything through the proxy, which checks again with addresses.
+Environment proxies (HTTP_PROXY and friends) are ignored: only the runner's
+``TOOLCAGE_PROXY`` steers it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import ssl
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from policies import Policy
+from policies.decide import MAX_REDIRECTS, Decision, Request, Resolver, decide, system_resolver
+from worker.errors import ToolError
+
+_REDIRECTS = (301, 302, 303, 307, 308)
+# headers a caller may not set: Host must be the checked name (no domain fronting),
+# proxy headers belong to the proxy, framing headers to http.client
+_FORBIDDEN_HEADERS = {
+    "host",
+    "proxy-authorization",
+    "proxy-connection",
+    "connection",
+    "content-length",
+    "transfer-encoding",
+    "te",
+    "upgrade",
+    "keep-alive",
+    "trailer",
+}
+_CREDENTIALS = {"authorization", "cookie"}
+
+
+class EgressDenied(ToolError):
+    """The policy refuses this request (the reason says which rule or check)."""
+
+    code = -32010
+
+
+class FetchFailed(ToolError):
+    """The request was allowed but failed (connection refused, TLS, timeout, bad response)."""
+
+    code = -32011
+
+
+@dataclass
+class FetchResult:
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    truncated: bool
+    url: str
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+
+def proxy_from_env() -> tuple[str, int] | None:
+    raw = os.environ.get("TOOLCAGE_PROXY")
+    if not raw:
+        return None
+    host, _, port = raw.rpartition(":")
+    return host, int(port)
+
+
+class SafeFetch:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        proxy: tuple[str, int] | None = None,
+        resolver: Resolver = system_resolver,
+        max_bytes: int | None = None,
+        ca_file: str | None = None,
+        on_decision: Any = None,
+    ) -> None:
+        self.policy = policy
+        self.proxy = proxy
+        self.resolver = resolver
+        self.max_bytes = max_bytes or policy.limits.output_cap
+        self.ca_file = ca_file or os.environ.get("TOOLCAGE_CA_FILE") or None
+        self.on_decision = on_decision
+
+    def _tls(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        return ctx
+
+    def _decide(self, url: str, method: str) -> Decision:
+        d = decide(Request(url, method), self.policy, None if self.proxy else self.resolver)
+        if self.on_decision is not None:
+            self.on_decision(url, method, d)
+        if not d.allowed:
+            raise EgressDenied(f"egress denied: {d.reason}", {"url": url, "method": method, "reason": d.reason})
+        return d
+
+    def _connection(self, d: Decision, timeout: float) -> http.client.HTTPConnection:
+        t = d.target
+        assert t is not None
+        if self.proxy is not None:
+            phost, pport = self.proxy
+            if t.scheme == "https":
+                conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                    phost, pport, timeout=timeout, context=self._tls()
+                )
+                conn.set_tunnel(f"[{t.host}]" if ":" in t.host else t.host, t.port)
+            else:
+                conn = http.client.HTTPConnection(phost, pport, timeout=timeout)
+            return conn
+        # direct: connect to a checked address only, never re-resolve
+        last: OSError | None = None
+        for addr in d.addresses:
+            try:
+                sock = socket.create_connection((addr, t.port), timeout=timeout)
+            except OSError as exc:
+                last = exc
+                continue
+            if t.scheme == "https":
+                sock = self._tls().wrap_socket(sock, server_hostname=t.host)
+                conn = http.client.HTTPSConnection(t.host, t.port, timeout=timeout)
+            else:
+                conn = http.client.HTTPConnection(t.host, t.port, timeout=timeout)
+            conn.sock = sock
+            return conn
+        raise FetchFailed(f"cannot connect to {t.host}:{t.port}: {last}", {"addresses": list(d.addresses)})
+
+    def fetch(
+        self,
+        url: str,
+        method: str = "GET",
+        headers: dict[str, str] | None = None,
+        body: bytes | None = None,
+        timeout_s: float = 30.0,
+    ) -> FetchResult:
+        deadline = time.monotonic() + timeout_s
+        method = method.upper()
+        hdrs = {k: v for k, v in (headers or {}).items()}
+        bad = sorted(k for k in hdrs if k.lower() in _FORBIDDEN_HEADERS)
+        if bad:
+            raise EgressDenied(f"headers not allowed: {', '.join(bad)}", {"headers": bad})
+        decisions: list[dict[str, Any]] = []
+        for _hop in range(MAX_REDIRECTS + 1):
+            d = self._decide(url, method)
+            decisions.append({"url": url, "method": method, **d.to_dict()})
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise FetchFailed("timed out", {"url": url})
+            t = d.target
+            assert t is not None
+            conn = self._connection(d, remaining)
+            try:
+                path = url if (self.proxy and t.scheme == "http") else _origin_form(url)
+                conn.request(method, path, body=body, headers=hdrs)
+                resp = conn.getresponse()
+                data = resp.read(self.max_bytes + 1) if method != "HEAD" else b""
+                status, reason, rheaders = resp.status, resp.reason, resp.getheaders()
+            except EgressDenied:
+                raise
+            except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
+                text = str(exc)
+                if "Tunnel connection failed: 403" in text:
+                    raise EgressDenied(f"egress denied by the proxy: {text}", {"url": url}) from None
+                raise FetchFailed(f"request to {url} failed: {type(exc).__name__}: {text}", {"url": url}) from None
+            finally:
+                conn.close()
+            if self.proxy and status == 403 and dict((k.lower(), v) for k, v in rheaders).get("x-toolcage-denied"):
+                reason_text = dict((k.lower(), v) for k, v in rheaders)["x-toolcage-denied"]
+                raise EgressDenied(f"egress denied by the proxy: {reason_text}", {"url": url, "reason": reason_text})
+            location = next((v for k, v in rheaders if k.lower() == "location"), None)
+            if status in _REDIRECTS and location:
+                new_url = urljoin(url, location)
+                if urlsplit(new_url).hostname != urlsplit(url).hostname:
+                    hdrs = {k: v for k, v in hdrs.items() if k.lower() not in _CREDENTIALS}
+                if status == 303 or (status in (301, 302) and method == "POST"):
+                    method, body = "GET", None
+                url = new_url
+                continue
+            return FetchResult(
+                status, reason, rheaders, data[: self.max_bytes], len(data) > self.max_bytes, url, decisions
+            )
+        raise FetchFailed(f"more than {MAX_REDIRECTS} redirects", {"url": url})
+
+
+def _origin_form(url: str) -> str:
+    parts = urlsplit(url)
+    path = parts.path or "/"
+    return f"{path}?{parts.query}" if parts.query else path
