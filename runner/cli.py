@@ -97,6 +97,12 @@ def sandbox_options(f: Any) -> Any:
             "default: a per-run bridge).",
         ),
         click.option(
+            "--ca-file",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="Extra CA bundle (PEM) that SafeFetch trusts, e.g. a corporate CA.",
+        ),
+        click.option(
             "--egress-proxy",
             default=None,
             help="Upstream HTTP proxy for allowed traffic (default $TOOLCAGE_EGRESS_PROXY).",
@@ -128,6 +134,7 @@ def run(
     image: str | None,
     verbose: int,
     egress_network: str | None,
+    ca_file: str | None,
     egress_proxy: str | None,
 ) -> None:
     """Run one TOOL call in a fresh sandbox and print the result as JSON.
@@ -150,6 +157,7 @@ def run(
             run_timeout=timeout,
             egress_network=egress_network,
             egress_proxy=egress_proxy,
+            ca_file=ca_file,
         )
         with sb:
             res = sb.call(tool, parsed)
@@ -181,6 +189,7 @@ def serve(
     image: str | None,
     verbose: int,
     egress_network: str | None,
+    ca_file: str | None,
     egress_proxy: str | None,
     tool_label: str,
 ) -> None:
@@ -205,6 +214,7 @@ def serve(
             run_timeout=timeout,
             egress_network=egress_network,
             egress_proxy=egress_proxy,
+            ca_file=ca_file,
         ) as sb:
             bridge(sb, sys.stdin.buffer, sys.stdout.buffer)
     except (ToolcageError, PolicyError) as exc:

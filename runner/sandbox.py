@@ -92,6 +92,7 @@ class Sandbox:
         engine: Any = None,
         egress_network: str | None = None,
         egress_proxy: str | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
     ) -> None:
         if sandbox not in ("container", "none"):
             raise UsageError(f"unknown sandbox kind {sandbox!r}: use 'container' or 'none'")
@@ -108,6 +109,7 @@ class Sandbox:
         self.egress_network = egress_network
         self.egress_proxy = egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY")
         self._egress: Any = None
+        self.ca_pem = self._read_ca(ca_file)
         self._transport: DockerAttachTransport | ProcessTransport | None = None
         self._parser: StreamParser | None = None
         self._lock = threading.Lock()
@@ -128,6 +130,19 @@ class Sandbox:
                 workspace=str(self.workspace),
                 hint="the sandbox user (uid 65532) cannot read it: `chmod o+rX` the files it should see",
             )
+
+    @staticmethod
+    def _read_ca(ca_file: str | os.PathLike[str] | None) -> str | None:
+        """An extra CA bundle SafeFetch trusts (corporate TLS inspection, test CAs)."""
+        if ca_file is None:
+            return None
+        try:
+            pem = Path(ca_file).read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read CA file {ca_file}: {exc}") from None
+        if "-----BEGIN CERTIFICATE-----" not in pem:
+            raise UsageError(f"CA file {ca_file} holds no PEM certificate")
+        return pem
 
     # lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> Sandbox:
@@ -192,6 +207,8 @@ class Sandbox:
 
             self._egress = Egress(self._engine, self.policy, spec, self.egress_network, self.egress_proxy, self.log)
             network, env = self._egress.up()
+            if self.ca_pem:
+                env["TOOLCAGE_CA_PEM"] = self.ca_pem
             spec = self._run_spec(network=network, extra_env=env)
         config = container_config(self.policy, spec)
         self.container_id = self._engine.create(config, self.name)
@@ -217,6 +234,7 @@ class Sandbox:
             "TOOLCAGE_DEADLINE": f"{spec.deadline:.3f}",
             "TOOLCAGE_WORKSPACE": workspace,
             "TOOLCAGE_SCRATCH": scratch,
+            **({"TOOLCAGE_CA_PEM": self.ca_pem} if self.ca_pem else {}),
         }
         self._transport = ProcessTransport([sys.executable, "-m", "worker"], env, scratch, parser)
         self._transport.start()

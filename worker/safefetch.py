@@ -93,6 +93,9 @@ class SafeFetch:
 
     def _tls(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=self.ca_file)
+        extra = os.environ.get("TOOLCAGE_CA_PEM")
+        if extra:  # an operator's extra CA (corporate, or a test CA), on top of the system store
+            ctx.load_verify_locations(cadata=extra)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         return ctx
 

@@ -40,47 +40,119 @@ class H(http.server.BaseHTTPRequestHandler):
     do_POST = do_DELETE = do_GET
     def log_message(self, *a):
         pass
+import os, ssl, threading
+if os.environ.get("TLS_CERT"):
+    open("/tmp/cert.pem", "w").write(os.environ["TLS_CERT"])
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain("/tmp/cert.pem")
+    tls = http.server.ThreadingHTTPServer(("0.0.0.0", 8443), H)
+    tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
+    threading.Thread(target=tls.serve_forever, daemon=True).start()
 http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
 """
 
+CORP_PROXY = r"""
+import socket, threading, sys
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    finally:
+        try:
+            b.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+def handle(c):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += c.recv(4096)
+    line = head.split(b"\r\n")[0].decode()
+    print("corp-proxy saw: " + line, flush=True)
+    host, port = line.split(" ")[1].rsplit(":", 1)
+    u = socket.create_connection((host.strip("[]"), int(port)))
+    c.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    pipe(u, c)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 3128)); s.listen(16)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=handle, args=(c,), daemon=True).start()
+"""
 
-@pytest.fixture(scope="module")
-def upstream(engine: Any) -> Iterator[dict[str, Any]]:
-    """An internal egress network with one HTTP server answering as api.allowed.test and other.test."""
+
+def _start(
+    engine: Any, name: str, net: str, script: str, aliases: list[str], labels: dict[str, str], env: dict[str, str]
+) -> str:
     from runner import DEFAULT_IMAGE
 
+    cid = engine.create(
+        {
+            "Image": DEFAULT_IMAGE,
+            "Entrypoint": ["python3", "-c", script],
+            "User": "65532:65532",
+            "Labels": labels,
+            "Env": [f"{k}={v}" for k, v in env.items()],
+            "HostConfig": {
+                "NetworkMode": net,
+                "ReadonlyRootfs": True,
+                "CapDrop": ["ALL"],
+                "Memory": 128 << 20,
+                "PidsLimit": 32,
+                "SecurityOpt": ["no-new-privileges"],
+                "Tmpfs": {"/tmp": "size=1m"},
+            },
+            "NetworkingConfig": {"EndpointsConfig": {net: {"Aliases": aliases}}},
+        },
+        name,
+    )
+    engine.start(cid)
+    return str(cid)
+
+
+@pytest.fixture(scope="module")
+def upstream(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """An internal egress network with one HTTP(S) server answering as api.allowed.test, wrong.allowed.test
+    and other.test (TLS certificate from a test CA, for api.allowed.test only), and a corporate CONNECT proxy."""
+    import time
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("api.allowed.test")
+    ca_file = tmp_path_factory.mktemp("ca") / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    pem = cert.private_key_pem.bytes().decode() + "".join(b.bytes().decode() for b in cert.cert_chain_pems)
     tag = secrets.token_hex(3)
     net = f"toolcage-test-egress-{tag}"
     labels = {"toolcage.test": tag}
     engine.create_network(net, internal=True, labels=labels)
-    name = f"toolcage-test-upstream-{tag}"
-    cid = None
+    cids: list[str] = []
     try:
-        cid = engine.create(
-            {
-                "Image": DEFAULT_IMAGE,
-                "Entrypoint": ["python3", "-c", UPSTREAM],
-                "User": "65532:65532",
-                "Labels": labels,
-                "HostConfig": {
-                    "NetworkMode": net,
-                    "ReadonlyRootfs": True,
-                    "CapDrop": ["ALL"],
-                    "Memory": 128 << 20,
-                    "PidsLimit": 32,
-                    "SecurityOpt": ["no-new-privileges"],
-                },
-                "NetworkingConfig": {"EndpointsConfig": {net: {"Aliases": ["api.allowed.test", "other.test"]}}},
-            },
-            name,
+        cids.append(
+            _start(
+                engine,
+                f"toolcage-test-upstream-{tag}",
+                net,
+                UPSTREAM,
+                ["api.allowed.test", "wrong.allowed.test", "other.test"],
+                labels,
+                {"TLS_CERT": pem},
+            )
         )
-        engine.start(cid)
-        info = engine.inspect(cid)
-        ip = info["NetworkSettings"]["Networks"][net]["IPAddress"]
+        cids.append(_start(engine, f"toolcage-test-corp-proxy-{tag}", net, CORP_PROXY, ["corp-proxy"], labels, {}))
+        ip = engine.inspect(cids[0])["NetworkSettings"]["Networks"][net]["IPAddress"]
         subnet = engine.network(net)["IPAM"]["Config"][0]["Subnet"]
-        yield {"network": net, "ip": ip, "subnet": subnet}
+        time.sleep(0.5)  # let both servers bind
+        yield {"network": net, "ip": ip, "subnet": subnet, "ca_file": ca_file, "corp_proxy": cids[1]}
     finally:
-        if cid:
+        for cid in cids:
             engine.remove(cid)
         engine.remove_network(net)
 
@@ -268,3 +340,34 @@ def test_connect_tunnel_pipes_bytes(engine: Any, tmp_path: Path, upstream: dict[
         out = run_probe(sb, code)
     first, body = out["t"]
     assert first.startswith("HTTP/1.1 200") and body == "hello api.allowed.test:8080 /via-tunnel"
+
+
+def test_https_verified_against_original_name(engine: Any, tmp_path: Path, upstream: dict[str, Any]) -> None:
+    """HTTPS through the proxy's CONNECT tunnel verifies the certificate against the URL's name."""
+    pol = policy_file(
+        tmp_path,
+        {
+            "mode": "proxy",
+            "allow": [{"host": "*.allowed.test", "ports": [8443]}],
+            "allow_private_cidrs": [upstream["subnet"]],
+        },
+        "https",
+    )
+    with Sandbox(pol, egress_network=upstream["network"], ca_file=upstream["ca_file"]) as sb:
+        ok = fetch(sb, "https://api.allowed.test:8443/secure")
+        wrong = fetch(sb, "https://wrong.allowed.test:8443/secure")
+    assert ok.status == "ok" and ok.result["body"] == "hello api.allowed.test:8443 /secure", ok
+    assert wrong.error is not None and wrong.error["code"] == -32011
+    assert "CERTIFICATE_VERIFY_FAILED" in wrong.error["message"] or "certificate" in wrong.error["message"].lower()
+
+
+def test_upstream_proxy_gets_checked_address(engine: Any, upstream: dict[str, Any], allow_api: Path) -> None:
+    """With --egress-proxy, allowed traffic goes through the operator's proxy, pinned to the checked address."""
+    with Sandbox(allow_api, egress_network=upstream["network"], egress_proxy="http://corp-proxy:3128") as sb:
+        r = fetch(sb, "http://api.allowed.test:8080/via-corp")
+        denied = fetch(sb, "http://other.test:8080/")
+    assert r.status == "ok" and r.result["body"] == "hello api.allowed.test:8080 /via-corp"
+    assert denied.error is not None and denied.error["code"] == -32010
+    seen = engine.logs(upstream["corp_proxy"])
+    assert f"corp-proxy saw: CONNECT {upstream['ip']}:8080" in seen
+    assert "other.test" not in seen
