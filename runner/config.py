@@ -16,6 +16,9 @@ from typing import Any
 from policies import Policy
 
 SANDBOX_UID = 65532
+PROXY_DIR = "/run/toolcage"
+PROXY_SOCKET = f"{PROXY_DIR}/proxy.sock"
+PROXY_PORT = 3128  # the worker's relay inside the sandbox: 127.0.0.1:3128 -> PROXY_SOCKET
 WORKSPACE = "/workspace"
 SCRATCH = "/scratch"
 NAME_PREFIX = "toolcage"
@@ -36,7 +39,7 @@ class RunSpec:
     owner_started: str  # the runner process's start time, so a reused pid is not the owner
     workspace: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
-    network: str | None = None  # the run's internal network (network.mode: proxy); None: no network
+    proxy_volume: str | None = None  # network.mode proxy: the volume holding the egress proxy's socket
 
 
 def container_name(tool: str, run_id: str) -> str:
@@ -95,7 +98,7 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         "NanoCpus": int(lim.cpus * 1e9),
         "Ulimits": [{"Name": "nofile", "Soft": lim.nofile, "Hard": lim.nofile}],
         "Init": True,  # an init reaps orphans and forwards signals; the worker is not PID 1
-        "NetworkMode": run.network or "none",
+        "NetworkMode": "none",
         "IpcMode": "private",
         "PortBindings": {},
         "PublishAllPorts": False,
@@ -117,37 +120,31 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         "Tty": False,
         # No network stack beyond a private loopback. Faster to start than NetworkMode "none"
         # alone (no libnetwork sandbox); tests assert only `lo` exists and connects fail.
-        "NetworkDisabled": run.network is None,
+        "NetworkDisabled": True,
         "HostConfig": host_config,
     }
-    if run.network is not None:
-        # Only the internal network, whose one other member is the egress proxy. Docker's
-        # embedded DNS would forward outside names to these servers: loopback, where nothing
-        # listens, so a lookup cannot carry data out (no DNS exfiltration).
-        host_config["Dns"] = ["127.0.0.1"]
-        host_config["DnsSearch"] = []
-        host_config["DnsOptions"] = ["timeout:1", "attempts:1"]
+    if run.proxy_volume is not None:
+        # network.mode proxy: still no network interface but lo. The egress proxy's Unix socket
+        # is the only way out; the worker relays 127.0.0.1:3128 to it. (A Docker "internal"
+        # network was tried first: its bridge still routes to the host's own addresses.)
+        mounts.append({"Type": "volume", "Source": run.proxy_volume, "Target": PROXY_DIR, "ReadOnly": True})
     return config
 
 
-PROXY_PORT = 3128
-PROXY_ALIAS = "toolcage-proxy"
-
-
 def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, upstream: str | None) -> dict[str, Any]:
-    """The egress proxy's container: as hardened as the sandbox, with the egress network as its
-    only route out (the runner connects it to the run's internal network too)."""
-    cfg = container_config(policy, dataclasses.replace(run, workspace=None, network=egress_network))
+    """The egress proxy's container: as hardened as the sandbox; its one network is the egress
+    network, and it serves the sandbox on a Unix socket in the run's proxy volume."""
+    assert run.proxy_volume is not None
+    cfg = container_config(policy, dataclasses.replace(run, workspace=None, proxy_volume=None))
     hc = cfg["HostConfig"]
+    hc["NetworkMode"] = egress_network
+    hc["Mounts"] = [{"Type": "volume", "Source": run.proxy_volume, "Target": PROXY_DIR, "ReadOnly": False}]
     hc["Memory"] = hc["MemorySwap"] = 128 * 1024**2
     hc["PidsLimit"] = 32
     hc["NanoCpus"] = 500_000_000
     hc["Ulimits"] = [{"Name": "nofile", "Soft": 1024, "Hard": 1024}]
-    hc["Dns"] = []  # the proxy resolves names itself, through Docker's resolver on the egress network
-    hc.pop("DnsSearch", None)
-    hc.pop("DnsOptions", None)
     env = [e for e in cfg["Env"] if not e.startswith("TOOLCAGE_IN_CONTAINER=")]
-    env.append(f"TOOLCAGE_PROXY_LISTEN=0.0.0.0:{PROXY_PORT}")
+    env.append(f"TOOLCAGE_PROXY_LISTEN=unix:{PROXY_SOCKET}")
     if upstream:
         env.append(f"TOOLCAGE_EGRESS_PROXY={upstream}")
     cfg.update(

@@ -237,3 +237,42 @@ class Engine:
             return ""
         except Exception as exc:
             raise _translate(exc) from exc
+
+    def stats(self, cid: str) -> dict[str, Any]:
+        """One sample of a running container's stats (memory, CPU); {} when unavailable."""
+        try:
+            return dict(self.api.stats(cid, stream=False, one_shot=True))
+        except docker.errors.APIError:
+            return {}
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def info(self) -> dict[str, Any]:
+        try:
+            return dict(self.api.info())
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    # volumes ------------------------------------------------------------------------
+    def create_tmpfs_volume(self, name: str, labels: dict[str, str], options: str) -> str:
+        try:
+            vol = self.api.create_volume(
+                name, driver="local", driver_opts={"type": "tmpfs", "device": "tmpfs", "o": options}, labels=labels
+            )
+            return str(vol["Name"])
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def remove_volume(self, name: str) -> None:
+        try:
+            self.api.remove_volume(name, force=True)
+        except docker.errors.NotFound:
+            pass
+        except Exception as exc:
+            raise _translate(exc) from exc
+
+    def volumes(self, label: str) -> list[dict[str, Any]]:
+        try:
+            return list((self.api.volumes(filters={"label": label}) or {}).get("Volumes") or [])
+        except Exception as exc:
+            raise _translate(exc) from exc

@@ -1,9 +1,14 @@
-"""Per-run egress plumbing for ``network.mode: proxy``: an internal network, the egress proxy, teardown.
+"""Per-run egress plumbing for ``network.mode: proxy``: a socket volume, the egress proxy, teardown.
 
-The sandbox joins only the run's internal network (``internal=True``: Docker gives it no
-gateway); the proxy joins that network and the egress network, which is its one route
-out. The egress network is the operator's (``--egress-network``) or a per-run bridge made
-here. Every object carries the run's labels and is removed with the run.
+The sandbox keeps no network interface but ``lo``. The egress proxy runs in its own
+hardened container whose one network is the egress network (the operator's
+``--egress-network``, or a per-run bridge made here) and listens on a Unix socket in a
+per-run tmpfs volume, mounted read-only into the sandbox; the worker relays
+127.0.0.1:3128 to that socket. So the sandbox has no route to the host, the LAN or the
+egress network: its only way out is the proxy's allowlist. (A Docker ``internal`` network
+between sandbox and proxy was the first design; its bridge still delivers packets to the
+host's own addresses, e.g. 172.17.0.1, so it was dropped.) Every object carries the run's
+labels and is removed with the run.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import time
 from typing import Any
 
 from policies import Policy
-from runner.config import LABEL_PREFIX, PROXY_ALIAS, PROXY_PORT, RunSpec, labels, proxy_container_config
+from runner.config import LABEL_PREFIX, PROXY_PORT, SANDBOX_UID, RunSpec, labels, proxy_container_config
 from runner.errors import SandboxError, UsageError
 
 READY_TIMEOUT_S = 15.0
@@ -29,32 +34,35 @@ class Egress:
         self.requested_egress = egress_network
         self.upstream = upstream
         self.log = log
-        self.internal = f"toolcage-net-{run.run_id}"
+        self.volume = f"toolcage-sock-{run.run_id}"
         self.egress = egress_network or f"toolcage-egress-{run.run_id}"
         self.proxy_name = f"toolcage-proxy-{run.run_id}"
         self.proxy_id: str | None = None
-        self._made: list[str] = []
+        self._networks: list[str] = []
+        self._volume_made = False
         self.decisions: list[dict[str, Any]] = []
 
     def up(self) -> tuple[str, dict[str, str]]:
-        """Create networks and start the proxy; return the sandbox's network and proxy env."""
-        lab = {**labels(self.policy, self.run), f"{LABEL_PREFIX}role": "network"}
+        """Create the volume (and egress network), start the proxy; return the volume and the sandbox's env."""
+        lab = {**labels(self.policy, self.run), f"{LABEL_PREFIX}role": "egress"}
         if self.requested_egress is not None:
             if self.engine.network(self.requested_egress) is None:
                 raise UsageError(f"egress network {self.requested_egress!r} does not exist (docker network ls)")
         else:
             self.engine.create_network(self.egress, internal=False, labels=lab)
-            self._made.append(self.egress)
-        self.engine.create_network(self.internal, internal=True, labels=lab)
-        self._made.append(self.internal)
-        cfg = proxy_container_config(self.policy, self.run, self.egress, self.upstream)
+            self._networks.append(self.egress)
+        self.engine.create_tmpfs_volume(
+            self.volume, lab, f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec"
+        )
+        self._volume_made = True
+        run = RunSpec(**{**self.run.__dict__, "proxy_volume": self.volume})
+        cfg = proxy_container_config(self.policy, run, self.egress, self.upstream)
         self.proxy_id = self.engine.create(cfg, self.proxy_name)
-        self.engine.connect(self.internal, self.proxy_id, aliases=[PROXY_ALIAS])
         self.engine.start(self.proxy_id)
-        ip = self._wait_ready()
-        url = f"http://{ip}:{PROXY_PORT}"
+        self._wait_ready()
+        url = f"http://127.0.0.1:{PROXY_PORT}"
         env = {
-            "TOOLCAGE_PROXY": f"{ip}:{PROXY_PORT}",
+            "TOOLCAGE_PROXY": f"127.0.0.1:{PROXY_PORT}",
             "HTTP_PROXY": url,
             "HTTPS_PROXY": url,
             "http_proxy": url,
@@ -62,28 +70,24 @@ class Egress:
             "NO_PROXY": "",
             "no_proxy": "",
         }
-        self.log.info("egress.up", internal=self.internal, egress=self.egress, proxy=self.proxy_name, proxy_ip=ip)
-        return self.internal, env
+        self.log.info("egress.up", egress=self.egress, proxy=self.proxy_name, volume=self.volume)
+        return self.volume, env
 
-    def _wait_ready(self) -> str:
+    def _wait_ready(self) -> None:
         assert self.proxy_id is not None
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if "proxy.listening" in self.engine.logs(self.proxy_id, tail=20):
-                info = self.engine.inspect(self.proxy_id) or {}
-                nets = info.get("NetworkSettings", {}).get("Networks", {})
-                ip = (nets.get(self.internal) or {}).get("IPAddress")
-                if ip:
-                    return str(ip)
+                return
             state = (self.engine.inspect(self.proxy_id) or {}).get("State", {})
             if state.get("Status") == "exited":
                 break
-            time.sleep(0.02)
+            time.sleep(0.01)
         tail = self.engine.logs(self.proxy_id, tail=20)
         raise SandboxError(f"the egress proxy did not start: {tail.strip()[-500:]}")
 
     def down(self) -> None:
-        """Relay the proxy's decisions to the log, then remove the proxy and the run's networks."""
+        """Relay the proxy's decisions to the log, then remove the proxy, the volume and any network made here."""
         if self.proxy_id is not None:
             for line in self.engine.logs(self.proxy_id).splitlines():
                 try:
@@ -97,5 +101,7 @@ class Egress:
                     rec.pop("run_id", None)
                     self.log.info(event, **rec)
             self.engine.remove(self.proxy_id)
-        for net in reversed(self._made):
+        if self._volume_made:
+            self.engine.remove_volume(self.volume)
+        for net in reversed(self._networks):
             self.engine.remove_network(net)

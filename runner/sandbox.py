@@ -25,8 +25,10 @@ from typing import Any
 import jsonrpcclient
 
 from policies import Policy, load_policy
+from runner import audit as audit_mod
 from runner import logs, ownership
-from runner.config import RunSpec, container_config, container_name
+from runner.audit import Audit
+from runner.config import PROXY_SOCKET, RunSpec, container_config, container_name
 from runner.errors import (
     ProtocolError,
     SandboxError,
@@ -93,6 +95,7 @@ class Sandbox:
         egress_network: str | None = None,
         egress_proxy: str | None = None,
         ca_file: str | os.PathLike[str] | None = None,
+        audit: Any = None,
     ) -> None:
         if sandbox not in ("container", "none"):
             raise UsageError(f"unknown sandbox kind {sandbox!r}: use 'container' or 'none'")
@@ -110,6 +113,12 @@ class Sandbox:
         self.egress_proxy = egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY")
         self._egress: Any = None
         self.ca_pem = self._read_ca(ca_file)
+        # audit: None -> the default log ($TOOLCAGE_AUDIT_LOG or ~/.local/state/toolcage/audit.jsonl),
+        # a path -> that log, an Audit -> it, False -> no audit log
+        self.audit: Audit | None = (
+            None if audit is False else audit if isinstance(audit, Audit) else audit_mod.shared(audit)
+        )
+        self._audited = False
         self._transport: DockerAttachTransport | ProcessTransport | None = None
         self._parser: StreamParser | None = None
         self._lock = threading.Lock()
@@ -170,17 +179,32 @@ class Sandbox:
         self._timer = threading.Timer(self.policy.timeouts.run_s, self._on_deadline)
         self._timer.daemon = True
         self._timer.start()
-        self.log.info(
-            "run.started",
-            kind=self.kind,
-            policy=self.policy.name,
-            policy_sha256=self.policy.sha256(),
-            container_id=self.container_id,
-            workspace=str(self.workspace) if self.workspace else None,
-        )
+        started = {
+            "kind": self.kind,
+            "policy": self.policy.name,
+            "policy_sha256": self.policy.sha256(),
+            "container_id": self.container_id,
+            "workspace": str(self.workspace) if self.workspace else None,
+        }
+        self.log.info("run.started", **started)
+        if self.audit is not None:
+            image = self._engine.image(self.image) if self._engine is not None and self.kind == "container" else None
+            host_pid, _ = ownership.owner()
+            self.audit.event(
+                "run.started",
+                run_id=self.run_id,
+                name=self.name,
+                tool=self.tool,
+                image=self.image,
+                image_id=(image or {}).get("Id"),
+                owner=host_pid,
+                network=self.policy.network.mode,
+                **started,
+            )
+            self._audited = True
         return self
 
-    def _run_spec(self, network: str | None = None, extra_env: dict[str, str] | None = None) -> RunSpec:
+    def _run_spec(self, proxy_volume: str | None = None, extra_env: dict[str, str] | None = None) -> RunSpec:
         host_pid, started = ownership.owner()
         return RunSpec(
             run_id=self.run_id,
@@ -192,7 +216,7 @@ class Sandbox:
             owner=host_pid,
             owner_started=started,
             workspace=self.workspace,
-            network=network,
+            proxy_volume=proxy_volume,
             extra_env=extra_env or {},
         )
 
@@ -201,15 +225,19 @@ class Sandbox:
             from runner.docker_adapter import Engine
 
             self._engine = Engine.default()
+        from runner.reaper import reap_in_background
+
+        reap_in_background(self._engine, self.log)
         spec = self._run_spec()
         if self.policy.network.mode == "proxy":
             from runner.egress import Egress
 
             self._egress = Egress(self._engine, self.policy, spec, self.egress_network, self.egress_proxy, self.log)
-            network, env = self._egress.up()
+            volume, env = self._egress.up()
+            env["TOOLCAGE_PROXY_SOCKET"] = PROXY_SOCKET
             if self.ca_pem:
                 env["TOOLCAGE_CA_PEM"] = self.ca_pem
-            spec = self._run_spec(network=network, extra_env=env)
+            spec = self._run_spec(proxy_volume=volume, extra_env=env)
         config = container_config(self.policy, spec)
         self.container_id = self._engine.create(config, self.name)
         sock, closer = self._engine.attach(self.container_id)
@@ -278,13 +306,45 @@ class Sandbox:
                 pass  # the worker is gone; the reader reports how it ended
             msg = self._await(request["id"], started + wait)
             wall_ms = round((time.monotonic() - started) * 1000, 3)
-            self._calls += 1
+            if tool != "sandbox.usage":
+                self._calls += 1
             resp = jsonrpcclient.parse(msg)
             if isinstance(resp, jsonrpcclient.Ok):
-                return CallResult(classify_result(resp.result), tool, self.run_id, result=resp.result, wall_ms=wall_ms)
-            assert isinstance(resp, jsonrpcclient.Error)
-            err = {"code": resp.code, "message": resp.message, "data": resp.data}
-            return CallResult(classify_error(resp.code), tool, self.run_id, error=err, wall_ms=wall_ms)
+                result = CallResult(
+                    classify_result(resp.result), tool, self.run_id, result=resp.result, wall_ms=wall_ms
+                )
+            else:
+                assert isinstance(resp, jsonrpcclient.Error)
+                err = {"code": resp.code, "message": resp.message, "data": resp.data}
+                result = CallResult(classify_error(resp.code), tool, self.run_id, error=err, wall_ms=wall_ms)
+            self._audit_call(tool, params, result)
+            return result
+
+    def _audit_call(self, tool: str, params: dict[str, Any] | None, r: CallResult) -> None:
+        if self.audit is None or tool == "sandbox.usage":
+            return
+        self.audit.event_later(
+            "run.call",
+            run_id=self.run_id,
+            tool=tool,
+            status=r.status,
+            duration_ms=r.wall_ms,
+            error_code=r.error["code"] if r.error else None,
+            **audit_mod.param_digest(params or {}),
+        )
+        decisions = r.result.get("decisions") if isinstance(r.result, dict) else None
+        if r.error and r.error.get("code") == -32010 and isinstance(r.error.get("data"), dict):
+            decisions = [{"allowed": False, **r.error["data"]}]
+        for d in decisions or []:
+            self.audit.event_later(
+                "egress.decision",
+                run_id=self.run_id,
+                source="safefetch",
+                allowed=d.get("allowed"),
+                url=d.get("url"),
+                method=d.get("method"),
+                reason=d.get("reason"),
+            )
 
     def _await(self, req_id: Any, call_deadline: float) -> dict[str, Any]:
         assert self._parser is not None
@@ -435,6 +495,29 @@ class Sandbox:
             calls=self._calls,
         )
         self.log.info("run.finished", **self.summary.to_dict())
+        if self.audit is not None and self._audited:
+            for d in self._egress.decisions if self._egress is not None else []:
+                self.audit.event_later(
+                    "egress.decision",
+                    run_id=self.run_id,
+                    source="proxy",
+                    allowed=d.get("event") == "egress.allowed",
+                    target=d.get("target"),
+                    method=d.get("method"),
+                    reason=d.get("reason"),
+                    addresses=d.get("addresses"),
+                )
+            self.audit.event(
+                "run.finished",
+                run_id=self.run_id,
+                name=self.name,
+                status=status,
+                duration_ms=self.summary.wall_ms,
+                cpu_ms=self.summary.cpu_ms,
+                peak_memory_bytes=self.summary.peak_memory_bytes,
+                oom_killed=status == "oom_killed" or bool(usage.get("oom_kills")),
+                calls=self._calls,
+            )
         return self.summary
 
 

@@ -16,6 +16,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests write their audit records to a file of their own, never the user's log."""
+    import tempfile
+
+    if "TOOLCAGE_AUDIT_LOG" not in os.environ:
+        os.environ["TOOLCAGE_AUDIT_LOG"] = os.path.join(tempfile.mkdtemp(prefix="toolcage-test-audit-"), "audit.jsonl")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         rel = Path(str(item.fspath)).resolve().relative_to(ROOT)

@@ -52,6 +52,10 @@ def main() -> int:
     settings = Settings.from_env()
     logs.bind(run_id=settings.run_id)
     _arm_deadline(os.environ.get("TOOLCAGE_DEADLINE"))
+    if os.environ.get("TOOLCAGE_PROXY_SOCKET"):
+        from worker import relay
+
+        relay.start(os.environ["TOOLCAGE_PROXY_SOCKET"])
     dispatcher = Dispatcher(settings, Catalog.from_env())
     logs.info("worker.started", non_dumpable=non_dumpable, pid=os.getpid())
 

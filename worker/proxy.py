@@ -137,7 +137,6 @@ class Proxy:
             reason=d.reason,
             rule=d.rule,
             addresses=list(d.addresses),
-            client=str(peer[0]) if peer else None,
         )
         if not d.allowed:
             await self._deny(w, d.reason)
@@ -205,9 +204,15 @@ async def main() -> None:
     raw = os.environ.get("TOOLCAGE_POLICY")
     policy = policy_from_json(raw) if raw else Policy()
     listen = os.environ.get("TOOLCAGE_PROXY_LISTEN", "0.0.0.0:3128")
-    host, _, port = listen.rpartition(":")
     proxy = Proxy(policy, _upstream())
-    server = await asyncio.start_server(proxy.handle, host, int(port), limit=MAX_HEAD)
+    if listen.startswith("unix:"):
+        path = listen[len("unix:") :]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        server = await asyncio.start_unix_server(proxy.handle, path, limit=MAX_HEAD)
+    else:
+        host, _, port = listen.rpartition(":")
+        server = await asyncio.start_server(proxy.handle, host, int(port), limit=MAX_HEAD)
     deadline = os.environ.get("TOOLCAGE_DEADLINE")
     log("proxy.listening", listen=listen, policy=policy.name, upstream=bool(proxy.upstream))
     async with server:

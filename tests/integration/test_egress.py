@@ -276,6 +276,7 @@ print(json.dumps({
     "tunnel_allowed": tunnel_get("api.allowed.test"),
     "direct_to_upstream": connect(UPSTREAM_IP, 8080),
     "direct_to_metadata": connect("169.254.169.254", 80),
+    "direct_to_host": connect(HOST_IP, HOST_PORT),
     "dns_external": dns("exfil-probe.invalid"),
     "dns_upstream_alias": dns("api.allowed.test"),
     "interfaces": sorted(os.listdir("/sys/class/net")),
@@ -284,19 +285,39 @@ print(json.dumps({
 
 
 def test_raw_code_cannot_bypass(engine: Any, upstream: dict[str, Any], allow_api: Path) -> None:
-    """Code that skips SafeFetch gets 403 from the proxy for denied hosts, no route to anything else, no DNS."""
-    with Sandbox(allow_api, egress_network=upstream["network"]) as sb:
-        out = run_probe(sb, RAW.replace("UPSTREAM_IP", repr(upstream["ip"])))
+    """Code that skips SafeFetch gets 403 from the proxy for denied hosts, no route to anything else
+    (the upstream, the metadata address, the host's own docker0 address with a listener on it), no DNS."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("0.0.0.0", 0))  # a service on the host, on every address
+    listener.listen(1)
+    import ipaddress
+
+    cfg = engine.network("bridge")["IPAM"]["Config"][0]
+    gateway = cfg.get("Gateway") or str(next(ipaddress.ip_network(cfg["Subnet"]).hosts()))  # docker0 on the host
+    code = (
+        RAW.replace("UPSTREAM_IP", repr(upstream["ip"]))
+        .replace("HOST_IP", repr(gateway))
+        .replace("HOST_PORT", str(listener.getsockname()[1]))
+    )
+    try:
+        with Sandbox(allow_api, egress_network=upstream["network"]) as sb:
+            out = run_probe(sb, code)
+    finally:
+        listener.close()
     assert out["raw_get_denied"].startswith("HTTP/1.1 403")
     assert out["raw_connect_denied"].startswith("HTTP/1.1 403")
     assert " 200 " in out["raw_get_allowed"]
     assert out["fronting"].startswith("HTTP/1.1 403") and "Host header" in out["fronting"]
     # CONNECT is a TLS tunnel: it counts as https, which this policy does not allow
     assert out["tunnel_allowed"][0].startswith("HTTP/1.1 403") and "scheme https" in out["tunnel_allowed"][0]
-    assert out["direct_to_upstream"] in ("OSError:101", "OSError:113", "TimeoutError:None")
-    assert out["direct_to_metadata"] in ("OSError:101", "OSError:113", "TimeoutError:None")
+    # no interface but lo: every address outside the sandbox is unreachable at once (ENETUNREACH)
+    assert out["direct_to_upstream"] == "OSError:101"
+    assert out["direct_to_metadata"] == "OSError:101"
+    assert out["direct_to_host"] == "OSError:101"
     assert out["dns_external"] == "failed" and out["dns_upstream_alias"] == "failed"
-    assert out["interfaces"] == ["eth0", "lo"]
+    assert out["interfaces"] == ["lo"]
     assert_run_gone(engine, sb.run_id)
 
 

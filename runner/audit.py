@@ -1,0 +1,185 @@
+"""The audit log: append-only JSON lines, hash-chained, fsynced per event, safe for concurrent runners.
+
+Each record carries ``seq``, ``prev`` (the previous record's hash) and ``hash`` (sha256 of
+``prev`` and the record's canonical JSON without ``hash``), so ``toolcage audit --verify``
+finds an edited, dropped or reordered line. Writers take an exclusive ``flock`` for
+read-last-hash + append + fsync, so concurrent runners never interleave or fork the
+chain. Records are built with structlog (timestamp and level processors); secrets never
+enter: call parameters are recorded only as size and sha256.
+
+Limit: truncating the end of the file leaves a valid shorter chain; ship the log to
+append-only storage if that matters.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+GENESIS = "0" * 64
+ENV = "TOOLCAGE_AUDIT_LOG"
+
+
+def default_path() -> Path:
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV]).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "toolcage" / "audit.jsonl"
+
+
+def _digest(prev: str, record: dict[str, Any]) -> str:
+    body = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256((prev + body).encode()).hexdigest()
+
+
+def _last_record(f: Any) -> dict[str, Any] | None:
+    f.seek(0, os.SEEK_END)
+    end = f.tell()
+    if end == 0:
+        return None
+    step = 4096
+    pos = end
+    tail = b""
+    while pos > 0:
+        pos = max(0, pos - step)
+        f.seek(pos)
+        tail = f.read(end - pos)
+        lines = tail.rstrip(b"\n").split(b"\n")
+        if len(lines) > 1 or pos == 0:
+            try:
+                return dict(json.loads(lines[-1]))
+            except ValueError:
+                return None
+        step *= 4
+    return None
+
+
+class AuditFile:
+    """The structlog 'logger' at the end of the chain: writes one chained record per call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def msg(self, **record: Any) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "r+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                last = _last_record(f)
+                prev = last.get("hash", GENESIS) if last else GENESIS
+                record["seq"] = (int(last.get("seq", 0)) + 1) if last else 1
+                record["prev"] = prev
+                record["hash"] = _digest(prev, record)
+                f.write((json.dumps(record, sort_keys=True, separators=(",", ":"), default=str) + "\n").encode())
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    info = warning = error = msg
+
+
+class Audit:
+    """Write audit events. ``event`` writes and fsyncs before returning; ``event_later`` queues
+    the record for a writer thread (per-call records: an fsync per call would halve the
+    call rate), and ``drain`` waits until every queued record is on disk."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path).expanduser() if path else default_path()
+        self._log = structlog.wrap_logger(
+            AuditFile(self.path),
+            processors=[
+                structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+                lambda _l, _m, ev: ev,
+            ],
+        )
+        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def event(self, event: str, /, **fields: Any) -> None:
+        self.drain()  # keep the file in event order
+        with self._lock:
+            self._log.info(event, **fields)
+
+    def event_later(self, event: str, /, **fields: Any) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._writer, name="toolcage-audit", daemon=True)
+            self._thread.start()
+        self._queue.put((event, fields))
+
+    def _writer(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is not None:
+                    with self._lock:
+                        self._log.info(item[0], **item[1])
+            finally:
+                self._queue.task_done()
+
+    def drain(self) -> None:
+        if self._thread is not None:
+            self._queue.join()
+
+
+_SHARED: dict[Path, Audit] = {}
+
+
+def shared(path: str | os.PathLike[str] | None = None) -> Audit:
+    """One Audit (one writer thread) per log file per process."""
+    key = Path(path).expanduser() if path else default_path()
+    if key not in _SHARED:
+        _SHARED[key] = Audit(key)
+    return _SHARED[key]
+
+
+def param_digest(params: Any) -> dict[str, Any]:
+    """Parameters as size and hash only: never their values (they may hold secrets)."""
+    raw = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return {"params_bytes": len(raw), "params_sha256": hashlib.sha256(raw).hexdigest()}
+
+
+def read(path: Path) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def verify(path: Path) -> list[str]:
+    """Every problem in the chain, as sentences naming the line; empty when intact."""
+    problems: list[str] = []
+    prev = GENESIS
+    expected_seq = 1
+    try:
+        f = open(path, encoding="utf-8")  # noqa: SIM115
+    except FileNotFoundError:
+        return [f"{path}: no audit log"]
+    with f:
+        for n, line in enumerate(f, 1):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                problems.append(f"line {n}: not JSON")
+                continue
+            claimed = rec.pop("hash", None)
+            if rec.get("prev") != prev:
+                problems.append(f"line {n}: does not follow line {n - 1} (a line was dropped, inserted or reordered)")
+            if rec.get("seq") != expected_seq:
+                problems.append(f"line {n}: sequence {rec.get('seq')} where {expected_seq} was expected")
+            if _digest(rec.get("prev", ""), rec) != claimed:
+                problems.append(f"line {n}: content does not match its hash (edited)")
+            prev = claimed or ""
+            expected_seq = (rec.get("seq") or expected_seq) + 1
+    return problems

@@ -1,0 +1,117 @@
+"""Find and remove toolcage containers and networks whose owner is provably gone or whose deadline passed.
+
+Threat and complaint: a runner killed with SIGKILL never runs its clean-up (``--rm`` never
+fires either), so containers and networks pile up. Every object carries its owner's host,
+pid and process start time, and the run deadline; an object is an orphan when its owner
+on this host is dead (or its pid now belongs to another process), or when its deadline
+has passed. Objects owned by a live process on this host, or by another host before
+their deadline, are never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from runner.ownership import process_start_ticks
+
+DEADLINE_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Orphan:
+    kind: str  # "container" | "network"
+    id: str
+    name: str
+    run_id: str
+    reason: str
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def orphan_reason(labels: dict[str, str], now: float, host: str) -> str | None:
+    """Why an object with these labels is an orphan, or None if its owner may still want it."""
+    owner = labels.get("toolcage.owner", "")
+    owner_host, _, pid_text = owner.rpartition(":")
+    try:
+        deadline = float(labels.get("toolcage.deadline", "inf"))
+    except ValueError:
+        deadline = float("inf")
+    if owner_host == host and pid_text.isdigit():
+        pid = int(pid_text)
+        if not _pid_alive(pid):
+            return f"owner process {pid} is gone"
+        started = labels.get("toolcage.owner_started", "")
+        if started and process_start_ticks(pid) != started:
+            return f"owner pid {pid} now belongs to another process"
+    if now > deadline + DEADLINE_GRACE_S:
+        return "run deadline passed"
+    return None
+
+
+def find_orphans(engine: Any, now: float | None = None) -> list[Orphan]:
+    now = time.time() if now is None else now
+    host = socket.gethostname()
+    out: list[Orphan] = []
+    for c in engine.containers("toolcage.run_id"):
+        labels = c.get("Labels") or {}
+        why = orphan_reason(labels, now, host)
+        if why:
+            out.append(
+                Orphan(
+                    "container",
+                    c["Id"],
+                    (c.get("Names") or ["?"])[0].lstrip("/"),
+                    labels.get("toolcage.run_id", "?"),
+                    why,
+                )
+            )
+    for n in engine.networks("toolcage.run_id"):
+        labels = n.get("Labels") or {}
+        why = orphan_reason(labels, now, host)
+        if why:
+            out.append(Orphan("network", n["Id"], n.get("Name", "?"), labels.get("toolcage.run_id", "?"), why))
+    return out
+
+
+def remove(engine: Any, orphans: list[Orphan]) -> None:
+    """Containers first (a network in use cannot be removed)."""
+    for o in sorted(orphans, key=lambda o: o.kind != "container"):
+        if o.kind == "container":
+            engine.remove(o.id)
+        else:
+            engine.remove_network(o.id)
+
+
+_REAPED = False
+
+
+def reap_in_background(engine: Any, log: Any) -> None:
+    """Once per process, when the first sandbox starts: remove orphans without delaying the run."""
+    global _REAPED
+    if _REAPED:
+        return
+    _REAPED = True
+
+    def _run() -> None:
+        try:
+            orphans = find_orphans(engine)
+            remove(engine, orphans)
+            for o in orphans:
+                log.warning("gc.removed", kind=o.kind, name=o.name, run_id=o.run_id, reason=o.reason)
+        except Exception as exc:  # never let clean-up break a run
+            log.warning("gc.failed", error=str(exc))
+
+    threading.Thread(target=_run, name="toolcage-reaper", daemon=True).start()
