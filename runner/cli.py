@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -103,6 +104,12 @@ def sandbox_options(f: Any) -> Any:
             help="Extra CA bundle (PEM) that SafeFetch trusts, e.g. a corporate CA.",
         ),
         click.option(
+            "--audit-log",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="Audit log file (default $TOOLCAGE_AUDIT_LOG or ~/.local/state/toolcage/audit.jsonl).",
+        ),
+        click.option(
             "--egress-proxy",
             default=None,
             help="Upstream HTTP proxy for allowed traffic (default $TOOLCAGE_EGRESS_PROXY).",
@@ -135,6 +142,7 @@ def run(
     verbose: int,
     egress_network: str | None,
     ca_file: str | None,
+    audit_log: str | None,
     egress_proxy: str | None,
 ) -> None:
     """Run one TOOL call in a fresh sandbox and print the result as JSON.
@@ -158,6 +166,7 @@ def run(
             egress_network=egress_network,
             egress_proxy=egress_proxy,
             ca_file=ca_file,
+            audit=audit_log,
         )
         with sb:
             res = sb.call(tool, parsed)
@@ -190,6 +199,7 @@ def serve(
     verbose: int,
     egress_network: str | None,
     ca_file: str | None,
+    audit_log: str | None,
     egress_proxy: str | None,
     tool_label: str,
 ) -> None:
@@ -215,6 +225,7 @@ def serve(
             egress_network=egress_network,
             egress_proxy=egress_proxy,
             ca_file=ca_file,
+            audit=audit_log,
         ) as sb:
             bridge(sb, sys.stdin.buffer, sys.stdout.buffer)
     except (ToolcageError, PolicyError) as exc:
@@ -291,6 +302,185 @@ def policy_test(policy_ref: str, url: str, method: str, resolve: tuple[str, ...]
     d = decide(Request(url, method.upper()), p, resolver)
     _emit({"allowed": d.allowed, "reason": d.reason, "rule": d.rule, "addresses": list(d.addresses)})
     sys.exit(0 if d.allowed else 1)
+
+
+_SINCE = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _parse_since(text: str) -> float:
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
+    if not m:
+        raise UsageError(f"--since wants a duration like 30s, 10m, 2h or 1d, not {text!r}")
+    return float(m.group(1)) * _SINCE[m.group(2)]
+
+
+@cli.command()
+@click.option("--run", "run_id", default=None, help="Only this run id.")
+@click.option("--since", default=None, help="Only the last DURATION (30s, 10m, 2h, 1d).")
+@click.option("--json", "as_json", is_flag=True, help="Print records as JSON lines.")
+@click.option("--verify", is_flag=True, help="Check the hash chain; exit 1 if a line was edited, dropped or moved.")
+@click.option("--audit-log", type=click.Path(dir_okay=False), default=None, help="Audit log file.")
+def audit(run_id: str | None, since: str | None, as_json: bool, verify: bool, audit_log: str | None) -> None:
+    """Read the audit log: what ran, with which policy, what it did, how it ended."""
+    from datetime import datetime
+    from pathlib import Path
+
+    from runner import audit as audit_mod
+
+    path = Path(audit_log).expanduser() if audit_log else audit_mod.default_path()
+    if verify:
+        problems = audit_mod.verify(path)
+        for p in problems:
+            click.echo(f"toolcage audit: {p}", err=True)
+        if problems:
+            sys.exit(1)
+        n = sum(1 for _ in audit_mod.read(path))
+        click.echo(f"{path}: intact, {n} records")
+        return
+    if not path.exists():
+        click.echo(f"toolcage: no audit log at {path}", err=True)
+        sys.exit(2)
+    try:
+        cutoff = time.time() - _parse_since(since) if since else None
+    except UsageError as exc:
+        _fail(exc, as_json=False)
+    for rec in audit_mod.read(path):
+        if run_id and rec.get("run_id") != run_id:
+            continue
+        if cutoff is not None:
+            try:
+                if datetime.fromisoformat(str(rec.get("ts", "")).replace("Z", "+00:00")).timestamp() < cutoff:
+                    continue
+            except ValueError:
+                continue
+        if as_json:
+            click.echo(json.dumps(rec, sort_keys=True))
+            continue
+        skip = {"ts", "event", "run_id", "hash", "prev", "seq"}
+        rest = " ".join(f"{k}={v}" for k, v in sorted(rec.items()) if k not in skip and v is not None)
+        click.echo(f"{rec.get('ts', '?')[:23]}  {rec.get('run_id', '-'):<8}  {rec.get('event', '?'):<16} {rest}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def ps(as_json: bool) -> None:
+    """Live runs (from Docker labels): name, tool, policy, age, memory."""
+    from runner.docker_adapter import Engine
+    from runner.ops import live_runs
+
+    try:
+        rows = live_runs(Engine.default())
+    except ToolcageError as exc:
+        _fail(exc, as_json=False)
+    if as_json:
+        _emit(rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("NAME", "TOOL", "POLICY", "AGE", "MEMORY", "OWNER", box=None)
+    for r in rows:
+        mem = f"{r['memory_bytes'] / 2**20:.1f} MiB" if r["memory_bytes"] else "-"
+        table.add_row(r["name"], r["tool"], r["policy"], r["age"], mem, r["owner"])
+    Console().print(table)
+    if not rows:
+        click.echo("no live runs", err=True)
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="List what would be removed.")
+def gc(dry_run: bool) -> None:
+    """Remove toolcage containers and networks whose owner is gone or whose deadline passed."""
+    from runner.docker_adapter import Engine
+    from runner.reaper import find_orphans, remove
+
+    try:
+        engine = Engine.default()
+        orphans = find_orphans(engine)
+        for o in orphans:
+            verb = "would remove" if dry_run else "removing"
+            click.echo(f"{verb} {o.kind} {o.name} (run {o.run_id}): {o.reason}")
+        if not dry_run:
+            remove(engine, orphans)
+    except ToolcageError as exc:
+        _fail(exc, as_json=False)
+    if not orphans:
+        click.echo("nothing to collect", err=True)
+
+
+@cli.command()
+@click.option("--probe", is_flag=True, help="Also prove the isolation in a live sandbox under --policy.")
+@click.option("--policy", "policy_ref", default="default", show_default=True, help="Policy for --probe.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def doctor(probe: bool, policy_ref: str, as_json: bool) -> None:
+    """Check the engine, the image, the daemon's security features and every live sandbox against its policy.
+
+    Exit 1 when anything is weaker than it should be.
+    """
+    from runner.docker_adapter import Engine
+    from runner.image import SOURCE_LABEL, source_sha256
+    from runner.ops import daemon_security, inspect_findings
+    from runner.sandbox import DEFAULT_IMAGE
+
+    report: dict[str, Any] = {"findings": []}
+    findings: list[str] = report["findings"]
+    try:
+        engine = Engine.default()
+        version = engine.ping()
+        report["engine"] = {"version": version.get("Version"), "api": version.get("ApiVersion")}
+        img = engine.image(DEFAULT_IMAGE)
+        if img is None:
+            findings.append(f"image {DEFAULT_IMAGE} is missing: run `toolcage image build`")
+        else:
+            current = ((img.get("Config") or {}).get("Labels") or {}).get(SOURCE_LABEL) == source_sha256()
+            report["image"] = {"tag": DEFAULT_IMAGE, "id": img.get("Id"), "current": current}
+            if not current:
+                findings.append(f"image {DEFAULT_IMAGE} is out of date: run `toolcage image build`")
+        sec = daemon_security(engine.info())
+        report["daemon"] = sec
+        if not sec["seccomp"]:
+            findings.append("the Docker daemon runs without seccomp")
+        checked = []
+        for c in engine.containers("toolcage.run_id", all=False):
+            info = engine.inspect(c["Id"])
+            if info is None:
+                continue
+            problems = inspect_findings(info)
+            name = info.get("Name", "?").lstrip("/")
+            checked.append({"name": name, "findings": problems})
+            findings.extend(f"{name}: {p}" for p in problems)
+        report["containers"] = checked
+        if probe and img is not None:
+            from runner.probes import run_all
+            from runner.sandbox import Sandbox
+
+            with Sandbox(policy_ref, tool="doctor-probe") as sb:
+                results = run_all(sb)
+            report["probes"] = [r.__dict__ for r in results]
+            findings.extend(f"probe {r.name} failed: {r.observed}" for r in results if not r.passed)
+    except (ToolcageError, PolicyError) as exc:
+        _fail(exc, as_json=as_json)
+    if as_json:
+        _emit(report)
+    else:
+        eng = report.get("engine", {})
+        click.echo(f"engine      Docker {eng.get('version')} (API {eng.get('api')})")
+        im = report.get("image")
+        click.echo(
+            f"image       {im['tag']} {'current' if im['current'] else 'OUT OF DATE'}" if im else "image       missing"
+        )
+        d = report["daemon"]
+        flags = ", ".join(k for k in ("seccomp", "apparmor", "selinux", "userns", "rootless") if d[k]) or "none"
+        click.echo(f"daemon      security: {flags}; cgroup v{d['cgroup_version']}; storage {d['storage_driver']}")
+        for c in report["containers"]:
+            click.echo(f"container   {c['name']}: {'as locked down as its policy' if not c['findings'] else 'WEAKER'}")
+        for r in report.get("probes", []):
+            click.echo(f"probe       {'PASS' if r['passed'] else 'FAIL'}  {r['name']:<28} {r['what']}")
+        for f in findings:
+            click.echo(f"FINDING     {f}", err=True)
+    sys.exit(1 if findings else 0)
 
 
 @cli.group()

@@ -223,6 +223,23 @@ def context_sha256(context: Path, base_id: str) -> str:
     return h.hexdigest()
 
 
+SOURCE_LABEL = "toolcage.source_sha256"
+
+
+def source_sha256() -> str:
+    """Hash of what the image is built from on this side (worker, policies, Dockerfile, pinned
+    requirements): `toolcage doctor` compares it with the image's label to tell it is current."""
+    h = hashlib.sha256()
+    img = Path(str(resources.files("toolcage_image")))
+    for f in (img / "Dockerfile", _requirements()):
+        h.update(f.read_bytes())
+    for pkg in ("worker", "policies"):
+        root = Path(str(resources.files(pkg)))
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def build_image(engine: object, tag: str, report: Report, base: str | None = None, force: bool = False) -> BuildResult:
     """Build the worker image unless an image with the same context hash is already there."""
     started = time.monotonic()
@@ -238,13 +255,15 @@ def build_image(engine: object, tag: str, report: Report, base: str | None = Non
         digest = context_sha256(ctx, base_info["Id"])
         existing = engine.image(tag)  # type: ignore[attr-defined]
         labels = ((existing or {}).get("Config") or {}).get("Labels") or {}
-        if existing is not None and labels.get(CONTEXT_LABEL) == digest and not force:
+        fresh = labels.get(CONTEXT_LABEL) == digest and labels.get(SOURCE_LABEL) == source_sha256()
+        if existing is not None and fresh and not force:
             report(f"{tag} is up to date")
             return BuildResult(tag, base_ref, digest, False, time.monotonic() - started)
         report(f"building {tag}")
         error = None
         output: list[str] = []
-        for msg in engine.build(str(ctx), tag, {"BASE": base_ref}, {CONTEXT_LABEL: digest}):  # type: ignore[attr-defined]
+        build_labels = {CONTEXT_LABEL: digest, SOURCE_LABEL: source_sha256()}
+        for msg in engine.build(str(ctx), tag, {"BASE": base_ref}, build_labels):  # type: ignore[attr-defined]
             if "error" in msg:
                 error = msg.get("error")
             stream = (msg.get("stream") or "").strip()

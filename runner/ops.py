@@ -1,0 +1,134 @@
+"""What operators run: live runs (ps), the hardening audit of live containers (doctor), engine facts.
+
+``inspect_findings`` is the runtime twin of tests/unit/test_config.py: it compares a live
+container's fresh ``docker inspect`` with what its own policy demands, knob by knob.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from policies import PolicyError, policy_from_json
+from runner.config import SANDBOX_UID
+
+
+def _env(info: dict[str, Any]) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in (info.get("Config", {}).get("Env") or []) if "=" in e)
+
+
+def inspect_findings(info: dict[str, Any]) -> list[str]:
+    """Every knob of a live toolcage container that is weaker than its policy says (empty: as locked down)."""
+    hc = info.get("HostConfig", {})
+    cfg = info.get("Config", {})
+    labels = cfg.get("Labels") or {}
+    role = labels.get("toolcage.role", "sandbox")
+    findings: list[str] = []
+
+    def weak(knob: str, have: Any, want: Any) -> None:
+        findings.append(f"{knob}: is {have!r}, policy wants {want!r}")
+
+    try:
+        policy = policy_from_json(_env(info)["TOOLCAGE_POLICY"])
+    except (KeyError, PolicyError) as exc:
+        return [f"policy: cannot read the container's policy ({exc})"]
+    if labels.get("toolcage.policy_sha256") != policy.sha256():
+        findings.append("policy: the label's sha256 does not match the policy in the environment")
+    if hc.get("Privileged"):
+        weak("privileged", True, False)
+    if not hc.get("ReadonlyRootfs"):
+        weak("read-only root fs", hc.get("ReadonlyRootfs"), True)
+    if "ALL" not in (hc.get("CapDrop") or []):
+        weak("cap_drop", hc.get("CapDrop"), ["ALL"])
+    if hc.get("CapAdd"):
+        weak("cap_add", hc.get("CapAdd"), None)
+    sec = hc.get("SecurityOpt") or []
+    if not any(o.startswith("no-new-privileges") and not o.endswith("false") for o in sec):
+        weak("no-new-privileges", sec, ["no-new-privileges"])
+    if any(
+        o in ("seccomp=unconfined", "seccomp:unconfined", "apparmor=unconfined", "apparmor:unconfined") for o in sec
+    ):
+        weak("security profiles", sec, "confined")
+    if cfg.get("User") != f"{SANDBOX_UID}:{SANDBOX_UID}":
+        weak("user", cfg.get("User"), f"{SANDBOX_UID}:{SANDBOX_UID}")
+    if not hc.get("Init"):
+        weak("init", hc.get("Init"), True)
+    for mode in ("PidMode", "IpcMode", "UTSMode", "UsernsMode"):
+        if hc.get(mode) == "host":
+            weak(mode, "host", "private")
+    for m in info.get("Mounts") or []:
+        if "docker.sock" in str(m.get("Source", "")) or "containerd.sock" in str(m.get("Source", "")):
+            weak("mounts", m.get("Source"), "no engine socket")
+        if role == "sandbox" and m.get("RW"):
+            weak(f"mount {m.get('Destination')}", "read-write", "read-only")
+    if role == "sandbox":
+        lim = policy.limits
+        pids = hc.get("PidsLimit")
+        if not pids or pids <= 0 or pids > lim.pids:
+            weak("pids limit", pids, lim.pids)
+        if not hc.get("Memory") or hc["Memory"] > lim.memory:
+            weak("memory", hc.get("Memory"), lim.memory)
+        if hc.get("MemorySwap") not in (hc.get("Memory"),):
+            weak("memory+swap", hc.get("MemorySwap"), hc.get("Memory"))
+        if not hc.get("NanoCpus") or hc["NanoCpus"] > int(lim.cpus * 1e9):
+            weak("cpus", (hc.get("NanoCpus") or 0) / 1e9, lim.cpus)
+        nofile = [u for u in hc.get("Ulimits") or [] if u.get("Name") == "nofile"]
+        if not nofile or nofile[0].get("Hard", 0) > lim.nofile:
+            weak("nofile", nofile, lim.nofile)
+        if not (cfg.get("NetworkDisabled") or hc.get("NetworkMode") == "none"):
+            weak("network", hc.get("NetworkMode"), "none (only lo)")
+        if hc.get("PortBindings") or hc.get("PublishAllPorts"):
+            weak("published ports", hc.get("PortBindings"), None)
+    return findings
+
+
+def _age(started_at: str) -> str:
+    try:
+        secs = time.time() - datetime.fromisoformat(started_at).timestamp()
+    except ValueError:
+        return "?"
+    if secs < 120:
+        return f"{secs:.0f}s"
+    if secs < 7200:
+        return f"{secs / 60:.0f}m"
+    return f"{secs / 3600:.1f}h"
+
+
+def live_runs(engine: Any, with_memory: bool = True) -> list[dict[str, Any]]:
+    """Running sandboxes, from their Docker labels (what `docker ps --filter label=toolcage.run_id` shows)."""
+    rows = []
+    for c in engine.containers("toolcage.run_id", all=False):
+        labels = c.get("Labels") or {}
+        if labels.get("toolcage.role", "sandbox") != "sandbox":
+            continue
+        mem = None
+        if with_memory:
+            stats = engine.stats(c["Id"])
+            mem = (stats.get("memory_stats") or {}).get("usage")
+        rows.append(
+            {
+                "name": (c.get("Names") or ["?"])[0].lstrip("/"),
+                "run_id": labels.get("toolcage.run_id"),
+                "tool": labels.get("toolcage.tool"),
+                "policy": labels.get("toolcage.policy"),
+                "age": _age(labels.get("toolcage.started_at", "")),
+                "memory_bytes": mem,
+                "owner": labels.get("toolcage.owner"),
+                "container_id": c["Id"][:12],
+            }
+        )
+    return rows
+
+
+def daemon_security(info: dict[str, Any]) -> dict[str, Any]:
+    opts = " ".join(info.get("SecurityOptions") or [])
+    return {
+        "seccomp": "name=seccomp" in opts,
+        "apparmor": "name=apparmor" in opts,
+        "selinux": "name=selinux" in opts,
+        "userns": "name=userns" in opts,
+        "rootless": "name=rootless" in opts,
+        "cgroup_version": info.get("CgroupVersion"),
+        "storage_driver": info.get("Driver"),
+    }

@@ -1,0 +1,246 @@
+"""Named isolation probes, run inside a live sandbox: by ``toolcage doctor --probe`` and the security tests.
+
+Each probe runs code in the sandbox and compares what it observed with what the kernel
+must answer if the isolation holds, so a weakened configuration shows up as a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+TRY = """
+import json, os, errno
+def attempt(fn):
+    try:
+        fn()
+        return "succeeded"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+"""
+
+# (name, what it shows, python code printing one JSON object, expected values; a tuple means "one of")
+CODE_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
+    (
+        "write_root_fs",
+        "the root file system is read-only",
+        "print(json.dumps({'r': attempt(lambda: open('/etc/pwned', 'w'))}))",
+        {"r": "EROFS"},
+    ),
+    (
+        "write_world_writable_tmp",
+        "even world-writable dirs of the image are read-only",
+        "print(json.dumps({'r': attempt(lambda: open('/tmp/pwned', 'w'))}))",
+        {"r": "EROFS"},
+    ),
+    (
+        "create_in_workspace",
+        "the workspace is read-only",
+        "print(json.dumps({'r': attempt(lambda: open('/workspace/new', 'w'))}))",
+        {"r": "EROFS"},
+    ),
+    (
+        "uid_not_root",
+        "code runs as uid/gid 65532",
+        "print(json.dumps({'uid': os.getuid(), 'euid': os.geteuid(), 'gid': os.getgid()}))",
+        {"uid": 65532, "euid": 65532, "gid": 65532},
+    ),
+    (
+        "capabilities_all_zero",
+        "no capabilities in any set",
+        "s = dict(l.split(':\\t') for l in open('/proc/self/status').read().splitlines() if l.startswith('Cap'))\n"
+        "print(json.dumps({k: v.strip() for k, v in s.items()}))",
+        {
+            "CapInh": "0000000000000000",
+            "CapPrm": "0000000000000000",
+            "CapEff": "0000000000000000",
+            "CapBnd": "0000000000000000",
+            "CapAmb": "0000000000000000",
+        },
+    ),
+    (
+        "no_new_privs_and_seccomp",
+        "no_new_privs is set and a seccomp filter is active",
+        "s = dict(l.split(':\\t') for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
+        "print(json.dumps({'nnp': s['NoNewPrivs'].strip(), 'seccomp': s['Seccomp'].strip()}))",
+        {"nnp": "1", "seccomp": "2"},
+    ),
+    (
+        "only_loopback_interface",
+        "no network interface but lo",
+        "print(json.dumps({'ifs': sorted(os.listdir('/sys/class/net'))}))",
+        {"ifs": ["lo"]},
+    ),
+    (
+        "no_route_to_metadata",
+        "the cloud metadata address is unreachable",
+        "import socket\ns = socket.socket(); s.settimeout(3)\n"
+        "print(json.dumps({'r': attempt(lambda: s.connect(('169.254.169.254', 80)))}))",
+        {"r": "ENETUNREACH"},
+    ),
+    (
+        "no_route_to_docker_gateway",
+        "the host's docker0 address is unreachable",
+        "import socket\ns = socket.socket(); s.settimeout(3)\n"
+        "print(json.dumps({'r': attempt(lambda: s.connect(('172.17.0.1', 2375)))}))",
+        {"r": "ENETUNREACH"},
+    ),
+    (
+        "no_dns",
+        "names do not resolve (no DNS exfiltration)",
+        "import socket\ntry:\n    socket.getaddrinfo('exfil-probe.invalid', 443); r = 'resolved'\n"
+        "except socket.gaierror:\n    r = 'failed'\nprint(json.dumps({'r': r}))",
+        {"r": "failed"},
+    ),
+    (
+        "raw_socket_denied",
+        "raw sockets are refused (no CAP_NET_RAW)",
+        "import socket\nprint(json.dumps({'r': attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, 1))}))",
+        {"r": "EPERM"},
+    ),
+    (
+        "mount_denied",
+        "mount(2) is refused",
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "rc = libc.mount(b'none', b'/scratch', b'tmpfs', 0, None)\n"
+        "print(json.dumps({'rc': rc, 'errno': errno.errorcode[ctypes.get_errno()]}))",
+        {"rc": -1, "errno": "EPERM"},
+    ),
+    (
+        "unshare_userns_denied",
+        "new user namespaces are refused",
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nrc = libc.unshare(0x10000000)\n"
+        "print(json.dumps({'rc': rc, 'errno': errno.errorcode[ctypes.get_errno()]}))",
+        {"rc": -1, "errno": "EPERM"},
+    ),
+    (
+        "chown_denied",
+        "chown is refused (no CAP_CHOWN)",
+        "open('/scratch/f', 'w').close()\nprint(json.dumps({'r': attempt(lambda: os.chown('/scratch/f', 0, 0))}))",
+        {"r": "EPERM"},
+    ),
+    (
+        "no_docker_socket",
+        "no container engine socket is reachable",
+        "print(json.dumps({'r': [p for p in ('/var/run/docker.sock', '/run/docker.sock', "
+        "'/run/containerd/containerd.sock') if os.path.exists(p)]}))",
+        {"r": []},
+    ),
+    (
+        "no_setuid_binaries",
+        "the image has no setuid/setgid binaries",
+        "import stat\nfound = []\nfor d, _, fs in os.walk('/usr'):\n    for f in fs:\n        p = os.path.join(d, f)\n"
+        "        try:\n            m = os.lstat(p).st_mode\n        except OSError:\n            continue\n"
+        "        if stat.S_ISREG(m) and m & (stat.S_ISUID | stat.S_ISGID):\n            found.append(p)\n"
+        "print(json.dumps({'r': found}))",
+        {"r": []},
+    ),
+    (
+        "proc_sys_read_only",
+        "/proc/sys is read-only",
+        "print(json.dumps({'r': attempt(lambda: open('/proc/sys/kernel/core_pattern', 'w'))}))",
+        {"r": "EROFS"},
+    ),
+    (
+        "sysrq_trigger_denied",
+        "/proc/sysrq-trigger cannot be written",
+        "print(json.dumps({'r': attempt(lambda: open('/proc/sysrq-trigger', 'w'))}))",
+        {"r": ("EROFS", "ENOENT", "EACCES")},
+    ),
+    (
+        "own_pid_namespace",
+        "the sandbox has its own PID namespace (docker-init is PID 1)",
+        "print(json.dumps({'init': open('/proc/1/cmdline').read().split('\\0')[0].rsplit('/', 1)[-1]}))",
+        {"init": "docker-init"},
+    ),
+    (
+        "worker_fds_not_openable",
+        "tool code cannot open the worker's file descriptors or memory",
+        "p = os.getppid()\nres = set()\nfor fd in range(0, 12):\n"
+        "    res.add(attempt(lambda: open(f'/proc/{p}/fd/{fd}', 'wb')))\n"
+        "res.add(attempt(lambda: open(f'/proc/{p}/mem', 'rb')))\nprint(json.dumps({'r': sorted(res)}))",
+        {"r": ["EACCES"]},
+    ),
+    (
+        "ptrace_worker_denied",
+        "tool code cannot ptrace the worker",
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nrc = libc.ptrace(16, os.getppid(), 0, 0)\n"
+        "print(json.dumps({'rc': rc, 'errno': errno.errorcode[ctypes.get_errno()]}))",
+        {"rc": -1, "errno": "EPERM"},
+    ),
+    (
+        "clean_child_environment",
+        "tool code sees no toolcage internals in its environment",
+        "print(json.dumps({'leak': sorted(k for k in os.environ if k.startswith('TOOLCAGE') and k != 'TOOLCAGE_PROXY' "
+        "or k == 'PYTHONPATH')}))",
+        {"leak": []},
+    ),
+]
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    name: str
+    what: str
+    passed: bool
+    observed: Any
+
+
+def check(observed: dict[str, Any], expected: dict[str, Any]) -> bool:
+    if observed.keys() != expected.keys():
+        return False
+    return all(observed[k] in v if isinstance(v, tuple) else observed[k] == v for k, v in expected.items())
+
+
+def run_code_probe(sb: Any, code: str) -> dict[str, Any]:
+    r = sb.call("run_python", {"code": textwrap.dedent(TRY + code), "timeout_s": 20})
+    if r.status != "ok":
+        return {"error": r.status, "stderr": (r.result or {}).get("stderr", "")[-300:]}
+    return dict(json.loads(r.result["stdout"].strip().splitlines()[-1]))
+
+
+def _limit_probes(sb: Any) -> list[tuple[str, str, Callable[[], tuple[bool, Any]]]]:
+    policy = sb.policy
+    mem = policy.limits.memory
+
+    def memory() -> tuple[bool, Any]:
+        code = f"b = bytearray({mem + 64 * 1024 * 1024})\nb[::4096] = b'x' * len(b[::4096])"
+        r = sb.call("run_python", {"code": code, "timeout_s": 30})
+        return r.status == "oom_killed", r.status
+
+    def pids() -> tuple[bool, Any]:
+        code = (
+            "import os, time\nn = 0\ntry:\n    for _ in range(100000):\n        if os.fork() == 0:\n"
+            "            time.sleep(5); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print(n, e.errno)\n"
+        )
+        r = sb.call("run_python", {"code": code, "timeout_s": 20})
+        out = (r.result or {}).get("stdout", "").split()
+        ok = len(out) == 2 and int(out[0]) < policy.limits.pids and out[1] == "11"  # EAGAIN
+        return ok, out
+
+    def egress() -> tuple[bool, Any]:
+        r = sb.call("http_fetch", {"url": "http://169.254.169.254/latest/meta-data/"})
+        return bool(r.error and r.error.get("code") == -32010), (r.error or {}).get("message")
+
+    return [
+        ("memory_limit_fires", f"allocating past {mem} bytes ends as oom_killed", memory),
+        ("pids_limit_fires", f"forking stops below the pids limit ({policy.limits.pids}) with EAGAIN", pids),
+        ("egress_refuses_metadata", "http_fetch to the metadata address is refused by policy", egress),
+    ]
+
+
+def run_all(sb: Any) -> list[ProbeResult]:
+    results = []
+    for name, what, code, expected in CODE_CASES:
+        seen = run_code_probe(sb, code)
+        results.append(ProbeResult(name, what, check(seen, expected), seen))
+    for name, what, fn in _limit_probes(sb):
+        try:
+            ok, observed = fn()
+        except Exception as exc:  # a sandbox failure is a failed probe, with its reason
+            ok, observed = False, f"{type(exc).__name__}: {exc}"
+        results.append(ProbeResult(name, what, ok, observed))
+    return results
