@@ -24,7 +24,7 @@ DEADLINE_GRACE_S = 5.0
 
 @dataclass(frozen=True)
 class Orphan:
-    kind: str  # "container" | "network"
+    kind: str  # "container" | "network" | "volume"
     id: str
     name: str
     run_id: str
@@ -83,14 +83,21 @@ def find_orphans(engine: Any, now: float | None = None) -> list[Orphan]:
         why = orphan_reason(labels, now, host)
         if why:
             out.append(Orphan("network", n["Id"], n.get("Name", "?"), labels.get("toolcage.run_id", "?"), why))
+    for v in engine.volumes("toolcage.run_id"):
+        labels = v.get("Labels") or {}
+        why = orphan_reason(labels, now, host)
+        if why:
+            out.append(Orphan("volume", v["Name"], v["Name"], labels.get("toolcage.run_id", "?"), why))
     return out
 
 
 def remove(engine: Any, orphans: list[Orphan]) -> None:
-    """Containers first (a network in use cannot be removed)."""
+    """Containers first (a network or volume in use cannot be removed)."""
     for o in sorted(orphans, key=lambda o: o.kind != "container"):
         if o.kind == "container":
             engine.remove(o.id)
+        elif o.kind == "volume":
+            engine.remove_volume(o.id)
         else:
             engine.remove_network(o.id)
 

@@ -50,6 +50,9 @@ NONE_WARNING = (
     "NOTHING IS ISOLATED (no container, no read-only workspace, no network block). Development only."
 )
 
+# how --sandbox none starts the worker (tests swap in misbehaving workers)
+LOCAL_WORKER_ARGV = [sys.executable, "-m", "worker"]
+
 _LIVE: set[Sandbox] = set()
 _LIVE_LOCK = threading.Lock()
 
@@ -264,7 +267,7 @@ class Sandbox:
             "TOOLCAGE_SCRATCH": scratch,
             **({"TOOLCAGE_CA_PEM": self.ca_pem} if self.ca_pem else {}),
         }
-        self._transport = ProcessTransport([sys.executable, "-m", "worker"], env, scratch, parser)
+        self._transport = ProcessTransport(list(LOCAL_WORKER_ARGV), env, scratch, parser)
         self._transport.start()
 
     def _on_deadline(self) -> None:

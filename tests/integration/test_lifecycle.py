@@ -1,0 +1,152 @@
+"""Crash-proofing and operations on the real engine: ps, doctor, gc after SIGKILL, external kill, a load run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner import Sandbox, WorkerCrashed
+from runner.audit import read, verify
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "policies"
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runner.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def objects_of(engine: Any, run_id: str) -> list[str]:
+    label = f"toolcage.run_id={run_id}"
+    return (
+        [f"container {c['Names'][0]}" for c in engine.containers(label)]
+        + [f"network {n['Name']}" for n in engine.networks(label)]
+        + [f"volume {v['Name']}" for v in engine.volumes(label)]
+    )
+
+
+def test_ps_and_docker_ps_agree(engine: Any) -> None:
+    """`toolcage ps --json` lists a live run; `docker ps --filter label=toolcage.run_id` shows the same name."""
+    with Sandbox(tool="ps-check") as sb:
+        rows = json.loads(cli("ps", "--json").stdout)
+        mine = [r for r in rows if r["run_id"] == sb.run_id]
+        assert len(mine) == 1 and mine[0]["tool"] == "ps-check" and mine[0]["policy"] == "default"
+        assert mine[0]["memory_bytes"] and mine[0]["memory_bytes"] > 0
+        docker_names = subprocess.run(
+            ["docker", "ps", "--filter", "label=toolcage.run_id", "--format", "{{.Names}}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert mine[0]["name"] in docker_names
+
+
+def test_doctor_finds_live_run_as_locked_down(engine: Any) -> None:
+    """doctor inspects every live sandbox and reports none weaker than its policy."""
+    with Sandbox(tool="doctor-check") as sb:
+        report = json.loads(cli("doctor", "--json").stdout)
+    mine = [c for c in report["containers"] if c["name"] == sb.name]
+    assert mine == [{"name": sb.name, "findings": []}]
+    assert report["daemon"]["seccomp"] is True
+
+
+RUNNER_SCRIPT = """
+import sys, time
+from runner import Sandbox
+sb = Sandbox(sys.argv[1], tool="sigkill", audit=False)
+sb.start()
+print(sb.run_id, flush=True)
+sb.call("run_python", {"code": "import time; time.sleep(300)", "timeout_s": 300}, timeout=600)
+"""
+
+
+def test_sigkill_runner_then_gc_leaves_nothing(engine: Any, tmp_path: Path) -> None:
+    """A runner killed with SIGKILL mid-call: gc sees the owner is gone; the orphan stops by its deadline
+    (the worker's own watchdog); gc then removes the container, the proxy, the network and the volume."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("network:\n  mode: proxy\n  allow:\n    - host: api.example.com\ntimeouts:\n  run_s: 6\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUNNER_SCRIPT, str(policy)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    run_id = proc.stdout.readline().strip()
+    started = time.monotonic()
+    assert run_id and len(objects_of(engine, run_id)) == 4  # sandbox, proxy, egress network, socket volume
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    proc.stdout.close()
+    out = cli("gc", "--dry-run")
+    assert f"(run {run_id}): owner process {proc.pid} is gone" in out.stdout
+    running: list[dict[str, Any]] = []
+    while time.monotonic() - started < 6 + 2 + 10:
+        running = engine.containers(f"toolcage.run_id={run_id}", all=False)
+        if not running:
+            break
+        time.sleep(0.2)
+    assert not running, "the orphan outlived its deadline"
+    cli("gc")
+    assert objects_of(engine, run_id) == []
+
+
+def test_external_kill_mid_call(engine: Any) -> None:
+    """A container killed from outside mid-call ends the call with a clear sandbox error within a second."""
+    with Sandbox() as sb:
+        killed_at: list[float] = []
+
+        def kill() -> None:
+            time.sleep(1.0)
+            killed_at.append(time.monotonic())
+            subprocess.run(["docker", "kill", sb.name], capture_output=True, check=True)
+
+        t = threading.Thread(target=kill)
+        t.start()
+        with pytest.raises(WorkerCrashed) as info:
+            sb.call("run_python", {"code": "import time; time.sleep(60)", "timeout_s": 60})
+        ended = time.monotonic()
+        t.join()
+    assert ended - killed_at[0] < 1.0
+    assert info.value.status == "crashed" and "exit code 137" in info.value.message
+
+
+def test_load_200_runs(engine: Any, tmp_path: Path) -> None:
+    """200 runs, 10 at a time, a few calls each: all succeed, one start and one finish each, nothing left over."""
+    log = tmp_path / "audit.jsonl"
+
+    def one(i: int) -> str:
+        with Sandbox(tool="load", audit=log) as sb:
+            assert sb.call("ping").result == "pong"
+            assert sb.call("run_python", {"code": f"print({i})"}).result["stdout"] == f"{i}\n"
+            assert sb.call("list_files", {"path": "/scratch"}).ok
+            return sb.run_id
+
+    with ThreadPoolExecutor(10) as pool:
+        run_ids = list(pool.map(one, range(200)))
+    assert len(set(run_ids)) == 200
+    records = list(read(log))
+    started = [r["run_id"] for r in records if r["event"] == "run.started"]
+    finished = [r["run_id"] for r in records if r["event"] == "run.finished"]
+    assert sorted(started) == sorted(run_ids) == sorted(finished)
+    assert all(r["status"] == "ok" for r in records if r["event"] == "run.finished")
+    assert sum(1 for r in records if r["event"] == "run.call") == 600
+    assert verify(log) == []
+    leftover = [c for c in engine.containers("toolcage.tool=load")]
+    assert leftover == [] and engine.networks("toolcage.tool=load") == []
