@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import BinaryIO
+import time
+from typing import Any, BinaryIO
 
 from runner.errors import ProtocolError, SandboxTimeout
 from runner.sandbox import Sandbox
@@ -17,7 +18,36 @@ from runner.transport import EOF_MARK, Broken
 MAX_REQUEST_LINE = 16 * 1024 * 1024
 
 
-def _pump_requests(sb: Sandbox, infile: BinaryIO) -> None:
+class _Pending:
+    """Requests seen on the way in, so responses can be audited as calls (method, params digest, duration)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: dict[str, tuple[str, Any, float]] = {}
+
+    def saw_request(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return
+        for req in msg if isinstance(msg, list) else [msg]:
+            if isinstance(req, dict) and "id" in req and isinstance(req.get("method"), str):
+                with self.lock:
+                    self.calls[json.dumps(req["id"])] = (req["method"], req.get("params"), time.monotonic())
+
+    def answered(self, sb: Sandbox, msg: Any) -> None:
+        for resp in msg if isinstance(msg, list) else [msg]:
+            if not isinstance(resp, dict):
+                continue
+            with self.lock:
+                seen = self.calls.pop(json.dumps(resp.get("id")), None)
+            if seen is None:
+                continue
+            method, params, t0 = seen
+            sb.record_call(method, params if isinstance(params, dict) else {"params": params}, resp, t0)
+
+
+def _pump_requests(sb: Sandbox, infile: BinaryIO, pending: _Pending) -> None:
     try:
         while True:
             line = infile.readline(MAX_REQUEST_LINE + 1)
@@ -30,6 +60,7 @@ def _pump_requests(sb: Sandbox, infile: BinaryIO) -> None:
                     if not more or more.endswith(b"\n"):
                         break
                 line = b"{\n"
+            pending.saw_request(line)
             sb.send_raw(line if line.endswith(b"\n") else line + b"\n")
     except OSError:
         pass
@@ -39,7 +70,8 @@ def _pump_requests(sb: Sandbox, infile: BinaryIO) -> None:
 
 def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
     """Run until stdin EOF has been answered, the worker exits, or the run deadline."""
-    t = threading.Thread(target=_pump_requests, args=(sb, infile), name="toolcage-serve-stdin", daemon=True)
+    pending = _Pending()
+    t = threading.Thread(target=_pump_requests, args=(sb, infile, pending), name="toolcage-serve-stdin", daemon=True)
     t.start()
     while True:
         msg = sb.receive()
@@ -52,3 +84,4 @@ def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
             raise SandboxTimeout("run deadline reached")
         outfile.write(json.dumps(msg).encode() + b"\n")
         outfile.flush()
+        pending.answered(sb, msg)

@@ -323,6 +323,21 @@ class Sandbox:
             self._audit_call(tool, params, result)
             return result
 
+    def record_call(self, method: str, params: dict[str, Any] | None, response: dict[str, Any], t0: float) -> None:
+        """Audit a call that went through raw access (`toolcage serve`)."""
+        wall_ms = round((time.monotonic() - t0) * 1000, 3)
+        if "result" in response:
+            r = CallResult(
+                classify_result(response["result"]), method, self.run_id, result=response["result"], wall_ms=wall_ms
+            )
+        else:
+            raw = response.get("error")
+            err: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            code: int = err["code"] if isinstance(err.get("code"), int) else -32603
+            r = CallResult(classify_error(code), method, self.run_id, error={**err, "code": code}, wall_ms=wall_ms)
+        self._calls += 1
+        self._audit_call(method, params, r)
+
     def _audit_call(self, tool: str, params: dict[str, Any] | None, r: CallResult) -> None:
         if self.audit is None or tool == "sandbox.usage":
             return

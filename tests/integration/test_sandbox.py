@@ -268,3 +268,22 @@ def test_cli_signal_removes_container(engine: Any, sig: str) -> None:
     left = [c for c in engine.containers("toolcage.run_id") if c["Labels"].get("toolcage.owner") == owner]
     assert left == []
     assert proc.returncode in (130, 143)
+
+
+def test_cli_serve_audits_calls(engine: Any, tmp_path: Path) -> None:
+    """Calls bridged by `toolcage serve` are in the audit log like any other run's."""
+    from runner.audit import read
+
+    log = tmp_path / "audit.jsonl"
+    lines = '{"jsonrpc": "2.0", "method": "run_python", "params": {"code": "print(1)"}, "id": "a"}\n'
+    out = subprocess.run(
+        [sys.executable, "-m", "runner.cli", "serve", "--audit-log", str(log)],
+        input=lines,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    events = [(r["event"], r.get("tool"), r.get("status")) for r in read(log)]
+    assert events == [("run.started", "serve", None), ("run.call", "run_python", "ok"), ("run.finished", None, "ok")]
