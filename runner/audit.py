@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import queue
 import threading
@@ -98,6 +99,8 @@ class Audit:
         self.path = Path(path).expanduser() if path else default_path()
         self._log = structlog.wrap_logger(
             AuditFile(self.path),
+            # its own wrapper: the app's (or the CLI's) log level must never filter audit records
+            wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),
             processors=[
                 structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
                 lambda _l, _m, ev: ev,

@@ -285,5 +285,6 @@ def test_cli_serve_audits_calls(engine: Any, tmp_path: Path) -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
+    assert log.exists(), (out.stdout, out.stderr)
     events = [(r["event"], r.get("tool"), r.get("status")) for r in read(log)]
     assert events == [("run.started", "serve", None), ("run.call", "run_python", "ok"), ("run.finished", None, "ok")]

@@ -92,3 +92,18 @@ def test_background_writer_drains(tmp_path: Path) -> None:
     events = [r["event"] for r in read(log)]
     assert events[0] == "run.started" and events[-1] == "run.finished" and len(events) == 22
     assert verify(log) == []
+
+
+def test_log_level_never_filters_audit(tmp_path: Path) -> None:
+    """Audit records are written whatever level the app's structlog filters at."""
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    try:
+        log = tmp_path / "audit.jsonl"
+        Audit(log).event("run.started", run_id="x")
+        assert [r["event"] for r in read(log)] == ["run.started"]
+    finally:
+        structlog.reset_defaults()
