@@ -20,6 +20,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import structlog
 
 GENESIS = "0" * 64
+BATCH_WINDOW_S = 0.02
 ENV = "TOOLCAGE_AUDIT_LOG"
 
 
@@ -69,8 +71,20 @@ class AuditFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.batch: list[dict[str, Any]] | None = None  # set by the writer thread to write many records at once
 
     def msg(self, **record: Any) -> None:
+        if self.batch is not None:
+            self.batch.append(record)
+        else:
+            self.commit([record])
+
+    info = warning = error = msg
+
+    def commit(self, records: list[dict[str, Any]]) -> None:
+        """Chain and append records under an exclusive lock, then fsync once."""
+        if not records:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "r+b") as f:
@@ -78,16 +92,21 @@ class AuditFile:
             try:
                 last = _last_record(f)
                 prev = last.get("hash", GENESIS) if last else GENESIS
-                record["seq"] = (int(last.get("seq", 0)) + 1) if last else 1
-                record["prev"] = prev
-                record["hash"] = _digest(prev, record)
-                f.write((json.dumps(record, sort_keys=True, separators=(",", ":"), default=str) + "\n").encode())
+                seq = int(last.get("seq", 0)) if last else 0
+                out = []
+                for record in records:
+                    seq += 1
+                    record["seq"] = seq
+                    record["prev"] = prev
+                    body = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
+                    prev = hashlib.sha256((prev + body).encode()).hexdigest()
+                    # "hash" goes last; verify() recomputes from the record without it, in sorted order
+                    out.append(f'{body[:-1]},"hash":"{prev}"}}\n')
+                f.write("".join(out).encode())
                 f.flush()
                 os.fsync(f.fileno())
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
-
-    info = warning = error = msg
 
 
 class Audit:
@@ -97,15 +116,16 @@ class Audit:
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path).expanduser() if path else default_path()
+        self._file = AuditFile(self.path)
         self._log = structlog.wrap_logger(
-            AuditFile(self.path),
+            self._file,
             # its own wrapper: the app's (or the CLI's) log level must never filter audit records
             wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),
             processors=[
                 structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
                 lambda _l, _m, ev: ev,
             ],
-        )
+        ).bind()  # a concrete bound logger: the lazy proxy would re-bind on every record
         self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -123,13 +143,32 @@ class Audit:
 
     def _writer(self) -> None:
         while True:
-            item = self._queue.get()
+            items = [self._queue.get()]
+            # gather for a moment, then write everything queued under one lock and one fsync: fewer
+            # wake-ups of this thread mean less GIL contention with the calls being made meanwhile
+            time.sleep(BATCH_WINDOW_S)
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                if item is not None:
-                    with self._lock:
-                        self._log.info(item[0], **item[1])
+                with self._lock:
+                    self._file.batch = []
+                    try:
+                        for item in items:
+                            if item is not None:
+                                fields = item[1]
+                                if "_params" in fields:  # digested here, off the caller's thread
+                                    fields.update(param_digest(fields.pop("_params")))
+                                self._log.info(item[0], **fields)
+                        batch = self._file.batch
+                    finally:
+                        self._file.batch = None
+                    self._file.commit(batch)
             finally:
-                self._queue.task_done()
+                for _ in items:
+                    self._queue.task_done()
 
     def drain(self) -> None:
         if self._thread is not None:

@@ -348,7 +348,7 @@ class Sandbox:
             status=r.status,
             duration_ms=r.wall_ms,
             error_code=r.error["code"] if r.error else None,
-            **audit_mod.param_digest(params or {}),
+            _params=params or {},
         )
         decisions = r.result.get("decisions") if isinstance(r.result, dict) else None
         if r.error and r.error.get("code") == -32010 and isinstance(r.error.get("data"), dict):

@@ -288,3 +288,14 @@ def test_cli_serve_audits_calls(engine: Any, tmp_path: Path) -> None:
     assert log.exists(), (out.stdout, out.stderr)
     events = [(r["event"], r.get("tool"), r.get("status")) for r in read(log)]
     assert events == [("run.started", "serve", None), ("run.call", "run_python", "ok"), ("run.finished", None, "ok")]
+
+
+def test_cli_run_is_audited(engine: Any, tmp_path: Path) -> None:
+    """`toolcage run` writes run.started, run.call and run.finished (at the CLI's default log level)."""
+    from runner.audit import read, verify
+
+    log = tmp_path / "audit.jsonl"
+    out = _cli("run", "run_python", "--params", '{"code": "print(3)"}', "--audit-log", str(log))
+    assert out.returncode == 0
+    assert [r["event"] for r in read(log)] == ["run.started", "run.call", "run.finished"]
+    assert verify(log) == []
