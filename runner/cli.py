@@ -126,48 +126,39 @@ def cli() -> None:
     """toolcage: run tool handlers you did not write in a hardened, per-run Docker sandbox."""
 
 
+def _sandbox(tool: str, opts: dict[str, Any]) -> Any:
+    """The Sandbox the shared options describe (logging configured first)."""
+    from runner import logs
+    from runner.sandbox import Sandbox
+
+    logs.configure(opts["verbose"])
+    return Sandbox(
+        opts["policy"],
+        workspace=opts["workspace"],
+        tool=tool,
+        sandbox=opts["sandbox"],
+        image=opts["image"],
+        keep=opts["keep"],
+        run_timeout=opts["timeout"],
+        egress_network=opts["egress_network"],
+        egress_proxy=opts["egress_proxy"],
+        ca_file=opts["ca_file"],
+        audit=opts["audit_log"],
+    )
+
+
 @cli.command()
 @click.argument("tool")
 @click.option("--params", default=None, help="Tool params as a JSON object, or '-' to read it from stdin.")
 @sandbox_options
-def run(
-    tool: str,
-    params: str | None,
-    sandbox: str,
-    policy: str,
-    workspace: str | None,
-    timeout: float | None,
-    keep: bool,
-    image: str | None,
-    verbose: int,
-    egress_network: str | None,
-    ca_file: str | None,
-    audit_log: str | None,
-    egress_proxy: str | None,
-) -> None:
+def run(tool: str, params: str | None, **opts: Any) -> None:
     """Run one TOOL call in a fresh sandbox and print the result as JSON.
 
     Example: toolcage run run_python --params '{"code": "print(2+2)"}'
     """
-    from runner import logs
-    from runner.sandbox import Sandbox
-
-    logs.configure(verbose)
     try:
         parsed = _parse_params(params)
-        sb = Sandbox(
-            policy,
-            workspace=workspace,
-            tool=tool,
-            sandbox=sandbox,
-            image=image,
-            keep=keep,
-            run_timeout=timeout,
-            egress_network=egress_network,
-            egress_proxy=egress_proxy,
-            ca_file=ca_file,
-            audit=audit_log,
-        )
+        sb = _sandbox(tool, opts)
         with sb:
             res = sb.call(tool, parsed)
         summary = sb.summary
@@ -189,44 +180,16 @@ def run(
 @click.option(
     "--tool-label", default="serve", show_default=True, help="Tool name used in the container name and labels."
 )
-def serve(
-    sandbox: str,
-    policy: str,
-    workspace: str | None,
-    timeout: float | None,
-    keep: bool,
-    image: str | None,
-    verbose: int,
-    egress_network: str | None,
-    ca_file: str | None,
-    audit_log: str | None,
-    egress_proxy: str | None,
-    tool_label: str,
-) -> None:
+def serve(tool_label: str, **opts: Any) -> None:
     """Bridge JSON-RPC on this process's stdin/stdout into one sandboxed run.
 
     Send newline-delimited JSON-RPC 2.0 requests on stdin; responses come back on stdout.
     The run ends at stdin EOF or at the policy's run deadline.
     """
-    from runner import logs
     from runner.bridge import bridge
-    from runner.sandbox import Sandbox
 
-    logs.configure(verbose)
     try:
-        with Sandbox(
-            policy,
-            workspace=workspace,
-            tool=tool_label,
-            sandbox=sandbox,
-            image=image,
-            keep=keep,
-            run_timeout=timeout,
-            egress_network=egress_network,
-            egress_proxy=egress_proxy,
-            ca_file=ca_file,
-            audit=audit_log,
-        ) as sb:
+        with _sandbox(tool_label, opts) as sb:
             bridge(sb, sys.stdin.buffer, sys.stdout.buffer)
     except (ToolcageError, PolicyError) as exc:
         _fail(exc, as_json=False)
