@@ -59,3 +59,65 @@ def test_sandbox_none_tool_error_exit_1() -> None:
     assert r.invoke(cli, ["run", "run_shell", "--params", '{"command": "exit 3"}', "--sandbox", "none"]).exit_code == 1
     assert r.invoke(cli, ["run", "nope", "--params", "{}", "--sandbox", "none"]).exit_code == 2
     assert r.invoke(cli, ["run", "run_python", "--params", '{"x": 1}', "--sandbox", "none"]).exit_code == 2
+
+
+def test_policy_test_command() -> None:
+    """`toolcage policy test` prints the decision; exit 0 allowed, 1 denied, 2 usage or policy error."""
+    r = CliRunner()
+    ok = r.invoke(
+        cli,
+        ["policy", "test", "connector-http", "https://api.github.com/zen", "--resolve", "api.github.com=140.82.112.6"],
+    )
+    assert ok.exit_code == 0 and json.loads(ok.output)["allowed"] is True
+    method = r.invoke(
+        cli,
+        [
+            "policy",
+            "test",
+            "connector-http",
+            "https://api.github.com/",
+            "--method",
+            "DELETE",
+            "--resolve",
+            "api.github.com=140.82.112.6",
+        ],
+    )
+    assert method.exit_code == 1 and "method DELETE is not allowed" in json.loads(method.output)["reason"]
+    private = r.invoke(
+        cli,
+        [
+            "policy",
+            "test",
+            "connector-http",
+            "https://api.github.com/",
+            "--resolve",
+            "api.github.com=10.1.2.3",
+            "--resolve",
+            "api.github.com=140.82.112.6",
+        ],
+    )
+    assert private.exit_code == 1 and "10.1.2.3, which is private" in json.loads(private.output)["reason"]
+    literal = r.invoke(cli, ["policy", "test", "connector-http", "http://169.254.169.254/"])
+    assert literal.exit_code == 1
+    assert r.invoke(cli, ["policy", "test", "connector-http", "https://x/", "--resolve", "bad"]).exit_code == 2
+    assert r.invoke(cli, ["policy", "test", "no-such-policy", "https://x/"]).exit_code == 2
+
+
+def test_docker_unreachable_is_one_sentence_exit_3(monkeypatch: object) -> None:
+    """With no engine to talk to, `toolcage run` says what to do in one sentence and exits 3."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-m", "runner.cli", "run", "run_python", "--params", '{"code": "1"}'],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"},
+        timeout=60,
+    )
+    assert out.returncode == 3
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Cannot reach the Docker engine" in lines[0] and "Traceback" not in out.stderr
