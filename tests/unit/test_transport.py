@@ -59,3 +59,26 @@ def test_stderr_tail_is_bounded() -> None:
     for _ in range(1000):
         parser.stderr(b"y" * 1024)
     assert parser._err_size <= 64 * 1024 + 1024
+
+
+def test_demux_survives_arbitrary_chunking() -> None:
+    """Headers and payloads split at every possible byte boundary still demultiplex exactly."""
+    import time
+
+    payload = (
+        frame(2, b"err\n") + frame(1, b'{"id": 1, "result": "' + b"x" * 70000 + b'"}\n') + frame(1, b'{"id": 2}\n')
+    )
+    a, b = socket.socketpair()
+    parser = StreamParser(max_line=1 << 20)
+    t = DockerAttachTransport(b, parser)
+    t.start()
+    for i in range(0, len(payload), 7):  # 7-byte writes: headers straddle recv boundaries
+        a.sendall(payload[i : i + 7])
+        if i % 7000 == 0:
+            time.sleep(0.001)
+    a.close()
+    t._thread.join(5)
+    t.close()
+    msgs = drain(parser)
+    assert msgs[0] == {"id": 1, "result": "x" * 70000} and msgs[1] == {"id": 2} and msgs[2] is EOF_MARK
+    assert parser.stderr_tail() == "err\n"
