@@ -35,12 +35,16 @@ def validate_workspace(raw: str | os.PathLike[str]) -> Path:
         raise WorkspaceError(f"workspace {str(given)!r} cannot be resolved: {exc}") from None
     if not path.is_dir():
         raise WorkspaceError(f"workspace {str(path)!r} is not a directory")
+    home = Path.home().resolve()
     for tree in _FORBIDDEN_TREES:
+        # root's home is /root: a root user's projects under it are allowed like anyone's under
+        # their home (the home itself and its secrets are refused below)
+        if Path(tree) == home and path != home:
+            continue
         if _within(path, Path(tree)):
             raise WorkspaceError(f"refusing to mount {str(path)!r}: it is inside {tree}, which holds host secrets")
     if str(path) in _FORBIDDEN_EXACT:
         raise WorkspaceError(f"refusing to mount {str(path)!r}: too broad; mount a project directory instead")
-    home = Path.home().resolve()
     if path == home:
         raise WorkspaceError(f"refusing to mount your home directory {str(path)!r}; mount a project directory")
     for secret in _HOME_SECRETS:

@@ -299,3 +299,19 @@ def test_cli_run_is_audited(engine: Any, tmp_path: Path) -> None:
     assert out.returncode == 0
     assert [r["event"] for r in read(log)] == ["run.started", "run.call", "run.finished"]
     assert verify(log) == []
+
+
+def test_keep_leaves_stopped_container(engine: Any) -> None:
+    """--keep leaves the run's container (stopped, inspectable) instead of removing it."""
+    out = _cli("run", "run_python", "--params", '{"code": "print(1)"}', "--keep")
+    name = json.loads(out.stdout)["name"]
+    try:
+        deadline = time.monotonic() + 10
+        info = engine.inspect(name)
+        while info and info["State"]["Running"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+            info = engine.inspect(name)
+        assert info is not None and not info["State"]["Running"]
+        assert info["Config"]["Labels"]["toolcage.tool"] == "run_python"
+    finally:
+        engine.remove(name)

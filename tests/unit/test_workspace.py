@@ -71,3 +71,20 @@ def test_refuses_home_and_its_secrets(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(WorkspaceError, match=r"\.ssh"):
         validate_workspace(home / ".ssh")
     assert validate_workspace(home / "proj") == (home / "proj").resolve()
+
+
+def test_root_home_projects_allowed_for_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When HOME is /root, /root/project is a project like any other; /root and /root/.ssh are not."""
+    if not os.path.isdir("/root"):
+        pytest.fail("/root should exist on a Linux test host")
+    monkeypatch.setenv("HOME", "/root")
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: Path("/root")))
+    with pytest.raises(WorkspaceError):
+        validate_workspace("/root")
+    proj = Path("/root/toolcage-ws-test")
+    if os.access("/root", os.W_OK):
+        proj.mkdir(exist_ok=True)
+        try:
+            assert validate_workspace(proj) == proj
+        finally:
+            proj.rmdir()
