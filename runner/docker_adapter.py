@@ -38,10 +38,34 @@ def _translate(exc: Exception, image: str | None = None) -> SandboxError:
     return SandboxError(f"Docker call failed: {exc}")
 
 
+_RAISE: Any = object()
+
+
+def _call(fn: Callable[..., Any], *args: Any, on_missing: Any = _RAISE, image: str | None = None, **kw: Any) -> Any:
+    """Call docker-py; a NotFound becomes ``on_missing`` when given; everything else is translated."""
+    try:
+        return fn(*args, **kw)
+    except docker.errors.NotFound as exc:
+        if on_missing is not _RAISE:
+            return on_missing
+        raise _translate(exc, image) from exc
+    except Exception as exc:
+        raise _translate(exc, image) from exc
+
+
 class Engine:
     """A thin, translated view of the Docker Engine API."""
 
     _default: Engine | None = None
+
+    def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
+        try:
+            if base_url:
+                self.api = docker.APIClient(base_url=base_url, version=API_VERSION, timeout=timeout)
+            else:
+                self.api = docker.from_env(version=API_VERSION, timeout=timeout).api
+        except docker.errors.DockerException as exc:
+            raise _translate(exc) from exc
 
     @classmethod
     def default(cls) -> Engine:
@@ -53,47 +77,31 @@ class Engine:
     def close(self) -> None:
         self.api.close()
 
-    def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
-        try:
-            if base_url:
-                self.api = docker.APIClient(base_url=base_url, version=API_VERSION, timeout=timeout)
-            else:
-                self.api = docker.from_env(version=API_VERSION, timeout=timeout).api
-        except docker.errors.DockerException as exc:
-            raise _translate(exc) from exc
-
     def ping(self) -> dict[str, Any]:
         """The engine's version info, or DockerUnavailable."""
-        try:
-            return dict(self.api.version())
-        except Exception as exc:
-            raise _translate(exc) from exc
+        return dict(_call(self.api.version))
+
+    def info(self) -> dict[str, Any]:
+        return dict(_call(self.api.info))
 
     # images -------------------------------------------------------------------------
     def image(self, ref: str) -> dict[str, Any] | None:
-        try:
-            return dict(self.api.inspect_image(ref))
-        except docker.errors.ImageNotFound:
-            return None
-        except Exception as exc:
-            raise _translate(exc) from exc
+        found = _call(self.api.inspect_image, ref, on_missing=None)
+        return dict(found) if found is not None else None
 
     def pull(self, ref: str) -> bool:
         """Try to pull; False when no registry answers (this is not an error here)."""
+        repo, _, tag = ref.rpartition(":") if ":" in ref.split("/")[-1] else (ref, "", "latest")
         try:
-            repo, _, tag = ref.rpartition(":") if ":" in ref.split("/")[-1] else (ref, "", "latest")
-            self.api.pull(repo, tag=tag)
-            return True
-        except docker.errors.APIError:
+            _call(self.api.pull, repo, tag=tag)
+        except SandboxError as exc:
+            if isinstance(exc, DockerUnavailable):
+                raise
             return False
-        except Exception as exc:
-            raise _translate(exc) from exc
+        return True
 
     def import_tarball(self, path: str, repository: str, tag: str) -> None:
-        try:
-            self.api.import_image_from_file(path, repository=repository, tag=tag)
-        except Exception as exc:
-            raise _translate(exc) from exc
+        _call(self.api.import_image_from_file, path, repository=repository, tag=tag)
 
     def build(
         self, context: str, tag: str, buildargs: dict[str, str], labels: dict[str, str]
@@ -116,18 +124,13 @@ class Engine:
 
     # containers ---------------------------------------------------------------------
     def create(self, config: dict[str, Any], name: str) -> str:
-        try:
-            return str(self.api.create_container_from_config(config, name=name)["Id"])
-        except Exception as exc:
-            raise _translate(exc, image=config.get("Image")) from exc
+        image = config.get("Image")
+        return str(_call(self.api.create_container_from_config, config, name=name, image=image)["Id"])
 
     def attach(self, cid: str) -> tuple[socket.socket, Callable[[], None]]:
         """A raw, bidirectional socket on the container's stdin/stdout/stderr (multiplexed),
         and a function that closes it together with docker-py's wrappers around it."""
-        try:
-            sock = self.api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-        except Exception as exc:
-            raise _translate(exc) from exc
+        sock = _call(self.api.attach_socket, cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
         raw = getattr(sock, "_sock", sock)
         assert isinstance(raw, socket.socket)
 
@@ -142,137 +145,76 @@ class Engine:
         return raw, close
 
     def start(self, cid: str) -> None:
-        try:
-            self.api.start(cid)
-        except Exception as exc:
-            raise _translate(exc) from exc
+        _call(self.api.start, cid)
 
     def kill(self, cid: str) -> None:
         try:
-            self.api.kill(cid)
-        except docker.errors.APIError:
-            pass  # already stopped or gone: the goal is reached
-        except Exception as exc:
-            raise _translate(exc) from exc
+            _call(self.api.kill, cid, on_missing=None)
+        except SandboxError as exc:
+            if isinstance(exc, DockerUnavailable):
+                raise  # anything else: already stopped or gone, the goal is reached
 
     def inspect(self, cid: str) -> dict[str, Any] | None:
-        try:
-            return dict(self.api.inspect_container(cid))
-        except docker.errors.NotFound:
-            return None
-        except Exception as exc:
-            raise _translate(exc) from exc
+        found = _call(self.api.inspect_container, cid, on_missing=None)
+        return dict(found) if found is not None else None
 
     def wait(self, cid: str, timeout: float) -> int | None:
         try:
             return int(self.api.wait(cid, timeout=timeout)["StatusCode"])
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            return None
-        except docker.errors.NotFound:
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError, docker.errors.NotFound):
             return None
         except Exception as exc:
             raise _translate(exc) from exc
 
     def remove(self, cid: str) -> None:
         try:
-            self.api.remove_container(cid, force=True, v=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
+            _call(self.api.remove_container, cid, force=True, v=True, on_missing=None)
+        except SandboxError as exc:
             if "already in progress" not in str(exc):
-                raise _translate(exc) from exc
-        except Exception as exc:
-            raise _translate(exc) from exc
+                raise
 
     def containers(self, label: str, all: bool = True) -> list[dict[str, Any]]:
-        try:
-            return list(self.api.containers(all=all, filters={"label": label}))
-        except Exception as exc:
-            raise _translate(exc) from exc
-
-    # networks -----------------------------------------------------------------------
-    def create_network(self, name: str, internal: bool, labels: dict[str, str]) -> str:
-        try:
-            return str(
-                self.api.create_network(name, driver="bridge", internal=internal, labels=labels, check_duplicate=True)[
-                    "Id"
-                ]
-            )
-        except Exception as exc:
-            raise _translate(exc) from exc
-
-    def network(self, name: str) -> dict[str, Any] | None:
-        try:
-            return dict(self.api.inspect_network(name))
-        except docker.errors.NotFound:
-            return None
-        except Exception as exc:
-            raise _translate(exc) from exc
-
-    def connect(self, network: str, cid: str, aliases: list[str]) -> None:
-        try:
-            self.api.connect_container_to_network(cid, network, aliases=aliases)
-        except Exception as exc:
-            raise _translate(exc) from exc
-
-    def remove_network(self, name: str) -> None:
-        try:
-            self.api.remove_network(name)
-        except docker.errors.NotFound:
-            pass
-        except Exception as exc:
-            raise _translate(exc) from exc
-
-    def networks(self, label: str) -> list[dict[str, Any]]:
-        try:
-            return list(self.api.networks(filters={"label": label}))
-        except Exception as exc:
-            raise _translate(exc) from exc
+        return list(_call(self.api.containers, all=all, filters={"label": label}))
 
     def logs(self, cid: str, tail: int | None = None) -> str:
-        try:
-            raw = self.api.logs(cid, stdout=True, stderr=True, tail=tail if tail is not None else "all")
-            return bytes(raw).decode("utf-8", errors="replace")
-        except docker.errors.NotFound:
-            return ""
-        except Exception as exc:
-            raise _translate(exc) from exc
+        raw = _call(
+            self.api.logs, cid, stdout=True, stderr=True, tail=tail if tail is not None else "all", on_missing=b""
+        )
+        return bytes(raw).decode("utf-8", errors="replace")
 
     def stats(self, cid: str) -> dict[str, Any]:
         """One sample of a running container's stats (memory, CPU); {} when unavailable."""
         try:
-            return dict(self.api.stats(cid, stream=False, one_shot=True))
-        except docker.errors.APIError:
+            return dict(_call(self.api.stats, cid, stream=False, one_shot=True, on_missing={}))
+        except SandboxError as exc:
+            if isinstance(exc, DockerUnavailable):
+                raise
             return {}
-        except Exception as exc:
-            raise _translate(exc) from exc
 
-    def info(self) -> dict[str, Any]:
-        try:
-            return dict(self.api.info())
-        except Exception as exc:
-            raise _translate(exc) from exc
+    # networks -----------------------------------------------------------------------
+    def create_network(self, name: str, internal: bool, labels: dict[str, str]) -> str:
+        net = _call(
+            self.api.create_network, name, driver="bridge", internal=internal, labels=labels, check_duplicate=True
+        )
+        return str(net["Id"])
+
+    def network(self, name: str) -> dict[str, Any] | None:
+        found = _call(self.api.inspect_network, name, on_missing=None)
+        return dict(found) if found is not None else None
+
+    def remove_network(self, name: str) -> None:
+        _call(self.api.remove_network, name, on_missing=None)
+
+    def networks(self, label: str) -> list[dict[str, Any]]:
+        return list(_call(self.api.networks, filters={"label": label}))
 
     # volumes ------------------------------------------------------------------------
     def create_tmpfs_volume(self, name: str, labels: dict[str, str], options: str) -> str:
-        try:
-            vol = self.api.create_volume(
-                name, driver="local", driver_opts={"type": "tmpfs", "device": "tmpfs", "o": options}, labels=labels
-            )
-            return str(vol["Name"])
-        except Exception as exc:
-            raise _translate(exc) from exc
+        opts = {"type": "tmpfs", "device": "tmpfs", "o": options}
+        return str(_call(self.api.create_volume, name, driver="local", driver_opts=opts, labels=labels)["Name"])
 
     def remove_volume(self, name: str) -> None:
-        try:
-            self.api.remove_volume(name, force=True)
-        except docker.errors.NotFound:
-            pass
-        except Exception as exc:
-            raise _translate(exc) from exc
+        _call(self.api.remove_volume, name, force=True, on_missing=None)
 
     def volumes(self, label: str) -> list[dict[str, Any]]:
-        try:
-            return list((self.api.volumes(filters={"label": label}) or {}).get("Volumes") or [])
-        except Exception as exc:
-            raise _translate(exc) from exc
+        return list((_call(self.api.volumes, filters={"label": label}) or {}).get("Volumes") or [])
