@@ -167,7 +167,10 @@ class Sandbox:
     def start(self) -> Sandbox:
         self._started = time.monotonic()
         self._deadline = self._started + self.policy.timeouts.run_s
-        parser = StreamParser(max_line=16 * self.policy.limits.output_cap + (1 << 20))
+        parser = StreamParser(
+            max_line=16 * self.policy.limits.output_cap + (1 << 20),
+            on_stderr_line=lambda line: self.log.debug("worker.stderr", line=line),  # shown with -vv
+        )
         self._parser = parser
         with _LIVE_LOCK:
             _LIVE.add(self)
