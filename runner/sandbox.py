@@ -129,6 +129,7 @@ class Sandbox:
         self._deadline_hit = False
         self._dead: SandboxError | None = None
         self._closed = False
+        self._running = False  # set once start() succeeded
         self._input_closed = False
         self._started = 0.0
         self._deadline = 0.0
@@ -182,6 +183,7 @@ class Sandbox:
         except BaseException:
             self.close()
             raise
+        self._running = True
         self._timer = threading.Timer(self.policy.timeouts.run_s, self._on_deadline)
         self._timer.daemon = True
         self._timer.start()
@@ -474,7 +476,7 @@ class Sandbox:
         if self._closed:
             return self.summary
         usage: dict[str, Any] = {}
-        if self._dead is None and self._transport is not None and not self._input_closed:
+        if self._running and self._dead is None and self._transport is not None and not self._input_closed:
             with contextlib.suppress(ToolcageError):
                 usage = self.usage()
         self._closed = True
