@@ -16,6 +16,7 @@ from runner.sandbox import Sandbox
 from runner.transport import EOF_MARK, Broken
 
 MAX_REQUEST_LINE = 16 * 1024 * 1024
+DRAIN_ID = "toolcage.serve.drain"
 
 
 class _Pending:
@@ -65,7 +66,10 @@ def _pump_requests(sb: Sandbox, infile: BinaryIO, pending: _Pending) -> None:
     except OSError:
         pass
     finally:
-        sb.finish_input()
+        # Do not close the worker's stdin yet: a closed stdin mid-call means "the runner is gone"
+        # to the worker, which then kills what it runs. Ask for a marker answer instead; the
+        # worker answers in order, so once the marker is back every request has been answered.
+        sb.send_raw((json.dumps({"jsonrpc": "2.0", "method": "ping", "id": DRAIN_ID}) + "\n").encode())
 
 
 def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
@@ -82,6 +86,9 @@ def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
             raise ProtocolError(f"protocol error: {msg.reason}")
         if msg is None:
             raise SandboxTimeout("run deadline reached")
+        if isinstance(msg, dict) and msg.get("id") == DRAIN_ID:
+            sb.finish_input()  # everything answered: now the worker may see EOF and exit
+            continue
         outfile.write(json.dumps(msg).encode() + b"\n")
         outfile.flush()
         pending.answered(sb, msg)

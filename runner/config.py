@@ -82,6 +82,7 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         "TOOLCAGE_RUN_ID": run.run_id,
         "TOOLCAGE_DEADLINE": f"{run.deadline:.3f}",
         "TOOLCAGE_IN_CONTAINER": "1",
+        "TOOLCAGE_WATCH_RUNNER": "1",
         **run.extra_env,
     }
     host_config: dict[str, Any] = {

@@ -270,6 +270,7 @@ class Sandbox:
             "TOOLCAGE_DEADLINE": f"{spec.deadline:.3f}",
             "TOOLCAGE_WORKSPACE": workspace,
             "TOOLCAGE_SCRATCH": scratch,
+            "TOOLCAGE_WATCH_RUNNER": "1",
             **({"TOOLCAGE_CA_PEM": self.ca_pem} if self.ca_pem else {}),
         }
         self._transport = ProcessTransport(list(LOCAL_WORKER_ARGV), env, scratch, parser)

@@ -38,6 +38,28 @@ def _arm_deadline(raw: str | None) -> None:
     timer.start()
 
 
+def _watch_runner(fd: int) -> None:
+    """Threat and leak: a runner SIGKILLed mid-call. Its end of our stdin closes (HUP); the call
+    in progress would otherwise run to its timeout. Kill what it runs so the worker returns to
+    its loop, reads EOF and exits, and the container stops at once, not at the deadline.
+    (The runner itself never closes our stdin while a call is in flight.)"""
+    import select
+
+    def _run() -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # no events asked: poll() reports only hang-up and errors
+        while True:
+            for _fd, event in poller.poll():
+                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    from worker.tools.proc import kill_all_children
+
+                    os.write(2, b'{"event": "worker.runner_gone", "level": "warning", "component": "worker"}\n')
+                    kill_all_children()
+                    return
+
+    threading.Thread(target=_run, name="toolcage-runner-watch", daemon=True).start()
+
+
 def main() -> int:
     from worker.protocol import Channel
 
@@ -52,6 +74,8 @@ def main() -> int:
     settings = Settings.from_env()
     logs.bind(run_id=settings.run_id)
     _arm_deadline(os.environ.get("TOOLCAGE_DEADLINE"))
+    if os.environ.get("TOOLCAGE_WATCH_RUNNER") == "1":  # set by the runner, which never half-closes mid-call
+        _watch_runner(channel.fd_in)
     if os.environ.get("TOOLCAGE_PROXY_SOCKET"):
         from worker import relay
 

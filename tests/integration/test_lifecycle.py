@@ -79,8 +79,9 @@ sb.call("run_python", {"code": "import time; time.sleep(300)", "timeout_s": 300}
 
 
 def test_sigkill_runner_then_gc_leaves_nothing(engine: Any, tmp_path: Path) -> None:
-    """A runner killed with SIGKILL mid-call: gc sees the owner is gone; the orphan stops by its deadline
-    (the worker's own watchdog); gc then removes the container, the proxy, the network and the volume."""
+    """A runner killed with SIGKILL mid-call: gc sees the owner is gone; the sandbox stops at once (the worker
+    sees its stdin hang up and kills the call), the proxy by its deadline; gc then removes the container, the
+    proxy, the network and the volume."""
     policy = tmp_path / "p.yaml"
     policy.write_text("network:\n  mode: proxy\n  allow:\n    - host: api.example.com\ntimeouts:\n  run_s: 6\n")
     proc = subprocess.Popen(
@@ -96,13 +97,20 @@ def test_sigkill_runner_then_gc_leaves_nothing(engine: Any, tmp_path: Path) -> N
     proc.stdout.close()
     out = cli("gc", "--dry-run")
     assert f"(run {run_id}): owner process {proc.pid} is gone" in out.stdout
-    running: list[dict[str, Any]] = []
-    while time.monotonic() - started < 6 + 2 + 10:
-        running = engine.containers(f"toolcage.run_id={run_id}", all=False)
-        if not running:
-            break
+    killed = time.monotonic()
+
+    def running(role: str) -> bool:
+        return any(
+            c["Labels"].get("toolcage.role") == role for c in engine.containers(f"toolcage.run_id={run_id}", all=False)
+        )
+
+    while running("sandbox") and time.monotonic() - killed < 5:
+        time.sleep(0.1)
+    assert not running("sandbox"), "the orphaned sandbox kept running after its runner died"
+    assert time.monotonic() - started < 6, "it stopped at once, not at the deadline"
+    while running("egress-proxy") and time.monotonic() - started < 6 + 2 + 10:
         time.sleep(0.2)
-    assert not running, "the orphan outlived its deadline"
+    assert not running("egress-proxy"), "the orphaned proxy outlived its deadline"
     cli("gc")
     assert objects_of(engine, run_id) == []
 

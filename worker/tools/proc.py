@@ -21,6 +21,7 @@ from typing import Annotated, Any
 from annotated_types import Gt
 
 from worker import cgroup
+from worker.errors import ToolError
 from worker.settings import Settings
 from worker.tools import Tool
 from worker.tools._params import doc, params
@@ -42,8 +43,13 @@ _GRACE_AFTER_EXIT_S = 0.2
 _LIVE_GROUPS: set[int] = set()
 
 
+_SHUTTING_DOWN = False
+
+
 def kill_all_children() -> None:
-    """Kill every process group still running (worker shutdown at the run deadline)."""
+    """Kill every process group still running, and start no new one (the run is over)."""
+    global _SHUTTING_DOWN
+    _SHUTTING_DOWN = True
     for pgid in list(_LIVE_GROUPS):
         _kill_group(pgid)
 
@@ -83,6 +89,8 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
     """Run argv; return stdout/stderr (capped), exit code, and how it ended."""
     cap = settings.policy.limits.output_cap
     timeout = min(timeout_s or settings.policy.timeouts.call_s, settings.policy.timeouts.run_s)
+    if _SHUTTING_DOWN:
+        raise ToolError("the run is over (its runner went away or its deadline passed)")
     oom_before = cgroup.oom_kills()
     started = time.monotonic()
     proc = subprocess.Popen(
