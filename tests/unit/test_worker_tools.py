@@ -152,3 +152,18 @@ def test_signal_reported(dirs: tuple[Path, Path]) -> None:
     """A child killed by a signal reports its name."""
     r = call(settings(dirs), "run_shell", command="kill -TERM $$")
     assert r["signal"] == "SIGTERM" and r["exit_code"] == -15
+
+
+def test_long_code_goes_through_a_file(dirs: tuple[Path, Path]) -> None:
+    """Code longer than one argv string may be (128 KiB) still runs."""
+    code = "x = 1\n" * 40_000 + "print('long ok')"
+    r = call(settings(dirs), "run_python", code=code)
+    assert r["exit_code"] == 0 and r["stdout"] == "long ok\n"
+    r = call(settings(dirs), "run_shell", command=": \n" * 60_000 + "echo shell ok")
+    assert r["stdout"] == "shell ok\n"
+
+
+def test_nul_in_code_is_a_params_error(dirs: tuple[Path, Path]) -> None:
+    """A NUL byte in code is a clear params error, not an internal one."""
+    with pytest.raises(BadParams, match="NUL"):
+        call(settings(dirs), "run_python", code="print(1)\x00")

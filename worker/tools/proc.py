@@ -15,13 +15,14 @@ import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Annotated, Any
 
 from annotated_types import Gt
 
 from worker import cgroup
-from worker.errors import ToolError
+from worker.errors import BadParams, ToolError
 from worker.settings import Settings
 from worker.tools import Tool
 from worker.tools._params import doc, params
@@ -187,12 +188,30 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
     }
 
 
+# Linux caps one argv string at 128 KiB (MAX_ARG_STRLEN): longer code goes through a file
+_MAX_INLINE = 100_000
+
+
+def _program(settings: Settings, interpreter: list[str], source: str, suffix: str) -> list[str]:
+    if "\x00" in source:
+        raise BadParams("the code contains a NUL byte")
+    if len(source.encode()) <= _MAX_INLINE:
+        return [*interpreter, "-c", source]
+    try:
+        fd, path = tempfile.mkstemp(prefix=".toolcage-code-", suffix=suffix, dir=settings.scratch)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(source)
+    except OSError as exc:
+        raise ToolError(f"cannot stage the code in scratch: {exc.strerror}") from None
+    return [*interpreter, path]
+
+
 def run_python(settings: Settings, p: RunPythonParams) -> dict[str, Any]:
-    return run_child([sys.executable, "-c", p.code], settings, p.timeout_s, p.stdin)
+    return run_child(_program(settings, [sys.executable], p.code, ".py"), settings, p.timeout_s, p.stdin)
 
 
 def run_shell(settings: Settings, p: RunShellParams) -> dict[str, Any]:
-    return run_child(["/bin/sh", "-c", p.command], settings, p.timeout_s, p.stdin)
+    return run_child(_program(settings, ["/bin/sh"], p.command, ".sh"), settings, p.timeout_s, p.stdin)
 
 
 TOOLS = [
