@@ -13,6 +13,7 @@ labels and is removed with the run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
@@ -55,7 +56,7 @@ class Egress:
             self.volume, lab, f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec"
         )
         self._volume_made = True
-        run = RunSpec(**{**self.run.__dict__, "proxy_volume": self.volume})
+        run = dataclasses.replace(self.run, proxy_volume=self.volume)
         cfg = proxy_container_config(self.policy, run, self.egress, self.upstream)
         self.proxy_id = self.engine.create(cfg, self.proxy_name)
         self.engine.start(self.proxy_id)

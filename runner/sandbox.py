@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -212,7 +213,7 @@ class Sandbox:
             self._audited = True
         return self
 
-    def _run_spec(self, proxy_volume: str | None = None, extra_env: dict[str, str] | None = None) -> RunSpec:
+    def _run_spec(self) -> RunSpec:
         host_pid, started = ownership.owner()
         return RunSpec(
             run_id=self.run_id,
@@ -224,8 +225,6 @@ class Sandbox:
             owner=host_pid,
             owner_started=started,
             workspace=self.workspace,
-            proxy_volume=proxy_volume,
-            extra_env=extra_env or {},
         )
 
     def _start_container(self, parser: StreamParser) -> None:
@@ -245,7 +244,7 @@ class Sandbox:
             env["TOOLCAGE_PROXY_SOCKET"] = PROXY_SOCKET
             if self.ca_pem:
                 env["TOOLCAGE_CA_PEM"] = self.ca_pem
-            spec = self._run_spec(proxy_volume=volume, extra_env=env)
+            spec = dataclasses.replace(spec, proxy_volume=volume, extra_env=env)
         config = container_config(self.policy, spec)
         self.container_id = self._engine.create(config, self.name)
         sock, closer = self._engine.attach(self.container_id)
@@ -317,30 +316,35 @@ class Sandbox:
             wall_ms = round((time.monotonic() - started) * 1000, 3)
             if tool != "sandbox.usage":
                 self._calls += 1
-            resp = jsonrpcclient.parse(msg)
-            if isinstance(resp, jsonrpcclient.Ok):
-                result = CallResult(
-                    classify_result(resp.result), tool, self.run_id, result=resp.result, wall_ms=wall_ms
+            result = self._result(tool, msg, wall_ms)
+            if result is None:
+                self._kill()
+                raise self._fail(
+                    ProtocolError("protocol error: the worker sent a malformed response; the sandbox was killed")
                 )
-            else:
-                assert isinstance(resp, jsonrpcclient.Error)
-                err = {"code": resp.code, "message": resp.message, "data": resp.data}
-                result = CallResult(classify_error(resp.code), tool, self.run_id, error=err, wall_ms=wall_ms)
             self._audit_call(tool, params, result)
             return result
+
+    def _result(self, tool: str, msg: dict[str, Any], wall_ms: float) -> CallResult | None:
+        """A response as a CallResult (parsed by jsonrpcclient); None if the worker sent a malformed one."""
+        try:
+            resp = jsonrpcclient.parse(msg)
+        except (KeyError, TypeError):  # e.g. "error": "text", or an error without a code
+            return None
+        if isinstance(resp, jsonrpcclient.Ok):
+            return CallResult(classify_result(resp.result), tool, self.run_id, result=resp.result, wall_ms=wall_ms)
+        assert isinstance(resp, jsonrpcclient.Error)
+        if not isinstance(resp.code, int):
+            return None
+        err = {"code": resp.code, "message": resp.message, "data": resp.data}
+        return CallResult(classify_error(resp.code), tool, self.run_id, error=err, wall_ms=wall_ms)
 
     def record_call(self, method: str, params: dict[str, Any] | None, response: dict[str, Any], t0: float) -> None:
         """Audit a call that went through raw access (`toolcage serve`)."""
         wall_ms = round((time.monotonic() - t0) * 1000, 3)
-        if "result" in response:
-            r = CallResult(
-                classify_result(response["result"]), method, self.run_id, result=response["result"], wall_ms=wall_ms
-            )
-        else:
-            raw = response.get("error")
-            err: dict[str, Any] = raw if isinstance(raw, dict) else {}
-            code: int = err["code"] if isinstance(err.get("code"), int) else -32603
-            r = CallResult(classify_error(code), method, self.run_id, error={**err, "code": code}, wall_ms=wall_ms)
+        r = self._result(method, response, wall_ms) or CallResult(
+            "error", method, self.run_id, error={"code": -32603, "message": "malformed response"}, wall_ms=wall_ms
+        )
         self._calls += 1
         self._audit_call(method, params, r)
 

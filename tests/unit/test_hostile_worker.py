@@ -14,6 +14,10 @@ FAKES = {
     "garbage": "import sys\nfor line in sys.stdin:\n    print('this is not json', flush=True)\n",
     "endless_line": "import sys\nsys.stdin.readline()\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
     "silent": "import sys, time\nfor line in sys.stdin:\n    time.sleep(3600)\n",
+    "malformed_error": (
+        "import json, sys\nfor line in sys.stdin:\n"
+        "    print(json.dumps({'jsonrpc': '2.0', 'error': 'boom', 'id': json.loads(line)['id']}), flush=True)\n"
+    ),
 }
 
 
@@ -23,6 +27,7 @@ FAKES = {
         ("garbage", ProtocolError, "not JSON"),
         ("endless_line", ProtocolError, "longer than"),
         ("silent", SandboxTimeout, "did not answer"),
+        ("malformed_error", ProtocolError, "malformed response"),
     ],
 )
 def test_hostile_worker(monkeypatch: pytest.MonkeyPatch, fake: str, error: type[Exception], reason: str) -> None:
