@@ -39,9 +39,11 @@ def default_path() -> Path:
     return Path(state) / "toolcage" / "audit.jsonl"
 
 
-def _digest(prev: str, record: dict[str, Any]) -> str:
+def _chain(prev: str, record: dict[str, Any]) -> tuple[str, str]:
+    """The record's canonical JSON (without "hash") and its chained hash: the one definition
+    that the writer and verify() share."""
     body = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256((prev + body).encode()).hexdigest()
+    return body, hashlib.sha256((prev + body).encode()).hexdigest()
 
 
 def _last_record(f: Any) -> dict[str, Any] | None:
@@ -98,8 +100,7 @@ class AuditFile:
                     seq += 1
                     record["seq"] = seq
                     record["prev"] = prev
-                    body = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
-                    prev = hashlib.sha256((prev + body).encode()).hexdigest()
+                    body, prev = _chain(prev, record)
                     # "hash" goes last; verify() recomputes from the record without it, in sorted order
                     out.append(f'{body[:-1]},"hash":"{prev}"}}\n')
                 f.write("".join(out).encode())
@@ -220,7 +221,7 @@ def verify(path: Path) -> list[str]:
                 problems.append(f"line {n}: does not follow line {n - 1} (a line was dropped, inserted or reordered)")
             if rec.get("seq") != expected_seq:
                 problems.append(f"line {n}: sequence {rec.get('seq')} where {expected_seq} was expected")
-            if _digest(rec.get("prev", ""), rec) != claimed:
+            if _chain(rec.get("prev", ""), rec)[1] != claimed:
                 problems.append(f"line {n}: content does not match its hash (edited)")
             prev = claimed or ""
             expected_seq = (rec.get("seq") or expected_seq) + 1

@@ -255,14 +255,15 @@ def build_image(engine: object, tag: str, report: Report, base: str | None = Non
         digest = context_sha256(ctx, base_info["Id"])
         existing = engine.image(tag)  # type: ignore[attr-defined]
         labels = ((existing or {}).get("Config") or {}).get("Labels") or {}
-        fresh = labels.get(CONTEXT_LABEL) == digest and labels.get(SOURCE_LABEL) == source_sha256()
+        source = source_sha256()
+        fresh = labels.get(CONTEXT_LABEL) == digest and labels.get(SOURCE_LABEL) == source
         if existing is not None and fresh and not force:
             report(f"{tag} is up to date")
             return BuildResult(tag, base_ref, digest, False, time.monotonic() - started)
         report(f"building {tag}")
         error = None
         output: list[str] = []
-        build_labels = {CONTEXT_LABEL: digest, SOURCE_LABEL: source_sha256()}
+        build_labels = {CONTEXT_LABEL: digest, SOURCE_LABEL: source}
         for msg in engine.build(str(ctx), tag, {"BASE": base_ref}, build_labels):  # type: ignore[attr-defined]
             if "error" in msg:
                 error = msg.get("error")

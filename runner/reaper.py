@@ -64,30 +64,20 @@ def orphan_reason(labels: dict[str, str], now: float, host: str) -> str | None:
 def find_orphans(engine: Any, now: float | None = None) -> list[Orphan]:
     now = time.time() if now is None else now
     host = socket.gethostname()
+    label = "toolcage.run_id"
+    listings: list[tuple[str, list[dict[str, Any]], Any]] = [  # kind, objects, (id, name) of one
+        ("container", engine.containers(label), lambda c: (c["Id"], (c.get("Names") or ["?"])[0].lstrip("/"))),
+        ("network", engine.networks(label), lambda n: (n["Id"], n.get("Name", "?"))),
+        ("volume", engine.volumes(label), lambda v: (v["Name"], v["Name"])),
+    ]
     out: list[Orphan] = []
-    for c in engine.containers("toolcage.run_id"):
-        labels = c.get("Labels") or {}
-        why = orphan_reason(labels, now, host)
-        if why:
-            out.append(
-                Orphan(
-                    "container",
-                    c["Id"],
-                    (c.get("Names") or ["?"])[0].lstrip("/"),
-                    labels.get("toolcage.run_id", "?"),
-                    why,
-                )
-            )
-    for n in engine.networks("toolcage.run_id"):
-        labels = n.get("Labels") or {}
-        why = orphan_reason(labels, now, host)
-        if why:
-            out.append(Orphan("network", n["Id"], n.get("Name", "?"), labels.get("toolcage.run_id", "?"), why))
-    for v in engine.volumes("toolcage.run_id"):
-        labels = v.get("Labels") or {}
-        why = orphan_reason(labels, now, host)
-        if why:
-            out.append(Orphan("volume", v["Name"], v["Name"], labels.get("toolcage.run_id", "?"), why))
+    for kind, objects, ident in listings:
+        for obj in objects:
+            labels = obj.get("Labels") or {}
+            why = orphan_reason(labels, now, host)
+            if why:
+                oid, name = ident(obj)
+                out.append(Orphan(kind, oid, name, labels.get("toolcage.run_id", "?"), why))
     return out
 
 

@@ -20,6 +20,16 @@ _HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".confi
 _SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock")
 
 
+def _engine_sockets() -> list[Path]:
+    """The well-known engine sockets, and the one DOCKER_HOST names (rootless and custom set-ups
+    put it under a home or a project directory, where the tree checks above do not reach)."""
+    socks = [Path(s) for s in _SOCKETS]
+    host = os.environ.get("DOCKER_HOST", "")
+    if host.startswith("unix://"):
+        socks.append(Path(host[len("unix://") :]).expanduser().resolve())
+    return socks
+
+
 def _within(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
@@ -51,8 +61,8 @@ def validate_workspace(raw: str | os.PathLike[str]) -> Path:
         target = home / secret
         if _within(path, target) or _within(target, path):
             raise WorkspaceError(f"refusing to mount {str(path)!r}: it is or contains {str(target)!r}")
-    for sock in _SOCKETS:
-        if _within(Path(sock), path):
+    for sock in _engine_sockets():
+        if _within(sock, path):
             raise WorkspaceError(f"refusing to mount {str(path)!r}: it contains the container engine socket {sock}")
     return path
 

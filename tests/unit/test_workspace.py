@@ -88,3 +88,14 @@ def test_root_home_projects_allowed_for_root(tmp_path: Path, monkeypatch: pytest
             assert validate_workspace(proj) == proj
         finally:
             proj.rmdir()
+
+
+def test_refuses_dir_holding_the_docker_host_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory that contains the engine socket DOCKER_HOST names (e.g. rootless Docker) is refused."""
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{run}/docker.sock")
+    with pytest.raises(WorkspaceError, match="engine socket"):
+        validate_workspace(tmp_path)
+    monkeypatch.delenv("DOCKER_HOST")
+    assert validate_workspace(tmp_path) == tmp_path.resolve()
