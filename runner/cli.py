@@ -232,8 +232,11 @@ def policy_test(policy_ref: str, url: str, method: str, resolve: tuple[str, ...]
     Runs the same decide() as SafeFetch and the egress proxy, with the system resolver for
     names not given with --resolve (a name that cannot be resolved is denied).
     """
+    import ipaddress
+
     from policies import load_policy
     from policies.decide import Request, decide, system_resolver
+    from policies.names import NameError_, normalize_host
 
     fixed: dict[str, list[str]] = {}
     for item in resolve:
@@ -241,13 +244,9 @@ def policy_test(policy_ref: str, url: str, method: str, resolve: tuple[str, ...]
         if not sep or not host or not ip:
             _fail(UsageError(f"--resolve wants HOST=IP, not {item!r}"), as_json=False)
         try:
-            import ipaddress
-
             ipaddress.ip_address(ip)
         except ValueError:
             _fail(UsageError(f"--resolve {item!r}: {ip!r} is not an IP address"), as_json=False)
-        from policies.names import NameError_, normalize_host
-
         try:
             fixed.setdefault(normalize_host(host), []).append(ip)
         except NameError_ as exc:

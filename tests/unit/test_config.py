@@ -6,29 +6,15 @@ import inspect
 from pathlib import Path
 
 from policies import load_policy
-from runner.config import RunSpec, container_config, container_name
+from runner.config import container_config, container_name
+from tests.unit._helpers import run_spec
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
 
 
-def _spec(**kw: object) -> RunSpec:
-    base = dict(
-        run_id="abcd1234",
-        tool="run_python",
-        image="toolcage-worker:test",
-        policy_name="default",
-        started_at="2026-01-01T00:00:00Z",
-        deadline=1e9,
-        owner="host:1",
-        owner_started="42",
-    )
-    base.update(kw)
-    return RunSpec(**base)  # type: ignore[arg-type]
-
-
 def test_hardening_knobs() -> None:
     """Read-only root, no caps, no-new-privs, init, no network, non-root, no ports."""
-    cfg = container_config(load_policy("default"), _spec())
+    cfg = container_config(load_policy("default"), run_spec())
     hc = cfg["HostConfig"]
     assert hc["ReadonlyRootfs"] is True
     assert hc["CapDrop"] == ["ALL"]
@@ -47,7 +33,7 @@ def test_hardening_knobs() -> None:
 def test_limits_come_from_policy() -> None:
     """Memory (swap equal), pids, cpus, nofile and scratch size follow the policy."""
     p = load_policy(FIX / "good-small.yaml")
-    hc = container_config(p, _spec())["HostConfig"]
+    hc = container_config(p, run_spec())["HostConfig"]
     assert hc["Memory"] == 128 * 1024**2 == hc["MemorySwap"]
     assert hc["PidsLimit"] == 32
     assert hc["NanoCpus"] == 1_000_000_000
@@ -59,7 +45,7 @@ def test_limits_come_from_policy() -> None:
 
 def test_workspace_is_read_only_bind() -> None:
     """The workspace is bound read-only at /workspace; without one nothing is mounted."""
-    hc = container_config(load_policy("default"), _spec(workspace=Path("/srv/proj")))["HostConfig"]
+    hc = container_config(load_policy("default"), run_spec(workspace=Path("/srv/proj")))["HostConfig"]
     assert hc["Mounts"] == [
         {
             "Type": "bind",
@@ -69,13 +55,13 @@ def test_workspace_is_read_only_bind() -> None:
             "BindOptions": {"Propagation": "rprivate"},
         }
     ]
-    assert container_config(load_policy("default"), _spec())["HostConfig"]["Mounts"] == []
+    assert container_config(load_policy("default"), run_spec())["HostConfig"]["Mounts"] == []
 
 
 def test_labels_and_name() -> None:
     """Name and labels identify the run, its tool, policy (and hash) and owner."""
     p = load_policy("default")
-    cfg = container_config(p, _spec())
+    cfg = container_config(p, run_spec())
     assert container_name("run_python", "abcd1234") == "toolcage-run_python-abcd1234"
     assert container_name("../weird name!", "x") == "toolcage-weird-name-x"
     lab = cfg["Labels"]
@@ -91,7 +77,7 @@ def test_labels_and_name() -> None:
 def test_policy_travels_to_worker() -> None:
     """The worker receives the canonical policy JSON in its environment."""
     p = load_policy("default")
-    env = container_config(p, _spec())["Env"]
+    env = container_config(p, run_spec())["Env"]
     assert f"TOOLCAGE_POLICY={p.canonical_json()}" in env
 
 

@@ -8,27 +8,16 @@ import socket
 from typing import Any
 
 from policies import load_policy
-from runner.config import RunSpec, container_config
+from runner.config import container_config
 from runner.ops import inspect_findings
 from runner.reaper import orphan_reason
+from tests.unit._helpers import run_spec
 
 
 def live_inspect() -> dict[str, Any]:
     """What docker inspect says of a container created from container_config (the fields doctor reads)."""
     p = load_policy("default")
-    cfg = container_config(
-        p,
-        RunSpec(
-            run_id="r",
-            tool="t",
-            image="i",
-            policy_name="default",
-            started_at="",
-            deadline=0,
-            owner="h:1",
-            owner_started="",
-        ),
-    )
+    cfg = container_config(p, run_spec())
     hc = dict(cfg["HostConfig"])
     hc.update(PidMode="", UTSMode="", UsernsMode="")
     return {
