@@ -160,26 +160,29 @@ class SafeFetch:
                 raise FetchFailed("timed out", {"url": url})
             t = d.target
             assert t is not None
-            conn = self._connection(d, remaining)
+            conn: http.client.HTTPConnection | None = None
             try:
+                # connecting (and, direct, the TLS handshake) is inside: a refused connection or a
+                # bad certificate is a FetchFailed, not an internal error
+                conn = self._connection(d, remaining)
                 path = url if (self.proxy and t.scheme == "http") else _origin_form(url)
                 conn.request(method, path, body=body, headers=hdrs)
                 resp = conn.getresponse()
                 data = resp.read(self.max_bytes + 1) if method != "HEAD" else b""
                 status, reason, rheaders = resp.status, resp.reason, resp.getheaders()
-            except EgressDenied:
-                raise
             except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
                 text = str(exc)
                 if "Tunnel connection failed: 403" in text:
                     raise EgressDenied(f"egress denied by the proxy: {text}", {"url": url}) from None
                 raise FetchFailed(f"request to {url} failed: {type(exc).__name__}: {text}", {"url": url}) from None
             finally:
-                conn.close()
-            if self.proxy and status == 403 and dict((k.lower(), v) for k, v in rheaders).get("x-toolcage-denied"):
-                reason_text = dict((k.lower(), v) for k, v in rheaders)["x-toolcage-denied"]
+                if conn is not None:
+                    conn.close()
+            lower = {k.lower(): v for k, v in rheaders}
+            reason_text = lower.get("x-toolcage-denied") if self.proxy and status == 403 else None
+            if reason_text:
                 raise EgressDenied(f"egress denied by the proxy: {reason_text}", {"url": url, "reason": reason_text})
-            location = next((v for k, v in rheaders if k.lower() == "location"), None)
+            location = lower.get("location")
             if status in _REDIRECTS and location:
                 new_url = urljoin(url, location)
                 if urlsplit(new_url).hostname != urlsplit(url).hostname:

@@ -119,3 +119,18 @@ def test_env_proxies_ignored(server: int, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
     monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
     assert client(server).fetch(f"http://api.local.test:{server}/x").status == 200
+
+
+def test_bad_certificate_is_fetch_failed(server: int) -> None:
+    """Direct mode: TLS to a server that does not speak it, or with an untrusted certificate, is a FetchFailed."""
+    policy = validate_policy(
+        {
+            "network": {
+                "mode": "proxy",
+                "allow": [{"host": "api.local.test", "ports": [server]}],
+                "allow_private_cidrs": ["127.0.0.0/8"],
+            }
+        }
+    )
+    with pytest.raises(FetchFailed, match="failed"):
+        SafeFetch(policy, resolver=resolver).fetch(f"https://api.local.test:{server}/")
