@@ -116,6 +116,10 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     timeouts: Timeouts = field(default_factory=Timeouts)
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    # Loosens isolation: processes a call starts in the background live on until the run ends
+    # (by default every process but the worker is killed when a call ends). The protocol stream
+    # stays out of their reach either way.
+    unsafe_background_processes: bool = False
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import Policy
+from runner import seccomp
 
 SANDBOX_UID = 65532
 PROXY_DIR = "/run/toolcage"
@@ -91,14 +92,20 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         # The only writable place: size-capped, no device nodes, no setuid, owned by the sandbox user.
         "Tmpfs": {SCRATCH: f"rw,nosuid,nodev,size={lim.scratch},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700"},
         "CapDrop": ["ALL"],  # no capabilities: no raw sockets, no chown, no ptrace, no mount
-        "SecurityOpt": ["no-new-privileges"],  # setuid binaries and file caps cannot raise privileges
+        # setuid binaries and file caps cannot raise privileges; toolcage's seccomp profile (Docker's
+        # default minus ptrace, process_vm_*, io_uring, userfaultfd, bpf, keyrings, ...: runner.seccomp)
+        "SecurityOpt": ["no-new-privileges", seccomp.security_opt()],
         "Privileged": False,
         "PidsLimit": lim.pids,  # fork bombs hit the cgroup pids limit, not the host
         "Memory": lim.memory,
         "MemorySwap": lim.memory,  # swap equal to memory: no swap, so the limit bites
         "NanoCpus": int(lim.cpus * 1e9),
         "Ulimits": [{"Name": "nofile", "Soft": lim.nofile, "Hard": lim.nofile}],
-        "Init": True,  # an init reaps orphans and forwards signals; the worker is not PID 1
+        # No docker-init: the worker itself is PID 1. docker-init kept a copy of the container's
+        # stdio (the protocol stream) in a dumpable process of the sandbox uid, so tool code could
+        # open /proc/1/fd/0 and /proc/1/fd/1. The worker, non-dumpable before anything else runs,
+        # holds the only copies, reaps orphans, and kills every other process when a call ends.
+        "Init": False,
         "NetworkMode": "none",
         "IpcMode": "private",
         "PortBindings": {},

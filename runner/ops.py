@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from policies import PolicyError, policy_from_json
+from runner import seccomp
 from runner.config import SANDBOX_UID
 
 
@@ -52,8 +53,10 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
         weak("security profiles", sec, "confined")
     if cfg.get("User") != f"{SANDBOX_UID}:{SANDBOX_UID}":
         weak("user", cfg.get("User"), f"{SANDBOX_UID}:{SANDBOX_UID}")
-    if not hc.get("Init"):
-        weak("init", hc.get("Init"), True)
+    if not seccomp.is_ours(sec):
+        weak("seccomp", "Docker's default or another profile", "toolcage's profile (runner.seccomp)")
+    if hc.get("Init"):
+        weak("init", "docker-init (it holds the protocol stream in a dumpable process)", "the worker as PID 1")
     for mode in ("PidMode", "IpcMode", "UTSMode", "UsernsMode"):
         if hc.get(mode) == "host":
             weak(mode, "host", "private")

@@ -172,32 +172,20 @@ class Sandbox:
         parser = StreamParser(
             max_line=16 * self.policy.limits.output_cap + (1 << 20),
             on_stderr_line=lambda line: self.log.debug("worker.stderr", line=line),  # shown with -vv
+            on_broken=self._on_protocol_violation,
         )
         self._parser = parser
         with _LIVE_LOCK:
             _LIVE.add(self)
-        try:
-            if self.kind == "container":
-                self._start_container(parser)
-            else:
-                self._start_process(parser)
-        except BaseException:
-            self.close()
-            raise
-        self._running = True
-        self._timer = threading.Timer(self.policy.timeouts.run_s, self._on_deadline)
-        self._timer.daemon = True
-        self._timer.start()
         started = {
             "kind": self.kind,
             "policy": self.policy.name,
             "policy_sha256": self.policy.sha256(),
-            "container_id": self.container_id,
             "workspace": str(self.workspace) if self.workspace else None,
         }
-        self.log.info("run.started", **started)
         if self.audit is not None:
-            image = self._engine.image(self.image) if self._engine is not None and self.kind == "container" else None
+            # on disk before the container exists: a runner killed right after creating it still leaves a trace
+            image = self._image_info()
             host_pid, _ = ownership.owner()
             self.audit.event(
                 "run.started",
@@ -211,7 +199,41 @@ class Sandbox:
                 **started,
             )
             self._audited = True
+        try:
+            if self.kind == "container":
+                self._start_container(parser)
+            else:
+                self._start_process(parser)
+        except BaseException:
+            self.close()
+            raise
+        self._running = True
+        self._timer = threading.Timer(self.policy.timeouts.run_s, self._on_deadline)
+        self._timer.daemon = True
+        self._timer.start()
+        self.log.info("run.started", container_id=self.container_id, **started)
         return self
+
+    def _image_info(self) -> dict[str, Any] | None:
+        if self.kind != "container":
+            return None
+        try:
+            if self._engine is None:
+                from runner.docker_adapter import Engine
+
+                self._engine = Engine.default()
+            return self._engine.image(self.image)  # type: ignore[no-any-return]
+        except ToolcageError:
+            return None  # start() reports the engine or the image as missing, with the fix
+
+    def _on_protocol_violation(self, reason: str) -> None:
+        """The stream broke (reader thread): kill the sandbox now, even if no call is waiting."""
+        if self._dead is None:
+            self._dead = ProtocolError(
+                f"protocol error: {reason}; the sandbox was killed", run_id=self.run_id
+            )
+        self.log.warning("run.protocol_violation", reason=reason)
+        self._kill()
 
     def _run_spec(self) -> RunSpec:
         host_pid, started = ownership.owner()
@@ -300,7 +322,8 @@ class Sandbox:
                 raise self._dead
             if self._transport is None or self._closed:
                 raise UsageError("the sandbox is not running: use it as a context manager or call start()")
-            request = jsonrpcclient.request(tool, params=params or None)
+            # unguessable ids: a forged answer would have to know the id of the call it answers
+            request = jsonrpcclient.request(tool, params=params or None, id=secrets.token_hex(8))
             line = (json.dumps(request) + "\n").encode()
             wait = timeout
             if wait is None:
@@ -308,6 +331,8 @@ class Sandbox:
                 base = declared if isinstance(declared, int | float) and declared > 0 else self.policy.timeouts.call_s
                 wait = base + CALL_GRACE_S
             started = time.monotonic()
+            assert self._parser is not None
+            self._parser.expect(request["id"])
             try:
                 self._transport.send(line)
             except OSError:
@@ -394,7 +419,8 @@ class Sandbox:
                     )
                 ) from None
             if msg is EOF_MARK:
-                self._parser.messages.put(EOF_MARK)  # keep it visible for later callers
+                with contextlib.suppress(queue.Full):
+                    self._parser.messages.put_nowait(EOF_MARK)  # keep it visible for later callers
                 exc = self._explain_exit()
                 assert exc is not None
                 raise self._fail(exc)
@@ -403,7 +429,9 @@ class Sandbox:
                 raise self._fail(ProtocolError(f"protocol error: {msg.reason}; the sandbox was killed"))
             if isinstance(msg, dict) and msg.get("id") == req_id and ("result" in msg or "error" in msg):
                 return msg
-            # a late answer to an abandoned call, or a notification: skip it
+            # the parser lets through only answers to pending calls, and one call is pending at a time
+            self._kill()
+            raise self._fail(ProtocolError("protocol error: an answer to another call; the sandbox was killed"))
 
     def _fail(self, exc: SandboxError) -> SandboxError:
         exc.details.setdefault("run_id", self.run_id)
@@ -443,8 +471,9 @@ class Sandbox:
     # raw access for `toolcage serve` ---------------------------------------------------
     def send_raw(self, line: bytes) -> None:
         """Forward one request line as is (the worker validates it)."""
-        if self._transport is None:
+        if self._transport is None or self._parser is None:
             raise UsageError("the sandbox is not running")
+        self._parser.expect_answer_to(line)  # before sending: the answer may come at once
         with contextlib.suppress(OSError):
             self._transport.send(line)
 
@@ -507,6 +536,8 @@ class Sandbox:
                 if self._egress is not None and not self.keep:
                     self._egress.down()
         finally:
+            if self._parser is not None:
+                self._parser.close()
             if self._transport is not None:
                 self._transport.close()
             for d in self._tmpdirs:
@@ -539,6 +570,7 @@ class Sandbox:
                 "run.finished",
                 run_id=self.run_id,
                 name=self.name,
+                container_id=self.container_id,
                 status=status,
                 duration_ms=self.summary.wall_ms,
                 cpu_ms=self.summary.cpu_ms,

@@ -31,18 +31,99 @@ class Broken:
 
 
 class StreamParser:
-    """Splits worker stdout into JSON messages (queued) and keeps the last bytes of stderr."""
+    """Splits worker stdout into JSON messages (queued) and keeps the last bytes of stderr.
 
-    def __init__(self, max_line: int, on_stderr_line: Any = None) -> None:
+    Threat: whatever runs in the container forging answers or flooding the runner. Only a
+    message the runner is waiting for is queued: a response whose id belongs to a pending
+    request (ids are random, see ``Sandbox.call``), or, for ``toolcage serve``, an answer
+    to a line that could carry no id. Anything else (an unknown or repeated id, a
+    notification, anything while nothing is pending) breaks the stream, and ``on_broken``
+    kills the sandbox. So the queue never holds more than the pending calls, and it is
+    bounded besides: when it is full the reader stops reading (back-pressure on the worker).
+    """
+
+    QUEUE_MAX = 64
+
+    def __init__(self, max_line: int, on_stderr_line: Any = None, on_broken: Any = None) -> None:
         self.max_line = max_line
-        self.messages: queue.Queue[Any] = queue.Queue()
+        self.messages: queue.Queue[Any] = queue.Queue(maxsize=self.QUEUE_MAX)
         self._buf = bytearray()
         self._err: deque[bytes] = deque()
         self._err_size = 0
         self._err_partial = bytearray()
         self._on_stderr_line = on_stderr_line
+        self._on_broken = on_broken
+        self._lock = threading.Lock()
+        self._pending: dict[str, int] = {}  # canonical JSON of an id -> how many answers it may get
+        self._unidentified = 0  # answers with id null still owed (serve: lines that carried no usable id)
+        self._batches = 0  # batch answers still owed (serve)
+        self.closed = False
         self.broken = False
 
+    # what the runner is waiting for ------------------------------------------------------
+    def expect(self, req_id: Any) -> None:
+        """A request with this id is about to be sent: its answer may come."""
+        key = _key(req_id)
+        with self._lock:
+            self._pending[key] = self._pending.get(key, 0) + 1
+
+    def expect_unidentified(self) -> None:
+        with self._lock:
+            self._unidentified += 1
+
+    def expect_batch(self) -> None:
+        with self._lock:
+            self._batches += 1
+
+    def expect_answer_to(self, line: bytes) -> None:
+        """Register what the worker will answer to one raw request line (``toolcage serve``),
+        following the worker's own rules: a request with an id gets that id back, a
+        notification nothing, an unreadable or invalid line an answer with id null, a batch
+        one list (unless it holds only notifications)."""
+        from worker.protocol import valid_request
+
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            self.expect_unidentified()
+            return
+        if isinstance(msg, list):
+            if not msg or not all(valid_request(r) for r in msg):
+                self.expect_unidentified()
+            elif any("id" in r for r in msg):
+                self.expect_batch()
+            return
+        if not valid_request(msg) or msg.get("id", 0) is None:
+            self.expect_unidentified()
+        elif "id" in msg:
+            self.expect(msg["id"])
+
+    def _claim(self, msg: Any) -> str | None:
+        """Consume the expectation this message answers; the reason it answers none otherwise."""
+        with self._lock:
+            if isinstance(msg, list):
+                if self._batches <= 0:
+                    return "a batch answer that no batch request asked for"
+                self._batches -= 1
+                return None
+            if "id" not in msg:
+                return "a notification (none is expected)"
+            if msg["id"] is None:
+                if self._unidentified <= 0:
+                    return "an answer with id null that no request asked for"
+                self._unidentified -= 1
+                return None
+            key = _key(msg["id"])
+            left = self._pending.get(key, 0)
+            if left <= 0:
+                return f"an answer to no pending call (id {key[:40]})"
+            if left == 1:
+                del self._pending[key]
+            else:
+                self._pending[key] = left - 1
+            return None
+
+    # the streams ---------------------------------------------------------------------------
     def stdout(self, data: bytes) -> None:
         if self.broken:
             return
@@ -52,30 +133,45 @@ class StreamParser:
             if nl < 0:
                 self._buf += data[start:]
                 if len(self._buf) > self.max_line:
-                    self._break(f"worker sent a line longer than {self.max_line} bytes")
+                    self._break(f"the worker sent a line longer than {self.max_line} bytes")
                 return
             self._buf += data[start:nl]
             start = nl + 1
             line, self._buf = bytes(self._buf), bytearray()
             if len(line) > self.max_line:
-                self._break(f"worker sent a line longer than {self.max_line} bytes")
+                self._break(f"the worker sent a line longer than {self.max_line} bytes")
                 return
             if not line.strip():
                 continue
             try:
                 msg = json.loads(line)
             except ValueError:
-                self._break("worker sent a line that is not JSON")
+                self._break("the worker sent a line that is not JSON")
                 return
             if not isinstance(msg, dict | list):
-                self._break("worker sent JSON that is not a JSON-RPC message")
+                self._break("the worker sent JSON that is not a JSON-RPC message")
                 return
-            self.messages.put(msg)
+            unexpected = self._claim(msg)
+            if unexpected is not None:
+                self._break(f"the sandbox sent {unexpected}")
+                return
+            self._put(msg)
+
+    def _put(self, item: Any) -> None:
+        """Queue, waiting while the queue is full (the reader then stops reading: back-pressure)."""
+        while not self.closed:
+            try:
+                self.messages.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
 
     def _break(self, reason: str) -> None:
         self.broken = True
         self._buf = bytearray()
-        self.messages.put(Broken(reason))
+        if self._on_broken is not None:
+            self._on_broken(reason)
+        self._put(Broken(reason))
 
     def stderr(self, data: bytes) -> None:
         self._err.append(data)
@@ -93,7 +189,15 @@ class StreamParser:
         return b"".join(self._err)[-limit:].decode("utf-8", errors="replace")
 
     def eof(self) -> None:
-        self.messages.put(EOF_MARK)
+        self._put(EOF_MARK)
+
+    def close(self) -> None:
+        """The runner is done: stop waiting for room in the queue."""
+        self.closed = True
+
+
+def _key(req_id: Any) -> str:
+    return json.dumps(req_id, sort_keys=True, separators=(",", ":"))
 
 
 class DockerAttachTransport:

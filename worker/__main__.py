@@ -61,16 +61,25 @@ def _watch_runner(fd: int) -> None:
 
 
 def main() -> int:
+    from worker import hardening
+
+    # First of all: nothing may open our fds or memory (the protocol stream) through /proc or ptrace.
+    non_dumpable = hardening.make_non_dumpable()
+    if not non_dumpable and os.environ.get("TOOLCAGE_IN_CONTAINER") == "1":
+        os.write(2, b'{"event": "worker.refused", "level": "error", "reason": "cannot make the worker non-dumpable"}\n')
+        return 70
+
     from worker.protocol import Channel
 
-    channel = Channel.claim_stdio()  # first, before anything can print
+    channel = Channel.claim_stdio()  # before anything can print
 
-    from worker import hardening, logs
+    from worker import logs, sweep
     from worker.dispatch import Dispatcher
     from worker.settings import Settings
     from worker.tools import Catalog
 
-    non_dumpable = hardening.make_non_dumpable()
+    if sweep.active():
+        hardening.as_init()
     settings = Settings.from_env()
     logs.bind(run_id=settings.run_id)
     _arm_deadline(os.environ.get("TOOLCAGE_DEADLINE"))
@@ -81,7 +90,7 @@ def main() -> int:
 
         relay.start(os.environ["TOOLCAGE_PROXY_SOCKET"])
     dispatcher = Dispatcher(settings, Catalog.from_env())
-    logs.info("worker.started", non_dumpable=non_dumpable, pid=os.getpid())
+    logs.info("worker.started", non_dumpable=non_dumpable, pid=os.getpid(), init=sweep.active())
 
     def idle() -> None:
         # write queued log lines only when no request is waiting (see worker.logs)

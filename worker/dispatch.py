@@ -19,6 +19,7 @@ from typing import Any
 
 from worker import _lean, logs
 from worker.errors import CallTimeout, WorkerError
+from worker.protocol import valid_request
 from worker.settings import Settings
 from worker.tools import Catalog
 
@@ -28,7 +29,6 @@ from jsonrpcserver.response import to_serializable_one  # noqa: E402
 from jsonrpcserver.result import Error, Result, Success  # noqa: E402
 from jsonrpcserver.sentinels import NOCONTEXT  # noqa: E402
 
-_REQUEST_KEYS = frozenset(("jsonrpc", "method", "params", "id"))
 _TOO_LONG = {
     "jsonrpc": "2.0",
     "error": {"code": -32600, "message": "Invalid request", "data": "request line too long"},
@@ -36,22 +36,12 @@ _TOO_LONG = {
 }
 
 
-def _valid_request(obj: Any) -> bool:
-    if not isinstance(obj, dict) or not obj.keys() <= _REQUEST_KEYS:
-        return False
-    if obj.get("jsonrpc") != "2.0" or not isinstance(obj.get("method"), str):
-        return False
-    if "params" in obj and not isinstance(obj["params"], list | dict):
-        return False
-    return "id" not in obj or obj["id"] is None or type(obj["id"]) in (str, int, float)
-
-
 def validate_request(deserialized: Any) -> Any:
     """jsonrpcserver's request-schema.json, in Python: one request or a non-empty batch."""
     if isinstance(deserialized, list):
-        if not deserialized or not all(_valid_request(r) for r in deserialized):
+        if not deserialized or not all(valid_request(r) for r in deserialized):
             raise ValueError("invalid batch")
-    elif not _valid_request(deserialized):
+    elif not valid_request(deserialized):
         raise ValueError("invalid request")
     return deserialized
 
@@ -98,11 +88,15 @@ class Dispatcher:
             try:
                 tool = self.catalog.get(name)
                 params = tool.validate(kwargs)
-                if tool.in_process_timeout:
-                    with _alarm(self.settings.policy.timeouts.call_s):
+                try:
+                    if tool.in_process_timeout:
+                        with _alarm(self.settings.policy.timeouts.call_s):
+                            result = tool.handler(self.settings, params)
+                    else:
                         result = tool.handler(self.settings, params)
-                else:
-                    result = tool.handler(self.settings, params)
+                finally:
+                    if tool.runs_code:
+                        self._after_code(name)
                 return Success(result)
             except WorkerError as exc:
                 outcome = type(exc).__name__
@@ -121,6 +115,17 @@ class Dispatcher:
                 )
 
         return method
+
+    def _after_code(self, tool: str) -> None:
+        """Nothing survives its call (unless the policy says unsafe_background_processes): every
+        other process of the sandbox is killed and what it left in IPC is removed, before the
+        answer goes out."""
+        from worker import sweep
+
+        if sweep.active() and not self.settings.policy.unsafe_background_processes:
+            swept = sweep.after_call()
+            if swept["killed"] or swept["left"] or swept["ipc_removed"]:
+                logs.info("call.swept", tool=tool, **swept)
 
     def handle(self, line: bytes | None) -> str:
         """One request line in, one response line out ("" when nothing must be sent)."""

@@ -11,8 +11,22 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+_REQUEST_KEYS = frozenset(("jsonrpc", "method", "params", "id"))
+
+
+def valid_request(obj: Any) -> bool:
+    """One JSON-RPC 2.0 request as jsonrpcserver's request schema defines it (shared with the
+    runner, which must know which lines will be answered and with which id)."""
+    if not isinstance(obj, dict) or not obj.keys() <= _REQUEST_KEYS:
+        return False
+    if obj.get("jsonrpc") != "2.0" or not isinstance(obj.get("method"), str):
+        return False
+    if "params" in obj and not isinstance(obj["params"], list | dict):
+        return False
+    return "id" not in obj or obj["id"] is None or type(obj["id"]) in (str, int, float)
 _CHUNK = 256 * 1024
 
 

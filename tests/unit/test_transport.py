@@ -23,6 +23,8 @@ def test_demux_splits_streams_and_reassembles_lines() -> None:
     """stdout frames become JSON messages even when a line spans frames; stderr is kept as a tail."""
     a, b = socket.socketpair()
     parser = StreamParser(max_line=1 << 20)
+    parser.expect(1)
+    parser.expect(2)
     t = DockerAttachTransport(b, parser)
     t.start()
     a.sendall(frame(1, b'{"id": 1, "res') + frame(2, b"log line\n") + frame(1, b'ult": 2}\n{"id": 2, "result": 3}\n'))
@@ -70,6 +72,8 @@ def test_demux_survives_arbitrary_chunking() -> None:
     )
     a, b = socket.socketpair()
     parser = StreamParser(max_line=1 << 20)
+    parser.expect(1)
+    parser.expect(2)
     t = DockerAttachTransport(b, parser)
     t.start()
     for i in range(0, len(payload), 7):  # 7-byte writes: headers straddle recv boundaries
@@ -82,3 +86,54 @@ def test_demux_survives_arbitrary_chunking() -> None:
     msgs = drain(parser)
     assert msgs[0] == {"id": 1, "result": "x" * 70000} and msgs[1] == {"id": 2} and msgs[2] is EOF_MARK
     assert parser.stderr_tail() == "err\n"
+
+
+def test_answer_to_no_pending_call_breaks_stream() -> None:
+    """Threat: forged answers. An id nobody waits for, a second answer to the same id, a notification,
+    or anything while nothing is pending breaks the stream and calls on_broken (which kills the sandbox)."""
+    cases = {
+        "idle": (b'{"jsonrpc": "2.0", "result": 1, "id": "a"}\n', []),
+        "unknown id": (b'{"jsonrpc": "2.0", "result": 1, "id": "b"}\n', ["a"]),
+        "notification": (b'{"jsonrpc": "2.0", "method": "x"}\n', ["a"]),
+        "twice": (b'{"jsonrpc": "2.0", "result": 1, "id": "a"}\n' * 2, ["a"]),
+        "null id": (b'{"jsonrpc": "2.0", "error": {"code": 1, "message": "m"}, "id": null}\n', ["a"]),
+        "batch": (b'[{"jsonrpc": "2.0", "result": 1, "id": "a"}]\n', ["a"]),
+    }
+    for name, (data, pending) in cases.items():
+        seen: list[str] = []
+        parser = StreamParser(max_line=1000, on_broken=seen.append)
+        for req_id in pending:
+            parser.expect(req_id)
+        parser.stdout(data)
+        msgs = drain(parser)
+        assert isinstance(msgs[-1], Broken), name
+        assert seen and "sandbox sent" in seen[0], (name, seen)
+
+
+def test_flood_of_valid_answers_is_bounded() -> None:
+    """A flood of well-formed answers queues at most the pending ones, then nothing more is parsed."""
+    parser = StreamParser(max_line=1 << 20)
+    parser.expect(7)
+    line = b'{"jsonrpc": "2.0", "result": "' + b"x" * 1000 + b'", "id": 7}\n'
+    for _ in range(10_000):
+        parser.stdout(line)
+    msgs = drain(parser)
+    assert msgs[0]["id"] == 7 and isinstance(msgs[1], Broken) and len(msgs) == 2
+
+
+def test_serve_expectations_follow_the_workers_rules() -> None:
+    """For raw lines (serve): an id is answered with that id, garbage with id null, a batch with a list,
+    a notification with nothing."""
+    parser = StreamParser(max_line=1000)
+    parser.expect_answer_to(b'{"jsonrpc": "2.0", "method": "ping", "id": 5}')
+    parser.expect_answer_to(b"not json")
+    parser.expect_answer_to(b'[{"jsonrpc": "2.0", "method": "ping", "id": 6}]')
+    parser.expect_answer_to(b'{"jsonrpc": "2.0", "method": "ping"}')
+    parser.stdout(
+        b'{"jsonrpc": "2.0", "result": "pong", "id": 5}\n'
+        b'{"jsonrpc": "2.0", "error": {"code": -32700, "message": "Parse error"}, "id": null}\n'
+        b'[{"jsonrpc": "2.0", "result": "pong", "id": 6}]\n'
+    )
+    assert not parser.broken and len(drain(parser)) == 3
+    parser.stdout(b'{"jsonrpc": "2.0", "result": "pong", "id": 5}\n')
+    assert parser.broken

@@ -36,6 +36,7 @@ class Tool:
     params: Any  # a frozen dataclass declared with worker.tools._params.params
     handler: Callable[[Settings, Any], dict[str, Any]]
     in_process_timeout: bool = True  # handlers that run no child get a SIGALRM deadline
+    runs_code: bool = False  # it runs untrusted code: when the call ends, every other process is killed
 
     def validate(self, raw: dict[str, Any]) -> Any:
         try:

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 from annotated_types import Gt
 
-from worker import cgroup
+from worker import cgroup, sweep
 from worker.errors import BadParams, ToolError
 from worker.settings import Settings
 from worker.tools import Tool
@@ -41,6 +41,7 @@ _CHILD_ENV_KEEP = (
     "TOOLCAGE_PROXY",
 )
 _GRACE_AFTER_EXIT_S = 0.2
+_REAP_EVERY_S = 0.25
 _LIVE_GROUPS: set[int] = set()
 
 
@@ -48,11 +49,14 @@ _SHUTTING_DOWN = False
 
 
 def kill_all_children() -> None:
-    """Kill every process group still running, and start no new one (the run is over)."""
+    """Kill every process still running (as PID 1: every process of the sandbox), and start no
+    new one (the run is over)."""
     global _SHUTTING_DOWN
     _SHUTTING_DOWN = True
     for pgid in list(_LIVE_GROUPS):
         _kill_group(pgid)
+    if sweep.active():
+        sweep.kill_others()
 
 
 @params
@@ -118,6 +122,8 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
         os.set_blocking(proc.stdin.fileno(), False)
         sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
     deadline = started + timeout
+    as_init = sweep.active()
+    next_reap = started + _REAP_EVERY_S
     exited_at: float | None = None
     reaped: tuple[int, resource.struct_rusage] | None = None
     while sel.get_map():
@@ -128,6 +134,11 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
             if pid:
                 reaped = (status, rusage)
                 exited_at = now
+        if as_init and now >= next_reap:
+            # orphans of this call are re-parented to us (PID 1): collect their zombies as they
+            # appear, so they do not pile up against the pids limit during a long call
+            sweep.reap(exclude=frozenset({proc.pid}))
+            next_reap = now + _REAP_EVERY_S
         if now >= deadline:
             timed_out = reaped is None
             break
@@ -222,6 +233,7 @@ TOOLS = [
         RunPythonParams,
         run_python,
         in_process_timeout=False,
+        runs_code=True,
     ),
     Tool(
         "run_shell",
@@ -229,5 +241,6 @@ TOOLS = [
         RunShellParams,
         run_shell,
         in_process_timeout=False,
+        runs_code=True,
     ),
 ]

@@ -1,0 +1,72 @@
+"""toolcage's seccomp profile: generated, shipped, and without the calls tool code never needs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from runner import seccomp
+from runner.config import container_config, proxy_container_config
+from tests.unit._helpers import run_spec
+
+SHIPPED = Path(seccomp.__file__).with_suffix(".json")
+
+
+def _allowed(profile: dict) -> set[str]:
+    return {n for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" for n in rule["names"]}
+
+
+def test_shipped_file_is_the_generated_profile() -> None:
+    """runner/seccomp.json is exactly `python -m runner.seccomp` (regenerate it after a change)."""
+    assert SHIPPED.read_text() == seccomp.profile_json()
+
+
+def test_denied_calls_are_never_allowed() -> None:
+    """No call the issue names (ptrace, process_vm_*, io_uring, userfaultfd, bpf, keyrings, ...) is allowed."""
+    allowed = _allowed(seccomp.profile())
+    must_deny = {
+        "ptrace", "process_vm_readv", "process_vm_writev", "userfaultfd", "perf_event_open", "bpf", "keyctl",
+        "add_key", "request_key", "io_uring_setup", "io_uring_enter", "io_uring_register", "pidfd_getfd", "kcmp",
+        "unshare", "setns", "mount",
+    }  # fmt: skip
+    assert not must_deny & allowed
+    assert must_deny <= set(seccomp.DENIED)
+    explicit = {n for r in seccomp.profile()["syscalls"] if r["action"] == "SCMP_ACT_ERRNO" for n in r["names"]}
+    assert must_deny <= explicit
+
+
+def test_default_is_deny_and_native_arches_only() -> None:
+    """Anything not listed fails with EPERM; no 32-bit compat entry point is accepted."""
+    p = seccomp.profile()
+    assert (p["defaultAction"], p["defaultErrnoRet"]) == ("SCMP_ACT_ERRNO", 1)
+    assert p["architectures"] == ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"]
+
+
+def test_conditional_rules() -> None:
+    """personality only for the default persona (and the query), socket only for unix/inet/inet6/netlink,
+    clone never with namespace flags, clone3 answers ENOSYS so libc falls back to clone."""
+    rules = seccomp.profile()["syscalls"]
+
+    def values(name: str) -> list[int]:
+        return sorted(r["args"][0]["value"] for r in rules if r["names"] == [name] and r.get("args"))
+
+    assert values("personality") == [0, 0xFFFFFFFF]
+    assert values("socket") == [1, 2, 10, 16]
+    (clone,) = [r for r in rules if r["names"] == ["clone"]]
+    assert clone["args"][0] == {"index": 0, "value": 0x7E020000, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}
+    (clone3,) = [r for r in rules if r["names"] == ["clone3"]]
+    assert clone3 == {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}
+
+
+def test_applied_to_sandbox_and_proxy() -> None:
+    """Both the sandbox and the egress proxy carry the profile, and is_ours recognises it."""
+    from policies import load_policy
+
+    policy = load_policy("connector-http")
+    spec = run_spec(proxy_volume="toolcage-sock-x")
+    for cfg in (container_config(policy, spec), proxy_container_config(policy, spec, "net", None)):
+        opts = cfg["HostConfig"]["SecurityOpt"]
+        assert seccomp.is_ours(opts)
+        assert json.loads(opts[1][len("seccomp=") :]) == seccomp.profile()
+    assert not seccomp.is_ours(["no-new-privileges"])
+    assert not seccomp.is_ours(["seccomp=unconfined"])

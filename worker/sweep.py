@@ -1,0 +1,120 @@
+"""Nothing survives its call: kill every other process of the sandbox and clear what it left in IPC.
+
+Threat: tool code that double-forks, calls ``setsid``, stops itself or leaves zombies, so
+that something of it outlives the call (to read the next request, answer in the worker's
+place, or wait for a secret), or that parks data in ``/dev/shm``, ``/dev/mqueue`` or System
+V IPC for a later call. In a container the worker is PID 1 of the sandbox's PID namespace:
+``kill(-1, SIGKILL)`` from it reaches every other process of the namespace at once (the
+kernel walks the task list under a lock that ``fork`` also takes, and a fork racing a
+fatal signal is abandoned), and every orphan is re-parented to it, so it can reap them.
+Outside a container (``--sandbox none``) none of this runs: ``kill(-1)`` there would hit
+the user's own processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import time
+
+_IPC_RMID = 0
+_IPC_TABLES = (("/proc/sysvipc/shm", "shmctl"), ("/proc/sysvipc/msg", "msgctl"), ("/proc/sysvipc/sem", "semctl"))
+_IPC_DIRS = ("/dev/shm", "/dev/mqueue")
+
+
+def active() -> bool:
+    """Whether this process is the sandbox's init (PID 1 in a toolcage container)."""
+    return os.getpid() == 1 and os.environ.get("TOOLCAGE_IN_CONTAINER") == "1"
+
+
+def others() -> list[int]:
+    """Every process of the namespace but this one (zombies included)."""
+    me = os.getpid()
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+
+
+def reap(exclude: frozenset[int] = frozenset()) -> int:
+    """Collect exited orphans (re-parented to PID 1); never a child in ``exclude``. Returns how many."""
+    n = 0
+    if not exclude:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return n
+            if pid == 0:
+                return n
+            n += 1
+    # during a call: only zombies that are ours and not the call's own child, so its exit status stays ours
+    for pid in others():
+        if pid in exclude or not _is_zombie_child(pid):
+            continue
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                n += 1
+    return n
+
+
+def _is_zombie_child(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return fields[0] == b"Z" and fields[1] == str(os.getpid()).encode()
+
+
+def kill_others(rounds: int = 50) -> int:
+    """SIGKILL every other process of the namespace and reap them; return how many were left behind."""
+    left = 0
+    for _ in range(rounds):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # nobody left to signal
+        reap()
+        left = len(others())
+        if left == 0:
+            return 0
+        time.sleep(0.002)  # processes being torn down still show in /proc for a moment
+    return left
+
+
+def clear_ipc() -> int:
+    """Remove every System V IPC object, POSIX shared memory file and message queue. Returns the count."""
+    removed = 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    for table, fn in _IPC_TABLES:
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        ctl = getattr(libc, fn)
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 1 and cols[1].isdigit():
+                # semctl takes a semnum before the command; the others take the command second
+                args = (int(cols[1]), 0, _IPC_RMID) if fn == "semctl" else (int(cols[1]), _IPC_RMID, None)
+                if ctl(*args) == 0:
+                    removed += 1
+    for d in _IPC_DIRS:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(d, name))
+                removed += 1
+    return removed
+
+
+def after_call() -> dict[str, int]:
+    """What the worker runs when a call that ran tool code ends (PID 1 only)."""
+    survivors = len(others())
+    left = kill_others() if survivors else 0
+    return {"killed": survivors - left, "left": left, "ipc_removed": clear_ipc()}
