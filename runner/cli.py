@@ -365,7 +365,9 @@ def gc(dry_run: bool) -> None:
             verb = "would remove" if dry_run else "removing"
             click.echo(f"{verb} {o.kind} {o.name} (run {o.run_id}): {o.reason}")
         if not dry_run:
-            remove(engine, orphans)
+            from runner import audit as audit_mod
+
+            remove(engine, orphans, audit_mod.shared())
     except ToolcageError as exc:
         _fail(exc, as_json=False)
     if not orphans:

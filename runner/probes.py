@@ -151,10 +151,26 @@ CODE_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
         {"r": ("EROFS", "ENOENT", "EACCES")},
     ),
     (
-        "own_pid_namespace",
-        "the sandbox has its own PID namespace (docker-init is PID 1)",
-        "print(json.dumps({'init': open('/proc/1/cmdline').read().split('\\0')[0].rsplit('/', 1)[-1]}))",
-        {"init": "docker-init"},
+        "worker_is_init",
+        "the worker itself is PID 1 of the sandbox's own PID namespace (no docker-init holding the stream)",
+        "print(json.dumps({'init': open('/proc/1/cmdline').read().split('\\0')[:4]}))",
+        {"init": ["python3", "-S", "-m", "worker"]},
+    ),
+    (
+        "init_fds_not_openable",
+        "tool code cannot open PID 1's stdio (the protocol stream), environment or memory through /proc",
+        "res = set()\nfor fd in (0, 1, 2):\n    for mode in ('rb', 'wb'):\n"
+        "        res.add(attempt(lambda: open(f'/proc/1/fd/{fd}', mode)))\n"
+        "for f in ('environ', 'mem', 'maps'):\n    res.add(attempt(lambda: open(f'/proc/1/{f}', 'rb').read(1)))\n"
+        "print(json.dumps({'r': sorted(res)}))",
+        {"r": ["EACCES"]},
+    ),
+    (
+        "ptrace_init_denied",
+        "tool code cannot ptrace PID 1 (the worker)",
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nrc = libc.ptrace(16, 1, 0, 0)\n"
+        "print(json.dumps({'rc': rc, 'errno': errno.errorcode[ctypes.get_errno()]}))",
+        {"rc": -1, "errno": "EPERM"},
     ),
     (
         "worker_fds_not_openable",
@@ -179,6 +195,44 @@ CODE_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
         {"leak": []},
     ),
 ]
+
+
+# Calls toolcage's seccomp profile denies (runner.seccomp), each tried with arguments that work
+# under Docker's default profile or without one, so EPERM here means the profile is applied.
+# Syscall numbers per architecture: (x86_64, aarch64).
+_SYSCALL = """
+import ctypes, platform
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sys_errno(numbers, *args):
+    nr = numbers[0] if platform.machine() in ('x86_64', 'amd64') else numbers[1]
+    rc = libc.syscall(nr, *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    return 'succeeded' if rc >= 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+"""
+SECCOMP_CASES: list[tuple[str, str, str]] = [
+    ("ptrace", "ptrace(PTRACE_TRACEME)", "sys_errno((101, 117), 0, 0, 0, 0)"),
+    ("process_vm_readv", "process_vm_readv on itself", "sys_errno((310, 270), os.getpid(), 0, 0, 0, 0, 0)"),
+    ("process_vm_writev", "process_vm_writev", "sys_errno((311, 271), os.getpid(), 0, 0, 0, 0, 0)"),
+    ("pidfd_getfd", "taking another process's fd with pidfd_getfd", "sys_errno((438, 438), 0, 0, 0)"),
+    ("io_uring_setup", "io_uring_setup", "sys_errno((425, 425), 1, ctypes.create_string_buffer(120))"),
+    ("userfaultfd", "userfaultfd (user-mode only)", "sys_errno((323, 282), 1)"),
+    ("perf_event_open", "perf_event_open", "sys_errno((298, 241), 0, 0, -1, -1, 0)"),
+    ("bpf", "bpf", "sys_errno((321, 280), 0, 0, 0)"),
+    ("keyctl", "keyctl(KEYCTL_GET_KEYRING_ID)", "sys_errno((250, 219), 0, -3, 0)"),
+    ("add_key", "add_key", "sys_errno((248, 217), b'user', b'k', b'v', 1, -3)"),
+    ("request_key", "request_key", "sys_errno((249, 218), b'user', b'k', 0, 0)"),
+    ("personality", "a persona other than the default (PER_LINUX32)", "sys_errno((135, 92), 8)"),
+    ("socket_af_alg", "the kernel crypto socket family AF_ALG", "sys_errno((41, 198), 38, 5, 0)"),
+]  # fmt: skip
+for _name, _what, _call in SECCOMP_CASES:
+    CODE_CASES.append(
+        (
+            f"seccomp_denies_{_name}",
+            f"seccomp denies {_what}",
+            _SYSCALL + f"print(json.dumps({{'r': {_call}}}))",
+            {"r": "EPERM"},
+        )
+    )
 
 
 @dataclass(frozen=True)

@@ -81,9 +81,12 @@ def find_orphans(engine: Any, now: float | None = None) -> list[Orphan]:
     return out
 
 
-def remove(engine: Any, orphans: list[Orphan]) -> None:
-    """Containers first (a network or volume in use cannot be removed)."""
+def remove(engine: Any, orphans: list[Orphan], audit: Any = None, by: str = "gc") -> None:
+    """Containers first (a network or volume in use cannot be removed). Each removal is audited
+    first, so every container that ever existed leaves a trace even if its runner left none."""
     for o in sorted(orphans, key=lambda o: o.kind != "container"):
+        if audit is not None:
+            audit.event("gc.removed", by=by, kind=o.kind, id=o.id, name=o.name, run_id=o.run_id, reason=o.reason)
         if o.kind == "container":
             engine.remove(o.id)
         elif o.kind == "volume":
@@ -95,7 +98,7 @@ def remove(engine: Any, orphans: list[Orphan]) -> None:
 _REAPED = False
 
 
-def reap_in_background(engine: Any, log: Any) -> None:
+def reap_in_background(engine: Any, log: Any, audit: Any = None) -> None:
     """Once per process, when the first sandbox starts: remove orphans without delaying the run."""
     global _REAPED
     if _REAPED:
@@ -105,7 +108,7 @@ def reap_in_background(engine: Any, log: Any) -> None:
     def _run() -> None:
         try:
             orphans = find_orphans(engine)
-            remove(engine, orphans)
+            remove(engine, orphans, audit, by="reaper")
             for o in orphans:
                 log.warning("gc.removed", kind=o.kind, name=o.name, run_id=o.run_id, reason=o.reason)
         except Exception as exc:  # never let clean-up break a run

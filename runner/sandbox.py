@@ -256,7 +256,7 @@ class Sandbox:
             self._engine = Engine.default()
         from runner.reaper import reap_in_background
 
-        reap_in_background(self._engine, self.log)
+        reap_in_background(self._engine, self.log, self.audit)
         spec = self._run_spec()
         if self.policy.network.mode == "proxy":
             from runner.egress import Egress
