@@ -14,6 +14,13 @@ FAKES = {
     "garbage": "import sys\nfor line in sys.stdin:\n    print('this is not json', flush=True)\n",
     "endless_line": "import sys\nsys.stdin.readline()\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
     "silent": "import sys, time\nfor line in sys.stdin:\n    time.sleep(3600)\n",
+    # answers the first request, then floods well-formed answers nobody asked for (a forger's flood)
+    "unsolicited": (
+        "import json, sys\nline = sys.stdin.readline()\n"
+        "print(json.dumps({'jsonrpc': '2.0', 'result': 'pong', 'id': json.loads(line)['id']}), flush=True)\n"
+        "flood = json.dumps({'jsonrpc': '2.0', 'result': 'x' * (4 << 20), 'id': 1}) + '\\n'\n"
+        "while True:\n    sys.stdout.write(flood)\n"
+    ),
     "malformed_error": (
         "import json, sys\nfor line in sys.stdin:\n"
         "    print(json.dumps({'jsonrpc': '2.0', 'error': 'boom', 'id': json.loads(line)['id']}), flush=True)\n"
@@ -38,3 +45,16 @@ def test_hostile_worker(monkeypatch: pytest.MonkeyPatch, fake: str, error: type[
         sb.call("ping", timeout=2)
     assert time.monotonic() - t < 15
     assert sb._parser is not None and len(sb._parser._buf) <= sb._parser.max_line
+
+
+def test_unsolicited_flood_kills_the_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Well-formed answers to no pending call break the stream at the first one: the worker is killed at
+    once (even while no call waits) and the next call says why; nothing of the flood is kept."""
+    monkeypatch.setattr(sandbox_mod, "LOCAL_WORKER_ARGV", [sys.executable, "-c", FAKES["unsolicited"]])
+    with Sandbox(sandbox="none", audit=False) as sb:
+        assert sb.call("ping", timeout=5).result == "pong"
+        assert sb._parser is not None and isinstance(sb._transport, sandbox_mod.ProcessTransport)
+        sb._transport.proc.wait(timeout=10)  # killed by the runner, not by us
+        with pytest.raises(ProtocolError, match="answer to no pending call"):
+            sb.call("ping", timeout=2)
+        assert sb._parser.messages.qsize() <= 2 and len(sb._parser._buf) == 0  # Broken, then EOF
