@@ -63,6 +63,23 @@ def test_host_socket_in_workspace_refused_before_any_container(engine: Any, host
     assert {c["Id"] for c in engine.containers("toolcage.run_id")} <= before
 
 
+def test_premise_host_socket_answers_through_read_only_mount(
+    engine: Any, host_socket: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why the check exists: with it bypassed (today's code had none), the sandbox, which has no
+    network, connects to the host socket through the read-only bind mount and reads its answer."""
+    import runner.sandbox
+
+    monkeypatch.setattr(runner.sandbox, "validate_workspace", lambda p: Path(p).resolve())
+    code = (
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('/workspace/agent.sock')\n"
+        "print(s.recv(100).decode(), end='')"
+    )
+    with Sandbox(workspace=host_socket, tool="sec-socket") as sb:
+        r = sb.call("run_python", {"code": code})
+    assert r.result["stdout"] == "host-secret-from-agent\n", r
+
+
 _SWAPPER = r"""
 import os, sys, time
 os.makedirs('/scratch/d/sub', exist_ok=True)
@@ -123,8 +140,10 @@ def test_planted_symlink_refused_or_skipped(engine: Any) -> None:
     """A symlink to /etc/hostname planted in scratch is refused by read_file, skipped by grep, and
     listed (not followed) by list_files."""
     with Sandbox(tool="sec-link") as sb:
-        sb.call("run_shell", {"command": "mkdir -p /scratch/p && echo in > /scratch/p/ok && "
-                              "ln -s /etc/hostname /scratch/p/h"})
+        sb.call(
+            "run_shell",
+            {"command": "mkdir -p /scratch/p && echo in > /scratch/p/ok && ln -s /etc/hostname /scratch/p/h"},
+        )
         f = sb.call("read_file", {"path": "/scratch/p/h"})
         assert f.error is not None and f.error["code"] == -32002, f
         g = sb.call("grep", {"pattern": ".", "path": "/scratch/p"})

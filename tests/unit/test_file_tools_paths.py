@@ -137,7 +137,9 @@ def test_relative_symlink_inside_root(roots: tuple[Path, Path, Path]) -> None:
     ids=["6000_chars", "component_300", "inner_component_256", "lone_surrogate"],
 )
 @pytest.mark.parametrize("tool", ["read_file", "list_files", "grep", "write_file"])
-def test_unusable_paths_are_params_errors(roots: tuple[Path, Path, Path], tool: str, path: str, field_error: str) -> None:
+def test_unusable_paths_are_params_errors(
+    roots: tuple[Path, Path, Path], tool: str, path: str, field_error: str
+) -> None:
     """Paths too long, with a component over NAME_MAX, or not encodable are BadParams naming path."""
     ws, scratch, _ = roots
     extra: dict[str, object] = {"pattern": "x"} if tool == "grep" else {"content": "x"} if tool == "write_file" else {}
