@@ -1,7 +1,8 @@
 """The ``toolcage`` command (click): run, serve, tools, image build.
 
 stdout carries results (JSON) or the protocol (serve); everything for people goes to
-stderr. Exit codes: 0 ok, 1 the tool reported an error, 2 usage or policy error,
+stderr. Text a sandbox may have chosen is escaped (runner.textsafe) before it reaches a
+terminal, in human output and in JSON alike. Exit codes: 0 ok, 1 the tool reported an error, 2 usage or policy error,
 3 sandbox failure (timeout, memory, crash, Docker).
 """
 
@@ -18,13 +19,14 @@ import click
 
 from policies import PolicyError
 from runner.errors import ToolcageError, UsageError
+from runner.textsafe import dumps, escape
 
 EXIT_BY_STATUS = {"ok": 0, "error": 1, "output_capped": 1, "signal": 1, "timeout": 3, "oom_killed": 3, "crashed": 3}
 _USAGE_CODES = (-32601, -32602, -32600, -32700)
 
 
 def _emit(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    sys.stdout.write(dumps(obj, indent=2, default=str) + "\n")
     sys.stdout.flush()
 
 
@@ -37,7 +39,7 @@ def _fail(exc: ToolcageError | PolicyError, as_json: bool) -> NoReturn:
         code = exc.exit_code
     if as_json:
         _emit({"error": payload, "status": payload["status"]})
-    click.echo(f"toolcage: {payload['message']}", err=True)
+    click.echo(f"toolcage: {escape(payload['message'])}", err=True)
     sys.exit(code)
 
 
@@ -170,7 +172,7 @@ def run(tool: str, params: str | None, **opts: Any) -> None:
         out.update(run_wall_ms=summary.wall_ms, cpu_ms=summary.cpu_ms, peak_memory_bytes=summary.peak_memory_bytes)
     _emit(out)
     if res.error and res.error.get("code") in _USAGE_CODES:
-        click.echo(f"toolcage: {res.error.get('message')}: {json.dumps(res.error.get('data'))}", err=True)
+        click.echo(f"toolcage: {escape(res.error.get('message'))}: {dumps(res.error.get('data'))}", err=True)
         sys.exit(2)
     sys.exit(EXIT_BY_STATUS.get(res.status, 3))
 
@@ -207,7 +209,7 @@ def tools(as_json: bool) -> None:
         return
     width = max(len(t["name"]) for t in listing)
     for t in listing:
-        click.echo(f"{t['name']:<{width}}  {t['description']}")
+        click.echo(f"{escape(t['name']):<{width}}  {escape(t['description'])}")
 
 
 @cli.group()
@@ -278,6 +280,15 @@ def _parse_since(text: str) -> float:
     return float(m.group(1)) * _SINCE[m.group(2)]
 
 
+def _audit_line(rec: dict[str, Any]) -> str:
+    """One audit record for people: every field escaped (egress targets, methods and reasons
+    come from inside the sandbox)."""
+    skip = {"ts", "event", "run_id", "hash", "prev", "seq"}
+    rest = " ".join(f"{escape(k)}={escape(v)}" for k, v in sorted(rec.items()) if k not in skip and v is not None)
+    ts, run_id, event = (escape(rec.get(k, d)) for k, d in (("ts", "?"), ("run_id", "-"), ("event", "?")))
+    return f"{ts[:23]}  {run_id:<8}  {event:<16} {rest}"
+
+
 @cli.command()
 @click.option("--run", "run_id", default=None, help="Only this run id.")
 @click.option("--since", default=None, help="Only the last DURATION (30s, 10m, 2h, 1d).")
@@ -295,7 +306,7 @@ def audit(run_id: str | None, since: str | None, as_json: bool, verify: bool, au
     if verify:
         problems = audit_mod.verify(path)
         for p in problems:
-            click.echo(f"toolcage audit: {p}", err=True)
+            click.echo(f"toolcage audit: {escape(p)}", err=True)
         if problems:
             sys.exit(1)
         n = sum(1 for _ in audit_mod.read(path))
@@ -318,11 +329,9 @@ def audit(run_id: str | None, since: str | None, as_json: bool, verify: bool, au
             except ValueError:
                 continue
         if as_json:
-            click.echo(json.dumps(rec, sort_keys=True))
+            click.echo(dumps(rec, sort_keys=True))
             continue
-        skip = {"ts", "event", "run_id", "hash", "prev", "seq"}
-        rest = " ".join(f"{k}={v}" for k, v in sorted(rec.items()) if k not in skip and v is not None)
-        click.echo(f"{rec.get('ts', '?')[:23]}  {rec.get('run_id', '-'):<8}  {rec.get('event', '?'):<16} {rest}")
+        click.echo(_audit_line(rec))
 
 
 @cli.command()
@@ -341,11 +350,14 @@ def ps(as_json: bool) -> None:
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table("NAME", "TOOL", "POLICY", "AGE", "MEMORY", "OWNER", box=None)
     for r in rows:
         mem = f"{r['memory_bytes'] / 2**20:.1f} MiB" if r["memory_bytes"] else "-"
-        table.add_row(r["name"], r["tool"], r["policy"], r["age"], mem, r["owner"])
+        # Text, not str: a label like "[red]x" is shown, not read as rich markup
+        cells = (r["name"], r["tool"], r["policy"], r["age"], mem, r["owner"])
+        table.add_row(*(Text(escape("-" if c is None else c)) for c in cells))
     Console().print(table)
     if not rows:
         click.echo("no live runs", err=True)
@@ -363,7 +375,7 @@ def gc(dry_run: bool) -> None:
         orphans = find_orphans(engine)
         for o in orphans:
             verb = "would remove" if dry_run else "removing"
-            click.echo(f"{verb} {o.kind} {o.name} (run {o.run_id}): {o.reason}")
+            click.echo(f"{verb} {o.kind} {escape(o.name)} (run {escape(o.run_id)}): {escape(o.reason)}")
         if not dry_run:
             from runner import audit as audit_mod
 
@@ -429,22 +441,29 @@ def doctor(probe: bool, policy_ref: str, as_json: bool) -> None:
     if as_json:
         _emit(report)
     else:
-        eng = report.get("engine", {})
-        click.echo(f"engine      Docker {eng.get('version')} (API {eng.get('api')})")
-        im = report.get("image")
-        click.echo(
-            f"image       {im['tag']} {'current' if im['current'] else 'OUT OF DATE'}" if im else "image       missing"
-        )
-        d = report["daemon"]
-        flags = ", ".join(k for k in ("seccomp", "apparmor", "selinux", "userns", "rootless") if d[k]) or "none"
-        click.echo(f"daemon      security: {flags}; cgroup v{d['cgroup_version']}; storage {d['storage_driver']}")
-        for c in report["containers"]:
-            click.echo(f"container   {c['name']}: {'as locked down as its policy' if not c['findings'] else 'WEAKER'}")
-        for r in report.get("probes", []):
-            click.echo(f"probe       {'PASS' if r['passed'] else 'FAIL'}  {r['name']:<28} {r['what']}")
-        for f in findings:
-            click.echo(f"FINDING     {f}", err=True)
+        _doctor_text(report, findings)
     sys.exit(1 if findings else 0)
+
+
+def _doctor_text(report: dict[str, Any], findings: list[str]) -> None:
+    """doctor's table for people; probe observations and container names are escaped."""
+    eng = report.get("engine", {})
+    click.echo(f"engine      Docker {escape(eng.get('version'))} (API {escape(eng.get('api'))})")
+    im = report.get("image")
+    state = ("current" if im["current"] else "OUT OF DATE") if im else ""
+    click.echo(f"image       {escape(im['tag'])} {state}" if im else "image       missing")
+    d = report["daemon"]
+    flags = ", ".join(k for k in ("seccomp", "apparmor", "selinux", "userns", "rootless") if d[k]) or "none"
+    click.echo(
+        f"daemon      security: {flags}; cgroup v{escape(d['cgroup_version'])}; storage {escape(d['storage_driver'])}"
+    )
+    for c in report["containers"]:
+        verdict = "as locked down as its policy" if not c["findings"] else "WEAKER"
+        click.echo(f"container   {escape(c['name'])}: {verdict}")
+    for r in report.get("probes", []):
+        click.echo(f"probe       {'PASS' if r['passed'] else 'FAIL'}  {escape(r['name']):<28} {escape(r['what'])}")
+    for f in findings:
+        click.echo(f"FINDING     {escape(f)}", err=True)
 
 
 @cli.group()

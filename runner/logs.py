@@ -1,4 +1,9 @@
-"""structlog set-up for the host side: logs on stderr (stdout carries results and protocol)."""
+"""structlog set-up for the host side: logs on stderr (stdout carries results and protocol).
+
+Log fields carry strings from inside the sandbox (worker stderr with -vv, egress targets and
+methods, error messages): the console renderer only ever sees them escaped
+(runner.textsafe), and JSON lines are ASCII with every control character escaped.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,16 @@ from typing import Any
 
 import structlog
 
+from runner import textsafe
+
 
 def configure(verbose: int = 0, json_logs: bool | None = None) -> None:
     level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
     as_json = (not sys.stderr.isatty()) if json_logs is None else json_logs
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=False)
+    renderers: list[structlog.typing.Processor] = (
+        [structlog.processors.JSONRenderer(serializer=textsafe.dumps)]
+        if as_json
+        else [textsafe.console_processor, structlog.dev.ConsoleRenderer(colors=False)]
     )
     structlog.configure(
         processors=[
@@ -21,7 +30,7 @@ def configure(verbose: int = 0, json_logs: bool | None = None) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            renderer,
+            *renderers,
         ],
         logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -44,7 +53,7 @@ def get_logger(**context: Any) -> Any:
             processors=[
                 structlog.processors.add_log_level,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
-                structlog.processors.JSONRenderer(),
+                structlog.processors.JSONRenderer(serializer=textsafe.dumps),
             ],
             wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         )

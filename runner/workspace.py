@@ -1,20 +1,54 @@
 """Validate a workspace before it is bind-mounted (read-only) into a sandbox.
 
-Threat: a careless or hostile caller mounting the host's secrets (``/``, ``/etc``,
-``~/.ssh``, the Docker socket, which is root on the host) into code it does not trust.
+Threats: a careless or hostile caller mounting the host's secrets (``/``, ``/etc``,
+``~/.ssh``, the Docker socket, which is root on the host) into code it does not trust; and
+host services reached through the mount: connect() to a Unix socket (and writing a FIFO)
+works through a read-only bind mount, so a sandbox with no network at all could talk to an
+ssh-agent, a database or a dev server whose socket lies in the workspace.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from runner.errors import WorkspaceError
 
-# Never mount these, nor anything inside them.
-_FORBIDDEN_TREES = ("/proc", "/sys", "/dev", "/etc", "/boot", "/root", "/run", "/var/run", "/var/lib/docker")
-# Never mount these themselves (their children may be fine: /home/me/project).
-_FORBIDDEN_EXACT = ("/", "/home", "/usr", "/var", "/bin", "/sbin", "/lib", "/lib64", "/opt", "/srv", "/mnt", "/media")
+# Never mount these, nor anything inside them, nor any directory that contains them (/var holds /var/lib/docker).
+_FORBIDDEN_TREES = (
+    "/proc",
+    "/sys",
+    "/dev",
+    "/etc",
+    "/boot",
+    "/root",
+    "/run",
+    "/var/run",
+    "/var/lib/docker",
+    "/var/lib/containerd",
+    "/var/lib/containers",
+    "/var/lib/kubelet",
+)
+# Never mount these themselves: shared with every user and service on the host (sockets, other
+# users' files), while their children may be projects (pytest's tmp_path, /var/lib/jenkins/workspace/job).
+_FORBIDDEN_EXACT = (
+    "/",
+    "/home",
+    "/usr",
+    "/var",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/opt",
+    "/srv",
+    "/mnt",
+    "/media",
+    "/tmp",
+    "/var/tmp",
+    "/var/lib",
+)
 # Secrets in a home directory: refuse them and any directory that contains them.
 _HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".config/gcloud", ".netrc", ".pgpass")
 _SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock")
@@ -53,8 +87,12 @@ def validate_workspace(raw: str | os.PathLike[str]) -> Path:
             continue
         if _within(path, Path(tree)):
             raise WorkspaceError(f"refusing to mount {str(path)!r}: it is inside {tree}, which holds host secrets")
+        if Path(tree) != home and path in Path(tree).parents:
+            raise WorkspaceError(f"refusing to mount {str(path)!r}: it contains {tree}, which holds host secrets")
     if str(path) in _FORBIDDEN_EXACT:
-        raise WorkspaceError(f"refusing to mount {str(path)!r}: too broad; mount a project directory instead")
+        raise WorkspaceError(
+            f"refusing to mount {str(path)!r}: too broad, shared with the whole host; mount a project directory instead"
+        )
     if path == home:
         raise WorkspaceError(f"refusing to mount your home directory {str(path)!r}; mount a project directory")
     for secret in _HOME_SECRETS:
@@ -64,7 +102,61 @@ def validate_workspace(raw: str | os.PathLike[str]) -> Path:
     for sock in _engine_sockets():
         if _within(sock, path):
             raise WorkspaceError(f"refusing to mount {str(path)!r}: it contains the container engine socket {sock}")
+    special = find_special_file(path)
+    if special is not None:
+        found, kind = special
+        raise WorkspaceError(
+            f"refusing to mount {str(path)!r}: it contains a {kind}, {str(found)!r}, which the sandbox could use to "
+            "reach a host process or device through the read-only mount; move it out of the workspace"
+        )
     return path
+
+
+_SPECIAL = (
+    (stat.S_ISSOCK, "Unix socket"),
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISCHR, "device node"),
+    (stat.S_ISBLK, "device node"),
+)
+
+
+def find_special_file(top: Path) -> tuple[Path, str] | None:
+    """The first socket, FIFO or device node under ``top`` (symlinks not followed), else None.
+
+    os.scandir gives each entry's type from getdents (d_type): only entries that are neither
+    directories, regular files nor symlinks cost an lstat. A directory the runner cannot list
+    is skipped when others cannot search it either (the sandbox, uid 65532, is "other"), and
+    refused when they can, since it could hide a socket the sandbox can reach.
+    """
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        try:
+            it = os.scandir(d)
+        except PermissionError:
+            if os.lstat(d).st_mode & 0o001:
+                raise WorkspaceError(
+                    f"refusing to mount {str(top)!r}: {str(d)!r} cannot be checked for sockets (permission denied) "
+                    "but the sandbox could enter it"
+                ) from None
+            continue
+        except FileNotFoundError:
+            continue
+        with it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False) or entry.is_symlink():
+                    continue
+                else:
+                    try:
+                        mode = entry.stat(follow_symlinks=False).st_mode
+                    except FileNotFoundError:
+                        continue
+                    for test, kind in _SPECIAL:
+                        if test(mode):
+                            return Path(entry.path), kind
+    return None
 
 
 def readable_by_sandbox(path: Path) -> bool:

@@ -7,6 +7,11 @@ checked one, with TLS verified against the original host name. Behind the egress
 itself and sends everything through the proxy, which checks again with addresses.
 Environment proxies (HTTP_PROXY and friends) are ignored: only the runner's
 ``TOOLCAGE_PROXY`` steers it.
+
+Redirects (threat: a server, or whoever controls an allowed URL, harvesting the caller's
+credentials): ``Authorization``, ``Cookie`` and ``Proxy-Authorization`` are dropped on any
+change of origin (scheme, host or port), and a redirect from https to http is refused
+outright (EgressDenied, reason ``downgrade``), since it would send the request in clear.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ _FORBIDDEN_HEADERS = {
     "keep-alive",
     "trailer",
 }
-_CREDENTIALS = {"authorization", "cookie"}
+_CREDENTIALS = {"authorization", "cookie", "proxy-authorization"}
 
 
 class EgressDenied(ToolError):
@@ -185,7 +190,16 @@ class SafeFetch:
             location = lower.get("location")
             if status in _REDIRECTS and location:
                 new_url = urljoin(url, location)
-                if urlsplit(new_url).hostname != urlsplit(url).hostname:
+                if t.scheme == "https" and urlsplit(new_url).scheme.lower() == "http":
+                    reason = f"downgrade: refusing to follow a redirect from https to http ({new_url})"
+                    if self.on_decision is not None:
+                        self.on_decision(new_url, method, Decision(False, reason))
+                    raise EgressDenied(
+                        "egress denied: a redirect from https to http would send the request in clear",
+                        {"url": new_url, "from": url, "method": method, "reason": reason},
+                    )
+                if _origin(new_url) != _origin(url):
+                    # another origin must not receive this one's credentials (another port is another origin)
                     hdrs = {k: v for k, v in hdrs.items() if k.lower() not in _CREDENTIALS}
                 if status == 303 or (status in (301, 302) and method == "POST"):
                     method, body = "GET", None
@@ -195,6 +209,18 @@ class SafeFetch:
                 status, reason, rheaders, data[: self.max_bytes], len(data) > self.max_bytes, url, decisions
             )
         raise FetchFailed(f"more than {MAX_REDIRECTS} redirects", {"url": url})
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port filled in; an unparsable port is
+    its own origin (the next hop's decision refuses it anyway)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    return scheme, (parts.hostname or "").rstrip(".").lower(), port or {"http": 80, "https": 443}.get(scheme)
 
 
 def _origin_form(url: str) -> str:

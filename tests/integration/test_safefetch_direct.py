@@ -134,3 +134,105 @@ def test_bad_certificate_is_fetch_failed(server: int) -> None:
     )
     with pytest.raises(FetchFailed, match="failed"):
         SafeFetch(policy, resolver=resolver).fetch(f"https://api.local.test:{server}/")
+
+
+# --- credentials across origins (issue 7, attack 8): two TLS servers and a plain one on loopback ---
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """Records the headers it received; /go?to=URL redirects there (302)."""
+
+    seen: list[dict[str, str]]
+
+    def do_GET(self) -> None:
+        type(self).seen.append({k.lower(): v for k, v in self.headers.items()})
+        if self.path.startswith("/go?to="):
+            self.send_response(302)
+            self.send_header("Location", self.path[len("/go?to=") :])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = b"landed"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def origins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """https on two ports and http on a third, all for api.local.test, with a trustme CA."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("api.local.test")
+    ca_file = tmp_path_factory.mktemp("ca") / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    servers: dict[str, Any] = {}
+    for name, tls in (("a", True), ("b", True), ("plain", False)):
+        handler = type(f"Rec_{name}", (Recorder,), {"seen": []})
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        if tls:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            cert.configure_cert(ctx)
+            srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers[name] = (srv, handler)
+    ports = {n: s.server_address[1] for n, (s, _) in servers.items()}
+    policy = validate_policy(
+        {
+            "network": {
+                "mode": "proxy",
+                "allow": [{"host": "api.local.test", "schemes": ["https", "http"], "ports": list(ports.values())}],
+                "allow_private_cidrs": ["127.0.0.0/8"],
+            }
+        }
+    )
+    yield {
+        "ports": ports,
+        "seen": {n: h.seen for n, (_, h) in servers.items()},
+        "client": SafeFetch(policy, resolver=resolver, ca_file=str(ca_file)),
+    }
+    for srv, _ in servers.values():
+        srv.shutdown()
+        srv.server_close()
+
+
+CREDS = {"Authorization": "Bearer s3cret", "Cookie": "session=s3cret"}
+
+
+def test_credentials_dropped_when_port_changes(origins: dict[str, Any]) -> None:
+    """A redirect from https://api:A to https://api:B (same host, other port) arrives without
+    Authorization or Cookie: another port is another origin (before the fix B received both)."""
+    a, b = origins["ports"]["a"], origins["ports"]["b"]
+    origins["seen"]["b"].clear()
+    r = origins["client"].fetch(f"https://api.local.test:{a}/go?to=https://api.local.test:{b}/land", headers=CREDS)
+    assert r.status == 200 and r.body == b"landed"
+    (got,) = origins["seen"]["b"]
+    assert "authorization" not in got and "cookie" not in got, got
+
+
+def test_credentials_kept_on_same_origin_redirect(origins: dict[str, Any]) -> None:
+    """A redirect within one origin (scheme, host and port unchanged) keeps the credentials."""
+    a = origins["ports"]["a"]
+    origins["seen"]["a"].clear()
+    r = origins["client"].fetch(f"https://api.local.test:{a}/go?to=/land", headers=CREDS)
+    assert r.status == 200
+    assert origins["seen"]["a"][-1]["authorization"] == "Bearer s3cret"
+    assert origins["seen"]["a"][-1]["cookie"] == "session=s3cret"
+
+
+def test_https_to_http_redirect_refused(origins: dict[str, Any]) -> None:
+    """A redirect from https to http is refused (EgressDenied, reason says downgrade) and the plain
+    server receives nothing (before the fix it was followed, with the credentials)."""
+    a, plain = origins["ports"]["a"], origins["ports"]["plain"]
+    origins["seen"]["plain"].clear()
+    with pytest.raises(EgressDenied, match="https to http") as info:
+        origins["client"].fetch(f"https://api.local.test:{a}/go?to=http://api.local.test:{plain}/", headers=CREDS)
+    assert "downgrade" in info.value.data["reason"]
+    assert origins["seen"]["plain"] == []
