@@ -140,7 +140,8 @@ def test_worker_crash_reports_stderr_tail(engine: Any) -> None:
         sb.call("ping")
         time.sleep(0.3)  # the worker writes its log lines when idle
         # tool code cannot kill the worker: it is the namespace's init, which ignores signals it has no handler for
-        r = py(sb, "import os, signal\nfor s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT): os.kill(1, s)\nprint('x')")
+        kill_init = "import os, signal\nfor s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT): os.kill(1, s)\n"
+        r = py(sb, kill_init + "print('x')")
         assert r.result["stdout"] == "x\n" and sb.call("ping").result == "pong"
         assert sb.container_id is not None
         threading.Timer(0.5, engine.kill, args=(sb.container_id,)).start()  # so the host does, mid-call
