@@ -61,7 +61,9 @@ def check_head(head: bytes) -> str | None:
             return f"control character in the value of header {name.decode('latin-1')!r}"
         counts.setdefault(name.lower(), []).append(value.strip(b" \t"))
     hosts = counts.get(b"host", [])
-    if len(hosts) != 1:
+    # RFC 9112 §3.2: HTTP/1.1 requires exactly one Host. HTTP/1.0 (Python's CONNECT, for one)
+    # may omit it; the proxy then names the target itself. Two are refused in any version.
+    if len(hosts) > 1 or (not hosts and lines[0].endswith(b"HTTP/1.1")):
         return f"exactly one Host header is required (found {len(hosts)})"
     te, cl = counts.get(b"transfer-encoding"), counts.get(b"content-length")
     if te is not None and cl is not None:

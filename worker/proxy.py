@@ -178,7 +178,10 @@ class Proxy:
 
     def _host_matches(self, req: h11.Request, scheme: str, d: Decision) -> str | None:
         """Threat: domain fronting, an allowed target carrying another Host."""
-        host = next(v for k, v in req.headers if k == b"host").decode("latin-1")
+        raw = next((v for k, v in req.headers if k == b"host"), None)
+        if raw is None:
+            return None  # HTTP/1.0 without Host (headcheck allows it only there): the target names the host
+        host = raw.decode("latin-1")
         t = d.target
         assert t is not None
         try:
