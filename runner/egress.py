@@ -1,33 +1,125 @@
-"""Per-run egress plumbing for ``network.mode: proxy``: a socket volume, the egress proxy, teardown.
+"""Per-run egress plumbing for ``network.mode: proxy``: a socket volume, the egress proxy, its live decisions.
 
 The sandbox keeps no network interface but ``lo``. The egress proxy runs in its own
 hardened container whose one network is the egress network (the operator's
 ``--egress-network``, or a per-run bridge made here) and listens on a Unix socket in a
 per-run tmpfs volume, mounted read-only into the sandbox; the worker relays
-127.0.0.1:3128 to that socket. So the sandbox has no route to the host, the LAN or the
-egress network: its only way out is the proxy's allowlist. (A Docker ``internal`` network
-between sandbox and proxy was the first design; its bridge still delivers packets to the
-host's own addresses, e.g. 172.17.0.1, so it was dropped.) Every object carries the run's
-labels and is removed with the run.
+127.0.0.1:3128 to that socket. (A Docker ``internal`` network between sandbox and proxy
+was the first design; its bridge still delivers packets to the host's own addresses,
+e.g. 172.17.0.1, so it was dropped.) Every object carries the run's labels and is
+removed with the run.
+
+Threat: egress hidden from the audit log. The runner attaches to the proxy's stdout
+before it starts and hands each decision to a callback as it arrives (the Sandbox writes
+it to the audit log at once), instead of reading the container's size-capped json-file
+log at teardown, which a flood of denied requests could rotate away and which a killed
+runner or ``--keep`` never read.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from policies import Policy
 from runner.config import LABEL_PREFIX, PROXY_PORT, SANDBOX_UID, RunSpec, labels, proxy_container_config
 from runner.errors import SandboxError, UsageError
+from runner.transport import DockerAttachTransport, StreamParser
 
 READY_TIMEOUT_S = 15.0
+DRAIN_TIMEOUT_S = 5.0
+MAX_LINE = 64 * 1024  # the proxy cuts its fields to 512 chars; anything longer is not one of its records
+MAX_FIELD = 512
+OnRecord = Callable[[dict[str, Any]], None]
+
+
+def _clip(value: Any) -> Any:
+    """Defence in depth: the proxy already cuts long fields; the runner does not rely on it."""
+    if isinstance(value, str) and len(value) > MAX_FIELD:
+        return f"{value[:MAX_FIELD]}…[truncated {len(value) - MAX_FIELD} chars]"
+    if isinstance(value, list):
+        return [_clip(v) for v in value[:16]]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return _clip(str(value))
+
+
+class DecisionStream(StreamParser):
+    """The proxy's stdout as JSON records (bounded lines; anything else is ignored, never fatal).
+
+    A StreamParser, so DockerAttachTransport demultiplexes Docker's frames for it; stderr
+    keeps its bounded tail for error messages."""
+
+    def __init__(self, on_record: OnRecord) -> None:
+        super().__init__(MAX_LINE)
+        self._on_record = on_record
+        self._skipping = False  # inside a line that was already too long
+        self.ended = threading.Event()
+
+    def stdout(self, data: bytes) -> None:
+        while data:
+            nl = data.find(b"\n")
+            piece, data = (data, b"") if nl < 0 else (data[:nl], data[nl + 1 :])
+            if not self._skipping:
+                self._buf += piece
+                if len(self._buf) > self.max_line:
+                    self._buf, self._skipping = bytearray(), True
+            if nl < 0:
+                return
+            line, self._buf = bytes(self._buf), bytearray()
+            if self._skipping:
+                self._skipping = False
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("event"), str):
+                self._on_record({k: _clip(v) for k, v in rec.items() if isinstance(k, str)})
+
+    def eof(self) -> None:
+        self.ended.set()
+
+
+def audit_decisions(audit: Any, run_id: str) -> OnRecord | None:
+    """A callback that writes each proxy decision to the audit log as it arrives (``event_later``:
+    on disk within the audit writer's batch window, so a runner killed later keeps them)."""
+    if audit is None:
+        return None
+
+    def write(rec: dict[str, Any]) -> None:
+        event = rec.get("event")
+        if event == "egress.dropped":
+            audit.event_later("egress.dropped", run_id=run_id, source="proxy", count=rec.get("count"))
+        elif event in ("egress.allowed", "egress.denied"):
+            audit.event_later(
+                "egress.decision",
+                run_id=run_id,
+                source="proxy",
+                allowed=event == "egress.allowed",
+                target=rec.get("target"),
+                method=rec.get("method"),
+                reason=rec.get("reason"),
+                addresses=rec.get("addresses"),
+                sni=rec.get("sni"),
+            )
+
+    return write
 
 
 class Egress:
     def __init__(
-        self, engine: Any, policy: Policy, run: RunSpec, egress_network: str | None, upstream: str | None, log: Any
+        self,
+        engine: Any,
+        policy: Policy,
+        run: RunSpec,
+        egress_network: str | None,
+        upstream: str | None,
+        log: Any,
+        on_decision: OnRecord | None = None,
     ) -> None:
         self.engine = engine
         self.policy = policy
@@ -35,13 +127,33 @@ class Egress:
         self.requested_egress = egress_network
         self.upstream = upstream
         self.log = log
+        self.on_decision = on_decision
         self.volume = f"toolcage-sock-{run.run_id}"
         self.egress = egress_network or f"toolcage-egress-{run.run_id}"
         self.proxy_name = f"toolcage-proxy-{run.run_id}"
         self.proxy_id: str | None = None
         self._networks: list[str] = []
         self._volume_made = False
+        self._ready = threading.Event()
+        self._stream = DecisionStream(self._on_record)
+        self._transport: DockerAttachTransport | None = None
         self.decisions: list[dict[str, Any]] = []
+
+    def _on_record(self, rec: dict[str, Any]) -> None:
+        """Runs on the attach reader thread, once per line the proxy writes."""
+        event = str(rec.get("event"))
+        if event == "proxy.listening":
+            self._ready.set()
+        if not event.startswith("egress."):
+            return
+        self.decisions.append(rec)
+        fields = {k: v for k, v in rec.items() if k not in ("event", "timestamp", "run_id")}
+        self.log.info(event, **fields)
+        if self.on_decision is not None:
+            try:
+                self.on_decision(rec)
+            except Exception as exc:  # the reader must go on: the next record may be the one that matters
+                self.log.error("egress.audit_failed", error=type(exc).__name__)
 
     def up(self) -> tuple[str, dict[str, str]]:
         """Create the volume (and egress network), start the proxy; return the volume and the sandbox's env."""
@@ -59,6 +171,10 @@ class Egress:
         run = dataclasses.replace(self.run, proxy_volume=self.volume)
         cfg = proxy_container_config(self.policy, run, self.egress, self.upstream)
         self.proxy_id = self.engine.create(cfg, self.proxy_name)
+        # attached before start, so not one line of the decision stream is missed
+        sock, closer = self.engine.attach(self.proxy_id)
+        self._transport = DockerAttachTransport(sock, self._stream, closer)
+        self._transport.start()
         self.engine.start(self.proxy_id)
         self._wait_ready()
         url = f"http://127.0.0.1:{PROXY_PORT}"
@@ -75,33 +191,25 @@ class Egress:
         return self.volume, env
 
     def _wait_ready(self) -> None:
-        assert self.proxy_id is not None
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if "proxy.listening" in self.engine.logs(self.proxy_id, tail=20):
+        """The proxy's ``proxy.listening`` line on the decision stream, or its stderr if it died first."""
+        waited = 0.0
+        while waited < READY_TIMEOUT_S:
+            if self._ready.wait(0.05):
                 return
-            state = (self.engine.inspect(self.proxy_id) or {}).get("State", {})
-            if state.get("Status") == "exited":
+            if self._stream.ended.is_set():
                 break
-            time.sleep(0.01)
-        tail = self.engine.logs(self.proxy_id, tail=20)
-        raise SandboxError(f"the egress proxy did not start: {tail.strip()[-500:]}")
+            waited += 0.05
+        tail = self._stream.stderr_tail(500).strip()
+        raise SandboxError(f"the egress proxy did not start: {tail}")
 
     def down(self) -> None:
-        """Relay the proxy's decisions to the log, then remove the proxy, the volume and any network made here."""
+        """Stop the proxy, read its stream to the end, then remove it, the volume and any network made here."""
         if self.proxy_id is not None:
-            for line in self.engine.logs(self.proxy_id).splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if str(rec.get("event", "")).startswith("egress."):
-                    self.decisions.append(dict(rec))
-                    event = rec.pop("event")
-                    rec.pop("timestamp", None)
-                    rec.pop("run_id", None)
-                    self.log.info(event, **rec)
+            self.engine.kill(self.proxy_id)
+            self._stream.ended.wait(DRAIN_TIMEOUT_S)  # the last decisions arrive before the stream ends
             self.engine.remove(self.proxy_id)
+        if self._transport is not None:
+            self._transport.close()
         if self._volume_made:
             self.engine.remove_volume(self.volume)
         for net in reversed(self._networks):

@@ -259,9 +259,17 @@ class Sandbox:
         reap_in_background(self._engine, self.log, self.audit)
         spec = self._run_spec()
         if self.policy.network.mode == "proxy":
-            from runner.egress import Egress
+            from runner.egress import Egress, audit_decisions
 
-            self._egress = Egress(self._engine, self.policy, spec, self.egress_network, self.egress_proxy, self.log)
+            self._egress = Egress(
+                self._engine,
+                self.policy,
+                spec,
+                self.egress_network,
+                self.egress_proxy,
+                self.log,
+                on_decision=audit_decisions(self.audit, self.run_id),  # written as they happen, not at close
+            )
             volume, env = self._egress.up()
             env["TOOLCAGE_PROXY_SOCKET"] = PROXY_SOCKET
             if self.ca_pem:
@@ -555,17 +563,6 @@ class Sandbox:
         )
         self.log.info("run.finished", **self.summary.to_dict())
         if self.audit is not None and self._audited:
-            for d in self._egress.decisions if self._egress is not None else []:
-                self.audit.event_later(
-                    "egress.decision",
-                    run_id=self.run_id,
-                    source="proxy",
-                    allowed=d.get("event") == "egress.allowed",
-                    target=d.get("target"),
-                    method=d.get("method"),
-                    reason=d.get("reason"),
-                    addresses=d.get("addresses"),
-                )
             self.audit.event(
                 "run.finished",
                 run_id=self.run_id,

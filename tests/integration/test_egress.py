@@ -345,22 +345,45 @@ def test_mode_none_reaches_nothing(engine: Any) -> None:
     assert ifs.result["stdout"].strip() == "['lo']"
 
 
+TLS_TUNNEL = """
+import json, os, socket, ssl
+h, p = os.environ["TOOLCAGE_PROXY"].split(":")
+s = socket.create_connection((h, int(p)), timeout=5)
+s.sendall(b"CONNECT api.allowed.test:8443 HTTP/1.1\\r\\nHost: api.allowed.test:8443\\r\\n\\r\\n")
+head = b""
+while b"\\r\\n\\r\\n" not in head:
+    head += s.recv(1)
+ctx = ssl.create_default_context(cadata=CA_PEM)
+t = ctx.wrap_socket(s, server_hostname="api.allowed.test")
+t.sendall(b"GET /via-tunnel HTTP/1.1\\r\\nHost: api.allowed.test:8443\\r\\nConnection: close\\r\\n\\r\\n")
+body = b""
+while True:
+    chunk = t.recv(4096)
+    if not chunk:
+        break
+    body += chunk
+print(json.dumps({"t": [head.split(b"\\r\\n")[0].decode(), body.split(b"\\r\\n\\r\\n", 1)[-1].decode()]}))
+"""
+
+
 def test_connect_tunnel_pipes_bytes(engine: Any, tmp_path: Path, upstream: dict[str, Any]) -> None:
-    """An allowed CONNECT opens a tunnel to the checked address and relays bytes both ways."""
+    """An allowed CONNECT whose ClientHello names the CONNECT host opens a tunnel that relays TLS both ways."""
     tls_ok = policy_file(
         tmp_path,
         {
             "mode": "proxy",
-            "allow": [{"host": "api.allowed.test", "schemes": ["https"], "ports": [8080]}],
+            "allow": [{"host": "api.allowed.test", "schemes": ["https"], "ports": [8443]}],
             "allow_private_cidrs": [upstream["subnet"]],
         },
         "tunnel",
     )
-    code = RAW.split("print(json.dumps(")[0] + "print(json.dumps({'t': tunnel_get('api.allowed.test')}))"
+    code = TLS_TUNNEL.replace("CA_PEM", repr(Path(upstream["ca_file"]).read_text()))
     with Sandbox(tls_ok, egress_network=upstream["network"]) as sb:
         out = run_probe(sb, code)
     first, body = out["t"]
-    assert first.startswith("HTTP/1.1 200") and body == "hello api.allowed.test:8080 /via-tunnel"
+    assert first.startswith("HTTP/1.1 200") and body == "hello api.allowed.test:8443 /via-tunnel"
+    allowed = [d for d in sb._egress.decisions if d["event"] == "egress.allowed"]
+    assert allowed and allowed[0]["sni"] == "api.allowed.test"
 
 
 def test_https_verified_against_original_name(engine: Any, tmp_path: Path, upstream: dict[str, Any]) -> None:
@@ -392,3 +415,147 @@ def test_upstream_proxy_gets_checked_address(engine: Any, upstream: dict[str, An
     seen = engine.logs(upstream["corp_proxy"])
     assert f"corp-proxy saw: CONNECT {upstream['ip']}:8080" in seen
     assert "other.test" not in seen
+
+
+FLOOD = """
+import json, os, socket
+h, p = os.environ["TOOLCAGE_PROXY"].split(":")
+def raw(req):
+    s = socket.create_connection((h, int(p)), timeout=10)
+    s.sendall(req)
+    data = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    return data.split(b"\\r\\n")[0].decode()
+pad = "a" * 60000
+denied = [raw(("GET http://other.test:8080/%d-%s HTTP/1.1\\r\\nHost: other.test:8080\\r\\n\\r\\n" % (i, pad)).encode())
+          for i in range(40)]
+ok = raw(b"GET http://api.allowed.test:8080/carry-out?data=s3cr3t HTTP/1.1\\r\\n"
+         b"Host: api.allowed.test:8080\\r\\n\\r\\n")
+print(json.dumps({"denied": sorted(set(d[:12] for d in denied)), "ok": ok}))
+"""
+
+
+def _proxy_decisions(path: Path, run_id: str) -> list[dict[str, Any]]:
+    from runner import audit
+
+    return [r for r in audit.read(path) if r.get("event") == "egress.decision" and r.get("run_id") == run_id]
+
+
+def test_flood_of_denied_requests_cannot_hide_the_allowed_one(
+    engine: Any, upstream: dict[str, Any], allow_api: Path, tmp_path: Path
+) -> None:
+    """40 denied requests with 60 KB targets, then one allowed: all 41 are in the audit log (long targets
+    cut with a marker), the allowed one with its target, and the chain verifies."""
+    from runner import audit
+
+    log = tmp_path / "audit.jsonl"
+    with Sandbox(allow_api, egress_network=upstream["network"], audit=log) as sb:
+        out = run_probe(sb, FLOOD)
+    assert out["denied"] == ["HTTP/1.1 403"] and " 200 " in out["ok"]
+    recs = [r for r in _proxy_decisions(log, sb.run_id) if r["source"] == "proxy"]
+    allowed = [r for r in recs if r["allowed"]]
+    denied = [r for r in recs if not r["allowed"]]
+    assert [r["target"] for r in allowed] == ["http://api.allowed.test:8080/carry-out?data=s3cr3t"]
+    assert len(denied) == 40
+    assert all(len(r["target"]) < 600 and "truncated" in r["target"] for r in denied)
+    assert all("other.test is not in the allowlist" in r["reason"] for r in denied)
+    assert audit.verify(log) == []
+
+
+def test_decisions_are_on_disk_while_the_run_is_live(
+    engine: Any, upstream: dict[str, Any], allow_api: Path, tmp_path: Path
+) -> None:
+    """A proxy decision is in the audit file before the run ends (so a runner killed later keeps it)."""
+    import time
+
+    log = tmp_path / "audit.jsonl"
+    with Sandbox(allow_api, egress_network=upstream["network"], audit=log) as sb:
+        r = sb.call(
+            "run_python",
+            {
+                "code": textwrap.dedent(
+                    """
+                    import os, socket
+                    h, p = os.environ["TOOLCAGE_PROXY"].split(":")
+                    s = socket.create_connection((h, int(p)), timeout=5)
+                    s.sendall(b"GET http://api.allowed.test:8080/live HTTP/1.1\\r\\n"
+                              b"Host: api.allowed.test:8080\\r\\n\\r\\n")
+                    print(s.recv(100).split(b"\\r\\n")[0].decode())
+                    """
+                ),
+                "timeout_s": 20,
+            },
+        )
+        assert " 200 " in r.result["stdout"], r.result
+        deadline = time.monotonic() + 3
+        live: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not live:
+            live = [d for d in _proxy_decisions(log, sb.run_id) if d["source"] == "proxy"] if log.exists() else []
+            time.sleep(0.05)
+        assert [d["target"] for d in live] == ["http://api.allowed.test:8080/live"] and live[0]["allowed"]
+
+
+KILLED_RUNNER = """
+import json, sys, time
+from runner import Sandbox
+policy, net, log = sys.argv[1:4]
+code = '''
+import os, socket
+h, p = os.environ["TOOLCAGE_PROXY"].split(":")
+s = socket.create_connection((h, int(p)), timeout=5)
+s.sendall(b"GET http://api.allowed.test:8080/before-kill HTTP/1.1\\\\r\\\\n"
+          b"Host: api.allowed.test:8080\\\\r\\\\n\\\\r\\\\n")
+print(s.recv(100).split(b"\\\\r\\\\n")[0].decode())
+'''
+sb = Sandbox(policy, egress_network=net, audit=log).start()
+r = sb.call("run_python", {"code": code, "timeout_s": 20})
+time.sleep(0.2)  # the audit writer's batch window (20 ms), with room to spare
+print(json.dumps({"run_id": sb.run_id, "stdout": r.result["stdout"]}), flush=True)
+time.sleep(120)
+"""
+
+
+def test_decisions_survive_a_sigkilled_runner(
+    engine: Any, upstream: dict[str, Any], allow_api: Path, tmp_path: Path
+) -> None:
+    """A runner SIGKILLed mid-run leaves the proxy's decisions so far in the audit log, and the chain verifies."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from runner import audit
+
+    log = tmp_path / "audit.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUNNER, str(allow_api), upstream["network"], str(log)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    run_id = None
+    try:
+        assert proc.stdout is not None
+        out = json.loads(proc.stdout.readline())
+        run_id = out["run_id"]
+        assert " 200 " in out["stdout"]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        recs = [r for r in _proxy_decisions(log, run_id) if r["source"] == "proxy"]
+        assert [r["target"] for r in recs] == ["http://api.allowed.test:8080/before-kill"] and recs[0]["allowed"]
+        assert audit.verify(log) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if run_id is not None:  # the killed runner's sandbox and proxy are orphans: remove them here
+            for c in engine.containers(f"toolcage.run_id={run_id}"):
+                engine.remove(c["Id"])
+            for v in engine.volumes(f"toolcage.run_id={run_id}"):
+                engine.remove_volume(v["Name"])
