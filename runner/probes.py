@@ -188,6 +188,14 @@ CODE_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
         {"rc": -1, "errno": "EPERM"},
     ),
     (
+        "openat2_allowed",
+        "openat2 is available, so the file tools resolve paths beneath their root (RESOLVE_BENEATH)",
+        "import ctypes, struct\nlibc = ctypes.CDLL(None, use_errno=True)\nhow = struct.pack('QQQ', 0, 0, 0x08)\n"
+        "fd = libc.syscall(437, -100, b'.', how, len(how))\n"
+        "print(json.dumps({'r': 'succeeded' if fd >= 0 else errno.errorcode[ctypes.get_errno()]}))",
+        {"r": "succeeded"},
+    ),
+    (
         "clean_child_environment",
         "tool code sees no toolcage internals in its environment",
         "print(json.dumps({'leak': sorted(k for k in os.environ if k.startswith('TOOLCAGE') and k != 'TOOLCAGE_PROXY' "
@@ -279,11 +287,25 @@ def _limit_probes(sb: Any) -> list[tuple[str, str, Callable[[], tuple[bool, Any]
         r = sb.call("http_fetch", {"url": "http://169.254.169.254/latest/meta-data/"})
         return bool(r.error and r.error.get("code") == -32010), (r.error or {}).get("message")
 
-    return [
+    def smuggling() -> tuple[bool, Any]:
+        # a bare-LF head: the proxy must refuse it (400) before deciding anything
+        code = (
+            "import socket\ns = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n"
+            "s.sendall(b'GET http://probe.invalid/ HTTP/1.1\\nHost: probe.invalid\\n\\n')\n"
+            "print(s.recv(200).split(b'\\r\\n')[0].decode(errors='replace'))"
+        )
+        r = sb.call("run_python", {"code": code, "timeout_s": 20})
+        line = (r.result or {}).get("stdout", "").strip()
+        return line.startswith("HTTP/1.1 400"), line or (r.result or {}).get("stderr", "")[-200:]
+
+    probes = [
         ("memory_limit_fires", f"allocating past {mem} bytes ends as oom_killed", memory),
         ("pids_limit_fires", f"forking stops below the pids limit ({policy.limits.pids}) with EAGAIN", pids),
         ("egress_refuses_metadata", "http_fetch to the metadata address is refused by policy", egress),
     ]
+    if policy.network.mode == "proxy":
+        probes.append(("egress_refuses_smuggling", "the egress proxy refuses a bare-LF request head (400)", smuggling))
+    return probes
 
 
 def run_all(sb: Any) -> list[ProbeResult]:

@@ -103,11 +103,17 @@ def test_inspect_matches_policy(sandbox: Sandbox, engine: Any) -> None:
     assert [(m["Destination"], m["RW"]) for m in info["Mounts"]] == [("/workspace", False)]
 
 
-def test_limit_probes(engine: Any) -> None:
-    """The memory and pids limits fire and egress to the metadata address is refused (doctor --probe's checks)."""
+@pytest.mark.parametrize("policy", ["default", "connector-http"])
+def test_limit_probes(engine: Any, policy: str) -> None:
+    """The memory and pids limits fire and egress to the metadata address is refused (doctor --probe's checks);
+    under a proxy policy the egress proxy also refuses a smuggling-shaped request."""
     from runner.probes import run_all
 
-    with Sandbox(tool="probe") as sb:
+    with Sandbox(policy, tool="probe") as sb:
         results = {r.name: r for r in run_all(sb)}
-    for name in ("memory_limit_fires", "pids_limit_fires", "egress_refuses_metadata"):
+    names = ["memory_limit_fires", "pids_limit_fires", "egress_refuses_metadata"]
+    if policy == "connector-http":
+        names.append("egress_refuses_smuggling")
+    for name in names:
         assert results[name].passed, (name, results[name].observed)
+    assert all(r.passed for r in results.values()), [r for r in results.values() if not r.passed]

@@ -41,6 +41,9 @@ def test_each_weakening_is_found() -> None:
         (("HostConfig", "CapDrop"), [], "cap_drop"),
         (("HostConfig", "CapAdd"), ["SYS_ADMIN"], "cap_add"),
         (("HostConfig", "SecurityOpt"), [], "no-new-privileges"),
+        (("HostConfig", "SecurityOpt"), ["no-new-privileges"], "seccomp"),  # Docker's default profile
+        (("HostConfig", "SecurityOpt"), ["no-new-privileges", "seccomp=unconfined"], "seccomp"),
+        (("HostConfig", "Init"), True, "init"),  # docker-init would hold the protocol stream
         (("HostConfig", "PidsLimit"), 0, "pids limit"),
         (("HostConfig", "Memory"), 0, "memory"),
         (("HostConfig", "NanoCpus"), 4_000_000_000, "cpus"),
