@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from policies import load_policy
-from runner import DEFAULT_IMAGE, Sandbox
-from runner.config import RunSpec, container_config
+from toolcage import DEFAULT_IMAGE, Sandbox
+from toolcage.config import RunSpec, container_config
+from toolcage.policies import load_policy
 
 
 def docker_run_flags(image: str) -> list[str]:

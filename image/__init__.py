@@ -1,1 +1,1 @@
-"""Data package (installed as ``toolcage_image``): the worker Dockerfile and its pinned requirements."""
+"""``toolcage.image``: the worker Dockerfile, its pinned requirements (data) and the offline build (``build``)."""

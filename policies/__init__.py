@@ -3,10 +3,10 @@
 Imports neither `runner` nor `worker`: both depend on it, never the other way round.
 """
 
-from policies.errors import PolicyError
-from policies.loader import bundled_policy_names, load_policy, policy_from_json, validate_policy
-from policies.model import Limits, NetworkPolicy, Policy, Timeouts
-from policies.typed import parse_size
+from toolcage.policies.errors import PolicyError
+from toolcage.policies.loader import bundled_policy_names, load_policy, policy_from_json, validate_policy
+from toolcage.policies.model import Limits, NetworkPolicy, Policy, Timeouts
+from toolcage.policies.typed import parse_size
 
 __all__ = [
     "Limits",

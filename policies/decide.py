@@ -14,9 +14,9 @@ import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from policies.addresses import address_problem
-from policies.model import DEFAULT_PORTS, AllowRule, Policy
-from policies.names import NameError_, host_matches, ip_literal, normalize_host
+from toolcage.policies.addresses import address_problem
+from toolcage.policies.model import DEFAULT_PORTS, AllowRule, Policy
+from toolcage.policies.names import NameError_, host_matches, ip_literal, normalize_host
 
 Resolver = Callable[[str], Sequence[str]]
 MAX_REDIRECTS = 5

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from policies.errors import PolicyError
-from policies.model import Policy
-from policies.typed import BuildError, build
+from toolcage.policies.errors import PolicyError
+from toolcage.policies.model import Policy
+from toolcage.policies.typed import BuildError, build
 
 _ADAPTER: Any = None
 _UNKNOWN = ("extra_forbidden", "unexpected_keyword_argument")

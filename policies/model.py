@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from annotated_types import Ge, Gt, Le, MaxLen, MinLen
 
-from policies.typed import SIZE, STRICT_CONFIG, to_dict
+from toolcage.policies.typed import SIZE, STRICT_CONFIG, to_dict
 
 MiB = 1024**2
 GiB = 1024**3
@@ -64,7 +64,7 @@ class AllowRule:
     methods: tuple[Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"], ...] = ()  # empty: all
 
     def __post_init__(self) -> None:
-        from policies.names import validate_glob
+        from toolcage.policies.names import validate_glob
 
         object.__setattr__(self, "host", validate_glob(self.host))  # compare normal forms only
         if not self.schemes:

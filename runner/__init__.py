@@ -1,25 +1,45 @@
-"""toolcage's host side: start hardened per-run sandboxes and call tools in them.
+"""toolcage: run tool handlers you did not write in a hardened, per-run sandbox.
 
-from runner import Sandbox
-with Sandbox(workspace=".") as sb:
-    print(sb.call("run_python", {"code": "print(2+2)"}).result["stdout"])
+    from toolcage import Sandbox
+    with Sandbox(workspace=".") as sb:
+        print(sb.call("run_python", {"code": "print(2+2)"}).result["stdout"])
+
+This folder (``runner/``) is the ``toolcage`` package: the host side (Sandbox API, CLI,
+Docker adapter, audit). ``toolcage.worker`` (``worker/``) runs inside the sandbox and
+``toolcage.policies`` (``policies/``) is the policy model both sides share. The public
+names below load on first use, so importing ``toolcage.worker`` or ``toolcage.policies``
+(inside the image, or for ``--sandbox none``) never pulls in docker-py.
 """
 
-from policies import Policy, PolicyError, load_policy
-from runner.errors import (
-    DockerUnavailable,
-    ImageMissing,
-    ProtocolError,
-    SandboxError,
-    SandboxOOM,
-    SandboxTimeout,
-    ToolcageError,
-    UsageError,
-    WorkerCrashed,
-    WorkspaceError,
-)
-from runner.results import STATUSES, CallResult, RunSummary
-from runner.sandbox import DEFAULT_IMAGE, AsyncSandbox, Sandbox, __version__
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "Policy": "toolcage.policies",
+    "PolicyError": "toolcage.policies",
+    "load_policy": "toolcage.policies",
+    "DockerUnavailable": "toolcage.errors",
+    "ImageMissing": "toolcage.errors",
+    "ProtocolError": "toolcage.errors",
+    "SandboxError": "toolcage.errors",
+    "SandboxOOM": "toolcage.errors",
+    "SandboxTimeout": "toolcage.errors",
+    "ToolcageError": "toolcage.errors",
+    "UsageError": "toolcage.errors",
+    "WorkerCrashed": "toolcage.errors",
+    "WorkspaceError": "toolcage.errors",
+    "STATUSES": "toolcage.results",
+    "CallResult": "toolcage.results",
+    "RunSummary": "toolcage.results",
+    "DEFAULT_IMAGE": "toolcage.sandbox",
+    "AsyncSandbox": "toolcage.sandbox",
+    "Sandbox": "toolcage.sandbox",
+}
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -43,3 +63,34 @@ __all__ = [
     "__version__",
     "load_policy",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'toolcage' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # the names, for type checkers and IDEs
+    from toolcage.errors import (
+        DockerUnavailable,
+        ImageMissing,
+        ProtocolError,
+        SandboxError,
+        SandboxOOM,
+        SandboxTimeout,
+        ToolcageError,
+        UsageError,
+        WorkerCrashed,
+        WorkspaceError,
+    )
+    from toolcage.policies import Policy, PolicyError, load_policy
+    from toolcage.results import STATUSES, CallResult, RunSummary
+    from toolcage.sandbox import DEFAULT_IMAGE, AsyncSandbox, Sandbox

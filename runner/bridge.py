@@ -11,9 +11,9 @@ import threading
 import time
 from typing import Any, BinaryIO
 
-from runner.errors import ProtocolError, SandboxTimeout
-from runner.sandbox import Sandbox
-from runner.transport import EOF_MARK, Broken
+from toolcage.errors import ProtocolError, SandboxTimeout
+from toolcage.sandbox import Sandbox
+from toolcage.transport import EOF_MARK, Broken
 
 MAX_REQUEST_LINE = 16 * 1024 * 1024
 DRAIN_ID = "toolcage.serve.drain"

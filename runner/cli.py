@@ -17,9 +17,9 @@ from typing import Any, NoReturn
 
 import click
 
-from policies import PolicyError
-from runner.errors import ToolcageError, UsageError
-from runner.textsafe import dumps, escape
+from toolcage.errors import ToolcageError, UsageError
+from toolcage.policies import PolicyError
+from toolcage.textsafe import dumps, escape
 
 EXIT_BY_STATUS = {"ok": 0, "error": 1, "output_capped": 1, "signal": 1, "timeout": 3, "oom_killed": 3, "crashed": 3}
 _USAGE_CODES = (-32601, -32602, -32600, -32700)
@@ -130,8 +130,8 @@ def cli() -> None:
 
 def _sandbox(tool: str, opts: dict[str, Any]) -> Any:
     """The Sandbox the shared options describe (logging configured first)."""
-    from runner import logs
-    from runner.sandbox import Sandbox
+    from toolcage import logs
+    from toolcage.sandbox import Sandbox
 
     logs.configure(opts["verbose"])
     return Sandbox(
@@ -188,7 +188,7 @@ def serve(tool_label: str, **opts: Any) -> None:
     Send newline-delimited JSON-RPC 2.0 requests on stdin; responses come back on stdout.
     The run ends at stdin EOF or at the policy's run deadline.
     """
-    from runner.bridge import bridge
+    from toolcage.bridge import bridge
 
     try:
         with _sandbox(tool_label, opts) as sb:
@@ -201,7 +201,7 @@ def serve(tool_label: str, **opts: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print names, descriptions and params JSON schemas.")
 def tools(as_json: bool) -> None:
     """List the built-in tools (the same list `tools.list` returns inside a sandbox)."""
-    from worker.tools import Catalog
+    from toolcage.worker.tools import Catalog
 
     listing = Catalog().describe()
     if as_json:
@@ -236,9 +236,9 @@ def policy_test(policy_ref: str, url: str, method: str, resolve: tuple[str, ...]
     """
     import ipaddress
 
-    from policies import load_policy
-    from policies.decide import Request, decide, system_resolver
-    from policies.names import NameError_, normalize_host
+    from toolcage.policies import load_policy
+    from toolcage.policies.decide import Request, decide, system_resolver
+    from toolcage.policies.names import NameError_, normalize_host
 
     fixed: dict[str, list[str]] = {}
     for item in resolve:
@@ -300,7 +300,7 @@ def audit(run_id: str | None, since: str | None, as_json: bool, verify: bool, au
     from datetime import datetime
     from pathlib import Path
 
-    from runner import audit as audit_mod
+    from toolcage import audit as audit_mod
 
     path = Path(audit_log).expanduser() if audit_log else audit_mod.default_path()
     if verify:
@@ -338,8 +338,8 @@ def audit(run_id: str | None, since: str | None, as_json: bool, verify: bool, au
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def ps(as_json: bool) -> None:
     """Live runs (from Docker labels): name, tool, policy, age, memory."""
-    from runner.docker_adapter import Engine
-    from runner.ops import live_runs
+    from toolcage.docker_adapter import Engine
+    from toolcage.ops import live_runs
 
     try:
         rows = live_runs(Engine.default())
@@ -367,8 +367,8 @@ def ps(as_json: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="List what would be removed.")
 def gc(dry_run: bool) -> None:
     """Remove toolcage containers and networks whose owner is gone or whose deadline passed."""
-    from runner.docker_adapter import Engine
-    from runner.reaper import find_orphans, remove
+    from toolcage.docker_adapter import Engine
+    from toolcage.reaper import find_orphans, remove
 
     try:
         engine = Engine.default()
@@ -377,7 +377,7 @@ def gc(dry_run: bool) -> None:
             verb = "would remove" if dry_run else "removing"
             click.echo(f"{verb} {o.kind} {escape(o.name)} (run {escape(o.run_id)}): {escape(o.reason)}")
         if not dry_run:
-            from runner import audit as audit_mod
+            from toolcage import audit as audit_mod
 
             remove(engine, orphans, audit_mod.shared())
     except ToolcageError as exc:
@@ -395,10 +395,10 @@ def doctor(probe: bool, policy_ref: str, as_json: bool) -> None:
 
     Exit 1 when anything is weaker than it should be.
     """
-    from runner.docker_adapter import Engine
-    from runner.image import SOURCE_LABEL, source_sha256
-    from runner.ops import daemon_security, inspect_findings
-    from runner.sandbox import DEFAULT_IMAGE
+    from toolcage.docker_adapter import Engine
+    from toolcage.image.build import SOURCE_LABEL, source_sha256
+    from toolcage.ops import daemon_security, inspect_findings
+    from toolcage.sandbox import DEFAULT_IMAGE
 
     report: dict[str, Any] = {"findings": []}
     findings: list[str] = report["findings"]
@@ -429,8 +429,8 @@ def doctor(probe: bool, policy_ref: str, as_json: bool) -> None:
             findings.extend(f"{name}: {p}" for p in problems)
         report["containers"] = checked
         if probe and img is not None:
-            from runner.probes import run_all
-            from runner.sandbox import Sandbox
+            from toolcage.probes import run_all
+            from toolcage.sandbox import Sandbox
 
             with Sandbox(policy_ref, tool="doctor-probe") as sb:
                 results = run_all(sb)
@@ -481,10 +481,10 @@ def image() -> None:
 @click.option("--force", is_flag=True, help="Rebuild even if the image is up to date.")
 def image_build(tag: str | None, base: str | None, force: bool) -> None:
     """Build the worker image (idempotent: nothing happens when nothing changed)."""
-    from runner.docker_adapter import Engine
-    from runner.image import build_image
-    from runner.progress import StepReporter
-    from runner.sandbox import DEFAULT_IMAGE
+    from toolcage.docker_adapter import Engine
+    from toolcage.image.build import build_image
+    from toolcage.progress import StepReporter
+    from toolcage.sandbox import DEFAULT_IMAGE
 
     try:
         engine = Engine(timeout=600)

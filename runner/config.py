@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from policies import Policy
-from runner import seccomp
+from toolcage import seccomp
+from toolcage.policies import Policy
 
 SANDBOX_UID = 65532
 PROXY_DIR = "/run/toolcage"
@@ -93,7 +93,7 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         "Tmpfs": {SCRATCH: f"rw,nosuid,nodev,size={lim.scratch},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700"},
         "CapDrop": ["ALL"],  # no capabilities: no raw sockets, no chown, no ptrace, no mount
         # setuid binaries and file caps cannot raise privileges; toolcage's seccomp profile (Docker's
-        # default minus ptrace, process_vm_*, io_uring, userfaultfd, bpf, keyrings, ...: runner.seccomp)
+        # default minus ptrace, process_vm_*, io_uring, userfaultfd, bpf, keyrings, ...: toolcage.seccomp)
         "SecurityOpt": ["no-new-privileges", seccomp.security_opt()],
         "Privileged": False,
         "PidsLimit": lim.pids,  # fork bombs hit the cgroup pids limit, not the host
@@ -157,7 +157,7 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
         env.append(f"TOOLCAGE_EGRESS_PROXY={upstream}")
     cfg.update(
         Env=env,
-        Entrypoint=["python3", "-S", "-m", "worker.proxy"],
+        Entrypoint=["python3", "-S", "-m", "toolcage.worker.proxy"],
         AttachStdin=False,
         OpenStdin=False,
         StdinOnce=False,

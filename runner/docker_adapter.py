@@ -13,7 +13,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from runner.errors import DockerUnavailable, ImageMissing, SandboxError
+from toolcage.errors import DockerUnavailable, ImageMissing, SandboxError
 
 API_VERSION = "1.41"  # Docker Engine 20.10+; fixed so no /version round trip on connect
 _UNREACHABLE = (

@@ -24,10 +24,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from policies import Policy
-from runner.config import LABEL_PREFIX, PROXY_PORT, SANDBOX_UID, RunSpec, labels, proxy_container_config
-from runner.errors import SandboxError, UsageError
-from runner.transport import DockerAttachTransport, StreamParser
+from toolcage.config import LABEL_PREFIX, PROXY_PORT, SANDBOX_UID, RunSpec, labels, proxy_container_config
+from toolcage.errors import SandboxError, UsageError
+from toolcage.policies import Policy
+from toolcage.transport import DockerAttachTransport, StreamParser
 
 READY_TIMEOUT_S = 15.0
 DRAIN_TIMEOUT_S = 5.0

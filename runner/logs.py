@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from runner import textsafe
+from toolcage import textsafe
 
 
 def configure(verbose: int = 0, json_logs: bool | None = None) -> None:

@@ -10,9 +10,9 @@ import time
 from datetime import datetime
 from typing import Any
 
-from policies import PolicyError, policy_from_json
-from runner import seccomp
-from runner.config import SANDBOX_UID
+from toolcage import seccomp
+from toolcage.config import SANDBOX_UID
+from toolcage.policies import PolicyError, policy_from_json
 
 
 def _env(info: dict[str, Any]) -> dict[str, str]:
@@ -54,7 +54,7 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
     if cfg.get("User") != f"{SANDBOX_UID}:{SANDBOX_UID}":
         weak("user", cfg.get("User"), f"{SANDBOX_UID}:{SANDBOX_UID}")
     if not seccomp.is_ours(sec):
-        weak("seccomp", "Docker's default or another profile", "toolcage's profile (runner.seccomp)")
+        weak("seccomp", "Docker's default or another profile", "toolcage's profile (toolcage.seccomp)")
     if hc.get("Init"):
         weak("init", "docker-init (it holds the protocol stream in a dumpable process)", "the worker as PID 1")
     for mode in ("PidMode", "IpcMode", "UTSMode", "UsernsMode"):

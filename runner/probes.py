@@ -154,7 +154,7 @@ CODE_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
         "worker_is_init",
         "the worker itself is PID 1 of the sandbox's own PID namespace (no docker-init holding the stream)",
         "print(json.dumps({'init': open('/proc/1/cmdline').read().split('\\0')[:4]}))",
-        {"init": ["python3", "-S", "-m", "worker"]},
+        {"init": ["python3", "-S", "-m", "toolcage.worker"]},
     ),
     (
         "init_fds_not_openable",
@@ -205,7 +205,7 @@ CODE_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
 ]
 
 
-# Calls toolcage's seccomp profile denies (runner.seccomp), each tried with arguments that work
+# Calls toolcage's seccomp profile denies (toolcage.seccomp), each tried with arguments that work
 # under Docker's default profile or without one, so EPERM here means the profile is applied.
 # Syscall numbers per architecture: (x86_64, aarch64).
 _SYSCALL = """

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runner.ownership import process_start_ticks
+from toolcage.ownership import process_start_ticks
 
 DEADLINE_GRACE_S = 5.0
 

@@ -25,12 +25,11 @@ from typing import Any
 
 import jsonrpcclient
 
-from policies import Policy, load_policy
-from runner import audit as audit_mod
-from runner import logs, ownership
-from runner.audit import Audit
-from runner.config import PROXY_SOCKET, RunSpec, container_config, container_name
-from runner.errors import (
+from toolcage import __version__, logs, ownership
+from toolcage import audit as audit_mod
+from toolcage.audit import Audit
+from toolcage.config import PROXY_SOCKET, RunSpec, container_config, container_name
+from toolcage.errors import (
     ProtocolError,
     SandboxError,
     SandboxOOM,
@@ -39,11 +38,11 @@ from runner.errors import (
     UsageError,
     WorkerCrashed,
 )
-from runner.results import CallResult, RunSummary, classify_error, classify_result
-from runner.transport import EOF_MARK, Broken, DockerAttachTransport, ProcessTransport, StreamParser
-from runner.workspace import readable_by_sandbox, validate_workspace
+from toolcage.policies import Policy, load_policy
+from toolcage.results import CallResult, RunSummary, classify_error, classify_result
+from toolcage.transport import EOF_MARK, Broken, DockerAttachTransport, ProcessTransport, StreamParser
+from toolcage.workspace import readable_by_sandbox, validate_workspace
 
-__version__ = "0.1.0"
 DEFAULT_IMAGE = f"toolcage-worker:{__version__}"
 CALL_GRACE_S = 2.0  # the worker enforces call timeouts; the runner waits this much longer
 NONE_WARNING = (
@@ -52,7 +51,7 @@ NONE_WARNING = (
 )
 
 # how --sandbox none starts the worker (tests swap in misbehaving workers)
-LOCAL_WORKER_ARGV = [sys.executable, "-m", "worker"]
+LOCAL_WORKER_ARGV = [sys.executable, "-m", "toolcage.worker"]
 
 _LIVE: set[Sandbox] = set()
 _LIVE_LOCK = threading.Lock()
@@ -219,7 +218,7 @@ class Sandbox:
             return None
         try:
             if self._engine is None:
-                from runner.docker_adapter import Engine
+                from toolcage.docker_adapter import Engine
 
                 self._engine = Engine.default()
             return self._engine.image(self.image)  # type: ignore[no-any-return]
@@ -251,15 +250,15 @@ class Sandbox:
 
     def _start_container(self, parser: StreamParser) -> None:
         if self._engine is None:
-            from runner.docker_adapter import Engine
+            from toolcage.docker_adapter import Engine
 
             self._engine = Engine.default()
-        from runner.reaper import reap_in_background
+        from toolcage.reaper import reap_in_background
 
         reap_in_background(self._engine, self.log, self.audit)
         spec = self._run_spec()
         if self.policy.network.mode == "proxy":
-            from runner.egress import Egress, audit_decisions
+            from toolcage.egress import Egress, audit_decisions
 
             self._egress = Egress(
                 self._engine,
@@ -293,7 +292,6 @@ class Sandbox:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
-            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
             "TOOLCAGE_POLICY": self.policy.canonical_json(),
             "TOOLCAGE_RUN_ID": self.run_id,
             "TOOLCAGE_DEADLINE": f"{spec.deadline:.3f}",
@@ -591,6 +589,15 @@ class AsyncSandbox:
     @property
     def name(self) -> str:
         return self._sync.name
+
+    @property
+    def container_id(self) -> str | None:
+        return self._sync.container_id
+
+    @property
+    def summary(self) -> RunSummary | None:
+        """Wall time, CPU time and peak memory of the run, once it is closed (as on Sandbox)."""
+        return self._sync.summary
 
     async def __aenter__(self) -> AsyncSandbox:
         await self.start()

@@ -9,7 +9,7 @@ riskiest surfaces for a local attacker (``io_uring_*``, ``userfaultfd``, ``bpf``
 Capability-gated entries of Docker's profile are left out: the sandbox drops every
 capability, so they could never apply.
 
-``python -m runner.seccomp`` prints the profile; ``runner/seccomp.json`` is that output,
+``python -m toolcage.seccomp`` prints the profile; ``runner/seccomp.json`` is that output,
 shipped for operators (``docker run --security-opt seccomp=runner/seccomp.json``), and a
 unit test keeps the two identical.
 """

@@ -80,7 +80,7 @@ class StreamParser:
         following the worker's own rules: a request with an id gets that id back, a
         notification nothing, an unreadable or invalid line an answer with id null, a batch
         one list (unless it holds only notifications)."""
-        from worker.protocol import valid_request
+        from toolcage.worker.protocol import valid_request
 
         try:
             msg = json.loads(line)

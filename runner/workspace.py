@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from runner.errors import WorkspaceError
+from toolcage.errors import WorkspaceError
 
 # Never mount these, nor anything inside them, nor any directory that contains them (/var holds /var/lib/docker).
 _FORBIDDEN_TREES = (

@@ -34,8 +34,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def engine() -> Any:
     """The real Docker engine, with the worker image present; fails loudly otherwise."""
-    from runner import DEFAULT_IMAGE, ToolcageError
-    from runner.docker_adapter import Engine
+    from toolcage import DEFAULT_IMAGE, ToolcageError
+    from toolcage.docker_adapter import Engine
 
     try:
         eng = Engine.default()
@@ -50,7 +50,7 @@ def engine() -> Any:
 
 def _mine(eng: Any) -> list[dict[str, Any]]:
     """Containers created by this test process (owner label host:pid)."""
-    from runner import ownership
+    from toolcage import ownership
 
     host_pid, _ = ownership.owner()
     return [c for c in eng.containers("toolcage.run_id") if c["Labels"].get("toolcage.owner") == host_pid]
@@ -72,7 +72,7 @@ def _final_sweep() -> Iterator[None]:
     """At the end of the session remove anything this process created, whatever happened."""
     yield
     try:
-        from runner.docker_adapter import Engine
+        from toolcage.docker_adapter import Engine
 
         eng = Engine.default()
         for c in _mine(eng):

@@ -1,4 +1,4 @@
-"""Entry point: ``python -m worker``. Claims the protocol fds, hardens itself, serves until EOF.
+"""Entry point: ``python -m toolcage.worker``. Claims the protocol fds, hardens itself, serves until EOF.
 
 Start-up is kept lean (it is on the critical path of every run): only the JSON-RPC core
 is imported here; pydantic, the tool modules and structlog load on first use.
@@ -27,7 +27,7 @@ def _arm_deadline(raw: str | None) -> None:
         return
 
     def _expire() -> None:
-        from worker.tools.proc import kill_all_children
+        from toolcage.worker.tools.proc import kill_all_children
 
         os.write(2, b'{"event": "worker.deadline", "level": "warning", "component": "worker"}\n')
         kill_all_children()
@@ -51,7 +51,7 @@ def _watch_runner(fd: int) -> None:
         while True:
             for _fd, event in poller.poll():
                 if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                    from worker.tools.proc import kill_all_children
+                    from toolcage.worker.tools.proc import kill_all_children
 
                     os.write(2, b'{"event": "worker.runner_gone", "level": "warning", "component": "worker"}\n')
                     kill_all_children()
@@ -61,7 +61,7 @@ def _watch_runner(fd: int) -> None:
 
 
 def main() -> int:
-    from worker import hardening
+    from toolcage.worker import hardening
 
     # First of all: nothing may open our fds or memory (the protocol stream) through /proc or ptrace.
     non_dumpable = hardening.make_non_dumpable()
@@ -69,14 +69,14 @@ def main() -> int:
         os.write(2, b'{"event": "worker.refused", "level": "error", "reason": "cannot make the worker non-dumpable"}\n')
         return 70
 
-    from worker.protocol import Channel
+    from toolcage.worker.protocol import Channel
 
     channel = Channel.claim_stdio()  # before anything can print
 
-    from worker import logs, sweep
-    from worker.dispatch import Dispatcher
-    from worker.settings import Settings
-    from worker.tools import Catalog
+    from toolcage.worker import logs, sweep
+    from toolcage.worker.dispatch import Dispatcher
+    from toolcage.worker.settings import Settings
+    from toolcage.worker.tools import Catalog
 
     if sweep.active():
         hardening.as_init()
@@ -86,7 +86,7 @@ def main() -> int:
     if os.environ.get("TOOLCAGE_WATCH_RUNNER") == "1":  # set by the runner, which never half-closes mid-call
         _watch_runner(channel.fd_in)
     if os.environ.get("TOOLCAGE_PROXY_SOCKET"):
-        from worker import relay
+        from toolcage.worker import relay
 
         relay.start(os.environ["TOOLCAGE_PROXY_SOCKET"])
     dispatcher = Dispatcher(settings, Catalog.from_env())

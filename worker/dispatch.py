@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from worker import _lean, logs
-from worker.errors import CallTimeout, WorkerError
-from worker.protocol import valid_request
-from worker.settings import Settings
-from worker.tools import Catalog
+from toolcage.worker import _lean, logs
+from toolcage.worker.errors import CallTimeout, WorkerError
+from toolcage.worker.protocol import valid_request
+from toolcage.worker.settings import Settings
+from toolcage.worker.tools import Catalog
 
 _lean.bare_package("jsonrpcserver")
 from jsonrpcserver.dispatcher import dispatch_to_response_pure  # noqa: E402
@@ -75,7 +75,7 @@ class Dispatcher:
 
     @staticmethod
     def _usage() -> Result:
-        from worker.usage import usage
+        from toolcage.worker.usage import usage
 
         return Success(usage())
 
@@ -120,7 +120,7 @@ class Dispatcher:
         """Nothing survives its call (unless the policy says unsafe_background_processes): every
         other process of the sandbox is killed and what it left in IPC is removed, before the
         answer goes out."""
-        from worker import sweep
+        from toolcage.worker import sweep
 
         if sweep.active() and not self.settings.policy.unsafe_background_processes:
             swept = sweep.after_call()

@@ -3,7 +3,7 @@
 A small asyncio forward proxy (CONNECT and absolute-form plain HTTP) that calls the same
 ``policies.decide`` as SafeFetch, resolves names itself, checks every address, connects
 only to a checked address, and refuses everything else with the reason. It runs from
-the worker image (``python3 -S -m worker.proxy``) in its own hardened container.
+the worker image (``python3 -S -m toolcage.worker.proxy``) in its own hardened container.
 
 Threat: request smuggling. HTTP is parsed with h11 after strict checks on the raw head
 (``worker.headcheck``); the request is re-framed towards the upstream (h11 client role,
@@ -29,10 +29,10 @@ from urllib.parse import urlsplit
 
 import h11
 
-from policies import Policy, policy_from_json
-from policies.decide import Decision, Request, decide, parse_target, system_resolver
-from worker import clienthello, headcheck
-from worker.decisionlog import DecisionLog
+from toolcage.policies import Policy, policy_from_json
+from toolcage.policies.decide import Decision, Request, decide, parse_target, system_resolver
+from toolcage.worker import clienthello, headcheck
+from toolcage.worker.decisionlog import DecisionLog
 
 MAX_HEAD = 64 * 1024
 IDLE_TIMEOUT_S = 60.0

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from policies import Policy
-from policies.decide import MAX_REDIRECTS, Decision, Request, Resolver, decide, system_resolver
-from worker.errors import ToolError
+from toolcage.policies import Policy
+from toolcage.policies.decide import MAX_REDIRECTS, Decision, Request, Resolver, decide, system_resolver
+from toolcage.worker.errors import ToolError
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 # headers a caller may not set: Host must be the checked name (no domain fronting),

@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from policies import Policy
+    from toolcage.policies import Policy
 
 
 class Settings:
@@ -24,7 +24,7 @@ class Settings:
     @property
     def policy(self) -> Policy:
         if self._policy is None:
-            from policies import Policy, policy_from_json
+            from toolcage.policies import Policy, policy_from_json
 
             self._policy = policy_from_json(self._policy_json) if self._policy_json else Policy()
         return self._policy

@@ -10,7 +10,7 @@ import os
 import resource
 from typing import Any
 
-from worker import cgroup
+from toolcage.worker import cgroup
 
 
 def usage() -> dict[str, Any]:

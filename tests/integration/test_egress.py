@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from runner import Sandbox
+from toolcage import Sandbox
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -90,7 +90,7 @@ while True:
 def _start(
     engine: Any, name: str, net: str, script: str, aliases: list[str], labels: dict[str, str], env: dict[str, str]
 ) -> str:
-    from runner import DEFAULT_IMAGE
+    from toolcage import DEFAULT_IMAGE
 
     cid = engine.create(
         {
@@ -441,7 +441,7 @@ print(json.dumps({"denied": sorted(set(d[:12] for d in denied)), "ok": ok}))
 
 
 def _proxy_decisions(path: Path, run_id: str) -> list[dict[str, Any]]:
-    from runner import audit
+    from toolcage import audit
 
     return [r for r in audit.read(path) if r.get("event") == "egress.decision" and r.get("run_id") == run_id]
 
@@ -451,7 +451,7 @@ def test_flood_of_denied_requests_cannot_hide_the_allowed_one(
 ) -> None:
     """40 denied requests with 60 KB targets, then one allowed: all 41 are in the audit log (long targets
     cut with a marker), the allowed one with its target, and the chain verifies."""
-    from runner import audit
+    from toolcage import audit
 
     log = tmp_path / "audit.jsonl"
     with Sandbox(allow_api, egress_network=upstream["network"], audit=log) as sb:
@@ -502,7 +502,7 @@ def test_decisions_are_on_disk_while_the_run_is_live(
 
 KILLED_RUNNER = """
 import json, sys, time
-from runner import Sandbox
+from toolcage import Sandbox
 policy, net, log = sys.argv[1:4]
 code = '''
 import os, socket
@@ -529,7 +529,7 @@ def test_decisions_survive_a_sigkilled_runner(
     import subprocess
     import sys
 
-    from runner import audit
+    from toolcage import audit
 
     log = tmp_path / "audit.jsonl"
     proc = subprocess.Popen(

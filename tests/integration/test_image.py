@@ -14,12 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_second_build_is_a_no_op(engine: Any) -> None:
     """A build right after a build reports 'up to date', keeps the image id, and takes seconds, not minutes."""
-    from runner import DEFAULT_IMAGE
+    from toolcage import DEFAULT_IMAGE
 
     before = engine.image(DEFAULT_IMAGE)["Id"]
     t = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "runner.cli", "image", "build"], capture_output=True, text=True, cwd=ROOT, timeout=600
+        [sys.executable, "-m", "toolcage.cli", "image", "build"], capture_output=True, text=True, cwd=ROOT, timeout=600
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -29,11 +29,11 @@ def test_second_build_is_a_no_op(engine: Any) -> None:
 
 
 def test_image_user_and_entrypoint(engine: Any) -> None:
-    """The image runs as uid 65532 with `python3 -S -m worker` and carries its source hash."""
-    from runner import DEFAULT_IMAGE
-    from runner.image import SOURCE_LABEL, source_sha256
+    """The image runs as uid 65532 with `python3 -S -m toolcage.worker` and carries its source hash."""
+    from toolcage import DEFAULT_IMAGE
+    from toolcage.image.build import SOURCE_LABEL, source_sha256
 
     cfg = engine.image(DEFAULT_IMAGE)["Config"]
     assert cfg["User"] == "65532:65532"
-    assert cfg["Entrypoint"] == ["python3", "-S", "-m", "worker"]
+    assert cfg["Entrypoint"] == ["python3", "-S", "-m", "toolcage.worker"]
     assert cfg["Labels"][SOURCE_LABEL] == source_sha256()

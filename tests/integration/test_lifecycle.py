@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from runner import Sandbox, WorkerCrashed
-from runner.audit import read, verify
+from toolcage import Sandbox, WorkerCrashed
+from toolcage.audit import read, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "policies"
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runner.cli", *args],
+        [sys.executable, "-m", "toolcage.cli", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -70,7 +70,7 @@ def test_doctor_finds_live_run_as_locked_down(engine: Any) -> None:
 
 RUNNER_SCRIPT = """
 import sys, time
-from runner import Sandbox
+from toolcage import Sandbox
 sb = Sandbox(sys.argv[1], tool="sigkill", audit=False)
 sb.start()
 print(sb.run_id, flush=True)

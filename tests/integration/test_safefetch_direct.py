@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from policies import validate_policy
-from worker.safefetch import EgressDenied, FetchFailed, SafeFetch
+from toolcage.policies import validate_policy
+from toolcage.worker.safefetch import EgressDenied, FetchFailed, SafeFetch
 
 
 class Handler(http.server.BaseHTTPRequestHandler):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from runner import (
+from toolcage import (
     DockerUnavailable,
     ImageMissing,
     Sandbox,
@@ -20,7 +20,7 @@ from runner import (
     SandboxTimeout,
     WorkerCrashed,
 )
-from runner.docker_adapter import Engine
+from toolcage.docker_adapter import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "policies"
@@ -177,7 +177,7 @@ def test_async_twin(engine: Any) -> None:
     """AsyncSandbox runs the same calls from asyncio."""
     import asyncio
 
-    from runner import AsyncSandbox
+    from toolcage import AsyncSandbox
 
     async def go() -> str:
         async with AsyncSandbox() as sb:
@@ -189,7 +189,12 @@ def test_async_twin(engine: Any) -> None:
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runner.cli", *args], input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120
+        [sys.executable, "-m", "toolcage.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
 
 
@@ -246,7 +251,7 @@ def test_cli_signal_removes_container(engine: Any, sig: str) -> None:
         [
             sys.executable,
             "-m",
-            "runner.cli",
+            "toolcage.cli",
             "run",
             "run_python",
             "--params",
@@ -279,12 +284,12 @@ def test_cli_signal_removes_container(engine: Any, sig: str) -> None:
 
 def test_cli_serve_audits_calls(engine: Any, tmp_path: Path) -> None:
     """Calls bridged by `toolcage serve` are in the audit log like any other run's."""
-    from runner.audit import read
+    from toolcage.audit import read
 
     log = tmp_path / "audit.jsonl"
     lines = '{"jsonrpc": "2.0", "method": "run_python", "params": {"code": "print(1)"}, "id": "a"}\n'
     out = subprocess.run(
-        [sys.executable, "-m", "runner.cli", "serve", "--audit-log", str(log)],
+        [sys.executable, "-m", "toolcage.cli", "serve", "--audit-log", str(log)],
         input=lines,
         capture_output=True,
         text=True,
@@ -299,7 +304,7 @@ def test_cli_serve_audits_calls(engine: Any, tmp_path: Path) -> None:
 
 def test_cli_run_is_audited(engine: Any, tmp_path: Path) -> None:
     """`toolcage run` writes run.started, run.call and run.finished (at the CLI's default log level)."""
-    from runner.audit import read, verify
+    from toolcage.audit import read, verify
 
     log = tmp_path / "audit.jsonl"
     out = _cli("run", "run_python", "--params", '{"code": "print(3)"}', "--audit-log", str(log))

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from runner import ProtocolError, Sandbox, load_policy
+from toolcage import ProtocolError, Sandbox, load_policy
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,7 +202,7 @@ def test_runner_memory_is_bounded_under_a_flood(engine: Any) -> None:
     proc = _runner(
         f"""
         import dataclasses, json, time
-        from runner import Sandbox, load_policy
+        from toolcage import Sandbox, load_policy
         policy = dataclasses.replace(load_policy("default"), unsafe_background_processes=True)
         with Sandbox(policy, tool="flood", audit=False) as sb:
             sb.call("run_python", {{"code": {FLOOD!r}}})
@@ -240,7 +240,7 @@ def test_runner_death_stops_the_sandbox_within_2s(engine: Any, moment: str) -> N
     proc = _runner(
         f"""
         import dataclasses, sys, threading, time
-        from runner import Sandbox, load_policy
+        from toolcage import Sandbox, load_policy
         policy = dataclasses.replace(load_policy("default"), unsafe_background_processes=True)
         sb = Sandbox(policy, tool="orphan", run_timeout=55).start()
         print(sb.container_id, flush=True)
@@ -280,8 +280,8 @@ def test_killed_right_after_create_still_leaves_a_trace(engine: Any, tmp_path: P
     proc = _runner(
         """
         import os, signal
-        from runner import Sandbox
-        from runner.docker_adapter import Engine
+        from toolcage import Sandbox
+        from toolcage.docker_adapter import Engine
         real = Engine.create
         def create(self, config, name):
             cid = real(self, config, name)
@@ -295,7 +295,7 @@ def test_killed_right_after_create_still_leaves_a_trace(engine: Any, tmp_path: P
     out, _ = proc.communicate(timeout=60)
     cid = out.strip()
     assert proc.returncode == -signal.SIGKILL and cid
-    from runner import audit, reaper
+    from toolcage import audit, reaper
 
     started = [r for r in audit.read(log) if r["event"] == "run.started"]
     assert len(started) == 1 and started[0]["tool"] == "instant"

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from runner import DEFAULT_IMAGE, Sandbox
+from toolcage import DEFAULT_IMAGE, Sandbox
 
 # The upstream: ignores "Connection: close" (so a pipelined or smuggled second request on the
 # same connection is executed), reads bodies by Content-Length only (like many back ends), and

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from runner import Sandbox
-from runner.errors import WorkspaceError
+import toolcage.sandbox
+from toolcage import Sandbox
+from toolcage.errors import WorkspaceError
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -68,9 +69,8 @@ def test_premise_host_socket_answers_through_read_only_mount(
 ) -> None:
     """Why the check exists: with it bypassed (today's code had none), the sandbox, which has no
     network, connects to the host socket through the read-only bind mount and reads its answer."""
-    import runner.sandbox
 
-    monkeypatch.setattr(runner.sandbox, "validate_workspace", lambda p: Path(p).resolve())
+    monkeypatch.setattr(toolcage.sandbox, "validate_workspace", lambda p: Path(p).resolve())
     code = (
         "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('/workspace/agent.sock')\n"
         "print(s.recv(100).decode(), end='')"

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from runner import Sandbox
-from runner.probes import CODE_CASES, check, run_code_probe
+from toolcage import Sandbox
+from toolcage.probes import CODE_CASES, check, run_code_probe
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -92,7 +92,7 @@ def test_inspect_matches_policy(sandbox: Sandbox, engine: Any) -> None:
     assert hc["Memory"] == hc["MemorySwap"] == 512 * 1024**2
     assert hc["NanoCpus"] == 1_000_000_000
     assert not hc["Init"]  # the worker is PID 1 (docker-init held a reachable copy of the protocol stream)
-    from runner import seccomp
+    from toolcage import seccomp
 
     assert seccomp.is_ours(hc["SecurityOpt"])
     assert not hc.get("PortBindings")
@@ -107,7 +107,7 @@ def test_inspect_matches_policy(sandbox: Sandbox, engine: Any) -> None:
 def test_limit_probes(engine: Any, policy: str) -> None:
     """The memory and pids limits fire and egress to the metadata address is refused (doctor --probe's checks);
     under a proxy policy the egress proxy also refuses a smuggling-shaped request."""
-    from runner.probes import run_all
+    from toolcage.probes import run_all
 
     with Sandbox(policy, tool="probe") as sb:
         results = {r.name: r for r in run_all(sb)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.config import RunSpec
+from toolcage.config import RunSpec
 
 
 def run_spec(**overrides: Any) -> RunSpec:

@@ -6,7 +6,7 @@ import json
 import multiprocessing
 from pathlib import Path
 
-from runner.audit import Audit, param_digest, read, verify
+from toolcage.audit import Audit, param_digest, read, verify
 
 
 def write(path: Path, n: int) -> None:

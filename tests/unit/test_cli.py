@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from runner.cli import cli
+from toolcage.cli import cli
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
 
@@ -111,7 +111,7 @@ def test_docker_unreachable_is_one_sentence_exit_3(monkeypatch: object) -> None:
 
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
-        [sys.executable, "-m", "runner.cli", "run", "run_python", "--params", '{"code": "1"}'],
+        [sys.executable, "-m", "toolcage.cli", "run", "run_python", "--params", '{"code": "1"}'],
         capture_output=True,
         text=True,
         cwd=root,

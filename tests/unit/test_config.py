@@ -5,10 +5,10 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from policies import load_policy
-from runner import seccomp
-from runner.config import container_config, container_name
 from tests.unit._helpers import run_spec
+from toolcage import seccomp
+from toolcage.config import container_config, container_name
+from toolcage.policies import load_policy
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from policies import PolicyError, validate_policy
-from policies.decide import Request, ResolveError, decide, parse_target
+from toolcage.policies import PolicyError, validate_policy
+from toolcage.policies.decide import Request, ResolveError, decide, parse_target
 
 POLICY = validate_policy(
     {
@@ -224,6 +224,6 @@ def test_hosts_are_stored_normalised() -> None:
 
 def test_network_policy_round_trips_through_worker_builder() -> None:
     """The worker rebuilds the identical network policy from canonical JSON (no pydantic)."""
-    from policies import policy_from_json
+    from toolcage.policies import policy_from_json
 
     assert policy_from_json(POLICY.canonical_json()) == POLICY

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from policies import validate_policy
-from worker.errors import BadParams, PathEscape, ToolError
-from worker.settings import Settings
-from worker.tools import Catalog
-from worker.tools import paths as paths_mod
+from toolcage.policies import validate_policy
+from toolcage.worker.errors import BadParams, PathEscape, ToolError
+from toolcage.worker.settings import Settings
+from toolcage.worker.tools import Catalog
+from toolcage.worker.tools import paths as paths_mod
 
 SECRET = "outside-secret-4f1c"
 

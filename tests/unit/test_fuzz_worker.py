@@ -11,15 +11,16 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.dispatch import Dispatcher
-from worker.protocol import Channel
-from worker.settings import Settings
-from worker.tools import Catalog
+from toolcage.worker.dispatch import Dispatcher
+from toolcage.worker.protocol import Channel
+from toolcage.worker.settings import Settings
+from toolcage.worker.tools import Catalog
 
 _TMP = tempfile.mkdtemp(prefix="toolcage-fuzz-")
 # only side-effect-free tools: fuzzing must not run shell commands
 DISPATCHER = Dispatcher(
-    Settings(None, _TMP, _TMP, "fuzz"), Catalog({"list_files": "worker.tools.files", "read_file": "worker.tools.files"})
+    Settings(None, _TMP, _TMP, "fuzz"),
+    Catalog({"list_files": "toolcage.worker.tools.files", "read_file": "toolcage.worker.tools.files"}),
 )
 
 JSONISH = st.recursive(

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from runner import ProtocolError, Sandbox, SandboxTimeout
-from runner import sandbox as sandbox_mod
+from toolcage import ProtocolError, Sandbox, SandboxTimeout
+from toolcage import sandbox as sandbox_mod
 
 FAKES = {
     "garbage": "import sys\nfor line in sys.stdin:\n    print('this is not json', flush=True)\n",

@@ -13,7 +13,7 @@ BLOCK = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in {blocked!r}:
+        if name in {blocked!r} or name.split('.')[0] in {blocked!r}:
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
 """
@@ -25,17 +25,31 @@ def _imports_ok(modules: str, blocked: set[str]) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+# the runner's own modules (runner/ is the toolcage package itself)
+RUNNER = {f"toolcage.{p.stem}" for p in (ROOT / "runner").glob("*.py") if p.stem != "__init__"}
+
+
 def test_worker_does_not_import_runner() -> None:
-    """The worker (and every tool module) imports without runner, docker or jsonrpcclient."""
+    """The worker (and every tool module) imports without the runner's modules, docker or jsonrpcclient."""
     _imports_ok(
-        "worker.__main__, worker.dispatch, worker.tools.proc, worker.tools.files, worker.usage",
-        {"runner", "docker", "jsonrpcclient"},
+        "toolcage.worker.__main__, toolcage.worker.dispatch, toolcage.worker.tools.proc, "
+        "toolcage.worker.tools.files, toolcage.worker.usage",
+        RUNNER | {"docker", "jsonrpcclient"},
     )
 
 
 def test_policies_import_neither_side() -> None:
     """policies imports neither runner nor worker."""
-    _imports_ok("policies", {"runner", "worker"})
+    _imports_ok("toolcage.policies", RUNNER | {"toolcage.worker"})
+
+
+def test_one_top_level_name() -> None:
+    """The wheel installs `toolcage` and nothing generic beside it (no runner, worker, policies at the top)."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert {p.split(".")[0] for p in cfg["packages"]} == {"toolcage"}
+    assert set(cfg["package-dir"]) <= set(cfg["packages"])
 
 
 def test_only_the_adapter_imports_docker() -> None:

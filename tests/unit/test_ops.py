@@ -7,11 +7,11 @@ import os
 import socket
 from typing import Any
 
-from policies import load_policy
-from runner.config import container_config
-from runner.ops import inspect_findings
-from runner.reaper import orphan_reason
 from tests.unit._helpers import run_spec
+from toolcage.config import container_config
+from toolcage.ops import inspect_findings
+from toolcage.policies import load_policy
+from toolcage.reaper import orphan_reason
 
 
 def live_inspect() -> dict[str, Any]:
@@ -71,7 +71,7 @@ def test_rw_mount_and_socket_found() -> None:
 def test_orphan_rules() -> None:
     """Dead owner, reused pid and passed deadline make an orphan; a live owner before the deadline does not."""
     host = socket.gethostname()
-    from runner.ownership import process_start_ticks
+    from toolcage.ownership import process_start_ticks
 
     me = {
         "toolcage.owner": f"{host}:{os.getpid()}",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from policies import Policy, PolicyError, load_policy, parse_size, policy_from_json
+from toolcage.policies import Policy, PolicyError, load_policy, parse_size, policy_from_json
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
 

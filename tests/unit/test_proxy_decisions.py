@@ -8,9 +8,9 @@ import struct
 import threading
 from typing import Any
 
-from runner.egress import MAX_LINE, DecisionStream, audit_decisions
-from runner.transport import DockerAttachTransport
-from worker.decisionlog import MAX_FIELD, DecisionLog, clip
+from toolcage.egress import MAX_LINE, DecisionStream, audit_decisions
+from toolcage.transport import DockerAttachTransport
+from toolcage.worker.decisionlog import MAX_FIELD, DecisionLog, clip
 
 
 class BlockingOut(io.StringIO):

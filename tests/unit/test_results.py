@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.results import STATUSES, classify_error, classify_result
+from toolcage.results import STATUSES, classify_error, classify_result
 
 
 @pytest.mark.parametrize(

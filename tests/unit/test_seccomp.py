@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runner import seccomp
-from runner.config import container_config, proxy_container_config
 from tests.unit._helpers import run_spec
+from toolcage import seccomp
+from toolcage.config import container_config, proxy_container_config
 
 SHIPPED = Path(seccomp.__file__).with_suffix(".json")
 
@@ -17,7 +17,7 @@ def _allowed(profile: dict) -> set[str]:
 
 
 def test_shipped_file_is_the_generated_profile() -> None:
-    """runner/seccomp.json is exactly `python -m runner.seccomp` (regenerate it after a change)."""
+    """runner/seccomp.json is exactly `python -m toolcage.seccomp` (regenerate it after a change)."""
     assert SHIPPED.read_text() == seccomp.profile_json()
 
 
@@ -60,7 +60,7 @@ def test_conditional_rules() -> None:
 
 def test_applied_to_sandbox_and_proxy() -> None:
     """Both the sandbox and the egress proxy carry the profile, and is_ours recognises it."""
-    from policies import load_policy
+    from toolcage.policies import load_policy
 
     policy = load_policy("connector-http")
     spec = run_spec(proxy_volume="toolcage-sock-x")

@@ -11,10 +11,10 @@ import pytest
 import structlog
 from click.testing import CliRunner
 
-from runner import cli as cli_mod
-from runner import logs, textsafe
-from runner.audit import Audit
-from runner.errors import WorkerCrashed
+from toolcage import cli as cli_mod
+from toolcage import logs, textsafe
+from toolcage.audit import Audit
+from toolcage.errors import WorkerCrashed
 
 # erase line + carriage return, OSC title, one-byte CSI, right-to-left override, DEL, a newline
 PAYLOADS = ["\x1b[2K\rFAKE ok", "\x1b]0;title\x07", "\u009b31m", "\u202eevil", "del\x7f", "line\nforged"]
@@ -108,8 +108,8 @@ def test_cli_error_message_is_escaped(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_ps_table_is_escaped(monkeypatch: pytest.MonkeyPatch) -> None:
     """`toolcage ps` escapes labels and shows rich markup literally."""
-    import runner.docker_adapter
-    import runner.ops
+    import toolcage.docker_adapter
+    import toolcage.ops
 
     row: dict[str, Any] = {
         "name": "toolcage-x-1",
@@ -121,8 +121,8 @@ def test_ps_table_is_escaped(monkeypatch: pytest.MonkeyPatch) -> None:
         "owner": "h:1",
         "container_id": "abc",
     }
-    monkeypatch.setattr(runner.docker_adapter.Engine, "default", classmethod(lambda cls: object()))
-    monkeypatch.setattr(runner.ops, "live_runs", lambda engine: [row])
+    monkeypatch.setattr(toolcage.docker_adapter.Engine, "default", classmethod(lambda cls: object()))
+    monkeypatch.setattr(toolcage.ops, "live_runs", lambda engine: [row])
     res = CliRunner().invoke(cli_mod.cli, ["ps"], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
     assert_clean(res.output)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 
-from runner.transport import EOF_MARK, Broken, DockerAttachTransport, StreamParser
+from toolcage.transport import EOF_MARK, Broken, DockerAttachTransport, StreamParser
 
 
 def frame(stream: int, data: bytes) -> bytes:

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from policies import Policy
-from policies.typed import BuildError, build
-from worker.tools import Catalog
+from toolcage.policies import Policy
+from toolcage.policies.typed import BuildError, build
+from toolcage.worker.tools import Catalog
 
 SCALARS = st.one_of(
     st.none(),

@@ -21,7 +21,7 @@ def run_worker(lines: list[bytes], tmp_path: Path, **env: str) -> tuple[list[Any
         **env,
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "worker"], input=b"".join(lines), capture_output=True, env=e, timeout=60
+        [sys.executable, "-m", "toolcage.worker"], input=b"".join(lines), capture_output=True, env=e, timeout=60
     )
     out = [json.loads(x) for x in proc.stdout.splitlines()]
     return out, proc.stderr.decode()

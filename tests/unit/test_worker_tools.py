@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from policies import validate_policy
-from worker.errors import BadParams, NoSpace, PathEscape, ToolError
-from worker.settings import Settings
-from worker.tools import Catalog
+from toolcage.policies import validate_policy
+from toolcage.worker.errors import BadParams, NoSpace, PathEscape, ToolError
+from toolcage.worker.settings import Settings
+from toolcage.worker.tools import Catalog
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.errors import WorkspaceError
-from runner.workspace import validate_workspace
+from toolcage.errors import WorkspaceError
+from toolcage.workspace import validate_workspace
 
 
 def test_accepts_a_project_dir(tmp_path: Path) -> None:

@@ -12,20 +12,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from policies.typed import BuildError, build
-from worker.errors import BadParams
-from worker.settings import Settings
-from worker.tools._params import json_schema
+from toolcage.policies.typed import BuildError, build
+from toolcage.worker.errors import BadParams
+from toolcage.worker.settings import Settings
+from toolcage.worker.tools._params import json_schema
 
 # tool name -> module that defines it (in its TOOLS list)
 BUILTIN: dict[str, str] = {
-    "run_python": "worker.tools.proc",
-    "run_shell": "worker.tools.proc",
-    "list_files": "worker.tools.files",
-    "read_file": "worker.tools.files",
-    "grep": "worker.tools.files",
-    "write_file": "worker.tools.files",
-    "http_fetch": "worker.tools.net",
+    "run_python": "toolcage.worker.tools.proc",
+    "run_shell": "toolcage.worker.tools.proc",
+    "list_files": "toolcage.worker.tools.files",
+    "read_file": "toolcage.worker.tools.files",
+    "grep": "toolcage.worker.tools.files",
+    "write_file": "toolcage.worker.tools.files",
+    "http_fetch": "toolcage.worker.tools.net",
 }
 
 

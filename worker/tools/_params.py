@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from policies.typed import STRICT_CONFIG
+from toolcage.policies.typed import STRICT_CONFIG
 
 
 def params(cls: type[Any]) -> type[Any]:

@@ -18,11 +18,11 @@ from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Le, MaxLen, MinLen
 
-from worker.errors import BadParams, NoSpace, ToolError
-from worker.settings import Settings
-from worker.tools import Tool
-from worker.tools._params import doc, params
-from worker.tools.paths import MAX_PATH, Located, locate, opened, root_fd, translate
+from toolcage.worker.errors import BadParams, NoSpace, ToolError
+from toolcage.worker.settings import Settings
+from toolcage.worker.tools import Tool
+from toolcage.worker.tools._params import doc, params
+from toolcage.worker.tools.paths import MAX_PATH, Located, locate, opened, root_fd, translate
 
 _MAX_GREP_FILE = 8 * 1024 * 1024
 

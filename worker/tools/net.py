@@ -7,11 +7,11 @@ from typing import Annotated, Any, Literal
 
 from annotated_types import Gt
 
-from worker import logs
-from worker.errors import BadParams
-from worker.settings import Settings
-from worker.tools import Tool
-from worker.tools._params import doc, params
+from toolcage.worker import logs
+from toolcage.worker.errors import BadParams
+from toolcage.worker.settings import Settings
+from toolcage.worker.tools import Tool
+from toolcage.worker.tools._params import doc, params
 
 
 @params
@@ -32,7 +32,7 @@ def _log_decision(url: str, method: str, d: Any) -> None:
 
 
 def http_fetch(settings: Settings, p: HttpFetchParams) -> dict[str, Any]:
-    from worker.safefetch import SafeFetch, proxy_from_env
+    from toolcage.worker.safefetch import SafeFetch, proxy_from_env
 
     try:
         body = (

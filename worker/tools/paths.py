@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from worker.errors import BadParams, PathEscape, ToolError
+from toolcage.worker.errors import BadParams, PathEscape, ToolError
 
 MAX_PATH = 4096  # PATH_MAX: longer is a params error, never an OSError deep inside a tool
 NAME_MAX = 255  # bytes per component, as every Linux file system limits it

@@ -21,11 +21,11 @@ from typing import Annotated, Any
 
 from annotated_types import Gt
 
-from worker import cgroup, sweep
-from worker.errors import BadParams, ToolError
-from worker.settings import Settings
-from worker.tools import Tool
-from worker.tools._params import doc, params
+from toolcage.worker import cgroup, sweep
+from toolcage.worker.errors import BadParams, ToolError
+from toolcage.worker.settings import Settings
+from toolcage.worker.tools import Tool
+from toolcage.worker.tools._params import doc, params
 
 # the proxy settings let ordinary HTTP clients in tool code use the egress proxy (its only way out)
 _CHILD_ENV_KEEP = (

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from runner.errors import SandboxError
+from toolcage.errors import SandboxError
 
 REGISTRY_BASE = "python:3.11-slim-bookworm"
 LOCAL_BASE = "toolcage-base:bookworm"
@@ -136,7 +136,7 @@ def choose_base(engine: object, report: Report, requested: str | None = None) ->
 
 
 def _requirements() -> Path:
-    return Path(str(resources.files("toolcage_image") / "requirements-worker.txt"))
+    return Path(str(resources.files("toolcage.image") / "requirements-worker.txt"))
 
 
 def download_wheels(report: Report) -> Path:
@@ -199,19 +199,29 @@ def download_wheels(report: Report) -> Path:
     return dest
 
 
+# What the image gets of the toolcage package: the worker and the policy model, under the same
+# names as on the host (toolcage.worker, toolcage.policies), with a package __init__ of its own
+# (the host's pulls in the runner's API, which the image neither has nor needs).
+_IMAGE_PACKAGES = ("toolcage.worker", "toolcage.policies")
+_IMAGE_INIT = '"""toolcage inside the sandbox image: the worker and the policy model only."""\n'
+
+
 def _copy_package(name: str, dest: Path) -> None:
     src = Path(str(resources.files(name)))
-    shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    target = dest.joinpath(*name.split("."))
+    shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def assemble_context(wheels: Path, into: Path) -> None:
-    img = Path(str(resources.files("toolcage_image")))
+    img = Path(str(resources.files("toolcage.image")))
     shutil.copy(img / "Dockerfile", into / "Dockerfile")
     (into / "wheels").mkdir()
     for whl in sorted(wheels.glob("*.whl")):
         shutil.copy(whl, into / "wheels" / whl.name)
     shutil.copy(_requirements(), into / "wheels" / "requirements-worker.txt")
-    for pkg in ("worker", "policies"):
+    (into / "toolcage").mkdir()
+    (into / "toolcage" / "__init__.py").write_text(_IMAGE_INIT)
+    for pkg in _IMAGE_PACKAGES:
         _copy_package(pkg, into)
 
 
@@ -230,10 +240,11 @@ def source_sha256() -> str:
     """Hash of what the image is built from on this side (worker, policies, Dockerfile, pinned
     requirements): `toolcage doctor` compares it with the image's label to tell it is current."""
     h = hashlib.sha256()
-    img = Path(str(resources.files("toolcage_image")))
+    img = Path(str(resources.files("toolcage.image")))
     for f in (img / "Dockerfile", _requirements()):
         h.update(f.read_bytes())
-    for pkg in ("worker", "policies"):
+    h.update(_IMAGE_INIT.encode())
+    for pkg in _IMAGE_PACKAGES:
         root = Path(str(resources.files(pkg)))
         for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
             h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
