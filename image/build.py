@@ -69,13 +69,34 @@ def debian_mirror() -> str:
     return DEFAULT_MIRROR
 
 
+def _install_debootstrap(report: Report) -> None:
+    """As root on a Debian-family host, install debootstrap (a fresh machine's first run needs
+    no manual step); otherwise say in one sentence what to run."""
+    apt = shutil.which("apt-get")
+    if os.geteuid() != 0 or apt is None:
+        raise BuildError(
+            "No registry is reachable and debootstrap is not installed: run `sudo apt-get install debootstrap` "
+            "(or your distribution's equivalent) and then `toolcage image build` again, or set "
+            "TOOLCAGE_BASE_IMAGE to a local Python 3.11 image."
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    report("installing debootstrap (apt-get)")
+    install = [apt, "install", "-y", "-qq", "debootstrap"]
+    if subprocess.run(install, env=env, capture_output=True, text=True).returncode != 0:
+        report("apt-get update")
+        subprocess.run([apt, "update", "-qq"], env=env, capture_output=True, text=True)
+        proc = subprocess.run(install, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise BuildError("could not install debootstrap with apt-get: " + " / ".join(tail))
+    if shutil.which("debootstrap") is None:
+        raise BuildError("apt-get installed debootstrap, but it is not on PATH (is /usr/sbin in PATH?)")
+
+
 def bootstrap_base(engine: object, report: Report) -> str:
     """debootstrap a minimal Debian with python3 and import it as LOCAL_BASE."""
     if shutil.which("debootstrap") is None:
-        raise BuildError(
-            "No registry is reachable and debootstrap is not installed: install it "
-            "(`apt-get install debootstrap`) or set TOOLCAGE_BASE_IMAGE to a local Python 3.11 image."
-        )
+        _install_debootstrap(report)
     if os.geteuid() != 0:
         raise BuildError(
             "Bootstrapping the base image with debootstrap needs root: run `sudo toolcage image build` once, "

@@ -1,0 +1,24 @@
+#!/bin/sh
+# From a fresh clone to a sandboxed result in one command:
+#   sh examples/quickstart.sh
+# It makes .venv, installs toolcage, builds the worker image (bootstrapping an offline Debian
+# base, and installing debootstrap for it when run as root on a Debian-family host), then runs
+# print(2+2) in a sandbox and prints the result. Running it again only repeats the last step.
+set -eu
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "toolcage needs Python 3.11 or newer: set PYTHON=/path/to/python3.11" >&2
+  exit 2
+fi
+step() { printf '==> %s\n' "$*" >&2; }
+if [ ! -x .venv/bin/python ]; then
+  step "creating .venv"
+  "$PY" -m venv .venv
+fi
+step "installing toolcage into .venv"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+step "building the worker image (idempotent; the first build takes a minute or two)"
+.venv/bin/toolcage image build >&2
+step "running print(2+2) in a sandbox"
+.venv/bin/toolcage run run_python --params '{"code": "print(2+2)"}'
