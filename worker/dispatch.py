@@ -9,7 +9,9 @@ implements jsonrpcserver's own request schema in plain Python.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import time
 import uuid
@@ -104,7 +106,10 @@ class Dispatcher:
             except Exception:
                 error_id = uuid.uuid4().hex[:12]
                 outcome = "internal_error"
-                logs.exception("call.crashed", tool=name, error_id=error_id)
+                # logging may itself fail (no descriptor left, a lazy import): the answer must still
+                # carry the error id only, never jsonrpcserver's str(exc) fallback
+                with contextlib.suppress(Exception):
+                    logs.exception("call.crashed", tool=name, error_id=error_id)
                 return Error(-32603, "Internal error", {"error_id": error_id})
             finally:
                 logs.info(
@@ -123,7 +128,13 @@ class Dispatcher:
         from toolcage.worker import sweep
 
         if sweep.active() and not self.settings.policy.unsafe_background_processes:
-            swept = sweep.after_call()
+            try:
+                swept = sweep.after_call()
+            except BaseException:
+                # fail closed: no answer may go out while the call's processes might live on; as
+                # PID 1 our exit ends every process of the sandbox, and the runner sees a crash
+                os.write(2, b'{"event": "worker.sweep_failed", "level": "error", "component": "worker"}\n')
+                os._exit(70)
             if swept["killed"] or swept["left"] or swept["ipc_removed"]:
                 logs.info("call.swept", tool=tool, **swept)
 

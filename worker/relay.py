@@ -8,11 +8,14 @@ sandbox's pids limit however many connections tool code opens.
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import selectors
 import socket
 import threading
 
 MAX_BUFFER = 1 << 20
+_RESERVED_FDS = 32  # protocol, stdio, the relay's own, a call's pipes and selector, Popen's transient pipes
 
 
 class _Pair:
@@ -25,8 +28,20 @@ class _Pair:
         return self.socks[1] if s is self.socks[0] else self.socks[0]
 
 
-def _serve(listener: socket.socket, path: str) -> None:
+def max_pairs() -> int:
+    """Threat: tool code opening connections until the worker has no file descriptor left (each
+    pair costs two), so that it cannot list /proc, start a child or log, and a sweep or a later
+    call fails. The relay keeps at most this many pairs: half of what is left of the worker's
+    descriptor limit after a reserve for the worker itself; past it a connection is refused."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 65536
+    return max(1, (soft - _RESERVED_FDS) // 4)
+
+
+def _serve(listener: socket.socket, path: str, limit: int) -> None:
     sel = selectors.DefaultSelector()
+    pairs: set[_Pair] = set()
     sel.register(listener, selectors.EVENT_READ, None)
 
     def update(p: _Pair) -> None:
@@ -45,6 +60,7 @@ def _serve(listener: socket.socket, path: str) -> None:
                 sel.unregister(s)
 
     def close(p: _Pair) -> None:
+        pairs.discard(p)
         for s in p.socks:
             try:
                 sel.unregister(s)
@@ -55,21 +71,28 @@ def _serve(listener: socket.socket, path: str) -> None:
     while True:
         for key, mask in sel.select():
             if key.data is None:
+                # never a name bound in an earlier round: closing it would close a live pair's socket
+                client: socket.socket | None = None
+                upstream: socket.socket | None = None
                 try:
                     client, _ = listener.accept()
+                    if len(pairs) >= limit:
+                        client.close()  # refused: the worker's own descriptors come first
+                        continue
                     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                     upstream.connect(path)
-                except OSError:
-                    try:
-                        client.close()
-                    except (OSError, UnboundLocalError):
-                        pass
-                    continue
-                client.setblocking(False)
-                upstream.setblocking(False)
-                pair = _Pair(client, upstream)
-                for new in pair.socks:
-                    sel.register(new, selectors.EVENT_READ, pair)
+                    client.setblocking(False)
+                    upstream.setblocking(False)
+                    pair = _Pair(client, upstream)
+                    for new in pair.socks:
+                        sel.register(new, selectors.EVENT_READ, pair)
+                    pairs.add(pair)
+                except (OSError, ValueError, KeyError):
+                    for sock in (client, upstream):
+                        if sock is not None:
+                            with contextlib.suppress(KeyError, ValueError):
+                                sel.unregister(sock)
+                            sock.close()
                 continue
             pair = key.data
             s = key.fileobj
@@ -89,16 +112,19 @@ def _serve(listener: socket.socket, path: str) -> None:
             except OSError:
                 close(pair)
                 continue
-            for x in pair.socks:  # half-close once a side is done and its data has gone through
-                if x in pair.eof and not pair.pending[pair.other(x)]:
-                    try:
-                        pair.other(x).shutdown(socket.SHUT_WR)
-                    except OSError:
-                        pass
-            if all(x in pair.eof for x in pair.socks) and not any(pair.pending.values()):
+            try:
+                for x in pair.socks:  # half-close once a side is done and its data has gone through
+                    if x in pair.eof and not pair.pending[pair.other(x)]:
+                        try:
+                            pair.other(x).shutdown(socket.SHUT_WR)
+                        except OSError:
+                            pass
+                if all(x in pair.eof for x in pair.socks) and not any(pair.pending.values()):
+                    close(pair)
+                    continue
+                update(pair)
+            except (OSError, ValueError, KeyError):  # one broken pair must not stop the relay for later calls
                 close(pair)
-                continue
-            update(pair)
 
 
 def start(path: str, port: int = 3128) -> None:
@@ -107,4 +133,4 @@ def start(path: str, port: int = 3128) -> None:
     listener.bind(("127.0.0.1", port))
     listener.listen(64)
     listener.setblocking(False)
-    threading.Thread(target=_serve, args=(listener, path), name="toolcage-relay", daemon=True).start()
+    threading.Thread(target=_serve, args=(listener, path, max_pairs()), name="toolcage-relay", daemon=True).start()

@@ -30,9 +30,17 @@ def active() -> bool:
 
 
 def others() -> list[int]:
-    """Every process of the namespace but this one (zombies included)."""
+    """Every process of the namespace but this one (zombies included). Reading /proc needs a free
+    file descriptor: callers that must not fail (the sweep) do not depend on it, see kill_others."""
     me = os.getpid()
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+
+
+def _count_others() -> int | None:
+    try:
+        return len(others())
+    except OSError:  # EMFILE, ENOMEM: tool code may have exhausted what the worker holds
+        return None
 
 
 def reap(exclude: frozenset[int] = frozenset()) -> int:
@@ -48,7 +56,11 @@ def reap(exclude: frozenset[int] = frozenset()) -> int:
                 return n
             n += 1
     # during a call: only zombies that are ours and not the call's own child, so its exit status stays ours
-    for pid in others():
+    try:
+        pids = others()
+    except OSError:
+        return n  # no descriptor left to read /proc: the sweep at the end of the call does not need one
+    for pid in pids:
         if pid in exclude or not _is_zombie_child(pid):
             continue
         with contextlib.suppress(ChildProcessError):
@@ -68,19 +80,28 @@ def _is_zombie_child(pid: int) -> bool:
 
 
 def kill_others(rounds: int = 50) -> int:
-    """SIGKILL every other process of the namespace and reap them; return how many were left behind."""
-    left = 0
+    """SIGKILL every other process of the namespace and reap them; return how many were left behind.
+
+    Threat: tool code that exhausts the worker's file descriptors (e.g. through the relay) so that
+    the sweep cannot list /proc and the call answers while its processes live on. The sweep
+    therefore needs no descriptor: ``kill(-1)`` answers ESRCH only when no other process (zombies
+    included) is left in the namespace, and ``waitpid`` reaps without opening anything. /proc is
+    read only to count, when it can be.
+    """
     for _ in range(rounds):
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
-            pass  # nobody left to signal
+            return 0  # nobody left to signal, not even a zombie
         reap()
-        left = len(others())
-        if left == 0:
-            return 0
-        time.sleep(0.002)  # processes being torn down still show in /proc for a moment
-    return left
+        time.sleep(0.002)  # processes being torn down still show for a moment
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        return 0
+    reap()
+    left = _count_others()
+    return 1 if left is None else left
 
 
 def clear_ipc() -> int:
@@ -115,6 +136,8 @@ def clear_ipc() -> int:
 
 def after_call() -> dict[str, int]:
     """What the worker runs when a call that ran tool code ends (PID 1 only)."""
-    survivors = len(others())
-    left = kill_others() if survivors else 0
+    survivors = _count_others()
+    left = kill_others() if survivors != 0 else 0
+    if survivors is None:
+        survivors = left
     return {"killed": survivors - left, "left": left, "ipc_removed": clear_ipc()}

@@ -126,48 +126,59 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
     next_reap = started + _REAP_EVERY_S
     exited_at: float | None = None
     reaped: tuple[int, resource.struct_rusage] | None = None
-    while sel.get_map():
-        now = time.monotonic()
-        if reaped is None:
-            # wait4 ourselves (not Popen.poll) so the child's rusage is not thrown away
-            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                reaped = (status, rusage)
-                exited_at = now
-        if as_init and now >= next_reap:
-            # orphans of this call are re-parented to us (PID 1): collect their zombies as they
-            # appear, so they do not pile up against the pids limit during a long call
-            sweep.reap(exclude=frozenset({proc.pid}))
-            next_reap = now + _REAP_EVERY_S
-        if now >= deadline:
-            timed_out = reaped is None
-            break
-        if exited_at is not None and now - exited_at > _GRACE_AFTER_EXIT_S:
-            break  # a background descendant still holds the pipes: stop waiting for it
-        wait = min(deadline - now, 0.05 if exited_at is None else _GRACE_AFTER_EXIT_S)
-        for key, _ in sel.select(timeout=wait):
-            if key.data == "stdin":
-                try:
-                    n = os.write(key.fd, pending[:65536]) if pending else 0
-                except (BrokenPipeError, BlockingIOError):
-                    n = -1
-                if n < 0 or pending is None or n >= len(pending):
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if reaped is None:
+                # wait4 ourselves (not Popen.poll) so the child's rusage is not thrown away
+                pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    reaped = (status, rusage)
+                    exited_at = now
+            if as_init and now >= next_reap:
+                # orphans of this call are re-parented to us (PID 1): collect their zombies as they
+                # appear, so they do not pile up against the pids limit during a long call
+                sweep.reap(exclude=frozenset({proc.pid}))
+                next_reap = now + _REAP_EVERY_S
+            if now >= deadline:
+                timed_out = reaped is None
+                break
+            if exited_at is not None and now - exited_at > _GRACE_AFTER_EXIT_S:
+                break  # a background descendant still holds the pipes: stop waiting for it
+            wait = min(deadline - now, 0.05 if exited_at is None else _GRACE_AFTER_EXIT_S)
+            for key, _ in sel.select(timeout=wait):
+                if key.data == "stdin":
+                    try:
+                        n = os.write(key.fd, pending[:65536]) if pending else 0
+                    except (BrokenPipeError, BlockingIOError):
+                        n = -1
+                    if n < 0 or pending is None or n >= len(pending):
+                        sel.unregister(key.fileobj)
+                        key.fileobj.close()  # type: ignore[union-attr]
+                        pending = None
+                    else:
+                        pending = pending[n:]
+                    continue
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
                     sel.unregister(key.fileobj)
-                    key.fileobj.close()  # type: ignore[union-attr]
-                    pending = None
-                else:
-                    pending = pending[n:]
-                continue
-            chunk = os.read(key.fd, 65536)
-            if not chunk:
-                sel.unregister(key.fileobj)
-                continue
-            buf = out[key.data]
-            room = cap - len(buf)
-            if room > 0:
-                buf += chunk[:room]
-            if len(chunk) > room:
-                truncated = True  # keep draining so the child never blocks on a full pipe
+                    continue
+                buf = out[key.data]
+                room = cap - len(buf)
+                if room > 0:
+                    buf += chunk[:room]
+                if len(chunk) > room:
+                    truncated = True  # keep draining so the child never blocks on a full pipe
+    except BaseException:
+        # whatever went wrong in the worker, the call's processes must not outlive it
+        _kill_group(pgid)
+        _LIVE_GROUPS.discard(pgid)
+        for stream in (proc.stdout, proc.stderr, proc.stdin):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        sel.close()
+        raise
     _kill_group(pgid)
     _LIVE_GROUPS.discard(pgid)
     for key in list(sel.get_map().values()):

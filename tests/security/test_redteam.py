@@ -1,0 +1,202 @@
+"""Red-team attacks on the channel and the end-of-call sweep, each run as tool code on the real engine.
+
+The first test is a hole found on 6962ff0 and fixed in the same commit; the others are
+attacks that failed there and pin the defence that stopped them.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from runner import Sandbox
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def _processes(engine: Any, cid: str) -> list[str]:
+    """The command lines of every process in the container, as the engine sees them from outside."""
+    top = engine.api.top(cid, ps_args="-eo pid,args")
+    return [" ".join(row) for row in top.get("Processes") or []]
+
+
+@pytest.fixture
+def proxy_policy(engine: Any, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A proxy-mode policy and an internal egress network: the relay runs, nothing leaves the machine."""
+    tag = secrets.token_hex(3)
+    net = f"toolcage-test-redteam-{tag}"
+    engine.create_network(net, internal=True, labels={"toolcage.test": tag})
+    pol = tmp_path / "redteam.yaml"
+    pol.write_text(
+        yaml.safe_dump(
+            {
+                "name": "redteam",
+                "network": {"mode": "proxy", "allow": [{"host": "api.allowed.test"}]},
+                "timeouts": {"call_s": 40, "run_s": 120},
+            }
+        )
+    )
+    try:
+        yield pol, net
+    finally:
+        engine.remove_network(net)
+
+
+# A daemon fills the worker's descriptor table through the relay (two fds per connection), fixing
+# the parity with the stdin pipe the worker still holds, so that the worker is left with none:
+# on 6962ff0 the sweep's os.listdir("/proc") raised EMFILE, the call answered -32603 and the
+# daemon lived on; the relay thread also died (KeyError: a stale `client` closed, its fd reused).
+FD_EXHAUST = r"""
+import os, socket, sys, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    os.close(r)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    os.dup2(devnull, 1); os.dup2(devnull, 2)
+    conns = []
+    def closed(c):
+        try:
+            return c.recv(1) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+    def new():
+        try:
+            c = socket.create_connection(("127.0.0.1", 3128), timeout=2)
+        except OSError:
+            return None
+        c.setblocking(False)
+        conns.append(c)
+        time.sleep(0.03)
+        return c
+    for _ in range(400):  # until the relay can no longer pair a connection
+        c = new()
+        if c is None or closed(c) or (len(conns) > 1 and closed(conns[-2])):
+            break
+    while os.read(0, 1 << 20):  # the worker closes the stdin pipe's write end: one more fd for us
+        pass
+    time.sleep(0.1)
+    new()  # the last pair takes the worker's last two descriptors
+    os.write(w, b"x"); os.close(w)
+    time.sleep(60)  # alive as long as nobody kills us
+    os._exit(0)
+os.close(w)
+os.read(r, 1)
+print("filled", flush=True)
+time.sleep(1.5)  # the worker's periodic reap runs while we are alive
+"""
+
+
+def test_fd_exhaustion_through_the_relay_cannot_outlive_the_call(
+    engine: Any, proxy_policy: tuple[Path, str]
+) -> None:
+    """Exhausting the worker's fds through the relay so the sweep cannot list /proc: nothing may outlive the call."""
+    pol, net = proxy_policy
+    with Sandbox(pol, egress_network=net, tool="redteam") as sb:
+        sb.call("run_shell", {"command": "true"})
+        time.sleep(0.3)  # the worker idles: its logger is loaded, as in any real session
+        sb.call("run_python", {"code": FD_EXHAUST, "stdin": "x" * (1 << 20), "timeout_s": 30})
+        assert sb.container_id is not None
+        procs = _processes(engine, sb.container_id)
+        assert len(procs) == 1 and "worker" in procs[0], procs  # only the worker (PID 1) is left
+        # the worker still works: it can start a child, and the relay still reaches the proxy
+        probe = textwrap.dedent(
+            """
+            import socket
+            c = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+            c.sendall(b"GET http://other.test/ HTTP/1.1\\r\\nHost: other.test\\r\\n\\r\\n")
+            print(c.recv(100).split(b"\\r\\n")[0].decode())
+            """
+        )
+        r = sb.call("run_python", {"code": probe})
+        assert r.status == "ok" and r.result["stdout"].startswith("HTTP/1.1 403"), r.result
+
+
+SWEEP_RACE = r"""
+import ctypes, os, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_CHILD_SUBREAPER = 36
+if os.fork() == 0:
+    os.setsid()
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans below us are ours, not init's
+    for _ in range(3):  # a stopped child, a vfork-ed one, a child that ignores everything it can
+        if os.fork() == 0:
+            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                signal.signal(s, signal.SIG_IGN)
+            while True:
+                try:
+                    if os.fork() == 0:  # a fork storm racing the sweep, bounded by the pids limit
+                        time.sleep(0.05)
+                        os._exit(0)
+                except OSError:
+                    time.sleep(0.001)
+    if os.fork() == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(0.5)
+print("storm running", flush=True)
+"""
+
+
+def test_fork_storm_subreaper_and_stopped_processes_do_not_survive_the_sweep(engine: Any) -> None:
+    """A subreaper with a fork storm under it and a stopped child, racing the end-of-call sweep, leaves nothing."""
+    with Sandbox(tool="redteam") as sb:
+        r = sb.call("run_python", {"code": SWEEP_RACE})
+        assert r.status == "ok" and r.result["stdout"] == "storm running\n", r.result
+        assert sb.container_id is not None
+        procs = _processes(engine, sb.container_id)
+        assert len(procs) == 1 and "worker" in procs[0], procs
+        r = sb.call("run_shell", {"command": "echo alive"})
+        assert r.result["stdout"] == "alive\n"
+
+
+REACH_INIT = r"""
+import errno, glob, json, os, signal
+def attempt(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+res = {}
+for path in ["/proc/1/fd/0", "/proc/1/fd/1", "/proc/1/environ", "/proc/1/mem", "/proc/1/map_files/",
+             "/proc/1/root/", "/proc/1/cwd/", "/proc/1/fdinfo/"] + sorted(glob.glob("/proc/1/task/*/fd/")):
+    key = "task/fd" if "/task/" in path else path
+    if path.endswith("/"):
+        r = attempt(lambda: os.listdir(path))
+    else:
+        r = attempt(lambda: os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK)))
+    res[key] = r if res.get(key) in (None, r) else "mixed"
+# signals PID 1 has no handler for are dropped by the kernel; SIGINT meets a no-op handler
+for s in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGALRM,
+          signal.SIGPIPE, signal.SIGCHLD, signal.SIGSEGV, signal.SIGINT):
+    for _ in range(200):
+        os.kill(1, s)
+res["signals"] = "sent"
+print(json.dumps(res))
+"""
+
+
+def test_init_cannot_be_opened_or_signalled_from_tool_code(engine: Any) -> None:
+    """/proc/1/{fd,task/*/fd,fdinfo,environ,mem,map_files,root,cwd} refuse, and a signal storm on PID 1 does nothing."""
+    with Sandbox(tool="redteam") as sb:
+        r = sb.call("run_python", {"code": REACH_INIT})
+        seen = json.loads(r.result["stdout"])
+        for key, value in seen.items():
+            if key != "signals":
+                assert value == "EACCES", (key, seen)
+        assert "task/fd" in seen
+        for _ in range(3):  # not stopped, not interrupted, not dead
+            r = sb.call("run_shell", {"command": "echo alive"})
+            assert r.status == "ok" and r.result["stdout"] == "alive\n", r.result
