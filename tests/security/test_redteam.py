@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from runner import Sandbox
+from toolcage import Sandbox
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
