@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import threading
 import time
 
 _IPC_RMID = 0
@@ -79,7 +80,15 @@ def _is_zombie_child(pid: int) -> bool:
     return fields[0] == b"Z" and fields[1] == str(os.getpid()).encode()
 
 
+_SWEEP_LOCK = threading.Lock()  # the deadline and runner-gone watchers sweep from their own threads
+
+
 def kill_others(rounds: int = 50) -> int:
+    with _SWEEP_LOCK:
+        return _kill_others(rounds)
+
+
+def _kill_others(rounds: int) -> int:
     """SIGKILL every other process of the namespace and reap them; return how many were left behind.
 
     Threat: tool code that exhausts the worker's file descriptors (e.g. through the relay) so that
