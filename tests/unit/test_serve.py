@@ -22,8 +22,9 @@ SLEEP = {"jsonrpc": "2.0", "method": "run_python", "params": {"code": "import ti
 
 
 def _serve(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    log = str(tmp_path / "a.jsonl")
     return subprocess.Popen(
-        [sys.executable, "-m", "toolcage.cli", "serve", "--sandbox", "none", "--audit-log", str(tmp_path / "a.jsonl"), *args],
+        [sys.executable, "-m", "toolcage.cli", "serve", "--sandbox", "none", "--audit-log", log, *args],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -100,7 +101,7 @@ def test_idle_s_defaults_and_validates() -> None:
     from toolcage.policies import PolicyError, validate_policy
 
     assert load_policy("default").timeouts.idle_s == 60
-    with pytest.raises(PolicyError, match="timeouts.idle_s"):
+    with pytest.raises(PolicyError, match=r"timeouts\.idle_s"):
         validate_policy({"timeouts": {"idle_s": 0}})
 
 
