@@ -40,12 +40,16 @@ class Limits:
 
 @dataclass(frozen=True, kw_only=True)
 class Timeouts:
-    """Per-call timeout (enforced by the worker) and hard run deadline (by the runner)."""
+    """Per-call timeout (enforced by the worker); hard run deadline and idle timeout (by the runner).
+
+    ``idle_s`` ends a run in which no call has been in progress for that long, so a long
+    session (a large ``run_s``) that its client forgot still ends early."""
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_CONFIG
 
     call_s: Annotated[float, Gt(0), Le(24 * 3600)] = 30.0
     run_s: Annotated[float, Gt(0), Le(24 * 3600)] = 60.0
+    idle_s: Annotated[float, Gt(0), Le(24 * 3600)] = 60.0
 
 
 DEFAULT_PORTS = {"http": 80, "https": 443}

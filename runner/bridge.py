@@ -1,30 +1,34 @@
 """``toolcage serve``: relay newline-delimited JSON-RPC between our stdio and one sandbox.
 
 Every response is parsed (bounded) by the sandbox's stream parser and re-serialised, so
-a compromised worker cannot write arbitrary bytes to the caller's stdout.
+a compromised worker cannot write arbitrary bytes to the caller's stdout. When the run
+ends early (deadline, idle timeout, crash, interrupt), every request still pending gets
+a JSON-RPC error (``SANDBOX_ENDED``) saying why, so a client never waits for nothing.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from toolcage.errors import ProtocolError, SandboxTimeout
+from toolcage.errors import SandboxError
 from toolcage.sandbox import Sandbox
-from toolcage.transport import EOF_MARK, Broken
 
 MAX_REQUEST_LINE = 16 * 1024 * 1024
 DRAIN_ID = "toolcage.serve.drain"
+SANDBOX_ENDED = -32004  # the runner's answer for a request the sandbox will never answer
 
 
 class _Pending:
-    """Requests seen on the way in, so responses can be audited as calls (method, params digest, duration)."""
+    """Requests seen on the way in: to audit their answers as calls, and to answer them if the run ends first."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.calls: dict[str, tuple[str, Any, float]] = {}
+        self.calls: dict[str, tuple[Any, str, Any, float]] = {}
 
     def saw_request(self, line: bytes) -> None:
         try:
@@ -32,9 +36,9 @@ class _Pending:
         except ValueError:
             return
         for req in msg if isinstance(msg, list) else [msg]:
-            if isinstance(req, dict) and "id" in req and isinstance(req.get("method"), str):
+            if isinstance(req, dict) and req.get("id") is not None and isinstance(req.get("method"), str):
                 with self.lock:
-                    self.calls[json.dumps(req["id"])] = (req["method"], req.get("params"), time.monotonic())
+                    self.calls[json.dumps(req["id"])] = (req["id"], req["method"], req.get("params"), time.monotonic())
 
     def answered(self, sb: Sandbox, msg: Any) -> None:
         for resp in msg if isinstance(msg, list) else [msg]:
@@ -44,51 +48,92 @@ class _Pending:
                 seen = self.calls.pop(json.dumps(resp.get("id")), None)
             if seen is None:
                 continue
-            method, params, t0 = seen
-            sb.record_call(method, params if isinstance(params, dict) else {"params": params}, resp, t0)
+            _, method, params, t0 = seen
+            sb.record_forwarded(method, params if isinstance(params, dict) else {"params": params}, resp, t0)
+
+    def unanswered(self) -> list[Any]:
+        with self.lock:
+            ids = [req_id for req_id, *_ in self.calls.values()]
+            self.calls.clear()
+        return ids
+
+
+def _lines(fd: int) -> Iterator[bytes]:
+    """Request lines from a raw fd, each at most MAX_REQUEST_LINE (+1, so a longer one is seen as such).
+
+    os.read, not a buffered reader: this runs on a daemon thread that may still be blocked
+    in it when the interpreter exits, and a BufferedReader's lock held at exit aborts the
+    process (``Fatal Python error: _enter_buffered_busy``)."""
+    buf = bytearray()
+    skipping = False  # inside a line that is already too long: drop the rest of it
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                if len(buf) > MAX_REQUEST_LINE:
+                    if not skipping:
+                        yield b"{\n"  # too long: the worker answers the stub with -32700
+                    skipping, buf = True, bytearray()
+                break
+            line, buf = bytes(buf[: nl + 1]), buf[nl + 1 :]
+            if skipping:
+                skipping = False
+                continue
+            yield b"{\n" if len(line) > MAX_REQUEST_LINE + 1 else line
+    if buf and not skipping:
+        yield bytes(buf) + b"\n"
 
 
 def _pump_requests(sb: Sandbox, infile: BinaryIO, pending: _Pending) -> None:
     try:
-        while True:
-            line = infile.readline(MAX_REQUEST_LINE + 1)
-            if not line:
-                break
-            if len(line) > MAX_REQUEST_LINE and not line.endswith(b"\n"):
-                # too long: drop the rest of it; the worker answers the stub with -32700
-                while True:
-                    more = infile.readline(MAX_REQUEST_LINE)
-                    if not more or more.endswith(b"\n"):
-                        break
-                line = b"{\n"
+        for line in _lines(infile.fileno()):
             pending.saw_request(line)
-            sb.send_raw(line if line.endswith(b"\n") else line + b"\n")
-    except OSError:
-        pass
-    finally:
-        # Do not close the worker's stdin yet: a closed stdin mid-call means "the runner is gone"
-        # to the worker, which then kills what it runs. Ask for a marker answer instead; the
-        # worker answers in order, so once the marker is back every request has been answered.
-        sb.send_raw((json.dumps({"jsonrpc": "2.0", "method": "ping", "id": DRAIN_ID}) + "\n").encode())
+            sb.forward(line)
+    except (OSError, SandboxError):
+        return  # the run is over; the main loop reports why
+    # Do not close the worker's stdin yet: a closed stdin mid-call means "the runner is gone"
+    # to the worker, which then kills what it runs. Ask for a marker answer instead; the
+    # worker answers in order, so once the marker is back every request has been answered.
+    sb.forward((json.dumps({"jsonrpc": "2.0", "method": "ping", "id": DRAIN_ID}) + "\n").encode())
+
+
+def _write(outfile: BinaryIO, msg: Any) -> None:
+    outfile.write(json.dumps(msg).encode() + b"\n")
+    outfile.flush()
+
+
+def _answer_unanswered(outfile: BinaryIO, pending: _Pending, exc: SandboxError) -> None:
+    error = {"code": SANDBOX_ENDED, "message": exc.message, "data": {"status": exc.status, "reason": exc.reason}}
+    for req_id in pending.unanswered():
+        try:
+            _write(outfile, {"jsonrpc": "2.0", "error": error, "id": req_id})
+        except OSError:
+            return  # nobody reads our stdout any more
 
 
 def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
-    """Run until stdin EOF has been answered, the worker exits, or the run deadline."""
+    """Run until stdin EOF has been answered and the worker exited; raise the SandboxError that ended it otherwise."""
     pending = _Pending()
     t = threading.Thread(target=_pump_requests, args=(sb, infile, pending), name="toolcage-serve-stdin", daemon=True)
     t.start()
-    while True:
-        msg = sb.receive()
-        if msg is EOF_MARK:
-            sb.check_exit()
-            return
-        if isinstance(msg, Broken):
-            raise ProtocolError(f"protocol error: {msg.reason}")
-        if msg is None:
-            raise SandboxTimeout("run deadline reached")
-        if isinstance(msg, dict) and msg.get("id") == DRAIN_ID:
-            sb.finish_input()  # everything answered: now the worker may see EOF and exit
-            continue
-        outfile.write(json.dumps(msg).encode() + b"\n")
-        outfile.flush()
-        pending.answered(sb, msg)
+    try:
+        while True:
+            msg = sb.next_forwarded()
+            if msg is None:
+                return  # every request answered, the worker exited cleanly
+            if isinstance(msg, dict) and msg.get("id") == DRAIN_ID:
+                sb.usage()  # for run.finished, while the worker still listens
+                sb.finish_input()  # everything answered: now the worker may see EOF and exit
+                continue
+            _write(outfile, msg)
+            pending.answered(sb, msg)
+    except SandboxError as exc:
+        _answer_unanswered(outfile, pending, exc)
+        raise
+    except BaseException:  # KeyboardInterrupt, or SystemExit from the CLI's signal handler
+        _answer_unanswered(outfile, pending, sb.interrupt())
+        raise

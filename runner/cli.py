@@ -158,6 +158,7 @@ def run(tool: str, params: str | None, **opts: Any) -> None:
 
     Example: toolcage run run_python --params '{"code": "print(2+2)"}'
     """
+    sb = None
     try:
         parsed = _parse_params(params)
         sb = _sandbox(tool, opts)
@@ -166,6 +167,12 @@ def run(tool: str, params: str | None, **opts: Any) -> None:
         summary = sb.summary
     except (ToolcageError, PolicyError) as exc:
         _fail(exc, as_json=True)
+    except (KeyboardInterrupt, SystemExit):
+        # SIGINT/SIGTERM mid-run: the sandbox is gone (status interrupted); say so on stdout, then exit
+        # with the signal's code (130 SIGINT, 143 SIGTERM), which main() and the signal handler choose
+        if sb is not None and sb.summary is not None and sb.summary.status == "interrupted":
+            _emit({"status": "interrupted", "name": sb.name, "run_id": sb.run_id, "run_wall_ms": sb.summary.wall_ms})
+        raise
     out = res.to_dict()
     out["name"] = sb.name
     if summary is not None:

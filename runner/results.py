@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-STATUSES = ("ok", "error", "timeout", "oom_killed", "output_capped", "signal", "crashed")
+STATUSES = ("ok", "error", "timeout", "oom_killed", "output_capped", "signal", "crashed", "interrupted")
 _ERROR_STATUS = {-32003: "timeout"}
 
 
@@ -27,6 +27,23 @@ def classify_result(result: Any) -> str:
 
 def classify_error(code: int) -> str:
     return _ERROR_STATUS.get(code, "error")
+
+
+def from_response(tool: str, run_id: str, msg: dict[str, Any], wall_ms: float) -> CallResult | None:
+    """A JSON-RPC response as a CallResult (parsed by jsonrpcclient); None if it is malformed."""
+    import jsonrpcclient
+
+    try:
+        resp = jsonrpcclient.parse(msg)
+    except (KeyError, TypeError):  # e.g. "error": "text", or an error without a code
+        return None
+    if isinstance(resp, jsonrpcclient.Ok):
+        return CallResult(classify_result(resp.result), tool, run_id, result=resp.result, wall_ms=wall_ms)
+    assert isinstance(resp, jsonrpcclient.Error)
+    if not isinstance(resp.code, int):
+        return None
+    err = {"code": resp.code, "message": resp.message, "data": resp.data}
+    return CallResult(classify_error(resp.code), tool, run_id, error=err, wall_ms=wall_ms)
 
 
 @dataclass(frozen=True)

@@ -1,34 +1,28 @@
-"""``Sandbox``: one hardened container (or, for development, one local process) per run.
+"""``Sandbox``: one run of the worker behind a backend (a hardened container, or a local process).
 
-Lifecycle: create → attach → start → calls over JSON-RPC → remove. The container is
-removed on every exit path (normal close, exceptions, SIGINT/SIGTERM via the CLI's
-handlers, interpreter exit) unless ``keep=True``; a hard run deadline kills it.
+Lifecycle: audit ``run.started`` → backend start → calls through one session → remove.
+Everything is removed on every exit path (normal close, exceptions, SIGINT/SIGTERM,
+interpreter exit) unless ``keep=True``; the run deadline and the idle timeout kill it.
+Which backend runs the worker is the backend's business (``toolcage.backends``); which
+answer belongs to which call, the session's (``toolcage.session``).
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
-import dataclasses
-import json
 import os
-import queue
 import secrets
-import shutil
-import sys
-import tempfile
 import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import jsonrpcclient
-
-from toolcage import __version__, logs, ownership
+from toolcage import __version__, logs, ownership, records
 from toolcage import audit as audit_mod
 from toolcage.audit import Audit
-from toolcage.config import PROXY_SOCKET, RunSpec, container_config, container_name
+from toolcage.backends import make_backend
+from toolcage.config import RunSpec, container_name
 from toolcage.errors import (
     ProtocolError,
     SandboxError,
@@ -39,19 +33,15 @@ from toolcage.errors import (
     WorkerCrashed,
 )
 from toolcage.policies import Policy, load_policy
-from toolcage.results import CallResult, RunSummary, classify_error, classify_result
-from toolcage.transport import EOF_MARK, Broken, DockerAttachTransport, ProcessTransport, StreamParser
+from toolcage.results import CallResult, RunSummary, from_response
+from toolcage.session import Ended, Session
+from toolcage.transport import Broken, StreamParser
+from toolcage.watchdog import Expiry, Watchdog
 from toolcage.workspace import readable_by_sandbox, validate_workspace
 
 DEFAULT_IMAGE = f"toolcage-worker:{__version__}"
 CALL_GRACE_S = 2.0  # the worker enforces call timeouts; the runner waits this much longer
-NONE_WARNING = (
-    "WARNING: --sandbox none: the tool runs as a plain process on this host with your privileges. "
-    "NOTHING IS ISOLATED (no container, no read-only workspace, no network block). Development only."
-)
-
-# how --sandbox none starts the worker (tests swap in misbehaving workers)
-LOCAL_WORKER_ARGV = [sys.executable, "-m", "toolcage.worker"]
+EXIT_WAIT_S = 5.0  # how long to wait for a worker whose stream ended to report its exit
 
 _LIVE: set[Sandbox] = set()
 _LIVE_LOCK = threading.Lock()
@@ -81,6 +71,15 @@ def resolve_policy(policy: str | Path | Policy, run_timeout: float | None = None
     return p
 
 
+def interrupted_error(run_id: str) -> SandboxError:
+    """The run was stopped by its runner (SIGINT, SIGTERM, KeyboardInterrupt) mid-way."""
+    # TODO(errors.py owner): a SandboxInterrupted class (status "interrupted", exit 130) belongs in the tree
+    exc = SandboxError("the run was interrupted; the sandbox was killed", run_id=run_id)
+    exc.status = "interrupted"
+    exc.reason = "interrupted"
+    return exc
+
+
 class Sandbox:
     """A sandboxed worker for one run. Use as a context manager; ``call`` tools on it."""
 
@@ -100,8 +99,6 @@ class Sandbox:
         ca_file: str | os.PathLike[str] | None = None,
         audit: Any = None,
     ) -> None:
-        if sandbox not in ("container", "none"):
-            raise UsageError(f"unknown sandbox kind {sandbox!r}: use 'container' or 'none'")
         self.policy = resolve_policy(policy, run_timeout)
         self.workspace = validate_workspace(workspace) if workspace is not None else None
         self.tool = tool
@@ -110,34 +107,40 @@ class Sandbox:
         self.keep = keep
         self.run_id = secrets.token_hex(4)
         self.name = container_name(tool, self.run_id)
-        self.container_id: str | None = None
-        self._engine = engine
-        self.egress_network = egress_network
-        self.egress_proxy = egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY")
-        self._egress: Any = None
-        self.ca_pem = self._read_ca(ca_file)
+        self.log = logs.get_logger(run_id=self.run_id, name=self.name)
         # audit: None -> the default log ($TOOLCAGE_AUDIT_LOG or ~/.local/state/toolcage/audit.jsonl),
         # a path -> that log, an Audit -> it, False -> no audit log
         self.audit: Audit | None = (
             None if audit is False else audit if isinstance(audit, Audit) else audit_mod.shared(audit)
         )
+        self._backend = make_backend(
+            sandbox,
+            self.policy,
+            engine=engine,
+            image=self.image,
+            name=self.name,
+            log=self.log,
+            audit=self.audit,
+            workspace=str(self.workspace) if self.workspace else None,
+            egress_network=egress_network,
+            egress_proxy=egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY"),
+            ca_pem=self._read_ca(ca_file),
+        )
+        self._session: Session | None = None
+        self._watchdog: Watchdog | None = None
+        self._lock = threading.Lock()  # one call at a time, for now; the session already takes many
+        self._dead: SandboxError | None = None  # why the sandbox can take no more calls
+        self._expired: Expiry | None = None
         self._audited = False
-        self._transport: DockerAttachTransport | ProcessTransport | None = None
-        self._parser: StreamParser | None = None
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
-        self._deadline_hit = False
-        self._dead: SandboxError | None = None
         self._closed = False
         self._running = False  # set once start() succeeded
         self._input_closed = False
         self._started = 0.0
         self._deadline = 0.0
         self._calls = 0
-        self._tmpdirs: list[str] = []
+        self._usage: dict[str, Any] = {}
         self.summary: RunSummary | None = None
-        self.log = logs.get_logger(run_id=self.run_id, name=self.name)
-        if self.workspace is not None and sandbox == "container" and not readable_by_sandbox(self.workspace):
+        if self.workspace is not None and self._backend.sandbox_user and not readable_by_sandbox(self.workspace):
             self.log.warning(
                 "workspace.unreadable",
                 workspace=str(self.workspace),
@@ -157,23 +160,32 @@ class Sandbox:
             raise UsageError(f"CA file {ca_file} holds no PEM certificate")
         return pem
 
+    @property
+    def container_id(self) -> str | None:
+        return self._backend.container_id
+
+    @property
+    def _parser(self) -> StreamParser | None:
+        return self._session.parser if self._session is not None else None
+
     # lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> Sandbox:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self.interrupt()
         self.close()
 
     def start(self) -> Sandbox:
         self._started = time.monotonic()
         self._deadline = self._started + self.policy.timeouts.run_s
-        parser = StreamParser(
+        self._session = Session(
             max_line=16 * self.policy.limits.output_cap + (1 << 20),
             on_stderr_line=lambda line: self.log.debug("worker.stderr", line=line),  # shown with -vv
             on_broken=self._on_protocol_violation,
         )
-        self._parser = parser
         with _LIVE_LOCK:
             _LIVE.add(self)
         started = {
@@ -184,55 +196,32 @@ class Sandbox:
         }
         if self.audit is not None:
             # on disk before the container exists: a runner killed right after creating it still leaves a trace
-            image = self._image_info()
-            host_pid, _ = ownership.owner()
             self.audit.event(
                 "run.started",
                 run_id=self.run_id,
                 name=self.name,
                 tool=self.tool,
                 image=self.image,
-                image_id=(image or {}).get("Id"),
-                owner=host_pid,
+                image_id=self._backend.image_id(),
+                owner=ownership.owner()[0],
                 network=self.policy.network.mode,
                 **started,
             )
             self._audited = True
         try:
-            if self.kind == "container":
-                self._start_container(parser)
-            else:
-                self._start_process(parser)
-        except BaseException:
+            self._session.connect(self._backend.start(self._run_spec(), self._session.parser))
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self.interrupt()
             self.close()
             raise
         self._running = True
-        self._timer = threading.Timer(self.policy.timeouts.run_s, self._on_deadline)
-        self._timer.daemon = True
-        self._timer.start()
+        session = self._session
+        self._watchdog = Watchdog(
+            self._deadline, self.policy.timeouts.idle_s, session.busy, lambda: session.last_activity, self._on_expire
+        ).start()
         self.log.info("run.started", container_id=self.container_id, **started)
         return self
-
-    def _image_info(self) -> dict[str, Any] | None:
-        if self.kind != "container":
-            return None
-        try:
-            if self._engine is None:
-                from toolcage.docker_adapter import Engine
-
-                self._engine = Engine.default()
-            return self._engine.image(self.image)  # type: ignore[no-any-return]
-        except ToolcageError:
-            return None  # start() reports the engine or the image as missing, with the fix
-
-    def _on_protocol_violation(self, reason: str) -> None:
-        """The stream broke (reader thread): kill the sandbox now, even if no call is waiting."""
-        if self._dead is None:
-            self._dead = ProtocolError(
-                f"protocol error: {reason}; the sandbox was killed", run_id=self.run_id
-            )
-        self.log.warning("run.protocol_violation", reason=reason)
-        self._kill()
 
     def _run_spec(self) -> RunSpec:
         host_pid, started = ownership.owner()
@@ -248,75 +237,88 @@ class Sandbox:
             workspace=self.workspace,
         )
 
-    def _start_container(self, parser: StreamParser) -> None:
-        if self._engine is None:
-            from toolcage.docker_adapter import Engine
+    # the ways a run ends early -----------------------------------------------------------
+    def _on_protocol_violation(self, reason: str) -> None:
+        """The stream broke (reader thread): kill the sandbox now, even if no call is waiting."""
+        self.log.warning("run.protocol_violation", reason=reason)
+        self._end(ProtocolError(f"protocol error: {reason}; the sandbox was killed"))
 
-            self._engine = Engine.default()
-        from toolcage.reaper import reap_in_background
+    def _on_expire(self, which: Expiry) -> None:
+        """The run deadline or the idle timeout passed (watchdog thread): kill the sandbox now."""
+        self._expired = which
+        t = self.policy.timeouts
+        self.log.warning(f"run.{'deadline' if which == 'run' else 'idle'}", run_s=t.run_s, idle_s=t.idle_s)
+        self._end(self._expiry_error(which))
 
-        reap_in_background(self._engine, self.log, self.audit)
-        spec = self._run_spec()
-        if self.policy.network.mode == "proxy":
-            from toolcage.egress import Egress, audit_decisions
+    def _expiry_error(self, which: Expiry) -> SandboxTimeout:
+        t = self.policy.timeouts
+        if which == "run":
+            return SandboxTimeout(f"run exceeded its deadline of {t.run_s:g}s (timeouts.run_s); the sandbox was killed")
+        return SandboxTimeout(
+            f"the sandbox was idle for {t.idle_s:g}s (timeouts.idle_s); the sandbox was killed", reason_detail="idle"
+        )
 
-            self._egress = Egress(
-                self._engine,
-                self.policy,
-                spec,
-                self.egress_network,
-                self.egress_proxy,
-                self.log,
-                on_decision=audit_decisions(self.audit, self.run_id),  # written as they happen, not at close
+    def interrupt(self) -> SandboxError:
+        """Stop the run now, as its runner was told to (SIGINT, SIGTERM): kill the sandbox, record
+        ``interrupted``. Never waits on the worker, which may be busy. Returns why the run ended
+        (an earlier reason, such as the deadline, wins)."""
+        self._end(interrupted_error(self.run_id))
+        assert self._dead is not None
+        return self._dead
+
+    def _end(self, exc: SandboxError) -> None:
+        """The first reason the run ended wins; the sandbox is killed at once from whichever thread saw it."""
+        self._fail(exc)
+        self._backend.kill()
+
+    def _fail(self, exc: SandboxError) -> SandboxError:
+        exc.details.setdefault("run_id", self.run_id)
+        if self._dead is None:
+            self._dead = exc
+        return self._dead
+
+    def _explain_end(self, end: Ended) -> SandboxError:
+        """Why no answer came, as the error the caller gets (the sandbox is dead by then)."""
+        if self._dead is not None:
+            self._backend.kill()
+            return self._dead
+        if end.how == "broken":
+            self._end(ProtocolError(f"protocol error: {end.reason}; the sandbox was killed"))
+        elif end.how == "timeout":
+            if time.monotonic() >= self._deadline:
+                self._on_expire("run")
+            else:
+                self._end(
+                    SandboxTimeout(
+                        "the worker did not answer within the call timeout; the sandbox was killed",
+                        reason_detail="call",
+                    )
+                )
+        else:
+            self._fail(self._explain_exit() or WorkerCrashed("the worker exited while a call was pending"))
+        assert self._dead is not None
+        return self._dead
+
+    def _explain_exit(self, clean_ok: bool = False) -> SandboxError | None:
+        """The worker's stream ended: find out why (deadline, OOM, crash); None if it ended cleanly."""
+        if self._dead is not None:
+            return self._dead
+        status = self._backend.exit_status(EXIT_WAIT_S)
+        if self._dead is not None:  # the watchdog or the parser saw it first
+            return self._dead
+        if clean_ok and status.exit_code == 0:
+            return None  # a child's OOM kill along the way was that call's status, not the run's
+        if status.oom_killed:
+            return SandboxOOM(
+                f"the worker was killed by the memory limit ({self.policy.limits.memory} bytes)",
+                exit_code=status.exit_code,
             )
-            volume, env = self._egress.up()
-            env["TOOLCAGE_PROXY_SOCKET"] = PROXY_SOCKET
-            if self.ca_pem:
-                env["TOOLCAGE_CA_PEM"] = self.ca_pem
-            spec = dataclasses.replace(spec, proxy_volume=volume, extra_env=env)
-        config = container_config(self.policy, spec)
-        self.container_id = self._engine.create(config, self.name)
-        sock, closer = self._engine.attach(self.container_id)
-        self._transport = DockerAttachTransport(sock, parser, closer)
-        self._transport.start()
-        self._engine.start(self.container_id)
-
-    def _start_process(self, parser: StreamParser) -> None:
-        print(NONE_WARNING, file=sys.stderr)
-        scratch = tempfile.mkdtemp(prefix=f"toolcage-{self.run_id}-scratch-")
-        self._tmpdirs.append(scratch)
-        workspace = str(self.workspace) if self.workspace else tempfile.mkdtemp(prefix=f"toolcage-{self.run_id}-ws-")
-        if not self.workspace:
-            self._tmpdirs.append(workspace)
-        spec = self._run_spec()
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "LANG": os.environ.get("LANG", "C.UTF-8"),
-            "TOOLCAGE_POLICY": self.policy.canonical_json(),
-            "TOOLCAGE_RUN_ID": self.run_id,
-            "TOOLCAGE_DEADLINE": f"{spec.deadline:.3f}",
-            "TOOLCAGE_WORKSPACE": workspace,
-            "TOOLCAGE_SCRATCH": scratch,
-            "TOOLCAGE_WATCH_RUNNER": "1",
-            **({"TOOLCAGE_CA_PEM": self.ca_pem} if self.ca_pem else {}),
-        }
-        self._transport = ProcessTransport(list(LOCAL_WORKER_ARGV), env, scratch, parser)
-        self._transport.start()
-
-    def _on_deadline(self) -> None:
-        self._deadline_hit = True
-        self.log.warning("run.deadline", run_s=self.policy.timeouts.run_s)
-        self._kill()
-
-    def _kill(self) -> None:
-        try:
-            if self.kind == "container" and self.container_id and self._engine is not None:
-                self._engine.kill(self.container_id)
-            elif isinstance(self._transport, ProcessTransport):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._transport.proc.pid, 9)
-        except ToolcageError:
-            pass
+        tail = self._session.parser.stderr_tail() if self._session else ""
+        return WorkerCrashed(
+            f"the worker exited unexpectedly (exit code {status.exit_code})",
+            exit_code=status.exit_code,
+            stderr_tail=tail[-2000:],
+        )
 
     # calls ----------------------------------------------------------------------------
     def call(self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> CallResult:
@@ -326,228 +328,103 @@ class Sandbox:
         with self._lock:
             if self._dead is not None:
                 raise self._dead
-            if self._transport is None or self._closed:
+            if self._session is None or not self._session.connected or self._closed:
                 raise UsageError("the sandbox is not running: use it as a context manager or call start()")
-            # unguessable ids: a forged answer would have to know the id of the call it answers
-            request = jsonrpcclient.request(tool, params=params or None, id=secrets.token_hex(8))
-            line = (json.dumps(request) + "\n").encode()
             wait = timeout
             if wait is None:
                 declared = (params or {}).get("timeout_s")
                 base = declared if isinstance(declared, int | float) and declared > 0 else self.policy.timeouts.call_s
                 wait = base + CALL_GRACE_S
             started = time.monotonic()
-            assert self._parser is not None
-            self._parser.expect(request["id"])
             try:
-                self._transport.send(line)
-            except OSError:
-                pass  # the worker is gone; the reader reports how it ended
-            msg = self._await(request["id"], started + wait)
-            wall_ms = round((time.monotonic() - started) * 1000, 3)
-            if tool != "sandbox.usage":
-                self._calls += 1
-            result = self._result(tool, msg, wall_ms)
+                # the watchdog kills the sandbox at the deadline; the extra second covers a kill that is not seen
+                answer = self._session.request(tool, params, min(started + wait, self._deadline + 1.0))
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # KeyboardInterrupt, or SystemExit from a signal handler
+                    self.interrupt()
+                raise
+            if isinstance(answer, Ended):
+                raise self._explain_end(answer)
+            result = from_response(tool, self.run_id, answer, round((time.monotonic() - started) * 1000, 3))
             if result is None:
-                self._kill()
-                raise self._fail(
-                    ProtocolError("protocol error: the worker sent a malformed response; the sandbox was killed")
-                )
-            self._audit_call(tool, params, result)
+                self._end(ProtocolError("protocol error: the worker sent a malformed response; the sandbox was killed"))
+                assert self._dead is not None
+                raise self._dead
+            if tool not in records.UNAUDITED:
+                self._calls += 1
+            records.audit_call(self.audit, self.run_id, params, result)
             return result
-
-    def _result(self, tool: str, msg: dict[str, Any], wall_ms: float) -> CallResult | None:
-        """A response as a CallResult (parsed by jsonrpcclient); None if the worker sent a malformed one."""
-        try:
-            resp = jsonrpcclient.parse(msg)
-        except (KeyError, TypeError):  # e.g. "error": "text", or an error without a code
-            return None
-        if isinstance(resp, jsonrpcclient.Ok):
-            return CallResult(classify_result(resp.result), tool, self.run_id, result=resp.result, wall_ms=wall_ms)
-        assert isinstance(resp, jsonrpcclient.Error)
-        if not isinstance(resp.code, int):
-            return None
-        err = {"code": resp.code, "message": resp.message, "data": resp.data}
-        return CallResult(classify_error(resp.code), tool, self.run_id, error=err, wall_ms=wall_ms)
-
-    def record_call(self, method: str, params: dict[str, Any] | None, response: dict[str, Any], t0: float) -> None:
-        """Audit a call that went through raw access (`toolcage serve`)."""
-        wall_ms = round((time.monotonic() - t0) * 1000, 3)
-        r = self._result(method, response, wall_ms) or CallResult(
-            "error", method, self.run_id, error={"code": -32603, "message": "malformed response"}, wall_ms=wall_ms
-        )
-        self._calls += 1
-        self._audit_call(method, params, r)
-
-    def _audit_call(self, tool: str, params: dict[str, Any] | None, r: CallResult) -> None:
-        if self.audit is None or tool == "sandbox.usage":
-            return
-        self.audit.event_later(
-            "run.call",
-            run_id=self.run_id,
-            tool=tool,
-            status=r.status,
-            duration_ms=r.wall_ms,
-            error_code=r.error["code"] if r.error else None,
-            _params=params or {},
-        )
-        decisions = r.result.get("decisions") if isinstance(r.result, dict) else None
-        if r.error and r.error.get("code") == -32010 and isinstance(r.error.get("data"), dict):
-            decisions = [{"allowed": False, **r.error["data"]}]
-        for d in decisions or []:
-            self.audit.event_later(
-                "egress.decision",
-                run_id=self.run_id,
-                source="safefetch",
-                allowed=d.get("allowed"),
-                url=d.get("url"),
-                method=d.get("method"),
-                reason=d.get("reason"),
-            )
-
-    def _await(self, req_id: Any, call_deadline: float) -> dict[str, Any]:
-        assert self._parser is not None
-        while True:
-            remaining = min(call_deadline, self._deadline + 1.0) - time.monotonic()
-            try:
-                msg = self._parser.messages.get(timeout=max(remaining, 0))
-            except queue.Empty:
-                self._kill()
-                if time.monotonic() >= self._deadline:
-                    self._deadline_hit = True
-                    raise self._fail(
-                        SandboxTimeout(f"run exceeded its deadline of {self.policy.timeouts.run_s:g}s")
-                    ) from None
-                raise self._fail(
-                    SandboxTimeout(
-                        "the worker did not answer within the call timeout; the sandbox was killed",
-                        reason_detail="call",
-                    )
-                ) from None
-            if msg is EOF_MARK:
-                with contextlib.suppress(queue.Full):
-                    self._parser.messages.put_nowait(EOF_MARK)  # keep it visible for later callers
-                exc = self._explain_exit()
-                assert exc is not None
-                raise self._fail(exc)
-            if isinstance(msg, Broken):
-                self._kill()
-                raise self._fail(ProtocolError(f"protocol error: {msg.reason}; the sandbox was killed"))
-            if isinstance(msg, dict) and msg.get("id") == req_id and ("result" in msg or "error" in msg):
-                return msg
-            # the parser lets through only answers to pending calls, and one call is pending at a time
-            self._kill()
-            raise self._fail(ProtocolError("protocol error: an answer to another call; the sandbox was killed"))
-
-    def _fail(self, exc: SandboxError) -> SandboxError:
-        exc.details.setdefault("run_id", self.run_id)
-        self._dead = exc
-        return exc
-
-    def _explain_exit(self, clean_ok: bool = False) -> SandboxError | None:
-        """The worker's stream ended: find out why (deadline, OOM, crash); None if it ended cleanly."""
-        tail = self._parser.stderr_tail() if self._parser else ""
-        exit_code: int | None = None
-        oom = False
-        if self.kind == "container" and self.container_id and self._engine is not None:
-            exit_code = self._engine.wait(self.container_id, timeout=5)
-            info = self._engine.inspect(self.container_id) or {}
-            state = info.get("State", {})
-            oom = bool(state.get("OOMKilled"))
-            exit_code = state.get("ExitCode", exit_code)
-        elif isinstance(self._transport, ProcessTransport):
-            try:
-                exit_code = self._transport.proc.wait(timeout=5)
-            except Exception:  # noqa: S110
-                pass
-        if self._deadline_hit:
-            return SandboxTimeout(
-                f"run exceeded its deadline of {self.policy.timeouts.run_s:g}s; the sandbox was killed"
-            )
-        if clean_ok and exit_code == 0 and not oom:
-            return None
-        if oom:
-            return SandboxOOM(
-                f"the worker was killed by the memory limit ({self.policy.limits.memory} bytes)", exit_code=exit_code
-            )
-        return WorkerCrashed(
-            f"the worker exited unexpectedly (exit code {exit_code})", exit_code=exit_code, stderr_tail=tail[-2000:]
-        )
-
-    # raw access for `toolcage serve` ---------------------------------------------------
-    def send_raw(self, line: bytes) -> None:
-        """Forward one request line as is (the worker validates it)."""
-        if self._transport is None or self._parser is None:
-            raise UsageError("the sandbox is not running")
-        self._parser.expect_answer_to(line)  # before sending: the answer may come at once
-        with contextlib.suppress(OSError):
-            self._transport.send(line)
-
-    def finish_input(self) -> None:
-        """No more requests: close the worker's stdin so it exits after answering."""
-        self._input_closed = True
-        if self._transport is not None:
-            self._transport.close_stdin()
-
-    def receive(self) -> Any:
-        """Next message from the worker: a dict/list, EOF_MARK, Broken, or None at the run deadline."""
-        assert self._parser is not None
-        try:
-            return self._parser.messages.get(timeout=max(self._deadline + 1.0 - time.monotonic(), 0))
-        except queue.Empty:
-            self._kill()
-            return None
-
-    def check_exit(self) -> None:
-        """After EOF: raise if the worker did not end cleanly (input closed and exit 0)."""
-        exc = self._explain_exit(clean_ok=self._input_closed)
-        if exc is not None:
-            raise self._fail(exc)
-        self._dead = None
 
     def usage(self) -> dict[str, Any]:
         """CPU time and peak memory of the whole sandbox so far (from its cgroup)."""
         res = self.call("sandbox.usage", timeout=5)
-        return res.result if isinstance(res.result, dict) else {}
+        self._usage = res.result if isinstance(res.result, dict) else {}
+        return self._usage
+
+    # lines forwarded as they are, for `toolcage serve` (see toolcage.bridge) ------------------
+    def forward(self, line: bytes) -> None:
+        """Send one raw request line; its answer comes from :meth:`next_forwarded`."""
+        if self._session is None or not self._session.connected:
+            raise UsageError("the sandbox is not running")
+        self._session.forward(line)
+
+    def next_forwarded(self) -> Any:
+        """Next answer to a forwarded line (dict or list); raises the SandboxError that ended the run, or
+        returns None once the worker has exited cleanly after :meth:`finish_input`."""
+        assert self._session is not None
+        while True:
+            msg = self._session.next_forwarded(self._deadline + 1.0 - time.monotonic())
+            if msg is None:
+                self._on_expire("run")
+                raise self._explain_end(Ended("timeout"))
+            if isinstance(msg, dict | list):
+                return msg
+            end = Ended("broken", msg.reason) if isinstance(msg, Broken) else Ended("eof")
+            if end.how == "eof" and self._input_closed and self._dead is None:
+                exc = self._explain_exit(clean_ok=True)
+                if exc is None:
+                    return None
+                raise self._fail(exc)
+            raise self._explain_end(end)
+
+    def record_forwarded(self, method: str, params: dict[str, Any] | None, response: dict[str, Any], t0: float) -> None:
+        """Audit a forwarded call like any other (`toolcage serve`)."""
+        wall_ms = round((time.monotonic() - t0) * 1000, 3)
+        r = from_response(method, self.run_id, response, wall_ms) or CallResult(
+            "error", method, self.run_id, error={"code": -32603, "message": "malformed response"}, wall_ms=wall_ms
+        )
+        self._calls += 1
+        records.audit_call(self.audit, self.run_id, params, r)
+
+    def finish_input(self) -> None:
+        """No more requests: close the worker's stdin so it exits after answering."""
+        self._input_closed = True
+        if self._session is not None:
+            self._session.close_input()
 
     # teardown -------------------------------------------------------------------------
     def close(self) -> RunSummary | None:
-        """End the run: gather usage, remove the container (unless keep), free everything. Idempotent."""
+        """End the run: gather usage, remove the sandbox (unless keep), free everything. Idempotent."""
         if self._closed:
             return self.summary
-        usage: dict[str, Any] = {}
-        if self._running and self._dead is None and self._transport is not None and not self._input_closed:
-            with contextlib.suppress(ToolcageError):
-                usage = self.usage()
+        if self._running and self._dead is None and not self._input_closed:
+            try:
+                self.usage()
+            except ToolcageError:
+                pass
+            except BaseException:
+                self.interrupt()  # interrupted while asking: never wait on the worker again
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._watchdog is not None:
+            self._watchdog.stop()
         status = self._dead.status if self._dead is not None else "ok"
         try:
-            if self._transport is not None:
-                self._transport.close_stdin()
-            try:
-                if self.kind == "container" and self.container_id and self._engine is not None:
-                    if self.keep:
-                        self.log.warning("run.kept", container=self.name)
-                    else:
-                        self._engine.remove(self.container_id)
-                elif isinstance(self._transport, ProcessTransport):
-                    try:
-                        self._transport.proc.wait(timeout=2)
-                    except Exception:
-                        self._kill()
-                        self._transport.proc.wait(timeout=5)
-            finally:
-                if self._egress is not None and not self.keep:
-                    self._egress.down()
+            if self._session is not None:
+                self._session.close_input()
+            self._backend.remove(self.keep)
         finally:
-            if self._parser is not None:
-                self._parser.close()
-            if self._transport is not None:
-                self._transport.close()
-            for d in self._tmpdirs:
-                shutil.rmtree(d, ignore_errors=True)
+            if self._session is not None:
+                self._session.close()
             with _LIVE_LOCK:
                 _LIVE.discard(self)
         self.summary = RunSummary(
@@ -555,8 +432,8 @@ class Sandbox:
             name=self.name,
             status=status,
             wall_ms=round((time.monotonic() - self._started) * 1000, 3) if self._started else 0.0,
-            cpu_ms=usage.get("cpu_ms"),
-            peak_memory_bytes=usage.get("peak_memory_bytes"),
+            cpu_ms=self._usage.get("cpu_ms"),
+            peak_memory_bytes=self._usage.get("peak_memory_bytes"),
             calls=self._calls,
         )
         self.log.info("run.finished", **self.summary.to_dict())
@@ -570,7 +447,7 @@ class Sandbox:
                 duration_ms=self.summary.wall_ms,
                 cpu_ms=self.summary.cpu_ms,
                 peak_memory_bytes=self.summary.peak_memory_bytes,
-                oom_killed=status == "oom_killed" or bool(usage.get("oom_kills")),
+                oom_killed=status == "oom_killed",  # the run itself; a call's child OOM is that call's status
                 calls=self._calls,
             )
         return self.summary

@@ -17,10 +17,21 @@ import struct
 import subprocess
 import threading
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 STDERR_TAIL_BYTES = 64 * 1024
 EOF_MARK = object()
+
+
+class Transport(Protocol):
+    """What a backend hands the session: bytes in, and a reader thread feeding the parser."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def close_stdin(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Broken:
@@ -40,12 +51,22 @@ class StreamParser:
     notification, anything while nothing is pending) breaks the stream, and ``on_broken``
     kills the sandbox. So the queue never holds more than the pending calls, and it is
     bounded besides: when it is full the reader stops reading (back-pressure on the worker).
+
+    ``deliver`` (the session's router) sees every item first, on the reader thread; what it
+    takes (an answer a caller waits for) is not queued.
     """
 
     QUEUE_MAX = 64
 
-    def __init__(self, max_line: int, on_stderr_line: Any = None, on_broken: Any = None) -> None:
+    def __init__(
+        self,
+        max_line: int,
+        on_stderr_line: Any = None,
+        on_broken: Any = None,
+        deliver: Callable[[Any], bool] | None = None,
+    ) -> None:
         self.max_line = max_line
+        self._deliver = deliver
         self.messages: queue.Queue[Any] = queue.Queue(maxsize=self.QUEUE_MAX)
         self._buf = bytearray()
         self._err: deque[bytes] = deque()
@@ -66,6 +87,11 @@ class StreamParser:
         key = _key(req_id)
         with self._lock:
             self._pending[key] = self._pending.get(key, 0) + 1
+
+    def outstanding(self) -> int:
+        """How many answers the worker still owes (0: idle)."""
+        with self._lock:
+            return sum(self._pending.values()) + self._unidentified + self._batches
 
     def expect_unidentified(self) -> None:
         with self._lock:
@@ -159,6 +185,8 @@ class StreamParser:
 
     def _put(self, item: Any) -> None:
         """Queue, waiting while the queue is full (the reader then stops reading: back-pressure)."""
+        if self._deliver is not None and self._deliver(item):
+            return
         while not self.closed:
             try:
                 self.messages.put(item, timeout=0.5)

@@ -327,3 +327,87 @@ def test_keep_leaves_stopped_container(engine: Any) -> None:
         assert info["Config"]["Labels"]["toolcage.tool"] == "run_python"
     finally:
         engine.remove(name)
+
+
+def test_cli_serve_child_oom_is_a_call_status_and_run_has_usage(engine: Any, tmp_path: Path) -> None:
+    """In serve, a child OOM-killed while the worker lives on is that call's status: run.finished says ok,
+    oom_killed false, and carries CPU time and peak memory (it said oom_killed, without usage)."""
+    from toolcage.audit import read
+
+    log = tmp_path / "audit.jsonl"
+    bomb = {"code": "b = []\nwhile True: b.append(bytearray(16 * 1024 * 1024))", "timeout_s": 15}
+    lines = (
+        json.dumps({"jsonrpc": "2.0", "method": "run_python", "params": bomb, "id": 1})
+        + "\n"
+        + json.dumps({"jsonrpc": "2.0", "method": "run_python", "params": {"code": "print('alive')"}, "id": 2})
+        + "\n"
+    )
+    out = _cli("serve", "--policy", str(FIX / "good-small.yaml"), "--audit-log", str(log), stdin=lines)
+    assert out.returncode == 0, out.stderr
+    answers = [json.loads(x) for x in out.stdout.splitlines()]
+    assert answers[0]["result"]["oom_killed"] and answers[1]["result"]["stdout"] == "alive\n"
+    records = list(read(log))
+    assert [r["status"] for r in records if r["event"] == "run.call"] == ["oom_killed", "ok"]
+    finished = next(r for r in records if r["event"] == "run.finished")
+    assert finished["status"] == "ok" and finished["oom_killed"] is False, finished
+    assert finished["cpu_ms"] and finished["peak_memory_bytes"], finished
+
+
+def test_cli_serve_deadline_with_a_pending_request(engine: Any) -> None:
+    """At the run deadline, with a request pending and stdin open, serve answers it with -32004 and exits 3
+    (it aborted with `Fatal Python error: _enter_buffered_busy`, exit 134)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolcage.cli", "serve", "--timeout", "3"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    req = {"jsonrpc": "2.0", "method": "run_python", "params": {"code": "import time; time.sleep(60)"}, "id": 9}
+    proc.stdin.write((json.dumps(req) + "\n").encode())
+    proc.stdin.flush()
+    try:
+        proc.wait(30)
+    finally:
+        proc.kill()
+        proc.wait()
+    out, err = proc.stdout.read(), proc.stderr.read()
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        f.close()
+    assert proc.returncode == 3 and b"Fatal Python error" not in err, err.decode()
+    answer = json.loads(out)
+    assert answer["id"] == 9 and answer["error"]["code"] == -32004 and answer["error"]["data"]["status"] == "timeout"
+
+
+def test_cli_sigint_mid_call_is_interrupted_within_a_second(engine: Any, tmp_path: Path) -> None:
+    """Ctrl-C during a call: the container is removed and the runner exits 130 within a second, and the run is
+    recorded as interrupted (it took 5 s asking the busy worker for usage, recorded as timeout)."""
+    import signal
+
+    from toolcage.audit import read
+
+    log = tmp_path / "audit.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolcage.cli", "run", "run_python", "--audit-log", str(log), "--params",
+         '{"code": "import time; time.sleep(60)", "timeout_s": 60}'],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (log.exists() and any(r["event"] == "run.started" for r in read(log))):
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.05)
+        time.sleep(2.0)  # the container is up and the call in progress
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - t
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130 and json.loads(out)["status"] == "interrupted"
+    assert took < 1.0, f"took {took:.2f}s"
+    finished = next(r for r in read(log) if r["event"] == "run.finished")
+    assert finished["status"] == "interrupted" and engine.inspect(finished["container_id"]) is None

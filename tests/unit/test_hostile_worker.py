@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from toolcage import ProtocolError, Sandbox, SandboxTimeout
-from toolcage import sandbox as sandbox_mod
+from toolcage import ProtocolError, Sandbox, SandboxTimeout, backends
 
 FAKES = {
     "garbage": "import sys\nfor line in sys.stdin:\n    print('this is not json', flush=True)\n",
@@ -39,7 +38,7 @@ FAKES = {
 )
 def test_hostile_worker(monkeypatch: pytest.MonkeyPatch, fake: str, error: type[Exception], reason: str) -> None:
     """Each misbehaviour ends the call with a clear sandbox error, promptly."""
-    monkeypatch.setattr(sandbox_mod, "LOCAL_WORKER_ARGV", [sys.executable, "-c", FAKES[fake]])
+    monkeypatch.setattr(backends, "LOCAL_WORKER_ARGV", [sys.executable, "-c", FAKES[fake]])
     t = time.monotonic()
     with Sandbox(sandbox="none", audit=False) as sb, pytest.raises(error, match=reason):
         sb.call("ping", timeout=2)
@@ -50,11 +49,12 @@ def test_hostile_worker(monkeypatch: pytest.MonkeyPatch, fake: str, error: type[
 def test_unsolicited_flood_kills_the_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
     """Well-formed answers to no pending call break the stream at the first one: the worker is killed at
     once (even while no call waits) and the next call says why; nothing of the flood is kept."""
-    monkeypatch.setattr(sandbox_mod, "LOCAL_WORKER_ARGV", [sys.executable, "-c", FAKES["unsolicited"]])
+    monkeypatch.setattr(backends, "LOCAL_WORKER_ARGV", [sys.executable, "-c", FAKES["unsolicited"]])
     with Sandbox(sandbox="none", audit=False) as sb:
         assert sb.call("ping", timeout=5).result == "pong"
-        assert sb._parser is not None and isinstance(sb._transport, sandbox_mod.ProcessTransport)
-        sb._transport.proc.wait(timeout=10)  # killed by the runner, not by us
+        assert sb._parser is not None and isinstance(sb._backend, backends.ProcessBackend)
+        assert sb._backend.proc is not None
+        sb._backend.proc.wait(timeout=10)  # killed by the runner, not by us
         with pytest.raises(ProtocolError, match="answer to no pending call"):
             sb.call("ping", timeout=2)
         assert sb._parser.messages.qsize() <= 2 and len(sb._parser._buf) == 0  # Broken, then EOF

@@ -1,0 +1,221 @@
+"""Where a worker runs: the one seam between ``Sandbox`` and a container engine or a local process.
+
+A backend starts the worker and hands back a transport to its stdio, kills it, says how it
+ended and removes what it made. ``Sandbox`` never asks which backend it has; a new one
+(gVisor, Podman) is a class with these five methods and an entry in ``BACKENDS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from toolcage.config import PROXY_SOCKET, RunSpec, container_config
+from toolcage.errors import ToolcageError, UsageError
+from toolcage.policies import Policy
+from toolcage.transport import DockerAttachTransport, ProcessTransport, StreamParser, Transport
+
+NONE_WARNING = (
+    "WARNING: --sandbox none: the tool runs as a plain process on this host with your privileges. "
+    "NOTHING IS ISOLATED (no container, no read-only workspace, no network block). Development only."
+)
+# how --sandbox none starts the worker (tests swap in misbehaving workers)
+LOCAL_WORKER_ARGV = [sys.executable, "-m", "toolcage.worker"]
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How the worker ended. ``oom_killed``: the worker itself was killed by the memory limit."""
+
+    exit_code: int | None
+    oom_killed: bool = False
+
+
+class Backend(Protocol):
+    container_id: str | None
+    sandbox_user: bool  # the worker runs as uid 65532 (the workspace must be readable by it)
+
+    def image_id(self) -> str | None:
+        """The image the worker will run, for ``run.started`` (before anything is created)."""
+        ...
+
+    def start(self, run: RunSpec, parser: StreamParser) -> Transport: ...
+
+    def kill(self) -> None:
+        """Stop the worker now; safe from any thread, at any time, more than once."""
+        ...
+
+    def exit_status(self, timeout: float) -> ExitStatus: ...
+
+    def remove(self, keep: bool) -> None:
+        """Free everything the run made (unless ``keep``: leave it for inspection)."""
+        ...
+
+
+class ContainerBackend:
+    """One hardened container per run (plus, for ``network.mode: proxy``, its egress proxy)."""
+
+    sandbox_user = True
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        engine: Any,
+        image: str,
+        name: str,
+        log: Any,
+        audit: Any,
+        egress_network: str | None,
+        egress_proxy: str | None,
+        ca_pem: str | None,
+        **_unused: Any,
+    ) -> None:
+        self.policy, self.image, self.name, self.log, self.audit = policy, image, name, log, audit
+        self._engine = engine
+        self.egress_network, self.egress_proxy, self.ca_pem = egress_network, egress_proxy, ca_pem
+        self.container_id: str | None = None
+        self._egress: Any = None
+
+    @property
+    def engine(self) -> Any:
+        if self._engine is None:
+            from toolcage.docker_adapter import Engine
+
+            self._engine = Engine.default()
+        return self._engine
+
+    def image_id(self) -> str | None:
+        try:
+            return (self.engine.image(self.image) or {}).get("Id")
+        except ToolcageError:
+            return None  # start() reports the engine or the image as missing, with the fix
+
+    def start(self, run: RunSpec, parser: StreamParser) -> Transport:
+        from toolcage.reaper import reap_in_background
+
+        reap_in_background(self.engine, self.log, self.audit)
+        if self.policy.network.mode == "proxy":
+            from toolcage.egress import Egress, audit_decisions
+
+            self._egress = Egress(
+                self.engine, self.policy, run, self.egress_network, self.egress_proxy, self.log,
+                on_decision=audit_decisions(self.audit, run.run_id),  # written as they happen, not at close
+            )  # fmt: skip
+            volume, env = self._egress.up()
+            env["TOOLCAGE_PROXY_SOCKET"] = PROXY_SOCKET
+            if self.ca_pem:
+                env["TOOLCAGE_CA_PEM"] = self.ca_pem
+            run = dataclasses.replace(run, proxy_volume=volume, extra_env=env)
+        self.container_id = self.engine.create(container_config(self.policy, run), self.name)
+        sock, closer = self.engine.attach(self.container_id)
+        transport = DockerAttachTransport(sock, parser, closer)
+        transport.start()  # attached and reading before the worker's first byte
+        self.engine.start(self.container_id)
+        return transport
+
+    def kill(self) -> None:
+        if self.container_id is not None:
+            with contextlib.suppress(ToolcageError):
+                self.engine.kill(self.container_id)
+
+    def exit_status(self, timeout: float) -> ExitStatus:
+        if self.container_id is None:
+            return ExitStatus(None)
+        code = self.engine.wait(self.container_id, timeout=timeout)
+        state = (self.engine.inspect(self.container_id) or {}).get("State", {})
+        code = state.get("ExitCode", code)
+        # State.OOMKilled is set when *any* process of the container met the limit (a call's child
+        # too, which the worker survives and reports per call): only a SIGKILLed worker is the victim
+        return ExitStatus(code, oom_killed=bool(state.get("OOMKilled")) and code == 137)
+
+    def remove(self, keep: bool) -> None:
+        try:
+            if self.container_id is not None:
+                if keep:
+                    self.log.warning("run.kept", container=self.name)
+                else:
+                    self.engine.remove(self.container_id)
+        finally:
+            if self._egress is not None and not keep:
+                self._egress.down()
+
+
+class ProcessBackend:
+    """The same worker as a local subprocess (``--sandbox none``): development only, nothing isolated."""
+
+    sandbox_user = False
+    container_id: str | None = None
+
+    def __init__(self, policy: Policy, *, workspace: str | None, ca_pem: str | None, **_unused: Any) -> None:
+        self.policy, self.workspace, self.ca_pem = policy, workspace, ca_pem
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._tmpdirs: list[str] = []
+
+    def image_id(self) -> str | None:
+        return None
+
+    def start(self, run: RunSpec, parser: StreamParser) -> Transport:
+        print(NONE_WARNING, file=sys.stderr)
+        scratch = tempfile.mkdtemp(prefix=f"toolcage-{run.run_id}-scratch-")
+        self._tmpdirs.append(scratch)
+        workspace = self.workspace or tempfile.mkdtemp(prefix=f"toolcage-{run.run_id}-ws-")
+        if not self.workspace:
+            self._tmpdirs.append(workspace)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "TOOLCAGE_POLICY": self.policy.canonical_json(),
+            "TOOLCAGE_RUN_ID": run.run_id,
+            "TOOLCAGE_DEADLINE": f"{run.deadline:.3f}",
+            "TOOLCAGE_WORKSPACE": workspace,
+            "TOOLCAGE_SCRATCH": scratch,
+            "TOOLCAGE_WATCH_RUNNER": "1",
+            **({"TOOLCAGE_CA_PEM": self.ca_pem} if self.ca_pem else {}),
+        }
+        transport = ProcessTransport(list(LOCAL_WORKER_ARGV), env, scratch, parser)
+        self.proc = transport.proc
+        transport.start()
+        return transport
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, 9)  # its own session: the children go too
+
+    def exit_status(self, timeout: float) -> ExitStatus:
+        if self.proc is None:
+            return ExitStatus(None)
+        try:
+            return ExitStatus(self.proc.wait(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            return ExitStatus(None)
+
+    def remove(self, keep: bool) -> None:
+        try:
+            if self.proc is not None and self.exit_status(2).exit_code is None:
+                self.kill()
+                self.proc.wait(timeout=5)
+        finally:
+            for d in self._tmpdirs:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+# each takes the options it uses and ignores the rest
+BACKENDS: dict[str, Callable[..., Backend]] = {"container": ContainerBackend, "none": ProcessBackend}
+
+
+def make_backend(kind: str, policy: Policy, **options: Any) -> Backend:
+    """The backend named ``kind`` (``--sandbox``), given every option; each takes what it uses."""
+    factory = BACKENDS.get(kind)
+    if factory is None:
+        raise UsageError(f"unknown sandbox kind {kind!r}: use one of {', '.join(map(repr, BACKENDS))}")
+    return factory(policy, **options)

@@ -1,0 +1,153 @@
+"""`toolcage serve` and run ends (deadline, idle, interrupt) against the local worker (`--sandbox none`, no Docker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from toolcage import Sandbox, SandboxTimeout, load_policy
+from toolcage.audit import read
+
+ROOT = Path(__file__).resolve().parents[2]
+SLEEP = {"jsonrpc": "2.0", "method": "run_python", "params": {"code": "import time; time.sleep(30)", "timeout_s": 30}}
+
+
+def _serve(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    log = str(tmp_path / "a.jsonl")
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolcage.cli", "serve", "--sandbox", "none", "--audit-log", log, *args],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _finish(proc: subprocess.Popen[bytes], timeout: float = 20) -> tuple[bytes, bytes]:
+    """Wait for the process with its stdin still open (communicate() would close it), then read its output."""
+    assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None
+    try:
+        proc.wait(timeout)
+    finally:
+        proc.kill()
+        proc.wait()
+    out, err = proc.stdout.read(), proc.stderr.read()
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        f.close()
+    return out, err
+
+
+def _policy(tmp_path: Path, **timeouts: float) -> Path:
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump({"name": "t", "timeouts": timeouts}))
+    return p
+
+
+def test_serve_deadline_answers_pending_requests_and_exits_3(tmp_path: Path) -> None:
+    """At the run deadline with a request pending and stdin still open, serve answers that id with -32004 and
+    exits 3 (it used to abort with `Fatal Python error: _enter_buffered_busy`, exit 134, and answer nothing)."""
+    proc = _serve(tmp_path, "--timeout", "2")
+    assert proc.stdin is not None
+    proc.stdin.write((json.dumps({**SLEEP, "id": "slow"}) + "\n").encode())
+    proc.stdin.flush()  # and keep stdin open, as a long-lived client does
+    out, err = _finish(proc)
+    assert proc.returncode == 3, err.decode()
+    assert b"Fatal Python error" not in err
+    answers = [json.loads(x) for x in out.splitlines()]
+    assert [a["id"] for a in answers] == ["slow"]
+    assert answers[0]["error"]["code"] == -32004 and "deadline" in answers[0]["error"]["message"]
+    assert answers[0]["error"]["data"]["status"] == "timeout"
+
+
+def test_serve_idle_timeout_is_separate_from_the_run_deadline(tmp_path: Path) -> None:
+    """timeouts.idle_s ends a serve session nobody talks to, long before timeouts.run_s; exit 3 saying why."""
+    proc = _serve(tmp_path, "--policy", str(_policy(tmp_path, run_s=120, idle_s=1.5)))
+    assert proc.stdin is not None
+    t = time.monotonic()
+    proc.stdin.write(b'{"jsonrpc": "2.0", "method": "ping", "id": 1}\n')
+    proc.stdin.flush()
+    out, err = _finish(proc)
+    assert proc.returncode == 3 and b"idle" in err, err.decode()
+    assert time.monotonic() - t < 10
+    assert [json.loads(x) for x in out.splitlines()] == [{"jsonrpc": "2.0", "result": "pong", "id": 1}]
+
+
+def test_idle_timeout_ends_an_idle_sandbox_but_not_a_busy_one(tmp_path: Path) -> None:
+    """A call longer than idle_s is not idle time; idle_s without a call kills the sandbox and the next call
+    raises SandboxTimeout naming the idle timeout."""
+    policy = load_policy(_policy(tmp_path, run_s=60, idle_s=1))
+    with Sandbox(policy, sandbox="none", audit=False) as sb:
+        r = sb.call("run_python", {"code": "import time; time.sleep(1.5); print('done')"})
+        assert r.result["stdout"] == "done\n"
+        time.sleep(0.5)
+        assert sb.call("ping").result == "pong"  # activity restarts the idle clock
+        time.sleep(1.8)
+        with pytest.raises(SandboxTimeout, match="idle"):
+            sb.call("ping")
+    assert sb.summary is not None and sb.summary.status == "timeout"
+
+
+def test_idle_s_defaults_and_validates() -> None:
+    """timeouts.idle_s exists, defaults to the run deadline's default, and must be positive."""
+    from toolcage.policies import PolicyError, validate_policy
+
+    assert load_policy("default").timeouts.idle_s == 60
+    with pytest.raises(PolicyError, match=r"timeouts\.idle_s"):
+        validate_policy({"timeouts": {"idle_s": 0}})
+
+
+def _finished(log: Path) -> dict[str, Any]:
+    return [r for r in read(log) if r["event"] == "run.finished"][-1]
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_sigint_mid_call_ends_within_a_second_as_interrupted(tmp_path: Path, command: str) -> None:
+    """Ctrl-C during a call ends the runner within a second, exit 130, recorded as `interrupted` (it used to
+    take 5 s asking the busy worker for usage, and was recorded as `timeout`)."""
+    log = tmp_path / "a.jsonl"
+    args = ["run", "run_python", "--params", json.dumps(SLEEP["params"])] if command == "run" else ["serve"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolcage.cli", *args, "--sandbox", "none", "--audit-log", str(log)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    if command == "serve":
+        proc.stdin.write((json.dumps({**SLEEP, "id": 7}) + "\n").encode())
+        proc.stdin.flush()
+    deadline = time.monotonic() + 20
+    while not any(r["event"] == "run.started" for r in (read(log) if log.exists() else [])):
+        assert time.monotonic() < deadline, "the run never started"
+        time.sleep(0.05)
+    time.sleep(1.0)  # the call is in progress
+    t = time.monotonic()
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = _finish(proc)
+    took = time.monotonic() - t
+    assert proc.returncode == 130, err.decode()
+    assert took < 1.0, f"took {took:.2f}s"
+    assert _finished(log)["status"] == "interrupted"
+    if command == "serve":
+        answer = json.loads(out.splitlines()[-1])
+        assert answer["id"] == 7 and answer["error"]["code"] == -32004
+        assert answer["error"]["data"]["status"] == "interrupted"
+    else:
+        assert json.loads(out)["status"] == "interrupted"
+
+
+def test_interrupted_is_a_status() -> None:
+    """`interrupted` is one of the statuses every result and run carries."""
+    from toolcage import STATUSES
+
+    assert "interrupted" in STATUSES
