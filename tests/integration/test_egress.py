@@ -199,7 +199,7 @@ def test_allowed_request_succeeds(engine: Any, upstream: dict[str, Any], allow_a
         local_redirect = fetch(sb, "http://api.allowed.test:8080/redirect-in")
         assert local_redirect.result["url"].endswith("/ok") and len(local_redirect.result["decisions"]) == 2
     assert_run_gone(engine, sb.run_id)
-    assert any(d["event"] == "egress.allowed" for d in sb._egress.decisions)
+    assert any(d["event"] == "egress.allowed" for d in sb._backend._egress.decisions)
 
 
 @pytest.mark.parametrize(
@@ -332,7 +332,7 @@ def test_private_address_refused_unless_opened(engine: Any, tmp_path: Path, upst
         r = fetch(sb, "http://api.allowed.test:8080/ok")
     assert r.error is not None and r.error["code"] == -32010
     assert "which is private" in r.error["data"]["reason"]
-    denied = [d for d in sb._egress.decisions if d["event"] == "egress.denied"]
+    denied = [d for d in sb._backend._egress.decisions if d["event"] == "egress.denied"]
     assert denied and "private" in denied[0]["reason"]
 
 
@@ -382,7 +382,7 @@ def test_connect_tunnel_pipes_bytes(engine: Any, tmp_path: Path, upstream: dict[
         out = run_probe(sb, code)
     first, body = out["t"]
     assert first.startswith("HTTP/1.1 200") and body == "hello api.allowed.test:8443 /via-tunnel"
-    allowed = [d for d in sb._egress.decisions if d["event"] == "egress.allowed"]
+    allowed = [d for d in sb._backend._egress.decisions if d["event"] == "egress.allowed"]
     assert allowed and allowed[0]["sni"] == "api.allowed.test"
 
 
