@@ -246,6 +246,7 @@ class Sandbox:
             owner=host_pid,
             owner_started=started,
             workspace=self.workspace,
+            keep=self.keep,
         )
 
     def _start_container(self, parser: StreamParser) -> None:
