@@ -228,9 +228,7 @@ class Sandbox:
     def _on_protocol_violation(self, reason: str) -> None:
         """The stream broke (reader thread): kill the sandbox now, even if no call is waiting."""
         if self._dead is None:
-            self._dead = ProtocolError(
-                f"protocol error: {reason}; the sandbox was killed", run_id=self.run_id
-            )
+            self._dead = ProtocolError(f"protocol error: {reason}; the sandbox was killed", run_id=self.run_id)
         self.log.warning("run.protocol_violation", reason=reason)
         self._kill()
 
