@@ -24,7 +24,7 @@ from toolcage.textsafe import dumps, escape
 EXIT_BY_STATUS = {"ok": 0, "error": 1, "output_capped": 1, "signal": 1, "timeout": 3, "oom_killed": 3, "crashed": 3}
 CODE_RUNNING_TOOLS = ("run_python", "run_shell")
 # a child told to stop this long before the run deadline answers with its output before the kill
-CHILD_DEADLINE_MARGIN_S = 1.5
+CHILD_DEADLINE_MARGIN_S = 2.0  # container start-up on a loaded host; the rest of the run is the child's
 
 
 def _on_signal(signum: int, frame: Any) -> None:
