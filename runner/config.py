@@ -97,14 +97,16 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
                 "BindOptions": {"Propagation": "rprivate"},
             }
         )
-    env = {
+    reserved = {
         "TOOLCAGE_POLICY": policy.canonical_json(),
         "TOOLCAGE_RUN_ID": run.run_id,
         "TOOLCAGE_DEADLINE": f"{run.deadline:.3f}",
         "TOOLCAGE_IN_CONTAINER": "1",
         "TOOLCAGE_WATCH_RUNNER": "1",
-        **run.extra_env,
     }
+    # Threat: extra_env carrying a looser policy (or no deadline) to the worker while the
+    # labels and HostConfig say otherwise. The policy's own values always win.
+    env = {**run.extra_env, **reserved}
     host_config: dict[str, Any] = {
         "ReadonlyRootfs": True,  # tool code cannot alter the image (or plant files for later calls)
         "Mounts": mounts,
