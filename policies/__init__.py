@@ -1,4 +1,4 @@
-"""The one policy model shared by runner, worker and (later) the egress proxy.
+"""The one policy model shared by the runner, the worker and the egress proxy.
 
 Imports neither `runner` nor `worker`: both depend on it, never the other way round.
 """

@@ -25,9 +25,12 @@ def _describe(errors: list[Any], source: str) -> str:
     parts = []
     for err in errors:
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        msg = str(err["msg"])
         if err["type"] in _UNKNOWN:
             msg = "unknown field (typo?)"
+        elif err["type"] in ("value_error", "assertion_error"):
+            # pydantic prefixes our validators' messages with its own wording; the user needs ours
+            msg = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
         parts.append(f"{loc}: {msg}")
     return f"invalid policy {source}: " + "; ".join(parts)
 

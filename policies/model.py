@@ -53,7 +53,6 @@ class Timeouts:
 
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
-METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 @dataclass(frozen=True, kw_only=True)

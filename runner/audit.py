@@ -1,4 +1,4 @@
-"""The audit log: append-only JSON lines, hash-chained, fsynced per event, safe for concurrent runners.
+"""The audit log: append-only JSON lines, hash-chained, fsynced in batches, safe for concurrent runners.
 
 Each record carries ``seq``, ``prev`` (the previous record's hash) and ``hash`` (sha256 of
 ``prev`` and the record's canonical JSON without ``hash``), so ``toolcage audit --verify``

@@ -1,9 +1,10 @@
-"""The ``toolcage`` command (click): run, serve, tools, image build.
+"""The ``toolcage`` command (click): run, serve, tools, policy test, image build (here) and the
+operator commands audit, ps, gc, doctor (``toolcage.cli_ops``).
 
-stdout carries results (JSON) or the protocol (serve); everything for people goes to
-stderr. Text a sandbox may have chosen is escaped (runner.textsafe) before it reaches a
-terminal, in human output and in JSON alike. Exit codes: 0 ok, 1 the tool reported an error, 2 usage or policy error,
-3 sandbox failure (timeout, memory, crash, Docker).
+How it talks is decided once, in ``toolcage.output``: results on stdout (JSON with ``--json``,
+always JSON for run, policy test and image build), diagnostics as escaped plain text on
+stderr, every error translated in one place into that output and its exit code: 0 ok, 1 the
+tool reported an error, 2 usage or policy error, 3 sandbox failure (timeout, memory, crash, Docker).
 """
 
 from __future__ import annotations
@@ -11,42 +12,28 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
-from toolcage.errors import ToolcageError, UsageError
-from toolcage.policies import PolicyError
+from toolcage.errors import UsageError
+from toolcage.output import ToolcageGroup, emit, say, use_json, warn
+from toolcage.policies import Policy, codes
 from toolcage.textsafe import dumps, escape
 
-EXIT_BY_STATUS = {"ok": 0, "error": 1, "output_capped": 1, "signal": 1, "timeout": 3, "oom_killed": 3, "crashed": 3}
-_USAGE_CODES = (-32601, -32602, -32600, -32700)
-
-
-def _emit(obj: Any) -> None:
-    sys.stdout.write(dumps(obj, indent=2, default=str) + "\n")
-    sys.stdout.flush()
-
-
-def _fail(exc: ToolcageError | PolicyError, as_json: bool) -> NoReturn:
-    if isinstance(exc, PolicyError):
-        payload = {"status": "error", "reason": "policy", "message": str(exc)}
-        code = 2
-    else:
-        payload = exc.to_dict()
-        code = exc.exit_code
-    if as_json:
-        _emit({"error": payload, "status": payload["status"]})
-    click.echo(f"toolcage: {escape(payload['message'])}", err=True)
-    sys.exit(code)
+EXIT_BY_STATUS = {
+    "ok": 0, "error": 1, "output_capped": 1, "signal": 1,
+    "timeout": 3, "oom_killed": 3, "crashed": 3, "image_missing": 3, "interrupted": 130,
+}  # fmt: skip
+CODE_RUNNING_TOOLS = ("run_python", "run_shell")
+# a child told to stop this long before the run deadline answers with its output before the kill
+CHILD_DEADLINE_MARGIN_S = 2.0  # container start-up on a loaded host; the rest of the run is the child's
 
 
 def _on_signal(signum: int, frame: Any) -> None:
     # unwinds through `with Sandbox`, so the container is removed before the process exits
     signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
-    click.echo(f"toolcage: {signal.Signals(signum).name}: removing the sandbox", err=True)
+    say(f"{signal.Signals(signum).name}: removing the sandbox")
     raise SystemExit(128 + signum)
 
 
@@ -61,6 +48,51 @@ def _parse_params(raw: str | None) -> dict[str, Any] | None:
     if params is not None and not isinstance(params, dict):
         raise UsageError('--params must be a JSON object, e.g. \'{"code": "print(1)"}\'')
     return params
+
+
+def _prepared_call(tool: str, raw: str | None, opts: dict[str, Any]) -> dict[str, Any] | None:
+    """Everything `run` can check before a container starts: params JSON, policy, --timeout,
+    the tool and its params (host-side, toolcage.precheck). Loads the policy once into opts."""
+    from toolcage.precheck import check_call
+
+    params = _parse_params(raw)
+    pol = _policy(opts)
+    check_call(tool, params, opts["image"])
+    if tool in CODE_RUNNING_TOOLS:
+        params = _fit_child_timeout(params, pol)
+    return params
+
+
+def _policy(opts: dict[str, Any]) -> Policy:
+    """The run's policy with --timeout applied; warns when --timeout asks for more than the policy allows."""
+    from toolcage.policies import load_policy
+    from toolcage.sandbox import resolve_policy
+
+    if isinstance(opts["policy"], Policy):
+        return opts["policy"]
+    base = load_policy(opts["policy"])
+    timeout = opts["timeout"]
+    if timeout is not None and timeout > base.timeouts.run_s:
+        warn(f"--timeout {timeout:g}s is more than the policy's run deadline; using {base.timeouts.run_s:g}s")
+    pol = resolve_policy(base, timeout)
+    opts["policy"] = pol
+    return pol
+
+
+def _fit_child_timeout(params: dict[str, Any] | None, pol: Policy) -> dict[str, Any] | None:
+    """The child's timeout ends before the run deadline, so its partial output comes back.
+
+    The worker counts a child's timeout from the call, the runner its deadline from before the
+    container starts: with a child timeout at or past the run deadline, the runner's kill came
+    first and the output gathered so far was lost. Only ever lowers ``timeout_s``.
+    """
+    run_s = pol.timeouts.run_s
+    limit = max(run_s - CHILD_DEADLINE_MARGIN_S, run_s / 2)
+    asked = (params or {}).get("timeout_s")
+    current = asked if isinstance(asked, int | float) and asked > 0 else pol.timeouts.call_s
+    if current <= limit:
+        return params
+    return {**(params or {}), "timeout_s": round(limit, 3)}
 
 
 def sandbox_options(f: Any) -> Any:
@@ -122,7 +154,7 @@ def sandbox_options(f: Any) -> Any:
     return f
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ToolcageGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="toolcage")
 def cli() -> None:
     """toolcage: run tool handlers you did not write in a hardened, per-run Docker sandbox."""
@@ -133,15 +165,16 @@ def _sandbox(tool: str, opts: dict[str, Any]) -> Any:
     from toolcage import logs
     from toolcage.sandbox import Sandbox
 
-    logs.configure(opts["verbose"])
+    logs.configure(opts["verbose"], json_logs=False)  # stderr is for people: plain, escaped text
+    pol = _policy(opts)
     return Sandbox(
-        opts["policy"],
+        pol,
         workspace=opts["workspace"],
         tool=tool,
         sandbox=opts["sandbox"],
         image=opts["image"],
         keep=opts["keep"],
-        run_timeout=opts["timeout"],
+        run_timeout=None,  # already applied by _policy
         egress_network=opts["egress_network"],
         egress_proxy=opts["egress_proxy"],
         ca_file=opts["ca_file"],
@@ -158,28 +191,26 @@ def run(tool: str, params: str | None, **opts: Any) -> None:
 
     Example: toolcage run run_python --params '{"code": "print(2+2)"}'
     """
-    sb = None
+    use_json(True)
+    parsed = _prepared_call(tool, params, opts)
+    sb = _sandbox(tool, opts)
     try:
-        parsed = _parse_params(params)
-        sb = _sandbox(tool, opts)
         with sb:
             res = sb.call(tool, parsed)
-        summary = sb.summary
-    except (ToolcageError, PolicyError) as exc:
-        _fail(exc, as_json=True)
     except (KeyboardInterrupt, SystemExit):
         # SIGINT/SIGTERM mid-run: the sandbox is gone (status interrupted); say so on stdout, then exit
         # with the signal's code (130 SIGINT, 143 SIGTERM), which main() and the signal handler choose
-        if sb is not None and sb.summary is not None and sb.summary.status == "interrupted":
-            _emit({"status": "interrupted", "name": sb.name, "run_id": sb.run_id, "run_wall_ms": sb.summary.wall_ms})
+        if sb.summary is not None and sb.summary.status == "interrupted":
+            emit({"status": "interrupted", "name": sb.name, "run_id": sb.run_id, "run_wall_ms": sb.summary.wall_ms})
         raise
+    summary = sb.summary
     out = res.to_dict()
     out["name"] = sb.name
     if summary is not None:
         out.update(run_wall_ms=summary.wall_ms, cpu_ms=summary.cpu_ms, peak_memory_bytes=summary.peak_memory_bytes)
-    _emit(out)
-    if res.error and res.error.get("code") in _USAGE_CODES:
-        click.echo(f"toolcage: {escape(res.error.get('message'))}: {dumps(res.error.get('data'))}", err=True)
+    emit(out)
+    if res.error and res.error.get("code") in codes.USAGE_CODES:
+        say(f"{res.error.get('message')}: {dumps(res.error.get('data'))}")
         sys.exit(2)
     sys.exit(EXIT_BY_STATUS.get(res.status, 3))
 
@@ -197,11 +228,9 @@ def serve(tool_label: str, **opts: Any) -> None:
     """
     from toolcage.bridge import bridge
 
-    try:
-        with _sandbox(tool_label, opts) as sb:
-            bridge(sb, sys.stdin.buffer, sys.stdout.buffer)
-    except (ToolcageError, PolicyError) as exc:
-        _fail(exc, as_json=False)
+    use_json(False)  # stdout is the JSON-RPC stream: errors go to stderr only
+    with _sandbox(tool_label, opts) as sb:
+        bridge(sb, sys.stdin.buffer, sys.stdout.buffer)
 
 
 @cli.command()
@@ -210,9 +239,10 @@ def tools(as_json: bool) -> None:
     """List the built-in tools (the same list `tools.list` returns inside a sandbox)."""
     from toolcage.worker.tools import Catalog
 
+    use_json(as_json)
     listing = Catalog().describe()
     if as_json:
-        _emit(listing)
+        emit(listing)
         return
     width = max(len(t["name"]) for t in listing)
     for t in listing:
@@ -243,6 +273,7 @@ def policy_test(policy_ref: str, url: str, method: str, resolve: tuple[str, ...]
     """
     import ipaddress
 
+    use_json(True)
     from toolcage.policies import load_policy
     from toolcage.policies.decide import Request, decide, system_resolver
     from toolcage.policies.names import NameError_, normalize_host
@@ -251,231 +282,30 @@ def policy_test(policy_ref: str, url: str, method: str, resolve: tuple[str, ...]
     for item in resolve:
         host, sep, ip = item.partition("=")
         if not sep or not host or not ip:
-            _fail(UsageError(f"--resolve wants HOST=IP, not {item!r}"), as_json=False)
+            raise UsageError(f"--resolve wants HOST=IP, not {item!r}")
         try:
             ipaddress.ip_address(ip)
         except ValueError:
-            _fail(UsageError(f"--resolve {item!r}: {ip!r} is not an IP address"), as_json=False)
+            raise UsageError(f"--resolve {item!r}: {ip!r} is not an IP address") from None
         try:
             fixed.setdefault(normalize_host(host), []).append(ip)
         except NameError_ as exc:
-            _fail(UsageError(f"--resolve {item!r}: {exc}"), as_json=False)
+            raise UsageError(f"--resolve {item!r}: {exc}") from None
 
     def resolver(name: str) -> list[str]:
         if name in fixed:
             return fixed[name]
         return system_resolver(name)
 
-    try:
-        p = load_policy(policy_ref)
-    except PolicyError as exc:
-        _fail(exc, as_json=False)
+    p = load_policy(policy_ref)
     d = decide(Request(url, method.upper()), p, resolver)
-    _emit({"allowed": d.allowed, "reason": d.reason, "rule": d.rule, "addresses": list(d.addresses)})
+    emit({"allowed": d.allowed, "reason": d.reason, "rule": d.rule, "addresses": list(d.addresses)})
     sys.exit(0 if d.allowed else 1)
-
-
-_SINCE = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def _parse_since(text: str) -> float:
-    import re
-
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
-    if not m:
-        raise UsageError(f"--since wants a duration like 30s, 10m, 2h or 1d, not {text!r}")
-    return float(m.group(1)) * _SINCE[m.group(2)]
-
-
-def _audit_line(rec: dict[str, Any]) -> str:
-    """One audit record for people: every field escaped (egress targets, methods and reasons
-    come from inside the sandbox)."""
-    skip = {"ts", "event", "run_id", "hash", "prev", "seq"}
-    rest = " ".join(f"{escape(k)}={escape(v)}" for k, v in sorted(rec.items()) if k not in skip and v is not None)
-    ts, run_id, event = (escape(rec.get(k, d)) for k, d in (("ts", "?"), ("run_id", "-"), ("event", "?")))
-    return f"{ts[:23]}  {run_id:<8}  {event:<16} {rest}"
-
-
-@cli.command()
-@click.option("--run", "run_id", default=None, help="Only this run id.")
-@click.option("--since", default=None, help="Only the last DURATION (30s, 10m, 2h, 1d).")
-@click.option("--json", "as_json", is_flag=True, help="Print records as JSON lines.")
-@click.option("--verify", is_flag=True, help="Check the hash chain; exit 1 if a line was edited, dropped or moved.")
-@click.option("--audit-log", type=click.Path(dir_okay=False), default=None, help="Audit log file.")
-def audit(run_id: str | None, since: str | None, as_json: bool, verify: bool, audit_log: str | None) -> None:
-    """Read the audit log: what ran, with which policy, what it did, how it ended."""
-    from datetime import datetime
-    from pathlib import Path
-
-    from toolcage import audit as audit_mod
-
-    path = Path(audit_log).expanduser() if audit_log else audit_mod.default_path()
-    if verify:
-        problems = audit_mod.verify(path)
-        for p in problems:
-            click.echo(f"toolcage audit: {escape(p)}", err=True)
-        if problems:
-            sys.exit(1)
-        n = sum(1 for _ in audit_mod.read(path))
-        click.echo(f"{path}: intact, {n} records")
-        return
-    if not path.exists():
-        click.echo(f"toolcage: no audit log at {path}", err=True)
-        sys.exit(2)
-    try:
-        cutoff = time.time() - _parse_since(since) if since else None
-    except UsageError as exc:
-        _fail(exc, as_json=False)
-    for rec in audit_mod.read(path):
-        if run_id and rec.get("run_id") != run_id:
-            continue
-        if cutoff is not None:
-            try:
-                if datetime.fromisoformat(str(rec.get("ts", "")).replace("Z", "+00:00")).timestamp() < cutoff:
-                    continue
-            except ValueError:
-                continue
-        if as_json:
-            click.echo(dumps(rec, sort_keys=True))
-            continue
-        click.echo(_audit_line(rec))
-
-
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def ps(as_json: bool) -> None:
-    """Live runs (from Docker labels): name, tool, policy, age, memory."""
-    from toolcage.docker_adapter import Engine
-    from toolcage.ops import live_runs
-
-    try:
-        rows = live_runs(Engine.default())
-    except ToolcageError as exc:
-        _fail(exc, as_json=False)
-    if as_json:
-        _emit(rows)
-        return
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table("NAME", "TOOL", "POLICY", "AGE", "MEMORY", "OWNER", box=None)
-    for r in rows:
-        mem = f"{r['memory_bytes'] / 2**20:.1f} MiB" if r["memory_bytes"] else "-"
-        # Text, not str: a label like "[red]x" is shown, not read as rich markup
-        cells = (r["name"], r["tool"], r["policy"], r["age"], mem, r["owner"])
-        table.add_row(*(Text(escape("-" if c is None else c)) for c in cells))
-    Console().print(table)
-    if not rows:
-        click.echo("no live runs", err=True)
-
-
-@cli.command()
-@click.option("--dry-run", is_flag=True, help="List what would be removed.")
-def gc(dry_run: bool) -> None:
-    """Remove toolcage containers and networks whose owner is gone or whose deadline passed."""
-    from toolcage.docker_adapter import Engine
-    from toolcage.reaper import find_orphans, remove
-
-    try:
-        engine = Engine.default()
-        orphans = find_orphans(engine)
-        for o in orphans:
-            verb = "would remove" if dry_run else "removing"
-            click.echo(f"{verb} {o.kind} {escape(o.name)} (run {escape(o.run_id)}): {escape(o.reason)}")
-        if not dry_run:
-            from toolcage import audit as audit_mod
-
-            remove(engine, orphans, audit_mod.shared())
-    except ToolcageError as exc:
-        _fail(exc, as_json=False)
-    if not orphans:
-        click.echo("nothing to collect", err=True)
-
-
-@cli.command()
-@click.option("--probe", is_flag=True, help="Also prove the isolation in a live sandbox under --policy.")
-@click.option("--policy", "policy_ref", default="default", show_default=True, help="Policy for --probe.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def doctor(probe: bool, policy_ref: str, as_json: bool) -> None:
-    """Check the engine, the image, the daemon's security features and every live sandbox against its policy.
-
-    Exit 1 when anything is weaker than it should be.
-    """
-    from toolcage.docker_adapter import Engine
-    from toolcage.image.build import SOURCE_LABEL, source_sha256
-    from toolcage.ops import daemon_security, inspect_findings
-    from toolcage.sandbox import DEFAULT_IMAGE
-
-    report: dict[str, Any] = {"findings": []}
-    findings: list[str] = report["findings"]
-    try:
-        engine = Engine.default()
-        version = engine.ping()
-        report["engine"] = {"version": version.get("Version"), "api": version.get("ApiVersion")}
-        img = engine.image(DEFAULT_IMAGE)
-        if img is None:
-            findings.append(f"image {DEFAULT_IMAGE} is missing: run `toolcage image build`")
-        else:
-            current = ((img.get("Config") or {}).get("Labels") or {}).get(SOURCE_LABEL) == source_sha256()
-            report["image"] = {"tag": DEFAULT_IMAGE, "id": img.get("Id"), "current": current}
-            if not current:
-                findings.append(f"image {DEFAULT_IMAGE} is out of date: run `toolcage image build`")
-        sec = daemon_security(engine.info())
-        report["daemon"] = sec
-        if not sec["seccomp"]:
-            findings.append("the Docker daemon runs without seccomp")
-        checked = []
-        for c in engine.containers("toolcage.run_id", all=False):
-            info = engine.inspect(c["Id"])
-            if info is None:
-                continue
-            problems = inspect_findings(info)
-            name = info.get("Name", "?").lstrip("/")
-            checked.append({"name": name, "findings": problems})
-            findings.extend(f"{name}: {p}" for p in problems)
-        report["containers"] = checked
-        if probe and img is not None:
-            from toolcage.probes import run_all
-            from toolcage.sandbox import Sandbox
-
-            with Sandbox(policy_ref, tool="doctor-probe") as sb:
-                results = run_all(sb)
-            report["probes"] = [r.__dict__ for r in results]
-            findings.extend(f"probe {r.name} failed: {r.observed}" for r in results if not r.passed)
-    except (ToolcageError, PolicyError) as exc:
-        _fail(exc, as_json=as_json)
-    if as_json:
-        _emit(report)
-    else:
-        _doctor_text(report, findings)
-    sys.exit(1 if findings else 0)
-
-
-def _doctor_text(report: dict[str, Any], findings: list[str]) -> None:
-    """doctor's table for people; probe observations and container names are escaped."""
-    eng = report.get("engine", {})
-    click.echo(f"engine      Docker {escape(eng.get('version'))} (API {escape(eng.get('api'))})")
-    im = report.get("image")
-    state = ("current" if im["current"] else "OUT OF DATE") if im else ""
-    click.echo(f"image       {escape(im['tag'])} {state}" if im else "image       missing")
-    d = report["daemon"]
-    flags = ", ".join(k for k in ("seccomp", "apparmor", "selinux", "userns", "rootless") if d[k]) or "none"
-    click.echo(
-        f"daemon      security: {flags}; cgroup v{escape(d['cgroup_version'])}; storage {escape(d['storage_driver'])}"
-    )
-    for c in report["containers"]:
-        verdict = "as locked down as its policy" if not c["findings"] else "WEAKER"
-        click.echo(f"container   {escape(c['name'])}: {verdict}")
-    for r in report.get("probes", []):
-        click.echo(f"probe       {'PASS' if r['passed'] else 'FAIL'}  {escape(r['name']):<28} {escape(r['what'])}")
-    for f in findings:
-        click.echo(f"FINDING     {escape(f)}", err=True)
 
 
 @cli.group()
 def image() -> None:
-    """Build and inspect the worker image."""
+    """Build the worker image."""
 
 
 @image.command("build")
@@ -493,16 +323,14 @@ def image_build(tag: str | None, base: str | None, force: bool) -> None:
     from toolcage.progress import StepReporter
     from toolcage.sandbox import DEFAULT_IMAGE
 
-    try:
-        engine = Engine(timeout=600)
-        engine.ping()
-        with StepReporter("toolcage image build") as reporter:
-            result = build_image(engine, tag or DEFAULT_IMAGE, reporter.step, base=base, force=force)
-    except ToolcageError as exc:
-        _fail(exc, as_json=False)
+    use_json(True)
+    engine = Engine(timeout=600)
+    engine.ping()
+    with StepReporter("toolcage image build") as reporter:
+        result = build_image(engine, tag or DEFAULT_IMAGE, reporter.step, base=base, force=force)
     verb = "built" if result.built else "up to date"
-    click.echo(f"{result.tag}: {verb} in {result.seconds:.1f}s (base {result.base})", err=True)
-    _emit(
+    say(f"{result.tag}: {verb} in {result.seconds:.1f}s (base {result.base})")
+    emit(
         {
             "tag": result.tag,
             "built": result.built,
@@ -513,13 +341,18 @@ def image_build(tag: str | None, base: str | None, force: bool) -> None:
     )
 
 
+from toolcage import cli_ops  # noqa: E402  (registers audit, ps, gc, doctor on `cli`)
+
+cli_ops.register(cli)
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     try:
-        cli(standalone_mode=True)
+        cli()
     except KeyboardInterrupt:
-        click.echo("toolcage: interrupted; the sandbox was removed", err=True)
+        say("interrupted; the sandbox was removed")
         sys.exit(130)
 
 
@@ -527,4 +360,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["Path", "cli", "main"]
+__all__ = ["cli", "main"]

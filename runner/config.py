@@ -25,6 +25,21 @@ SCRATCH = "/scratch"
 NAME_PREFIX = "toolcage"
 LABEL_PREFIX = "toolcage."
 
+# Label keys, spelled once: every object of a run carries them (reaper, ps, doctor, gc read them).
+LABEL_RUN_ID = f"{LABEL_PREFIX}run_id"
+LABEL_TOOL = f"{LABEL_PREFIX}tool"
+LABEL_POLICY = f"{LABEL_PREFIX}policy"
+LABEL_POLICY_SHA256 = f"{LABEL_PREFIX}policy_sha256"
+LABEL_STARTED_AT = f"{LABEL_PREFIX}started_at"
+LABEL_DEADLINE = f"{LABEL_PREFIX}deadline"
+LABEL_OWNER = f"{LABEL_PREFIX}owner"
+LABEL_OWNER_STARTED = f"{LABEL_PREFIX}owner_started"
+LABEL_ROLE = f"{LABEL_PREFIX}role"
+# "1" on every object of a run started with keep=True (`--keep`): the user's until they remove it.
+# Labels cannot change after create, so this is decided at creation; the reaper never touches
+# such objects and `gc` removes them only with `--kept`.
+LABEL_KEEP = f"{LABEL_PREFIX}keep"
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -41,6 +56,7 @@ class RunSpec:
     workspace: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     proxy_volume: str | None = None  # network.mode proxy: the volume holding the egress proxy's socket
+    keep: bool = False  # --keep: the container stays after the run, and gc/the reaper leave it alone
 
 
 def container_name(tool: str, run_id: str) -> str:
@@ -50,17 +66,20 @@ def container_name(tool: str, run_id: str) -> str:
 
 def labels(policy: Policy, run: RunSpec) -> dict[str, str]:
     """Labels on every object of a run, so `docker ps --filter label=toolcage.run_id` finds it."""
-    return {
-        f"{LABEL_PREFIX}run_id": run.run_id,
-        f"{LABEL_PREFIX}tool": run.tool,
-        f"{LABEL_PREFIX}policy": run.policy_name,
-        f"{LABEL_PREFIX}policy_sha256": policy.sha256(),
-        f"{LABEL_PREFIX}started_at": run.started_at,
-        f"{LABEL_PREFIX}deadline": f"{run.deadline:.3f}",
-        f"{LABEL_PREFIX}owner": run.owner,
-        f"{LABEL_PREFIX}owner_started": run.owner_started,
-        f"{LABEL_PREFIX}role": "sandbox",
+    out = {
+        LABEL_RUN_ID: run.run_id,
+        LABEL_TOOL: run.tool,
+        LABEL_POLICY: run.policy_name,
+        LABEL_POLICY_SHA256: policy.sha256(),
+        LABEL_STARTED_AT: run.started_at,
+        LABEL_DEADLINE: f"{run.deadline:.3f}",
+        LABEL_OWNER: run.owner,
+        LABEL_OWNER_STARTED: run.owner_started,
+        LABEL_ROLE: "sandbox",
     }
+    if run.keep:
+        out[LABEL_KEEP] = "1"
+    return out
 
 
 def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
@@ -78,14 +97,16 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
                 "BindOptions": {"Propagation": "rprivate"},
             }
         )
-    env = {
+    reserved = {
         "TOOLCAGE_POLICY": policy.canonical_json(),
         "TOOLCAGE_RUN_ID": run.run_id,
         "TOOLCAGE_DEADLINE": f"{run.deadline:.3f}",
         "TOOLCAGE_IN_CONTAINER": "1",
         "TOOLCAGE_WATCH_RUNNER": "1",
-        **run.extra_env,
     }
+    # Threat: extra_env carrying a looser policy (or no deadline) to the worker while the
+    # labels and HostConfig say otherwise. The policy's own values always win.
+    env = {**run.extra_env, **reserved}
     host_config: dict[str, Any] = {
         "ReadonlyRootfs": True,  # tool code cannot alter the image (or plant files for later calls)
         "Mounts": mounts,
@@ -163,5 +184,5 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
         StdinOnce=False,
         NetworkDisabled=False,
     )
-    cfg["Labels"] = {**cfg["Labels"], f"{LABEL_PREFIX}role": "egress-proxy"}
+    cfg["Labels"] = {**cfg["Labels"], LABEL_ROLE: "egress-proxy"}
     return cfg

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -15,7 +15,11 @@ import requests.exceptions
 
 from toolcage.errors import DockerUnavailable, ImageMissing, SandboxError
 
+if TYPE_CHECKING:
+    from toolcage.engine import EngineAPI
+
 API_VERSION = "1.41"  # Docker Engine 20.10+; fixed so no /version round trip on connect
+_CONFLICT = 409
 _UNREACHABLE = (
     "Cannot reach the Docker engine ({detail}). Start Docker (e.g. `sudo systemctl start docker` "
     "or `sudo dockerd &`), or set DOCKER_HOST to a reachable engine."
@@ -23,19 +27,21 @@ _UNREACHABLE = (
 
 
 def _translate(exc: Exception, image: str | None = None) -> SandboxError:
-    if isinstance(exc, docker.errors.ImageNotFound) or (
-        isinstance(exc, docker.errors.NotFound) and image and "image" in str(exc).lower()
-    ):
+    """docker-py's and requests' errors, by type and HTTP status (never by message text)."""
+    if isinstance(exc, docker.errors.ImageNotFound):  # docker-py: a 404 about an image
         return ImageMissing(
-            f"The worker image {image} is not present. Build it with `toolcage image build`.", image=image
+            f"The worker image {image or '(unknown)'} is not present. Build it with `toolcage image build`.",
+            image=image,
         )
     if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError):
+        # FileNotFoundError: the engine's Unix socket does not exist
         return DockerUnavailable(_UNREACHABLE.format(detail=type(exc).__name__))
-    if isinstance(exc, docker.errors.DockerException) and "connection" in str(exc).lower():
-        return DockerUnavailable(_UNREACHABLE.format(detail=str(exc).split("(")[0].strip()))
     if isinstance(exc, docker.errors.APIError):
-        return SandboxError(f"Docker refused the request: {exc.explanation or exc}")
-    return SandboxError(f"Docker call failed: {exc}")
+        return SandboxError(f"Docker refused the request: {exc.explanation or exc}", http_status=exc.status_code)
+    if isinstance(exc, docker.errors.DockerException):
+        # client-side, before any request: a DOCKER_HOST or TLS setting docker-py cannot use
+        return DockerUnavailable(_UNREACHABLE.format(detail=str(exc)))
+    return SandboxError(f"Docker call failed: {type(exc).__name__}: {exc}")
 
 
 _RAISE: Any = object()
@@ -54,7 +60,7 @@ def _call(fn: Callable[..., Any], *args: Any, on_missing: Any = _RAISE, image: s
 
 
 class Engine:
-    """A thin, translated view of the Docker Engine API."""
+    """A thin, translated view of the Docker Engine API; satisfies ``toolcage.engine.EngineAPI``."""
 
     _default: Engine | None = None
 
@@ -73,9 +79,6 @@ class Engine:
         if cls._default is None:
             cls._default = cls()
         return cls._default
-
-    def close(self) -> None:
-        self.api.close()
 
     def ping(self) -> dict[str, Any]:
         """The engine's version info, or DockerUnavailable."""
@@ -168,10 +171,15 @@ class Engine:
 
     def remove(self, cid: str) -> None:
         try:
-            _call(self.api.remove_container, cid, force=True, v=True, on_missing=None)
-        except SandboxError as exc:
-            if "already in progress" not in str(exc):
-                raise
+            self.api.remove_container(cid, force=True, v=True)
+        except docker.errors.NotFound:
+            return  # already gone: the goal is reached
+        except docker.errors.APIError as exc:
+            if exc.status_code == _CONFLICT:
+                return  # with force=True, 409 means another removal of it is already in progress
+            raise _translate(exc) from exc
+        except Exception as exc:
+            raise _translate(exc) from exc
 
     def containers(self, label: str, all: bool = True) -> list[dict[str, Any]]:
         return list(_call(self.api.containers, all=all, filters={"label": label}))
@@ -218,3 +226,9 @@ class Engine:
 
     def volumes(self, label: str) -> list[dict[str, Any]]:
         return list((_call(self.api.volumes, filters={"label": label}) or {}).get("Volumes") or [])
+
+
+if TYPE_CHECKING:
+
+    def _satisfies(engine: Engine) -> EngineAPI:
+        return engine  # mypy fails here if Engine drifts from the protocol

@@ -3,17 +3,21 @@ the ``status`` that says how the run ended.
 
     ToolcageError (exit 3)
     ├── UsageError (exit 2)                bad CLI input, bad params JSON
-    │   └── WorkspaceError (exit 2)        workspace missing or too sensitive to mount
+    │   ├── WorkspaceError (exit 2)        workspace missing or too sensitive to mount
+    │   └── BadToolCall (exit 2)           unknown tool or bad params, found on the host (precheck)
+    ├── NotFound (exit 1)                  what was asked for is not there (`audit --run ID`)
     └── SandboxError (exit 3)              the sandbox, not the tool, failed
         ├── DockerUnavailable              the engine cannot be reached     status "crashed"
-        ├── ImageMissing                   the worker image is not built    status "crashed"
+        ├── ImageMissing                   the worker image is not there    status "image_missing"
         ├── SandboxTimeout                 the run deadline killed it       status "timeout"
         ├── SandboxOOM                     the worker itself hit the limit  status "oom_killed"
         ├── WorkerCrashed                  the worker died (stderr tail)    status "crashed"
-        └── ProtocolError                  the container sent bad framing   status "crashed"
+        ├── ProtocolError                  the container sent bad framing   status "crashed"
+        └── SandboxInterrupted (exit 130)  the runner was stopped mid-run   status "interrupted"
 
 Policy errors are ``policies.PolicyError`` (exit 2). Foreign errors (docker-py, OS) are
-translated once, in the Docker adapter, with ``raise ... from exc``.
+translated once, in the Docker adapter, with ``raise ... from exc``; the CLI prints every
+error once, in ``toolcage.output``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,18 @@ class WorkspaceError(UsageError):
     reason = "workspace"
 
 
+class BadToolCall(UsageError):
+    """The tool is unknown or its params do not fit its schema, found before any container starts."""
+
+    reason = "bad_tool_call"
+
+
+class NotFound(ToolcageError):
+    exit_code = 1
+    status = "error"
+    reason = "not_found"
+
+
 class SandboxError(ToolcageError):
     exit_code = 3
     reason = "sandbox"
@@ -54,7 +70,16 @@ class DockerUnavailable(SandboxError):
     reason = "docker_unreachable"
 
 
+class SandboxInterrupted(SandboxError):
+    """The runner was stopped (SIGINT, SIGTERM) mid-run; the sandbox was killed without waiting."""
+
+    status = "interrupted"
+    reason = "interrupted"
+    exit_code = 130
+
+
 class ImageMissing(SandboxError):
+    status = "image_missing"
     reason = "image_missing"
 
 

@@ -11,7 +11,17 @@ from datetime import datetime
 from typing import Any
 
 from toolcage import seccomp
-from toolcage.config import SANDBOX_UID
+from toolcage.config import (
+    LABEL_OWNER,
+    LABEL_POLICY,
+    LABEL_POLICY_SHA256,
+    LABEL_ROLE,
+    LABEL_RUN_ID,
+    LABEL_STARTED_AT,
+    LABEL_TOOL,
+    SANDBOX_UID,
+)
+from toolcage.engine import EngineAPI
 from toolcage.policies import PolicyError, policy_from_json
 
 
@@ -24,7 +34,7 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
     hc = info.get("HostConfig", {})
     cfg = info.get("Config", {})
     labels = cfg.get("Labels") or {}
-    role = labels.get("toolcage.role", "sandbox")
+    role = labels.get(LABEL_ROLE, "sandbox")
     findings: list[str] = []
 
     def weak(knob: str, have: Any, want: Any) -> None:
@@ -34,7 +44,7 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
         policy = policy_from_json(_env(info)["TOOLCAGE_POLICY"])
     except (KeyError, PolicyError) as exc:
         return [f"policy: cannot read the container's policy ({exc})"]
-    if labels.get("toolcage.policy_sha256") != policy.sha256():
+    if labels.get(LABEL_POLICY_SHA256) != policy.sha256():
         findings.append("policy: the label's sha256 does not match the policy in the environment")
     if hc.get("Privileged"):
         weak("privileged", True, False)
@@ -86,10 +96,18 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
     return findings
 
 
-def _age(started_at: str) -> str:
+def age_seconds(started_at: str, now: float | None = None) -> float | None:
+    """Seconds since ``started_at`` (ISO 8601), or None when the label is unreadable."""
     try:
-        secs = time.time() - datetime.fromisoformat(started_at).timestamp()
+        started = datetime.fromisoformat(started_at.replace("Z", "+00:00")).timestamp()
     except ValueError:
+        return None
+    return round((time.time() if now is None else now) - started, 1)
+
+
+def format_age(secs: float | None) -> str:
+    """An age for people: 42s, 12m, 3.5h."""
+    if secs is None:
         return "?"
     if secs < 120:
         return f"{secs:.0f}s"
@@ -98,12 +116,12 @@ def _age(started_at: str) -> str:
     return f"{secs / 3600:.1f}h"
 
 
-def live_runs(engine: Any, with_memory: bool = True) -> list[dict[str, Any]]:
+def live_runs(engine: EngineAPI, with_memory: bool = True) -> list[dict[str, Any]]:
     """Running sandboxes, from their Docker labels (what `docker ps --filter label=toolcage.run_id` shows)."""
     rows = []
-    for c in engine.containers("toolcage.run_id", all=False):
+    for c in engine.containers(LABEL_RUN_ID, all=False):
         labels = c.get("Labels") or {}
-        if labels.get("toolcage.role", "sandbox") != "sandbox":
+        if labels.get(LABEL_ROLE, "sandbox") != "sandbox":
             continue
         mem = None
         if with_memory:
@@ -112,12 +130,12 @@ def live_runs(engine: Any, with_memory: bool = True) -> list[dict[str, Any]]:
         rows.append(
             {
                 "name": (c.get("Names") or ["?"])[0].lstrip("/"),
-                "run_id": labels.get("toolcage.run_id"),
-                "tool": labels.get("toolcage.tool"),
-                "policy": labels.get("toolcage.policy"),
-                "age": _age(labels.get("toolcage.started_at", "")),
+                "run_id": labels.get(LABEL_RUN_ID),
+                "tool": labels.get(LABEL_TOOL),
+                "policy": labels.get(LABEL_POLICY),
+                "age_s": age_seconds(labels.get(LABEL_STARTED_AT, "")),  # a number: programs compare it
                 "memory_bytes": mem,
-                "owner": labels.get("toolcage.owner"),
+                "owner": labels.get(LABEL_OWNER),
                 "container_id": c["Id"][:12],
             }
         )

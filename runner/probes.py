@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from toolcage.policies import codes
+
 TRY = """
 import json, os, errno
 def attempt(fn):
@@ -285,7 +287,7 @@ def _limit_probes(sb: Any) -> list[tuple[str, str, Callable[[], tuple[bool, Any]
 
     def egress() -> tuple[bool, Any]:
         r = sb.call("http_fetch", {"url": "http://169.254.169.254/latest/meta-data/"})
-        return bool(r.error and r.error.get("code") == -32010), (r.error or {}).get("message")
+        return bool(r.error and r.error.get("code") == codes.EGRESS_DENIED), (r.error or {}).get("message")
 
     def smuggling() -> tuple[bool, Any]:
         # a bare-LF head: the proxy must refuse it (400) before deciding anything

@@ -6,6 +6,10 @@ pid and process start time, and the run deadline; an object is an orphan when it
 on this host is dead (or its pid now belongs to another process), or when its deadline
 has passed. Objects owned by a live process on this host, or by another host before
 their deadline, are never touched.
+
+Objects of a run started with ``--keep`` (label ``toolcage.keep``) belong to the user until
+they remove them: the background reaper never touches them, and ``gc`` lists them but removes
+them only when asked (``gc --kept``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from toolcage.config import LABEL_DEADLINE, LABEL_KEEP, LABEL_OWNER, LABEL_OWNER_STARTED, LABEL_RUN_ID
+from toolcage.engine import EngineAPI
 from toolcage.ownership import process_start_ticks
 
 DEADLINE_GRACE_S = 5.0
@@ -29,6 +35,7 @@ class Orphan:
     name: str
     run_id: str
     reason: str
+    kept: bool = False  # started with --keep: removed only by `gc --kept`
 
 
 def _pid_alive(pid: int) -> bool:
@@ -43,17 +50,17 @@ def _pid_alive(pid: int) -> bool:
 
 def orphan_reason(labels: dict[str, str], now: float, host: str) -> str | None:
     """Why an object with these labels is an orphan, or None if its owner may still want it."""
-    owner = labels.get("toolcage.owner", "")
+    owner = labels.get(LABEL_OWNER, "")
     owner_host, _, pid_text = owner.rpartition(":")
     try:
-        deadline = float(labels.get("toolcage.deadline", "inf"))
+        deadline = float(labels.get(LABEL_DEADLINE, "inf"))
     except ValueError:
         deadline = float("inf")
     if owner_host == host and pid_text.isdigit():
         pid = int(pid_text)
         if not _pid_alive(pid):
             return f"owner process {pid} is gone"
-        started = labels.get("toolcage.owner_started", "")
+        started = labels.get(LABEL_OWNER_STARTED, "")
         if started and process_start_ticks(pid) != started:
             return f"owner pid {pid} now belongs to another process"
     if now > deadline + DEADLINE_GRACE_S:
@@ -61,10 +68,16 @@ def orphan_reason(labels: dict[str, str], now: float, host: str) -> str | None:
     return None
 
 
-def find_orphans(engine: Any, now: float | None = None) -> list[Orphan]:
+def is_kept(labels: dict[str, str]) -> bool:
+    return labels.get(LABEL_KEEP) == "1"
+
+
+def find_orphans(engine: EngineAPI, now: float | None = None, include_kept: bool = False) -> list[Orphan]:
+    """Objects whose owner is gone or whose deadline passed. Kept objects (``--keep``) are left
+    out unless ``include_kept``; then they come back with ``kept=True``."""
     now = time.time() if now is None else now
     host = socket.gethostname()
-    label = "toolcage.run_id"
+    label = LABEL_RUN_ID
     listings: list[tuple[str, list[dict[str, Any]], Any]] = [  # kind, objects, (id, name) of one
         ("container", engine.containers(label), lambda c: (c["Id"], (c.get("Names") or ["?"])[0].lstrip("/"))),
         ("network", engine.networks(label), lambda n: (n["Id"], n.get("Name", "?"))),
@@ -74,17 +87,22 @@ def find_orphans(engine: Any, now: float | None = None) -> list[Orphan]:
     for kind, objects, ident in listings:
         for obj in objects:
             labels = obj.get("Labels") or {}
+            kept = is_kept(labels)
+            if kept and not include_kept:
+                continue
             why = orphan_reason(labels, now, host)
             if why:
                 oid, name = ident(obj)
-                out.append(Orphan(kind, oid, name, labels.get("toolcage.run_id", "?"), why))
+                out.append(Orphan(kind, oid, name, labels.get(LABEL_RUN_ID, "?"), why, kept))
     return out
 
 
-def remove(engine: Any, orphans: list[Orphan], audit: Any = None, by: str = "gc") -> None:
+def remove(engine: EngineAPI, orphans: list[Orphan], audit: Any = None, by: str = "gc") -> None:
     """Containers first (a network or volume in use cannot be removed). Each removal is audited
     first, so every container that ever existed leaves a trace even if its runner left none."""
     for o in sorted(orphans, key=lambda o: o.kind != "container"):
+        if o.kept and by == "reaper":
+            continue  # only an explicit `gc --kept` removes what the user kept
         if audit is not None:
             audit.event("gc.removed", by=by, kind=o.kind, id=o.id, name=o.name, run_id=o.run_id, reason=o.reason)
         if o.kind == "container":
@@ -98,7 +116,7 @@ def remove(engine: Any, orphans: list[Orphan], audit: Any = None, by: str = "gc"
 _REAPED = False
 
 
-def reap_in_background(engine: Any, log: Any, audit: Any = None) -> None:
+def reap_in_background(engine: EngineAPI, log: Any, audit: Any = None) -> None:
     """Once per process, when the first sandbox starts: remove orphans without delaying the run."""
     global _REAPED
     if _REAPED:
@@ -107,7 +125,7 @@ def reap_in_background(engine: Any, log: Any, audit: Any = None) -> None:
 
     def _run() -> None:
         try:
-            orphans = find_orphans(engine)
+            orphans = find_orphans(engine)  # never the kept ones
             remove(engine, orphans, audit, by="reaper")
             for o in orphans:
                 log.warning("gc.removed", kind=o.kind, name=o.name, run_id=o.run_id, reason=o.reason)

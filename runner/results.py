@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-STATUSES = ("ok", "error", "timeout", "oom_killed", "output_capped", "signal", "crashed", "interrupted")
+STATUSES = (
+    "ok", "error", "timeout", "oom_killed", "output_capped", "signal", "crashed", "image_missing", "interrupted",
+)  # fmt: skip
 _ERROR_STATUS = {-32003: "timeout"}
 
 

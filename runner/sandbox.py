@@ -26,6 +26,7 @@ from toolcage.config import RunSpec, container_name
 from toolcage.errors import (
     ProtocolError,
     SandboxError,
+    SandboxInterrupted,
     SandboxOOM,
     SandboxTimeout,
     ToolcageError,
@@ -73,11 +74,7 @@ def resolve_policy(policy: str | Path | Policy, run_timeout: float | None = None
 
 def interrupted_error(run_id: str) -> SandboxError:
     """The run was stopped by its runner (SIGINT, SIGTERM, KeyboardInterrupt) mid-way."""
-    # TODO(errors.py owner): a SandboxInterrupted class (status "interrupted", exit 130) belongs in the tree
-    exc = SandboxError("the run was interrupted; the sandbox was killed", run_id=run_id)
-    exc.status = "interrupted"
-    exc.reason = "interrupted"
-    return exc
+    return SandboxInterrupted("the run was interrupted; the sandbox was killed", run_id=run_id)
 
 
 class Sandbox:
@@ -235,6 +232,7 @@ class Sandbox:
             owner=host_pid,
             owner_started=started,
             workspace=self.workspace,
+            keep=self.keep,
         )
 
     # the ways a run ends early -----------------------------------------------------------

@@ -136,9 +136,7 @@ def profile() -> dict[str, Any]:
     )
     rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS})
     # explicit, so the denial is visible in the profile and in `docker inspect`
-    rules.append(
-        {"names": sorted(n for n in DENIED if n != "clone3"), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}
-    )
+    rules.append({"names": sorted(n for n in DENIED if n != "clone3"), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM})
     return {
         "defaultAction": "SCMP_ACT_ERRNO",
         "defaultErrnoRet": EPERM,

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from toolcage.policies import codes
 from toolcage.worker import _lean, logs
 from toolcage.worker.errors import CallTimeout, WorkerError
 from toolcage.worker.protocol import valid_request
@@ -33,7 +34,7 @@ from jsonrpcserver.sentinels import NOCONTEXT  # noqa: E402
 
 _TOO_LONG = {
     "jsonrpc": "2.0",
-    "error": {"code": -32600, "message": "Invalid request", "data": "request line too long"},
+    "error": {"code": codes.INVALID_REQUEST, "message": "Invalid request", "data": "request line too long"},
     "id": None,
 }
 
@@ -84,7 +85,7 @@ class Dispatcher:
     def _wrap(self, name: str) -> Callable[..., Result]:
         def method(*args: Any, **kwargs: Any) -> Result:
             if args:
-                return Error(-32602, "Invalid params", "params must be a JSON object of named fields")
+                return Error(codes.INVALID_PARAMS, "Invalid params", "params must be a JSON object of named fields")
             started = time.monotonic()
             outcome = "ok"
             try:
@@ -110,7 +111,7 @@ class Dispatcher:
                 # carry the error id only, never jsonrpcserver's str(exc) fallback
                 with contextlib.suppress(Exception):
                     logs.exception("call.crashed", tool=name, error_id=error_id)
-                return Error(-32603, "Internal error", {"error_id": error_id})
+                return Error(codes.INTERNAL_ERROR, "Internal error", {"error_id": error_id})
             finally:
                 logs.info(
                     "call.finished",

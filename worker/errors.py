@@ -1,11 +1,12 @@
-"""Worker-side error tree; each class carries its JSON-RPC error code.
+"""Worker-side error tree; each class carries its JSON-RPC error code (from ``policies.codes``).
 
     WorkerError (-32000)
     ├── ToolError (-32001)          the tool ran and reports a failure (file not found, ...)
     │   ├── PathEscape (-32002)     a path resolves outside /workspace or scratch
-    │   └── NoSpace (-32005)        scratch is full
+    │   ├── NoSpace (-32005)        scratch is full
+    │   ├── EgressDenied (-32010)   the policy refuses the request (data.reason says why)
+    │   └── FetchFailed (-32011)    the request was allowed but failed
     ├── CallTimeout (-32003)        an in-process handler overran its per-call timeout
-    ├── RequestTooLarge (-32600)    a request line longer than the worker accepts
     └── BadParams (-32602)          params do not match the tool's schema
 
 Unexpected exceptions never cross the wire as text: they are logged with an error id
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolcage.policies import codes
+
 
 class WorkerError(Exception):
-    code = -32000
+    code = codes.WORKER_ERROR
 
     def __init__(self, message: str, data: Any = None) -> None:
         super().__init__(message)
@@ -27,24 +30,32 @@ class WorkerError(Exception):
 
 
 class ToolError(WorkerError):
-    code = -32001
+    code = codes.TOOL_ERROR
 
 
 class PathEscape(ToolError):
-    code = -32002
+    code = codes.PATH_ESCAPE
 
 
 class NoSpace(ToolError):
-    code = -32005
+    code = codes.NO_SPACE
+
+
+class EgressDenied(ToolError):
+    """The policy refuses this request (the reason says which rule or check)."""
+
+    code = codes.EGRESS_DENIED
+
+
+class FetchFailed(ToolError):
+    """The request was allowed but failed (connection refused, TLS, timeout, bad response)."""
+
+    code = codes.FETCH_FAILED
 
 
 class CallTimeout(WorkerError):
-    code = -32003
-
-
-class RequestTooLarge(WorkerError):
-    code = -32600
+    code = codes.CALL_TIMEOUT
 
 
 class BadParams(WorkerError):
-    code = -32602
+    code = codes.INVALID_PARAMS

@@ -27,7 +27,7 @@ from urllib.parse import urljoin, urlsplit
 
 from toolcage.policies import Policy
 from toolcage.policies.decide import MAX_REDIRECTS, Decision, Request, Resolver, decide, system_resolver
-from toolcage.worker.errors import ToolError
+from toolcage.worker.errors import EgressDenied, FetchFailed
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 # headers a caller may not set: Host must be the checked name (no domain fronting),
@@ -45,18 +45,6 @@ _FORBIDDEN_HEADERS = {
     "trailer",
 }
 _CREDENTIALS = {"authorization", "cookie", "proxy-authorization"}
-
-
-class EgressDenied(ToolError):
-    """The policy refuses this request (the reason says which rule or check)."""
-
-    code = -32010
-
-
-class FetchFailed(ToolError):
-    """The request was allowed but failed (connection refused, TLS, timeout, bad response)."""
-
-    code = -32011
 
 
 @dataclass

@@ -208,6 +208,7 @@ def test_cli_run_and_exit_codes(engine: Any) -> None:
     assert bad.returncode == 2 and "not valid JSON" in bad.stderr and "Traceback" not in bad.stderr
     missing = _cli("run", "run_python", "--params", '{"code": "1"}', "--image", "toolcage-worker:nope")
     assert missing.returncode == 3 and "toolcage image build" in missing.stderr
+    assert json.loads(missing.stdout)["status"] == "image_missing"
     timeout = _cli("run", "run_python", "--params", '{"code": "while True: pass", "timeout_s": 1}')
     assert timeout.returncode == 3 and json.loads(timeout.stdout)["status"] == "timeout"
     stdin = _cli("run", "run_python", "--params", "-", stdin='{"code": "print(7)"}')
@@ -325,6 +326,14 @@ def test_keep_leaves_stopped_container(engine: Any) -> None:
             info = engine.inspect(name)
         assert info is not None and not info["State"]["Running"]
         assert info["Config"]["Labels"]["toolcage.tool"] == "run_python"
+        assert info["Config"]["Labels"]["toolcage.keep"] == "1"
+        # its owner (the CLI process) is gone: the reaper and plain gc must still leave it alone
+        from toolcage import reaper
+
+        assert name not in [o.name for o in reaper.find_orphans(engine)]
+        assert [o.kept for o in reaper.find_orphans(engine, include_kept=True) if o.name == name] == [True]
+        dry = json.loads(_cli("gc", "--dry-run", "--json").stdout)
+        assert name in [o["name"] for o in dry["kept"]] and name not in [o["name"] for o in dry["would_remove"]]
     finally:
         engine.remove(name)
 
@@ -411,3 +420,12 @@ def test_cli_sigint_mid_call_is_interrupted_within_a_second(engine: Any, tmp_pat
     assert took < 1.0, f"took {took:.2f}s"
     finished = next(r for r in read(log) if r["event"] == "run.finished")
     assert finished["status"] == "interrupted" and engine.inspect(finished["container_id"]) is None
+
+
+def test_cli_run_deadline_keeps_partial_output(engine: Any) -> None:
+    """A run cut by --timeout still prints the output its child wrote before the deadline (status timeout)."""
+    code = 'print("partial", flush=True)\nwhile True: pass'
+    out = _cli("run", "run_python", "--params", json.dumps({"code": code}), "--timeout", "6")
+    assert out.returncode == 3, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["status"] == "timeout" and doc["result"]["stdout"] == "partial\n"

@@ -42,7 +42,7 @@ def test_bad_policy_exits_2() -> None:
 
 def test_bad_workspace_exits_2() -> None:
     """A forbidden workspace is exit 2 with the reason."""
-    out = CliRunner().invoke(cli, ["run", "run_python", "--params", "{}", "--workspace", "/etc"])
+    out = CliRunner().invoke(cli, ["run", "run_python", "--params", '{"code": "1"}', "--workspace", "/etc"])
     assert out.exit_code == 2 and "/etc" in out.output
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
+
+import pytest
 
 from tests.unit._helpers import run_spec
 from toolcage import seccomp
@@ -82,6 +83,22 @@ def test_policy_travels_to_worker() -> None:
     assert f"TOOLCAGE_POLICY={p.canonical_json()}" in env
 
 
-def test_no_override_parameter() -> None:
-    """Callers cannot merge extra settings over the hardening: the function takes policy and run only."""
-    assert list(inspect.signature(container_config).parameters) == ["policy", "run"]
+HOSTILE_ENV = [
+    {"TOOLCAGE_POLICY": '{"limits": {"memory": 999999999999}}'},
+    {"TOOLCAGE_DEADLINE": "9999999999", "TOOLCAGE_WATCH_RUNNER": "0", "TOOLCAGE_IN_CONTAINER": "0"},
+    {"HostConfig": "x", "Privileged": "true", "CapAdd": "ALL", "User": "0:0"},
+]
+
+
+@pytest.mark.parametrize("extra_env", HOSTILE_ENV)
+def test_caller_supplied_env_cannot_weaken_the_hardening(extra_env: dict[str, str]) -> None:
+    """No dict a caller can pass (RunSpec.extra_env, the only one) changes HostConfig, user, network,
+    labels or the policy, deadline and runner watch the worker is given."""
+    p = load_policy("default")
+    base = container_config(p, run_spec())
+    cfg = container_config(p, run_spec(extra_env=extra_env))
+    assert cfg["HostConfig"] == base["HostConfig"]
+    for key in ("User", "Labels", "NetworkDisabled", "Image", "WorkingDir"):
+        assert cfg[key] == base[key]
+    assert set(base["Env"]) <= set(cfg["Env"])  # every reserved variable keeps the policy's value
+    assert len([e for e in cfg["Env"] if e.startswith("TOOLCAGE_POLICY=")]) == 1

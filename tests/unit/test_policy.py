@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from toolcage.policies import Policy, PolicyError, load_policy, parse_size, policy_from_json
+from toolcage.policies import Policy, PolicyError, load_policy, parse_size, policy_from_json, validate_policy
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
 
@@ -102,6 +102,21 @@ def test_missing_file() -> None:
         load_policy("/nonexistent/policy.yaml")
 
 
-def test_policy_error_exit_code() -> None:
-    """Policy errors map to CLI exit code 2."""
+def test_policy_error_exit_code_is_what_the_cli_exits_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI exits with PolicyError.exit_code (2), read from the class, not a literal of its own."""
+    from click.testing import CliRunner
+
+    from toolcage.cli import cli
+
     assert PolicyError.exit_code == 2
+    args = ["policy", "test", str(FIX / "bad-memory-unit.yaml"), "https://x/"]
+    assert CliRunner().invoke(cli, args).exit_code == 2
+    monkeypatch.setattr(PolicyError, "exit_code", 7)
+    assert CliRunner().invoke(cli, args).exit_code == 7
+
+
+def test_validator_messages_lose_pydantic_prefix() -> None:
+    """A validator's message reaches the user without pydantic's "Value error," prefix."""
+    with pytest.raises(PolicyError) as info:
+        validate_policy({"version": 1, "name": "x", "limits": {"memory": "12q"}})
+    assert "limits.memory: not a size" in str(info.value) and "Value error" not in str(info.value)

@@ -98,8 +98,13 @@ def test_log_lines_are_escaped(capsys: pytest.CaptureFixture[str], as_json: bool
 
 def test_cli_error_message_is_escaped(capsys: pytest.CaptureFixture[str]) -> None:
     """An error printed by the CLI (a message the worker chose) is escaped on stderr and in JSON."""
-    with pytest.raises(SystemExit):
-        cli_mod._fail(WorkerCrashed("worker said " + EVIL, stderr_tail=EVIL), as_json=True)
+    from toolcage import output
+
+    output.use_json(True)
+    try:
+        assert output.report(WorkerCrashed("worker said " + EVIL, stderr_tail=EVIL), []) == 3
+    finally:
+        output.use_json(None)
     out = capsys.readouterr()
     assert_clean(out.err)
     assert_clean(out.out.replace("\n", ""))
@@ -116,7 +121,7 @@ def test_ps_table_is_escaped(monkeypatch: pytest.MonkeyPatch) -> None:
         "run_id": "1",
         "tool": "[bold red]tool" + EVIL,
         "policy": EVIL,
-        "age": "1s",
+        "age_s": 1.0,
         "memory_bytes": None,
         "owner": "h:1",
         "container_id": "abc",
@@ -146,6 +151,9 @@ def test_doctor_text_is_escaped(capsys: pytest.CaptureFixture[str]) -> None:
         "containers": [{"name": "toolcage-" + EVIL, "findings": []}],
         "probes": [{"name": "p", "what": "w", "passed": False, "observed": EVIL}],
     }
-    cli_mod._doctor_text(report, ["probe p failed: " + EVIL])
+    from toolcage import doctor
+
+    report["engine"]["ok"] = True  # type: ignore[index]
+    doctor._doctor_text(report, ["probe p failed: " + EVIL])
     out = capsys.readouterr()
     assert_clean(out.out + out.err)

@@ -52,7 +52,7 @@ class Catalog:
         self._modules = dict(BUILTIN if modules is None else modules)
         self._loaded: dict[str, Tool] = {}
         # Extension point for images derived from toolcage-worker: modules with a TOOLS list,
-        # named by the runner in TOOLCAGE_TOOL_MODULES. Imported now, since their names are needed.
+        # named in TOOLCAGE_TOOL_MODULES (set by the derived image). Imported now, since their names are needed.
         for mod_name in extra_modules:
             module = importlib.import_module(mod_name)
             for t in module.TOOLS:

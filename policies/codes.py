@@ -1,0 +1,44 @@
+"""The JSON-RPC error codes, once, for both sides of the wire.
+
+The worker raises them (``worker.errors`` classes carry them); the runner reads them in
+responses (the CLI's exit code, the audit log, ``doctor --probe``). Both import this table,
+so a code cannot drift between the two. It lives in ``policies`` because that package is
+the one both sides may import (it imports neither).
+"""
+
+from __future__ import annotations
+
+# JSON-RPC 2.0's own
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600  # also: a request line over the worker's limit
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603  # data carries an error id only; details are in the worker's log
+
+# toolcage's, in -32000..-32099
+WORKER_ERROR = -32000
+TOOL_ERROR = -32001  # the tool ran and reports a failure
+PATH_ESCAPE = -32002  # a path resolves outside /workspace or /scratch
+CALL_TIMEOUT = -32003  # an in-process handler overran its per-call timeout
+NO_SPACE = -32005  # scratch is full
+EGRESS_DENIED = -32010  # the policy refuses the request; data.reason says why
+FETCH_FAILED = -32011  # allowed, but the request failed
+
+# Codes that mean the caller asked wrongly (CLI exit 2), not that the tool failed (exit 1).
+USAGE_CODES = frozenset({PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS})
+
+__all__ = [
+    "CALL_TIMEOUT",
+    "EGRESS_DENIED",
+    "FETCH_FAILED",
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "METHOD_NOT_FOUND",
+    "NO_SPACE",
+    "PARSE_ERROR",
+    "PATH_ESCAPE",
+    "TOOL_ERROR",
+    "USAGE_CODES",
+    "WORKER_ERROR",
+]

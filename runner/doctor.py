@@ -1,0 +1,110 @@
+"""``toolcage doctor``: is this host fit to run sandboxes, and is every live sandbox as locked down as its policy?
+
+The report is printed even when a check cannot run (Docker down: the engine check fails and
+says why), so the answer to "what is wrong" is never an empty screen.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from toolcage.config import LABEL_RUN_ID
+from toolcage.errors import DockerUnavailable
+from toolcage.output import emit, use_json
+from toolcage.textsafe import escape
+
+
+def _checks(report: dict[str, Any], findings: list[str], probe: bool, policy_ref: str) -> None:
+    from toolcage.docker_adapter import Engine
+    from toolcage.image.build import SOURCE_LABEL, source_sha256
+    from toolcage.ops import daemon_security, inspect_findings
+    from toolcage.sandbox import DEFAULT_IMAGE
+
+    try:
+        engine = Engine.default()
+        version = engine.ping()
+    except DockerUnavailable as exc:
+        report["engine"] = {"ok": False, "error": exc.message}
+        findings.append(f"engine: {exc.message}")
+        return
+    report["engine"] = {"ok": True, "version": version.get("Version"), "api": version.get("ApiVersion")}
+    img = engine.image(DEFAULT_IMAGE)
+    if img is None:
+        findings.append(f"image {DEFAULT_IMAGE} is missing: run `toolcage image build`")
+    else:
+        current = ((img.get("Config") or {}).get("Labels") or {}).get(SOURCE_LABEL) == source_sha256()
+        report["image"] = {"tag": DEFAULT_IMAGE, "id": img.get("Id"), "current": current}
+        if not current:
+            findings.append(f"image {DEFAULT_IMAGE} is out of date: run `toolcage image build`")
+    sec = daemon_security(engine.info())
+    report["daemon"] = sec
+    if not sec["seccomp"]:
+        findings.append("the Docker daemon runs without seccomp")
+    checked = report["containers"] = []
+    for c in engine.containers(LABEL_RUN_ID, all=False):
+        info = engine.inspect(c["Id"])
+        if info is None:
+            continue
+        problems = inspect_findings(info)
+        name = info.get("Name", "?").lstrip("/")
+        checked.append({"name": name, "findings": problems})
+        findings.extend(f"{name}: {p}" for p in problems)
+    if probe and img is not None:
+        from toolcage.probes import run_all
+        from toolcage.sandbox import Sandbox
+
+        with Sandbox(policy_ref, tool="doctor-probe") as sb:
+            results = run_all(sb)
+        report["probes"] = [r.__dict__ for r in results]
+        findings.extend(f"probe {r.name} failed: {r.observed}" for r in results if not r.passed)
+
+
+@click.command()
+@click.option("--probe", is_flag=True, help="Also prove the isolation in a live sandbox under --policy.")
+@click.option("--policy", "policy_ref", default="default", show_default=True, help="Policy for --probe.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def doctor(probe: bool, policy_ref: str, as_json: bool) -> None:
+    """Check the engine, the image, the daemon's security features and every live sandbox against its policy.
+
+    Exit 1 when anything is weaker than it should be (or cannot be checked).
+    """
+    use_json(as_json)
+    report: dict[str, Any] = {"findings": []}
+    findings: list[str] = report["findings"]
+    _checks(report, findings, probe, policy_ref)
+    if as_json:
+        emit(report)
+    else:
+        _doctor_text(report, findings)
+    sys.exit(1 if findings else 0)
+
+
+def _doctor_text(report: dict[str, Any], findings: list[str]) -> None:
+    """doctor's table for people; probe observations and container names are escaped."""
+    eng = report.get("engine", {})
+    if not eng.get("ok"):
+        click.echo(f"engine      FAILED: {escape(eng.get('error'))}")
+    else:
+        click.echo(f"engine      Docker {escape(eng.get('version'))} (API {escape(eng.get('api'))})")
+        im = report.get("image")
+        state = ("current" if im["current"] else "OUT OF DATE") if im else ""
+        click.echo(f"image       {escape(im['tag'])} {state}" if im else "image       missing")
+        d = report["daemon"]
+        flags = ", ".join(k for k in ("seccomp", "apparmor", "selinux", "userns", "rootless") if d[k]) or "none"
+        click.echo(
+            f"daemon      security: {flags}; cgroup v{escape(d['cgroup_version'])}; "
+            f"storage {escape(d['storage_driver'])}"
+        )
+    for c in report.get("containers", []):
+        verdict = "as locked down as its policy" if not c["findings"] else "WEAKER"
+        click.echo(f"container   {escape(c['name'])}: {verdict}")
+    for r in report.get("probes", []):
+        click.echo(f"probe       {'PASS' if r['passed'] else 'FAIL'}  {escape(r['name']):<28} {escape(r['what'])}")
+    for f in findings:
+        click.echo(f"FINDING     {escape(f)}")
+
+
+__all__ = ["doctor"]

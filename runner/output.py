@@ -1,0 +1,106 @@
+"""How the CLI talks, in one place: results on stdout, diagnostics on stderr, every error translated once.
+
+The convention (README, "The CLI"):
+- stdout carries the command's result and nothing else: text for people by default, one JSON
+  document with ``--json`` (``run``, ``policy test`` and ``image build`` always print JSON;
+  ``serve``'s stdout is the JSON-RPC stream).
+- stderr carries diagnostics for people, plain text, one line each, prefixed ``toolcage:``
+  (``toolcage: warning:`` for warnings), escaped with ``textsafe.escape``: a message may quote
+  text a sandbox chose.
+- An error is always such a stderr line; in JSON mode stdout also gets
+  ``{"status", "error": {"reason", "message", ...}}`` so a program reading stdout gets a document.
+- Exit codes come from the error classes (``ToolcageError.exit_code``, ``PolicyError.exit_code``,
+  click's ``exit_code``): 0 ok, 1 tool error or finding, 2 usage or policy error, 3 sandbox failure.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from toolcage.errors import ToolcageError
+from toolcage.policies import PolicyError
+from toolcage.textsafe import dumps, escape
+
+# commands whose stdout is always JSON, by their path below the program name
+JSON_COMMANDS = frozenset({"run", "policy test", "image build"})
+
+
+class _State:
+    json: bool | None = None  # set by a command once its options are parsed
+
+
+def use_json(flag: bool | None) -> None:
+    """A command declares its mode; errors raised after this follow it."""
+    _State.json = flag
+
+
+def emit(obj: Any) -> None:
+    """The result, as JSON, on stdout."""
+    sys.stdout.write(dumps(obj, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def say(message: object) -> None:
+    """One line for people on stderr, escaped."""
+    click.echo(f"toolcage: {escape(message)}", err=True)
+
+
+def warn(message: object) -> None:
+    click.echo(f"toolcage: warning: {escape(message)}", err=True)
+
+
+def error_payload(exc: BaseException) -> tuple[dict[str, Any], int]:
+    """The JSON error object and exit code for any error the CLI can meet."""
+    if isinstance(exc, ToolcageError):
+        return exc.to_dict(), exc.exit_code
+    if isinstance(exc, PolicyError):
+        return {"status": "error", "reason": "policy", "message": str(exc)}, exc.exit_code
+    if isinstance(exc, click.ClickException):
+        return {"status": "error", "reason": "usage", "message": exc.format_message()}, exc.exit_code
+    if isinstance(exc, click.Abort | KeyboardInterrupt):
+        return {"status": "error", "reason": "interrupted", "message": "interrupted"}, 130
+    raise TypeError(f"not a CLI error: {type(exc).__name__}")
+
+
+def _command_path(ctx: click.Context | None) -> str:
+    return " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""
+
+
+def _json_mode(exc: BaseException, argv: list[str]) -> bool:
+    if _State.json is not None:
+        return _State.json
+    # the command never ran (click rejected its arguments): decide from what was asked for
+    ctx = getattr(exc, "ctx", None)
+    return _command_path(ctx) in JSON_COMMANDS or "--json" in argv
+
+
+def report(exc: BaseException, argv: list[str]) -> int:
+    """Print ``exc`` by the convention; return the exit code."""
+    payload, code = error_payload(exc)
+    if _json_mode(exc, argv):
+        emit({"status": payload["status"], "error": payload})
+    say(payload["message"])
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        click.echo(f"Try '{ctx.command_path} --help' for help.", err=True)
+    return code
+
+
+class ToolcageGroup(click.Group):
+    """The top-level group: runs a command and translates whatever it raised, once."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:  # type: ignore[override]
+        argv = list(sys.argv[1:] if args is None else args)
+        extra.pop("standalone_mode", None)
+        _State.json = None
+        try:
+            rv = super().main(args, prog_name, standalone_mode=False, **extra)
+        except (ToolcageError, PolicyError, click.ClickException, click.Abort) as exc:
+            sys.exit(report(exc, argv))
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+__all__ = ["JSON_COMMANDS", "ToolcageGroup", "emit", "error_payload", "report", "say", "use_json", "warn"]

@@ -1,0 +1,65 @@
+"""Check a tool call on the host before any container starts: the tool exists, its params fit.
+
+Why: an unknown tool or bad params used to start a sandbox first (0.4-0.9 s) only to be told
+-32601/-32602 by the worker, and the error did not list the valid tools. The built-in tools'
+names and their params validation are importable here (``toolcage.worker.tools``), cheap
+(no tool runs, no pydantic), and are the very code the worker runs, so the answers agree.
+
+The check applies when the tool set is known: toolcage's own image. A derived image
+(``--image`` or ``$TOOLCAGE_IMAGE`` not named ``toolcage-worker:*``) may add tools
+(``TOOLCAGE_TOOL_MODULES``), so an unknown name is left to the worker there; built-in
+tools' params are still checked.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from toolcage.errors import BadToolCall
+
+OWN_IMAGE_REPO = "toolcage-worker"
+# answered by the worker's dispatcher itself, not by a tool
+PROTOCOL_METHODS = ("tools.list", "ping", "sandbox.usage")
+
+
+def _own_image(image: str | None) -> bool:
+    ref = image or os.environ.get("TOOLCAGE_IMAGE") or OWN_IMAGE_REPO
+    repo = ref.rsplit("@", 1)[0]
+    if ":" in repo.rsplit("/", 1)[-1]:
+        repo = repo.rsplit(":", 1)[0]
+    return repo.rsplit("/", 1)[-1] == OWN_IMAGE_REPO
+
+
+def check_call(tool: str, params: dict[str, Any] | None, image: str | None = None) -> None:
+    """Raise BadToolCall when the worker would refuse this call with -32601 or -32602."""
+    if tool in PROTOCOL_METHODS:
+        return
+    from toolcage.worker.errors import BadParams
+    from toolcage.worker.tools import BUILTIN, Catalog
+
+    if tool not in BUILTIN:
+        if not _own_image(image):
+            return
+        valid = sorted(BUILTIN)
+        raise BadToolCall(
+            f"unknown tool {tool!r}: the tools are {', '.join(valid)} (`toolcage tools` describes them)",
+            tool=tool,
+            valid_tools=valid,
+        )
+    try:
+        Catalog().get(tool).validate(params or {})
+    except BadParams as exc:
+        errors = exc.data if isinstance(exc.data, list) else [exc.data]
+        fields = "; ".join(_describe(e) for e in errors)
+        raise BadToolCall(f"invalid params for {tool}: {fields}", tool=tool, errors=errors) from None
+
+
+def _describe(err: Any) -> str:
+    """One bad field as ``field: what is wrong`` (the worker's -32602 data: field, error)."""
+    if isinstance(err, dict) and "field" in err:
+        return f"{err['field']}: {err.get('error', 'invalid')}"
+    return str(err)
+
+
+__all__ = ["check_call"]

@@ -1,0 +1,66 @@
+"""The Docker adapter translates docker-py's errors by type and HTTP status, never by message text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import docker.errors
+import requests
+import requests.exceptions
+
+from toolcage.docker_adapter import Engine, _translate
+from toolcage.errors import DockerUnavailable, ImageMissing, SandboxError
+
+
+def _response(status: int) -> requests.Response:
+    r = requests.Response()
+    r.status_code = status
+    return r
+
+
+def test_image_not_found_is_image_missing() -> None:
+    """docker-py's ImageNotFound becomes ImageMissing (status image_missing), naming the image."""
+    exc = _translate(docker.errors.ImageNotFound("x", response=_response(404), explanation="No such image"), "a:b")
+    assert isinstance(exc, ImageMissing) and exc.status == "image_missing" and "a:b" in exc.message
+
+
+def test_a_404_that_mentions_an_image_is_not_image_missing() -> None:
+    """A plain NotFound is not taken for a missing image because its text says "image"."""
+    exc = _translate(docker.errors.NotFound("x", response=_response(404), explanation="no such image volume"), "a:b")
+    assert not isinstance(exc, ImageMissing)
+
+
+def test_connection_errors_are_docker_unavailable() -> None:
+    """requests' ConnectionError and a client-side DockerException mean the engine cannot be reached."""
+    assert isinstance(_translate(requests.exceptions.ConnectionError("refused")), DockerUnavailable)
+    assert isinstance(_translate(docker.errors.DockerException("Invalid bind address")), DockerUnavailable)
+
+
+def test_api_error_keeps_its_http_status() -> None:
+    """Any other API error is a SandboxError carrying the engine's HTTP status."""
+    exc = _translate(docker.errors.APIError("x", response=_response(500), explanation="boom"))
+    assert type(exc) is SandboxError and exc.details["http_status"] == 500
+
+
+class _Api:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def remove_container(self, *a: Any, **k: Any) -> None:
+        raise self.exc
+
+
+def test_remove_treats_409_as_done_and_other_errors_as_errors() -> None:
+    """remove(): 404 and 409 (removal already in progress) reach the goal; a 500 is reported."""
+    engine = Engine.__new__(Engine)
+    for status in (404, 409):
+        cls = docker.errors.NotFound if status == 404 else docker.errors.APIError
+        engine.api = _Api(cls("x", response=_response(status), explanation="whatever the text"))
+        engine.remove("c")
+    engine.api = _Api(docker.errors.APIError("x", response=_response(500), explanation="removal already in progress"))
+    try:
+        engine.remove("c")
+    except SandboxError as exc:
+        assert exc.details["http_status"] == 500
+    else:
+        raise AssertionError("a 500 was swallowed")
