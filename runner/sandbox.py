@@ -285,9 +285,7 @@ class Sandbox:
         print(NONE_WARNING, file=sys.stderr)
         scratch = tempfile.mkdtemp(prefix=f"toolcage-{self.run_id}-scratch-")
         self._tmpdirs.append(scratch)
-        workspace = str(self.workspace) if self.workspace else tempfile.mkdtemp(prefix=f"toolcage-{self.run_id}-ws-")
-        if not self.workspace:
-            self._tmpdirs.append(workspace)
+        workspace = str(self.workspace) if self.workspace else ""  # "": no workspace (the worker says so)
         spec = self._run_spec()
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
