@@ -62,11 +62,15 @@ class Settings:
         return self._policy
 
     def child_env(self) -> dict[str, str]:
-        """Where the roots are, for code run by run_python/run_shell: the same names as the file
-        tools' in a container, the local directories with ``--sandbox none`` (no mount namespace
-        there, so /workspace cannot exist for a child)."""
-        env = {"TOOLCAGE_SCRATCH": self.scratch}
-        if self.workspace is not None:
+        """Where the roots are, for code run by run_python/run_shell, when they are not at their
+        names (``--sandbox none``: no mount namespace there, so /workspace cannot exist for a
+        child). Nothing in a container: its children see no TOOLCAGE_* (doctor's
+        clean_child_environment probe), and portable code reads
+        ``os.environ.get("TOOLCAGE_WORKSPACE", "/workspace")``."""
+        env = {}
+        if self.scratch != SCRATCH:
+            env["TOOLCAGE_SCRATCH"] = self.scratch
+        if self.workspace is not None and self.workspace != WORKSPACE:
             env["TOOLCAGE_WORKSPACE"] = self.workspace
         return env
 

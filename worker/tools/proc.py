@@ -82,7 +82,7 @@ def _child_env(settings: Settings) -> dict[str, str]:
         PYTHONDONTWRITEBYTECODE="1",
         LANG=env.get("LANG", "C.UTF-8"),
     )
-    env.update(settings.child_env())  # TOOLCAGE_WORKSPACE/_SCRATCH: where the roots are, in every mode
+    env.update(settings.child_env())  # TOOLCAGE_WORKSPACE/_SCRATCH with --sandbox none: where the roots are
     return env
 
 
@@ -229,7 +229,8 @@ def run_shell(settings: Settings, p: RunShellParams) -> dict[str, Any]:
 # the same rule as the file tools' (worker.tools.files.PATH_RULE), from the child's side
 _WHERE = (
     "The working directory is /scratch (writable; relative paths resolve there, as in the file tools); "
-    "the workspace, if any, is /workspace (read-only). $TOOLCAGE_SCRATCH and $TOOLCAGE_WORKSPACE name them."
+    "the workspace, if any, is /workspace (read-only). Where they are elsewhere (--sandbox none), "
+    "$TOOLCAGE_SCRATCH and $TOOLCAGE_WORKSPACE name them."
 )
 
 TOOLS = [
