@@ -167,9 +167,7 @@ class ProcessBackend:
         print(NONE_WARNING, file=sys.stderr)
         scratch = tempfile.mkdtemp(prefix=f"toolcage-{run.run_id}-scratch-")
         self._tmpdirs.append(scratch)
-        workspace = self.workspace or tempfile.mkdtemp(prefix=f"toolcage-{run.run_id}-ws-")
-        if not self.workspace:
-            self._tmpdirs.append(workspace)
+        workspace = self.workspace or ""  # "": no workspace (the worker says so instead of listing nothing)
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LANG": os.environ.get("LANG", "C.UTF-8"),

@@ -2,6 +2,10 @@
 
 The policy is validated with the shared pydantic model on first use, not at start-up,
 so a run's first response does not wait for pydantic to import.
+
+Paths: tools always speak of ``/workspace`` and ``/scratch``. In a container those are the
+real directories; with ``--sandbox none`` they are names for the local directories the runner
+passes in ``TOOLCAGE_WORKSPACE`` / ``TOOLCAGE_SCRATCH`` (``workspace`` and ``scratch`` here).
 """
 
 from __future__ import annotations
@@ -12,12 +16,40 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from toolcage.policies import Policy
 
+WORKSPACE = "/workspace"  # the name of the read-only project directory, in every mode
+SCRATCH = "/scratch"  # the name of the writable directory, the children's working directory
+
+
+def _mounted(path: str) -> bool:
+    """Whether something is mounted at ``path`` (the image ships an empty /workspace: that is not a
+    workspace). mountinfo is exact where st_dev is not (a bind from the rootfs's own file system)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            return any(line.split()[4:5] == [path] for line in f)
+    except OSError:
+        return os.path.ismount(path)
+
+
+def _workspace_from_env() -> str | None:
+    """``TOOLCAGE_WORKSPACE``: a directory (``--sandbox none``), empty for none; unset in a container,
+    where /workspace is a workspace only if one was mounted there (or an image put files in it)."""
+    env = os.environ.get("TOOLCAGE_WORKSPACE")
+    if env is not None:
+        return env or None
+    if _mounted(WORKSPACE):  # first: a mounted workspace the sandbox user cannot list is still one
+        return WORKSPACE
+    try:
+        return WORKSPACE if os.listdir(WORKSPACE) else None
+    except OSError:
+        return None
+
 
 class Settings:
-    def __init__(self, policy_json: str | None, workspace: str, scratch: str, run_id: str) -> None:
+    def __init__(self, policy_json: str | None, workspace: str | None, scratch: str, run_id: str) -> None:
         self._policy_json = policy_json
         self._policy: Policy | None = None
-        self.workspace = os.path.realpath(workspace)
+        # the real directories behind /workspace (None: no workspace in this run) and /scratch
+        self.workspace = os.path.realpath(workspace) if workspace else None
         self.scratch = os.path.realpath(scratch)
         self.run_id = run_id
 
@@ -29,11 +61,24 @@ class Settings:
             self._policy = policy_from_json(self._policy_json) if self._policy_json else Policy()
         return self._policy
 
+    def child_env(self) -> dict[str, str]:
+        """Where the roots are, for code run by run_python/run_shell, when they are not at their
+        names (``--sandbox none``: no mount namespace there, so /workspace cannot exist for a
+        child). Nothing in a container: its children see no TOOLCAGE_* (doctor's
+        clean_child_environment probe), and portable code reads
+        ``os.environ.get("TOOLCAGE_WORKSPACE", "/workspace")``."""
+        env = {}
+        if self.scratch != SCRATCH:
+            env["TOOLCAGE_SCRATCH"] = self.scratch
+        if self.workspace is not None and self.workspace != WORKSPACE:
+            env["TOOLCAGE_WORKSPACE"] = self.workspace
+        return env
+
     @classmethod
     def from_env(cls) -> Settings:
         return cls(
             policy_json=os.environ.get("TOOLCAGE_POLICY"),
-            workspace=os.environ.get("TOOLCAGE_WORKSPACE", "/workspace"),
-            scratch=os.environ.get("TOOLCAGE_SCRATCH", "/scratch"),
+            workspace=_workspace_from_env(),
+            scratch=os.environ.get("TOOLCAGE_SCRATCH", SCRATCH),
             run_id=os.environ.get("TOOLCAGE_RUN_ID", "local"),
         )

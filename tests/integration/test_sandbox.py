@@ -45,8 +45,8 @@ def test_explore_tools_over_workspace(engine: Any, tmp_path: Path) -> None:
     tmp_path.chmod(0o755)  # pytest makes it 0700; the sandbox user is not root
     with Sandbox(workspace=tmp_path) as sb:
         entries = sb.call("list_files", {}).result["entries"]
-        assert [e["path"] for e in entries] == ["notes.md"]
-        assert sb.call("read_file", {"path": "notes.md"}).result["content"] == "alpha\nbeta\n"
+        assert [e["path"] for e in entries] == ["/workspace/notes.md"]
+        assert sb.call("read_file", {"path": "/workspace/notes.md"}).result["content"] == "alpha\nbeta\n"
         assert sb.call("grep", {"pattern": "bet"}).result["matches"][0]["line"] == 2
         w = sb.call("write_file", {"path": "out.txt", "content": "x"})
         assert w.status == "ok" and w.result["path"] == "/scratch/out.txt"

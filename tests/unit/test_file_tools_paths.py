@@ -108,14 +108,14 @@ def test_symlink_out_refused_and_skipped(roots: tuple[Path, Path, Path], mode: s
     (ws / "out").symlink_to(outside / "secret")
     (ws / "outdir").symlink_to(outside)
     s = settings(ws, scratch)
-    for path in ("out", "outdir/secret", str(ws / "out")):
+    for path in ("/workspace/out", "/workspace/outdir/secret", str(ws / "out")):
         with pytest.raises(PathEscape):
             call(s, "read_file", path=path)
     with pytest.raises(PathEscape):
-        call(s, "list_files", path="outdir")
-    assert [m["path"] for m in call(s, "grep", pattern=".")["matches"]] == ["README"]
+        call(s, "list_files", path="/workspace/outdir")
+    assert [m["path"] for m in call(s, "grep", pattern=".")["matches"]] == ["/workspace/README"]
     types = {e["path"]: e["type"] for e in call(s, "list_files")["entries"]}
-    assert types == {"README": "file", "out": "symlink", "outdir": "symlink"}
+    assert types == {"/workspace/README": "file", "/workspace/out": "symlink", "/workspace/outdir": "symlink"}
 
 
 def test_relative_symlink_inside_root(roots: tuple[Path, Path, Path]) -> None:
@@ -123,7 +123,7 @@ def test_relative_symlink_inside_root(roots: tuple[Path, Path, Path]) -> None:
     ws, scratch, _ = roots
     (ws / "docs").mkdir()
     (ws / "docs" / "link").symlink_to("../README")
-    assert call(settings(ws, scratch), "read_file", path="docs/link")["content"] == "inside\n"
+    assert call(settings(ws, scratch), "read_file", path="/workspace/docs/link")["content"] == "inside\n"
 
 
 @pytest.mark.parametrize(
@@ -175,6 +175,7 @@ def test_dotdot_is_lexical(roots: tuple[Path, Path, Path], mode: str) -> None:
     ws, scratch, _ = roots
     (ws / "sub").mkdir()
     s = settings(ws, scratch)
-    assert call(s, "read_file", path="sub/../README")["content"] == "inside\n"
-    with pytest.raises(PathEscape):
-        call(s, "read_file", path="sub/../../outside/secret")
+    assert call(s, "read_file", path="/workspace/sub/../README")["content"] == "inside\n"
+    for path in ("sub/../../outside/secret", "/workspace/sub/../../outside/secret"):
+        with pytest.raises(PathEscape):
+            call(s, "read_file", path=path)

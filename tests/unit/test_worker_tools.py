@@ -43,20 +43,24 @@ def test_list_files(dirs: tuple[Path, Path]) -> None:
     s = settings(dirs)
     top = call(s, "list_files")
     names = {e["path"]: e["type"] for e in top["entries"]}
-    assert names == {"README": "file", "bin.dat": "file", "escape": "symlink", "src": "dir"}
+    assert names == {
+        f"/workspace/{n}": t
+        for n, t in (("README", "file"), ("bin.dat", "file"), ("escape", "symlink"), ("src", "dir"))
+    }
     rec = call(s, "list_files", recursive=True)
-    assert "src/a.py" in {e["path"] for e in rec["entries"]}
+    assert "/workspace/src/a.py" in {e["path"] for e in rec["entries"]}
 
 
 def test_read_file_text_and_binary(dirs: tuple[Path, Path]) -> None:
     """Text comes back as utf-8, binary as base64."""
     s = settings(dirs)
-    assert call(s, "read_file", path="README")["content"].startswith("Hello")
-    assert call(s, "read_file", path="bin.dat")["encoding"] == "base64"
+    assert call(s, "read_file", path="/workspace/README")["content"].startswith("Hello")
+    assert call(s, "read_file", path="/workspace/bin.dat")["encoding"] == "base64"
 
 
 @pytest.mark.parametrize(
-    "path", ["/etc/passwd", "../../../etc/passwd", "escape/passwd", "escape", "/proc/self/environ"]
+    "path",
+    ["/etc/passwd", "../../../etc/passwd", "/workspace/escape/passwd", "/workspace/escape", "/proc/self/environ"],
 )
 def test_read_escapes_refused(dirs: tuple[Path, Path], path: str) -> None:
     """Absolute paths, .. and symlinks out of the roots are refused with PathEscape."""
@@ -68,7 +72,7 @@ def test_read_cap(dirs: tuple[Path, Path]) -> None:
     """read_file never returns more than the output cap."""
     ws, _ = dirs
     (ws / "big").write_text("x" * 10_000)
-    r = call(settings(dirs, output_cap=1024), "read_file", path="big")
+    r = call(settings(dirs, output_cap=1024), "read_file", path="/workspace/big")
     assert len(r["content"]) == 1024 and r["truncated"] is True
 
 
@@ -76,8 +80,8 @@ def test_grep(dirs: tuple[Path, Path]) -> None:
     """grep finds lines by regex or fixed string, skips binary files, reports invalid regexes as params errors."""
     s = settings(dirs)
     m = call(s, "grep", pattern="hel+o", ignore_case=True)["matches"]
-    assert {(x["path"], x["line"]) for x in m} == {("README", 1), ("src/a.py", 2)}
-    assert call(s, "grep", pattern="(", fixed_string=True)["matches"][0]["path"] == "src/a.py"
+    assert {(x["path"], x["line"]) for x in m} == {("/workspace/README", 1), ("/workspace/src/a.py", 2)}
+    assert call(s, "grep", pattern="(", fixed_string=True)["matches"][0]["path"] == "/workspace/src/a.py"
     with pytest.raises(BadParams):
         call(s, "grep", pattern="(")
 

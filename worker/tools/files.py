@@ -1,8 +1,10 @@
-"""The explore tools (list_files, read_file, grep over /workspace and scratch) and write_file (scratch only).
+"""The explore tools (list_files, read_file, grep over /workspace and /scratch) and write_file (/scratch only).
 
-Every file is opened through a directory fd of its root (worker.tools.paths), and read from
-the fd that was opened: a symlink swapped in between a check and a use cannot redirect a
-read, a walk or a write out of the roots.
+One path rule for every tool (worker.tools.paths.locate): relative paths are relative to
+/scratch, as in run_python; results name files by absolute path, so any can be passed back.
+Every file is opened through a directory fd of its root, and read from the fd that was
+opened: a symlink swapped in between a check and a use cannot redirect a read, a walk or a
+write out of the roots.
 """
 
 from __future__ import annotations
@@ -18,29 +20,32 @@ from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Le, MaxLen, MinLen
 
-from toolcage.worker.errors import BadParams, NoSpace, ToolError
-from toolcage.worker.settings import Settings
+from toolcage.worker.errors import BadParams, NoSpace, PathEscape, ToolError
+from toolcage.worker.settings import SCRATCH, WORKSPACE, Settings
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
-from toolcage.worker.tools.paths import MAX_PATH, Located, locate, opened, root_fd, translate
+from toolcage.worker.tools.paths import MAX_PATH, Located, locate, opened, path_data, root_fd, translate
 
 _MAX_GREP_FILE = 8 * 1024 * 1024
 
-
-def _read_roots(s: Settings) -> tuple[str, ...]:
-    return (s.workspace, s.scratch)
+# said in every file tool's description (and run_python's): the rule an agent must not have to guess
+PATH_RULE = (
+    f"Paths: absolute under {WORKSPACE} (the project, read-only; present only if the run has a "
+    f"workspace) or {SCRATCH} (writable); a relative path is relative to {SCRATCH}, the working "
+    f"directory of run_python and run_shell. Results give absolute paths."
+)
 
 
 @params
 class ListFilesParams:
-    path: Annotated[str, MaxLen(MAX_PATH)] = doc("directory, relative to /workspace or absolute", ".")
+    path: Annotated[str, MaxLen(MAX_PATH)] = doc(f"directory; relative to {SCRATCH}", WORKSPACE)
     recursive: bool = False
     max_entries: Annotated[int, Ge(1), Le(100_000)] = 1000
 
 
 @params
 class ReadFileParams:
-    path: Annotated[str, MaxLen(MAX_PATH)] = doc("file, relative to /workspace or absolute")
+    path: Annotated[str, MaxLen(MAX_PATH)] = doc(f"file, e.g. {WORKSPACE}/README.md; relative to {SCRATCH}")
     offset: Annotated[int, Ge(0)] = 0
     max_bytes: Annotated[int, Ge(1)] | None = doc("default: the policy's output cap", None)
 
@@ -48,7 +53,7 @@ class ReadFileParams:
 @params
 class GrepParams:
     pattern: Annotated[str, MinLen(1), MaxLen(4096)] = doc("a Python regular expression, or text with fixed_string")
-    path: Annotated[str, MaxLen(MAX_PATH)] = "."
+    path: Annotated[str, MaxLen(MAX_PATH)] = doc(f"file or directory to search; relative to {SCRATCH}", WORKSPACE)
     fixed_string: bool = False
     ignore_case: bool = False
     max_matches: Annotated[int, Ge(1), Le(100_000)] = 200
@@ -56,7 +61,7 @@ class GrepParams:
 
 @params
 class WriteFileParams:
-    path: Annotated[str, MaxLen(MAX_PATH)] = doc("file path, relative to scratch or absolute under it")
+    path: Annotated[str, MaxLen(MAX_PATH)] = doc(f"file under {SCRATCH}; relative to {SCRATCH}")
     content: str = doc("the file's content, as text or base64")
     encoding: Literal["utf-8", "base64"] = "utf-8"
     append: bool = False
@@ -70,12 +75,6 @@ def _kind(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return "symlink"
     return "other"
-
-
-def _label(s: Settings, loc: Located, *parts: str) -> str:
-    """How a path is reported: relative to /workspace, absolute under scratch."""
-    rel = loc.join(*parts)
-    return rel if loc.root == s.workspace else os.path.normpath(os.path.join(loc.root, rel))
 
 
 # O_NONBLOCK: a FIFO planted under a root must not hang the call at open(); O_NOCTTY: a tty
@@ -96,7 +95,7 @@ def _walk(fd: int) -> Iterator[tuple[str, list[str], list[str], int]]:
 
 
 def list_files(s: Settings, p: ListFilesParams) -> dict[str, Any]:
-    loc = locate(p.path, _read_roots(s), s.workspace)
+    loc = locate(p.path, s.workspace, s.scratch)
     entries: list[dict[str, Any]] = []
     truncated = False
     with opened(loc, _READ | os.O_DIRECTORY) as fd:
@@ -109,10 +108,10 @@ def list_files(s: Settings, p: ListFilesParams) -> dict[str, Any]:
                 if len(entries) >= p.max_entries:
                     truncated = True
                     break
-                entries.append({"path": _label(s, loc, dirpath, name), "type": _kind(lst.st_mode), "size": lst.st_size})
+                entries.append({"path": loc.show(dirpath, name), "type": _kind(lst.st_mode), "size": lst.st_size})
             if truncated or not p.recursive:
                 break
-    return {"path": _label(s, loc), "entries": entries, "truncated": truncated}
+    return {"path": loc.shown, "entries": entries, "truncated": truncated}
 
 
 def _encode(data: bytes) -> tuple[str, str]:
@@ -137,17 +136,17 @@ def _read_fd(fd: int, limit: int, offset: int = 0) -> bytes:
 
 
 def read_file(s: Settings, p: ReadFileParams) -> dict[str, Any]:
-    loc = locate(p.path, _read_roots(s), s.workspace)
+    loc = locate(p.path, s.workspace, s.scratch)
     limit = min(p.max_bytes or s.policy.limits.output_cap, s.policy.limits.output_cap)
     with opened(loc, _READ) as fd:
         st = os.fstat(fd)  # the file that was opened, not whatever the name points at now
         if not stat.S_ISREG(st.st_mode):
-            raise ToolError(f"not a regular file: {p.path!r}", {"path": p.path})
+            raise ToolError(f"not a regular file: {loc.shown!r}", path_data(loc))
         data = _read_fd(fd, limit + 1, p.offset)
     truncated = len(data) > limit
     content, encoding = _encode(data[:limit])
     size = st.st_size
-    return {"path": _label(s, loc), "size": size, "content": content, "encoding": encoding, "truncated": truncated}
+    return {"path": loc.shown, "size": size, "content": content, "encoding": encoding, "truncated": truncated}
 
 
 def _grep_fd(fd: int, rx: re.Pattern[str]) -> Iterator[tuple[int, str]]:
@@ -181,7 +180,7 @@ def _grep_files(loc: Located, fd: int) -> Iterator[tuple[tuple[str, ...], int]]:
 
 
 def grep(s: Settings, p: GrepParams) -> dict[str, Any]:
-    loc = locate(p.path, _read_roots(s), s.workspace)
+    loc = locate(p.path, s.workspace, s.scratch)
     flags = re.IGNORECASE if p.ignore_case else 0
     try:
         rx = re.compile(re.escape(p.pattern) if p.fixed_string else p.pattern, flags)
@@ -200,7 +199,7 @@ def grep(s: Settings, p: GrepParams) -> dict[str, Any]:
                 out_bytes += len(text) + 64
                 if len(matches) >= p.max_matches or out_bytes > cap:
                     return {"matches": matches, "truncated": True}
-                matches.append({"path": _label(s, loc, *parts), "line": lineno, "text": text})
+                matches.append({"path": loc.show(*parts), "line": lineno, "text": text})
     return {"matches": matches, "truncated": False}
 
 
@@ -227,21 +226,32 @@ def _parent_fd(rfd: int, parts: list[str]) -> int:
     return fd
 
 
+def _write_target(s: Settings, path: str) -> Located:
+    """Where write_file writes ``path``: a file beneath /scratch, by the same rule as the readers."""
+    loc = locate(path, s.workspace, s.scratch)
+    if loc.name != SCRATCH:
+        raise PathEscape(
+            f"{loc.shown!r} is in the workspace, which is read-only: write_file writes under {SCRATCH} "
+            f"(a relative path lands there)",
+            path_data(loc, allowed=[SCRATCH]),
+        )
+    if loc.rel == "." or os.path.basename(path) in ("", ".", ".."):
+        problem = f"is not a file name (resolved: {loc.shown!r})"
+        raise BadParams(f"invalid params: path {problem}", [{"field": "path", "error": problem}])
+    return loc
+
+
 def write_file(s: Settings, p: WriteFileParams) -> dict[str, Any]:
-    if os.path.basename(p.path) in ("", ".", ".."):
-        raise BadParams(f"not a file name: {p.path!r}", {"path": p.path})
-    loc = locate(p.path, (s.scratch,), s.scratch)
-    if loc.rel == ".":
-        raise BadParams(f"not a file name: {p.path!r}", {"path": p.path})
+    loc = _write_target(s, p.path)
     parent, name = os.path.split(loc.rel)
     try:
         data = base64.b64decode(p.content, validate=True) if p.encoding == "base64" else p.content.encode()
     except ValueError:
-        raise BadParams("content is not valid base64", {"path": p.path}) from None
+        raise BadParams("content is not valid base64", [{"field": "content", "error": "not base64"}]) from None
     # O_NOFOLLOW: a planted symlink cannot redirect the write; O_NONBLOCK: nor can a FIFO hang it
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     flags |= os.O_APPEND if p.append else os.O_TRUNC
-    with root_fd(loc.root) as rfd:
+    with root_fd(s.scratch) as rfd:
         try:
             pfd = _parent_fd(rfd, [x for x in parent.split("/") if x])
             try:
@@ -250,7 +260,7 @@ def write_file(s: Settings, p: WriteFileParams) -> dict[str, Any]:
                 os.close(pfd)
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise ToolError(f"not a regular file: {p.path!r}", {"path": p.path})
+                    raise ToolError(f"not a regular file: {loc.shown!r}", path_data(loc))
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
@@ -258,27 +268,36 @@ def write_file(s: Settings, p: WriteFileParams) -> dict[str, Any]:
                 os.close(fd)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
-                raise NoSpace("scratch is full (policy limits.scratch)", {"path": p.path}) from None
+                raise NoSpace(f"scratch is full (limits.scratch): {loc.shown!r}", path_data(loc)) from None
             if exc.errno == errno.ELOOP:
-                raise ToolError(f"refusing to write through a symlink: {p.path!r}", {"path": p.path}) from None
+                raise ToolError(f"refusing to write through a symlink: {loc.shown!r}", path_data(loc)) from None
             raise (
                 translate(exc, loc)
                 if exc.errno in (errno.ENAMETOOLONG, errno.ENOTDIR)
-                else ToolError(f"cannot write {p.path!r}: {exc.strerror}", {"path": p.path})
+                else ToolError(f"cannot write {loc.shown!r}: {exc.strerror}", path_data(loc))
             ) from None
-    return {"path": _label(s, loc), "bytes_written": len(data)}
+    return {"path": loc.shown, "bytes_written": len(data)}
 
 
 TOOLS = [
     Tool(
         "list_files",
-        "List a directory under /workspace or scratch (optionally recursive).",
+        f"List a directory (default {WORKSPACE}), optionally recursive. {PATH_RULE}",
         ListFilesParams,
         list_files,
     ),
-    Tool("read_file", "Read a file under /workspace or scratch, up to the output cap.", ReadFileParams, read_file),
-    Tool("grep", "Search text files under /workspace or scratch for a regex or fixed string.", GrepParams, grep),
+    Tool("read_file", f"Read a file, up to the output cap. {PATH_RULE}", ReadFileParams, read_file),
     Tool(
-        "write_file", "Write a file into the scratch directory (the only writable place).", WriteFileParams, write_file
+        "grep",
+        f"Search text files under a directory (default {WORKSPACE}) or one file for a regex or fixed string. "
+        f"{PATH_RULE}",
+        GrepParams,
+        grep,
+    ),
+    Tool(
+        "write_file",
+        f"Write a file under {SCRATCH}, the only writable place (parents are created). {PATH_RULE}",
+        WriteFileParams,
+        write_file,
     ),
 ]

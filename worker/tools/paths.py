@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolcage.worker.errors import BadParams, PathEscape, ToolError
+from toolcage.worker.settings import SCRATCH, WORKSPACE
 
 MAX_PATH = 4096  # PATH_MAX: longer is a params error, never an OSError deep inside a tool
 NAME_MAX = 255  # bytes per component, as every Linux file system limits it
@@ -34,24 +35,43 @@ _SYS_OPENAT2 = 437  # the same number on every Linux architecture but alpha
 
 @dataclass(frozen=True)
 class Located:
-    """A path placed lexically under one root: ``rel`` is ``"."`` for the root itself."""
+    """A path placed lexically under one root. ``name`` is the root as every tool shows it
+    (/workspace or /scratch), ``real`` where it is on this machine (the same in a container;
+    None when the run has no workspace), ``rel`` the rest (``"."`` for the root itself)."""
 
     given: str
-    root: str
+    name: str
+    real: str | None
     rel: str
+    hint: str = ""  # said after "no such file": how a relative path was resolved
 
-    def join(self, *parts: str) -> str:
-        """Where a path beneath this one sits, as the tools report it: relative for the
-        workspace, absolute for scratch."""
-        return os.path.normpath(os.path.join(self.rel, *parts))
+    @property
+    def shown(self) -> str:
+        """The resolved path, as errors and results name it: absolute, usable in any tool."""
+        return self.show()
+
+    def show(self, *parts: str) -> str:
+        return os.path.normpath(os.path.join(self.name, self.rel, *parts))
 
 
 def _params_error(path: str, problem: str) -> BadParams:
     return BadParams(f"invalid params: path {problem}", [{"field": "path", "error": problem}])
 
 
-def locate(path: str, roots: tuple[str, ...], base: str) -> Located:
-    """Place ``path`` (relative to ``base``, or absolute) under one of ``roots``, lexically.
+def _beneath(path: str, root: str) -> str | None:
+    """``path`` relative to ``root`` if it is ``root`` or beneath it (both normalised), else None."""
+    if path == root:
+        return "."
+    if root == "/" or not path.startswith(root + "/"):
+        return None
+    return path[len(root) + 1 :]
+
+
+def locate(path: str, workspace: str | None, scratch: str) -> Located:
+    """Place ``path`` under /workspace or /scratch, lexically, by one rule for every tool: a
+    relative path is relative to /scratch (run_python's working directory, where write_file
+    writes), an absolute one names its root. With ``--sandbox none`` the local directories
+    (``workspace``, ``scratch``) are accepted too, and stand for those names.
 
     ``..`` is resolved on the text, before any file system lookup, so it can never climb
     out through a symlink; symlinks are then left to :func:`opened`.
@@ -66,18 +86,27 @@ def locate(path: str, roots: tuple[str, ...], base: str) -> Located:
         raise _params_error(path, f"is longer than {MAX_PATH} bytes")
     if any(len(part) > NAME_MAX for part in raw.split(b"/")):
         raise _params_error(path, f"has a component longer than {NAME_MAX} bytes")
-    joined = os.path.normpath(os.path.join(base, path))  # an absolute path replaces base
+    joined = os.path.normpath(os.path.join(SCRATCH, path))  # an absolute path replaces /scratch
     if joined.startswith("//"):
         joined = "/" + joined.lstrip("/")
-    for root in roots:
-        root = os.path.normpath(root)
-        if joined == root:
-            return Located(path, root, ".")
-        if joined.startswith(root.rstrip("/") + "/"):
-            return Located(path, root, joined[len(root.rstrip("/")) + 1 :])
+    hint = ""
+    if not os.path.isabs(path):
+        hint = f"; a relative path is relative to {SCRATCH}, the working directory of run_python and run_shell"
+        alt = os.path.normpath(os.path.join(WORKSPACE, path))
+        if workspace is not None and _beneath(alt, WORKSPACE) not in (None, "."):
+            hint += f"; for the workspace's, pass {alt!r}"
+    # the names first, then (--sandbox none) the local directories they stand for
+    for candidates in ((WORKSPACE, SCRATCH), (workspace, scratch)):
+        for name, prefix in zip((WORKSPACE, SCRATCH), candidates, strict=True):
+            if prefix is None:
+                continue
+            rel = _beneath(joined, os.path.normpath(prefix))
+            if rel is not None:
+                return Located(path, name, workspace if name == WORKSPACE else scratch, rel, hint)
+    allowed = [WORKSPACE, SCRATCH] if workspace is not None else [SCRATCH]
     raise PathEscape(
-        f"path {path!r} lies outside the allowed directories ({', '.join(roots)})",
-        {"path": path, "allowed": list(roots)},
+        f"path {joined!r} lies outside the allowed directories ({', '.join(allowed)})",
+        {"path": path, "resolved": joined, "allowed": allowed},
     )
 
 
@@ -176,29 +205,44 @@ def open_beneath(root_fd: int, rel: str, flags: int) -> int:
     raise OSError(errno.EAGAIN, "the path kept changing while it was opened")
 
 
+def path_data(loc: Located, **extra: Any) -> dict[str, Any]:
+    """``data`` of every path error: the path as given and as resolved."""
+    return {"path": loc.given, "resolved": loc.shown, **extra}
+
+
 def translate(exc: OSError, loc: Located) -> Exception:
-    """The tool error for an OSError met while opening ``loc`` (one place, one wording)."""
-    p = loc.given
+    """The tool error for an OSError met while opening ``loc`` (one place, one wording, naming
+    the resolved path: "no such file" for ``s.txt`` says it looked at /scratch/s.txt)."""
+    p = loc.shown
     code = exc.errno
     if code == errno.ENOENT:
-        return ToolError(f"no such file or directory: {p!r}", {"path": p})
+        return ToolError(f"no such file or directory: {p!r}{loc.hint}", path_data(loc))
     if code in (errno.EXDEV, errno.ELOOP):
         return PathEscape(
-            f"path {p!r} leads out of {loc.root} through a symlink (or runs into one that cannot be followed safely)",
-            {"path": p, "allowed": [loc.root]},
+            f"path {p!r} leads out of {loc.name} through a symlink (or runs into one that cannot be followed safely)",
+            path_data(loc, allowed=[loc.name]),
         )
     if code in (errno.EACCES, errno.EPERM):
-        return ToolError(f"permission denied: {p!r} is not readable by the sandbox user", {"path": p})
+        return ToolError(f"permission denied: {p!r} is not readable by the sandbox user", path_data(loc))
     if code == errno.ENOTDIR:
-        return ToolError(f"not a directory: {p!r}", {"path": p})
+        return ToolError(f"not a directory: {p!r}{loc.hint}", path_data(loc))
     if code == errno.ENAMETOOLONG:
-        return _params_error(p, "is too long")
-    return ToolError(f"cannot open {p!r}: {exc.strerror}", {"path": p})
+        return _params_error(loc.given, "is too long")
+    return ToolError(f"cannot open {p!r}: {exc.strerror}", path_data(loc))
+
+
+def no_workspace(loc: Located) -> ToolError:
+    """Asked for /workspace in a run without one: say so, rather than list an empty directory."""
+    return ToolError(
+        f"no workspace in this run, so there is no {loc.shown!r}: start the run with --workspace DIR "
+        f"(Sandbox(workspace=DIR)); files written by the tools are under {SCRATCH}",
+        path_data(loc, workspace=None),
+    )
 
 
 @contextmanager
 def root_fd(root: str) -> Iterator[int]:
-    """A directory fd of a root (a trusted path: /workspace, /scratch, or --sandbox none's temp dirs)."""
+    """A directory fd of a root (a trusted path: /workspace, /scratch, or --sandbox none's local dirs)."""
     try:
         fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
@@ -212,7 +256,9 @@ def root_fd(root: str) -> Iterator[int]:
 @contextmanager
 def opened(loc: Located, flags: int) -> Iterator[int]:
     """Open ``loc`` beneath its root with ``flags``; tool errors for every failure."""
-    with root_fd(loc.root) as rfd:
+    if loc.real is None:
+        raise no_workspace(loc)
+    with root_fd(loc.real) as rfd:
         try:
             fd = open_beneath(rfd, loc.rel, flags)
         except OSError as exc:

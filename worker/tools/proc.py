@@ -61,14 +61,14 @@ def kill_all_children() -> None:
 
 @params
 class RunPythonParams:
-    code: str = doc("Python source, run as `python3 -c code` in the scratch dir")
+    code: str = doc("Python source, run as `python3 -c code` in /scratch")
     timeout_s: Annotated[float, Gt(0)] | None = doc("seconds; default the policy's call timeout", None)
     stdin: str | None = doc("text fed to the child's stdin", None)
 
 
 @params
 class RunShellParams:
-    command: str = doc("shell command, run as `/bin/sh -c command` in the scratch dir")
+    command: str = doc("shell command, run as `/bin/sh -c command` in /scratch")
     timeout_s: Annotated[float, Gt(0)] | None = doc("seconds; default the policy's call timeout", None)
     stdin: str | None = doc("text fed to the child's stdin", None)
 
@@ -82,6 +82,7 @@ def _child_env(settings: Settings) -> dict[str, str]:
         PYTHONDONTWRITEBYTECODE="1",
         LANG=env.get("LANG", "C.UTF-8"),
     )
+    env.update(settings.child_env())  # TOOLCAGE_WORKSPACE/_SCRATCH with --sandbox none: where the roots are
     return env
 
 
@@ -236,11 +237,17 @@ def run_shell(settings: Settings, p: RunShellParams) -> dict[str, Any]:
     return run_child(_program(settings, ["/bin/sh"], p.command, ".sh"), settings, p.timeout_s, p.stdin)
 
 
+# the same rule as the file tools' (worker.tools.files.PATH_RULE), from the child's side
+_WHERE = (
+    "The working directory is /scratch (writable; relative paths resolve there, as in the file tools); "
+    "the workspace, if any, is /workspace (read-only). Where they are elsewhere (--sandbox none), "
+    "$TOOLCAGE_SCRATCH and $TOOLCAGE_WORKSPACE name them."
+)
+
 TOOLS = [
     Tool(
         "run_python",
-        "Run Python code in a child process in the scratch dir; returns stdout, stderr, exit_code, "
-        "timed_out, truncated.",
+        f"Run Python code in a child process; returns stdout, stderr, exit_code, timed_out, truncated. {_WHERE}",
         RunPythonParams,
         run_python,
         in_process_timeout=False,
@@ -248,7 +255,7 @@ TOOLS = [
     ),
     Tool(
         "run_shell",
-        "Run a /bin/sh command in the scratch dir; returns stdout, stderr, exit_code, timed_out, truncated.",
+        f"Run a /bin/sh command; returns stdout, stderr, exit_code, timed_out, truncated. {_WHERE}",
         RunShellParams,
         run_shell,
         in_process_timeout=False,
