@@ -171,3 +171,9 @@ def test_nul_in_code_is_a_params_error(dirs: tuple[Path, Path]) -> None:
     """A NUL byte in code is a clear params error, not an internal one."""
     with pytest.raises(BadParams, match="NUL"):
         call(settings(dirs), "run_python", code="print(1)\x00")
+
+
+def test_timed_out_child_names_its_signal(dirs: tuple[Path, Path]) -> None:
+    """A child killed at its timeout says so twice: timed_out and signal SIGKILL (signal was null)."""
+    r = call(settings(dirs), "run_shell", command="sleep 30", timeout_s=0.5)
+    assert r["timed_out"] is True and r["signal"] == "SIGKILL" and r["exit_code"] == -9

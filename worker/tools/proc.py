@@ -200,8 +200,8 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
     return {
         "stdout": out["stdout"].decode("utf-8", errors="replace"),
         "stderr": out["stderr"].decode("utf-8", errors="replace"),
-        "exit_code": exit_code,
-        "signal": signal.Signals(killed_by).name if killed_by and not timed_out else None,
+        "exit_code": exit_code,  # negative: killed by that signal (Python's convention)
+        "signal": signal.Signals(killed_by).name if killed_by else None,  # SIGKILL at a timeout, too
         "timed_out": timed_out,
         "truncated": truncated,
         "oom_killed": oom_killed,
