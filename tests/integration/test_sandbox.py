@@ -167,7 +167,7 @@ def test_docker_unreachable_is_clear(engine: Any) -> None:
         with pytest.raises(DockerUnavailable, match="Cannot reach the Docker engine"):
             Sandbox(engine=unreachable).start()
     finally:
-        unreachable.close()
+        unreachable.api.close()
         import gc
 
         gc.collect()  # collect docker-py's leaked socket here, where its warning is filtered
