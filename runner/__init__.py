@@ -38,7 +38,7 @@ _EXPORTS = {
     "CallResult": "toolcage.results",
     "RunSummary": "toolcage.results",
     "DEFAULT_IMAGE": "toolcage.sandbox",
-    "AsyncSandbox": "toolcage.sandbox",
+    "AsyncSandbox": "toolcage.aio",
     "Sandbox": "toolcage.sandbox",
 }
 
@@ -81,6 +81,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the names, for type checkers and IDEs
+    from toolcage.aio import AsyncSandbox
     from toolcage.errors import (
         DockerUnavailable,
         ImageMissing,
@@ -96,4 +97,4 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs
     )
     from toolcage.policies import Policy, PolicyError, load_policy
     from toolcage.results import STATUSES, CallResult, RunSummary
-    from toolcage.sandbox import DEFAULT_IMAGE, AsyncSandbox, Sandbox
+    from toolcage.sandbox import DEFAULT_IMAGE, Sandbox

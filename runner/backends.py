@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from toolcage.config import PROXY_SOCKET, RunSpec, container_config
+from toolcage.engine import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.policies import Policy
 from toolcage.transport import DockerAttachTransport, ProcessTransport, StreamParser, Transport
@@ -69,7 +70,7 @@ class ContainerBackend:
         self,
         policy: Policy,
         *,
-        engine: Any,
+        engine: EngineAPI | None,
         image: str,
         name: str,
         log: Any,

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from toolcage.config import LABEL_PREFIX, PROXY_PORT, SANDBOX_UID, RunSpec, labels, proxy_container_config
+from toolcage.engine import EngineAPI
 from toolcage.errors import SandboxError, UsageError
 from toolcage.policies import Policy
 from toolcage.transport import DockerAttachTransport, StreamParser
@@ -113,7 +114,7 @@ def audit_decisions(audit: Any, run_id: str) -> OnRecord | None:
 class Egress:
     def __init__(
         self,
-        engine: Any,
+        engine: EngineAPI,
         policy: Policy,
         run: RunSpec,
         egress_network: str | None,

@@ -23,6 +23,7 @@ from toolcage import audit as audit_mod
 from toolcage.audit import Audit
 from toolcage.backends import make_backend
 from toolcage.config import RunSpec, container_name
+from toolcage.engine import EngineAPI
 from toolcage.errors import (
     ProtocolError,
     SandboxError,
@@ -90,7 +91,7 @@ class Sandbox:
         image: str | None = None,
         keep: bool = False,
         run_timeout: float | None = None,
-        engine: Any = None,
+        engine: EngineAPI | None = None,
         egress_network: str | None = None,
         egress_proxy: str | None = None,
         ca_file: str | os.PathLike[str] | None = None,
@@ -449,52 +450,3 @@ class Sandbox:
                 calls=self._calls,
             )
         return self.summary
-
-
-class AsyncSandbox:
-    """The async twin of :class:`Sandbox`: the same run, its blocking calls moved to a thread."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._sync = Sandbox(*args, **kwargs)
-
-    @property
-    def run_id(self) -> str:
-        return self._sync.run_id
-
-    @property
-    def name(self) -> str:
-        return self._sync.name
-
-    @property
-    def container_id(self) -> str | None:
-        return self._sync.container_id
-
-    @property
-    def summary(self) -> RunSummary | None:
-        """Wall time, CPU time and peak memory of the run, once it is closed (as on Sandbox)."""
-        return self._sync.summary
-
-    async def __aenter__(self) -> AsyncSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def start(self) -> AsyncSandbox:
-        import asyncio
-
-        await asyncio.to_thread(self._sync.start)
-        return self
-
-    async def call(
-        self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None
-    ) -> CallResult:
-        import asyncio
-
-        return await asyncio.to_thread(self._sync.call, tool, params, timeout=timeout)
-
-    async def close(self) -> RunSummary | None:
-        import asyncio
-
-        return await asyncio.to_thread(self._sync.close)
