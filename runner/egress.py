@@ -57,23 +57,12 @@ class DecisionStream(StreamParser):
     def __init__(self, on_record: OnRecord) -> None:
         super().__init__(MAX_LINE)
         self._on_record = on_record
-        self._skipping = False  # inside a line that was already too long
         self.ended = threading.Event()
 
     def stdout(self, data: bytes) -> None:
-        while data:
-            nl = data.find(b"\n")
-            piece, data = (data, b"") if nl < 0 else (data[:nl], data[nl + 1 :])
-            if not self._skipping:
-                self._buf += piece
-                if len(self._buf) > self.max_line:
-                    self._buf, self._skipping = bytearray(), True
-            if nl < 0:
-                return
-            line, self._buf = bytes(self._buf), bytearray()
-            if self._skipping:
-                self._skipping = False
-                continue
+        for line in self._lines.feed(data):
+            if line is None:
+                continue  # over-long: not one of the proxy's records, and never fatal here
             try:
                 rec = json.loads(line)
             except ValueError:

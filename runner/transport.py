@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from toolcage.worker.protocol import LineSplitter, valid_request
+
 STDERR_TAIL_BYTES = 64 * 1024
 EOF_MARK = object()
 
@@ -68,7 +70,7 @@ class StreamParser:
         self.max_line = max_line
         self._deliver = deliver
         self.messages: queue.Queue[Any] = queue.Queue(maxsize=self.QUEUE_MAX)
-        self._buf = bytearray()
+        self._lines = LineSplitter(max_line)
         self._err: deque[bytes] = deque()
         self._err_size = 0
         self._err_partial = bytearray()
@@ -106,8 +108,6 @@ class StreamParser:
         following the worker's own rules: a request with an id gets that id back, a
         notification nothing, an unreadable or invalid line an answer with id null, a batch
         one list (unless it holds only notifications)."""
-        from toolcage.worker.protocol import valid_request
-
         try:
             msg = json.loads(line)
         except ValueError:
@@ -153,18 +153,8 @@ class StreamParser:
     def stdout(self, data: bytes) -> None:
         if self.broken:
             return
-        start = 0
-        while True:
-            nl = data.find(b"\n", start)
-            if nl < 0:
-                self._buf += data[start:]
-                if len(self._buf) > self.max_line:
-                    self._break(f"the worker sent a line longer than {self.max_line} bytes")
-                return
-            self._buf += data[start:nl]
-            start = nl + 1
-            line, self._buf = bytes(self._buf), bytearray()
-            if len(line) > self.max_line:
+        for line in self._lines.feed(data):
+            if line is None:
                 self._break(f"the worker sent a line longer than {self.max_line} bytes")
                 return
             if not line.strip():
@@ -183,6 +173,11 @@ class StreamParser:
                 return
             self._put(msg)
 
+    @property
+    def _buf(self) -> bytearray:
+        """The unfinished line held now (tests check it stays bounded)."""
+        return self._lines.buf
+
     def _put(self, item: Any) -> None:
         """Queue, waiting while the queue is full (the reader then stops reading: back-pressure)."""
         if self._deliver is not None and self._deliver(item):
@@ -196,7 +191,7 @@ class StreamParser:
 
     def _break(self, reason: str) -> None:
         self.broken = True
-        self._buf = bytearray()
+        self._lines.buf.clear()
         if self._on_broken is not None:
             self._on_broken(reason)
         self._put(Broken(reason))

@@ -17,6 +17,38 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024
 _REQUEST_KEYS = frozenset(("jsonrpc", "method", "params", "id"))
 
 
+class LineSplitter:
+    """Cuts a byte stream into newline-terminated lines without ever holding more than
+    ``max_line`` bytes: a longer line is reported once, as ``None``, and the rest of it is
+    dropped up to its newline. Shared by both ends of the channel (the worker reading
+    requests, the runner reading the worker's and the egress proxy's output)."""
+
+    def __init__(self, max_line: int) -> None:
+        self.max_line = max_line
+        self.buf = bytearray()  # the unfinished line (never over max_line)
+        self.skipping = False  # inside a line already reported as too long
+
+    def feed(self, data: bytes) -> Iterator[bytes | None]:
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if not self.skipping:
+                self.buf += data[start:] if nl < 0 else data[start:nl]
+                if len(self.buf) > self.max_line:
+                    self.buf.clear()
+                    self.skipping = True
+                    yield None
+            if nl < 0:
+                return
+            start = nl + 1
+            if self.skipping:
+                self.skipping = False
+            else:
+                line = bytes(self.buf)
+                self.buf.clear()
+                yield line
+
+
 def valid_request(obj: Any) -> bool:
     """One JSON-RPC 2.0 request as jsonrpcserver's request schema defines it (shared with the
     runner, which must know which lines will be answered and with which id)."""
@@ -61,37 +93,16 @@ class Channel:
         ``before_read`` runs before each blocking read, i.e. only when no complete
         request is buffered (the worker uses it to write logs while idle).
         """
-        buf = bytearray()
-        skipping = False
+        lines = LineSplitter(self._max)
         while True:
             if before_read is not None:
                 before_read()
             chunk = os.read(self._in, _CHUNK)
             if not chunk:
-                if buf and not skipping:
-                    yield bytes(buf)
+                if lines.buf and not lines.skipping:
+                    yield bytes(lines.buf)
                 return
-            start = 0
-            while True:
-                nl = chunk.find(b"\n", start)
-                if nl < 0:
-                    if not skipping:
-                        buf += chunk[start:]
-                        if len(buf) > self._max:
-                            buf.clear()
-                            skipping = True
-                    break
-                if skipping:
-                    skipping = False
-                    yield None
-                else:
-                    buf += chunk[start:nl]
-                    if len(buf) > self._max:
-                        yield None
-                    else:
-                        yield bytes(buf)
-                    buf.clear()
-                start = nl + 1
+            yield from lines.feed(chunk)
 
     def send(self, line: str) -> None:
         """Write one response line; JSON encoding guarantees it contains no raw newline."""
