@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import jsonrpcclient
 
-from toolcage.transport import EOF_MARK, Broken, StreamParser, Transport
+from toolcage.transport import EOF_MARK, Broken, StreamParser, Transport, id_key
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Session:
         if not isinstance(item, dict) or "id" not in item:
             return False
         with self._lock:
-            waiter = self._slots.get(_key(item["id"]))
+            waiter = self._slots.get(id_key(item["id"]))
         if waiter is None:
             return False  # an answer to a forwarded line
         waiter.answer = item
@@ -88,7 +88,7 @@ class Session:
         """Send one request and wait (until the monotonic time ``until``) for its own answer."""
         # unguessable ids: a forged answer would have to know the id of the call it answers
         req_id = secrets.token_hex(8)
-        key, slot = _key(req_id), _Slot()
+        key, slot = id_key(req_id), _Slot()
         with self._lock:
             if self._end is not None:
                 return self._end
@@ -135,7 +135,3 @@ class Session:
             self._transport.send(line)
         except OSError:
             pass  # the worker is gone; the reader reports how it ended
-
-
-def _key(req_id: Any) -> str:
-    return json.dumps(req_id, sort_keys=True, separators=(",", ":"))

@@ -86,7 +86,7 @@ class StreamParser:
     # what the runner is waiting for ------------------------------------------------------
     def expect(self, req_id: Any) -> None:
         """A request with this id is about to be sent: its answer may come."""
-        key = _key(req_id)
+        key = id_key(req_id)
         with self._lock:
             self._pending[key] = self._pending.get(key, 0) + 1
 
@@ -139,7 +139,7 @@ class StreamParser:
                     return "an answer with id null that no request asked for"
                 self._unidentified -= 1
                 return None
-            key = _key(msg["id"])
+            key = id_key(msg["id"])
             left = self._pending.get(key, 0)
             if left <= 0:
                 return f"an answer to no pending call (id {key[:40]})"
@@ -219,7 +219,8 @@ class StreamParser:
         self.closed = True
 
 
-def _key(req_id: Any) -> str:
+def id_key(req_id: Any) -> str:
+    """A request id as a dict key (JSON-RPC ids are strings or numbers; 1 and "1" differ)."""
     return json.dumps(req_id, sort_keys=True, separators=(",", ":"))
 
 

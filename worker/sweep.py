@@ -97,18 +97,14 @@ def _kill_others(rounds: int) -> int:
     included) is left in the namespace, and ``waitpid`` reaps without opening anything. /proc is
     read only to count, when it can be.
     """
-    for _ in range(rounds):
+    for round_ in range(rounds + 1):
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
             return 0  # nobody left to signal, not even a zombie
         reap()
-        time.sleep(0.002)  # processes being torn down still show for a moment
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        return 0
-    reap()
+        if round_ < rounds:
+            time.sleep(0.002)  # processes being torn down still show for a moment
     left = _count_others()
     return 1 if left is None else left
 
