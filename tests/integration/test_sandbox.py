@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit._helpers import finish_with_stdin_open
 from toolcage import (
     DockerUnavailable,
     ImageMissing,
@@ -376,14 +377,7 @@ def test_cli_serve_deadline_with_a_pending_request(engine: Any) -> None:
     req = {"jsonrpc": "2.0", "method": "run_python", "params": {"code": "import time; time.sleep(60)"}, "id": 9}
     proc.stdin.write((json.dumps(req) + "\n").encode())
     proc.stdin.flush()
-    try:
-        proc.wait(30)
-    finally:
-        proc.kill()
-        proc.wait()
-    out, err = proc.stdout.read(), proc.stderr.read()
-    for f in (proc.stdin, proc.stdout, proc.stderr):
-        f.close()
+    out, err = finish_with_stdin_open(proc, timeout=30)
     assert proc.returncode == 3 and b"Fatal Python error" not in err, err.decode()
     answer = json.loads(out)
     assert answer["id"] == 9 and answer["error"]["code"] == -32004 and answer["error"]["data"]["status"] == "timeout"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 from toolcage.config import RunSpec
@@ -21,3 +22,17 @@ def run_spec(**overrides: Any) -> RunSpec:
     )
     base.update(overrides)
     return RunSpec(**base)
+
+
+def finish_with_stdin_open(proc: subprocess.Popen[bytes], timeout: float = 20) -> tuple[bytes, bytes]:
+    """Wait for the process with its stdin still open (communicate() would close it), then read its output."""
+    assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None
+    try:
+        proc.wait(timeout)
+    finally:
+        proc.kill()
+        proc.wait()
+    out, err = proc.stdout.read(), proc.stderr.read()
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        f.close()
+    return out, err

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.unit._helpers import finish_with_stdin_open
 from toolcage import Sandbox, SandboxTimeout, load_policy
 from toolcage.audit import read
 
@@ -32,20 +33,6 @@ def _serve(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
     )
 
 
-def _finish(proc: subprocess.Popen[bytes], timeout: float = 20) -> tuple[bytes, bytes]:
-    """Wait for the process with its stdin still open (communicate() would close it), then read its output."""
-    assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None
-    try:
-        proc.wait(timeout)
-    finally:
-        proc.kill()
-        proc.wait()
-    out, err = proc.stdout.read(), proc.stderr.read()
-    for f in (proc.stdin, proc.stdout, proc.stderr):
-        f.close()
-    return out, err
-
-
 def _policy(tmp_path: Path, **timeouts: float) -> Path:
     p = tmp_path / "p.yaml"
     p.write_text(yaml.safe_dump({"name": "t", "timeouts": timeouts}))
@@ -59,7 +46,7 @@ def test_serve_deadline_answers_pending_requests_and_exits_3(tmp_path: Path) -> 
     assert proc.stdin is not None
     proc.stdin.write((json.dumps({**SLEEP, "id": "slow"}) + "\n").encode())
     proc.stdin.flush()  # and keep stdin open, as a long-lived client does
-    out, err = _finish(proc)
+    out, err = finish_with_stdin_open(proc)
     assert proc.returncode == 3, err.decode()
     assert b"Fatal Python error" not in err
     answers = [json.loads(x) for x in out.splitlines()]
@@ -75,7 +62,7 @@ def test_serve_idle_timeout_is_separate_from_the_run_deadline(tmp_path: Path) ->
     t = time.monotonic()
     proc.stdin.write(b'{"jsonrpc": "2.0", "method": "ping", "id": 1}\n')
     proc.stdin.flush()
-    out, err = _finish(proc)
+    out, err = finish_with_stdin_open(proc)
     assert proc.returncode == 3 and b"idle" in err, err.decode()
     assert time.monotonic() - t < 10
     assert [json.loads(x) for x in out.splitlines()] == [{"jsonrpc": "2.0", "result": "pong", "id": 1}]
@@ -133,7 +120,7 @@ def test_sigint_mid_call_ends_within_a_second_as_interrupted(tmp_path: Path, com
     time.sleep(1.0)  # the call is in progress
     t = time.monotonic()
     os.kill(proc.pid, signal.SIGINT)
-    out, err = _finish(proc)
+    out, err = finish_with_stdin_open(proc)
     took = time.monotonic() - t
     assert proc.returncode == 130, err.decode()
     assert took < 1.0, f"took {took:.2f}s"
