@@ -19,14 +19,20 @@ def drain(parser: StreamParser) -> list[object]:
     return out
 
 
-def test_demux_splits_streams_and_reassembles_lines() -> None:
-    """stdout frames become JSON messages even when a line spans frames; stderr is kept as a tail."""
+def attached(*ids: int) -> tuple[socket.socket, StreamParser, DockerAttachTransport]:
+    """A reader on one end of a socket pair (the test writes Docker frames to the other), awaiting ``ids``."""
     a, b = socket.socketpair()
     parser = StreamParser(max_line=1 << 20)
-    parser.expect(1)
-    parser.expect(2)
+    for req_id in ids:
+        parser.expect(req_id)
     t = DockerAttachTransport(b, parser)
     t.start()
+    return a, parser, t
+
+
+def test_demux_splits_streams_and_reassembles_lines() -> None:
+    """stdout frames become JSON messages even when a line spans frames; stderr is kept as a tail."""
+    a, parser, t = attached(1, 2)
     a.sendall(frame(1, b'{"id": 1, "res') + frame(2, b"log line\n") + frame(1, b'ult": 2}\n{"id": 2, "result": 3}\n'))
     a.close()
     t._thread.join(5)
@@ -70,12 +76,7 @@ def test_demux_survives_arbitrary_chunking() -> None:
     payload = (
         frame(2, b"err\n") + frame(1, b'{"id": 1, "result": "' + b"x" * 70000 + b'"}\n') + frame(1, b'{"id": 2}\n')
     )
-    a, b = socket.socketpair()
-    parser = StreamParser(max_line=1 << 20)
-    parser.expect(1)
-    parser.expect(2)
-    t = DockerAttachTransport(b, parser)
-    t.start()
+    a, parser, t = attached(1, 2)
     for i in range(0, len(payload), 7):  # 7-byte writes: headers straddle recv boundaries
         a.sendall(payload[i : i + 7])
         if i % 7000 == 0:
