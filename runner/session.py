@@ -95,7 +95,8 @@ class Session:
             self._slots[key] = slot
         try:
             self.parser.expect(req_id)  # before sending: the answer may come at once
-            self._send((json.dumps(jsonrpcclient.request(method, params=params or None, id=req_id)) + "\n").encode())
+            line = (json.dumps(jsonrpcclient.request(method, params=params or None, id=req_id)) + "\n").encode()
+            self._send(line, until)  # bounded too: a worker that stops reading cannot hold the caller
             if not slot.event.wait(max(until - time.monotonic(), 0)):
                 return Ended("timeout")
             return slot.answer if slot.answer is not None else (self._end or Ended("eof"))
@@ -128,10 +129,10 @@ class Session:
         if self._transport is not None:
             self._transport.close()
 
-    def _send(self, line: bytes) -> None:
+    def _send(self, line: bytes, until: float | None = None) -> None:
         assert self._transport is not None
         self.last_activity = time.monotonic()
         try:
-            self._transport.send(line)
+            self._transport.send(line, until)
         except OSError:
-            pass  # the worker is gone; the reader reports how it ended
+            pass  # the worker is gone (the reader reports how it ended) or took too long (the wait times out)

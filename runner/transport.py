@@ -12,10 +12,12 @@ import contextlib
 import json
 import os
 import queue
+import select
 import socket
 import struct
 import subprocess
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -29,7 +31,9 @@ EOF_MARK = object()
 class Transport(Protocol):
     """What a backend hands the session: bytes in, and a reader thread feeding the parser."""
 
-    def send(self, data: bytes) -> None: ...
+    def send(self, data: bytes, until: float | None = None) -> None:
+        """Write all of ``data``; TimeoutError if the worker has not taken it by the monotonic time ``until``."""
+        ...
 
     def close_stdin(self) -> None: ...
 
@@ -219,6 +223,22 @@ class StreamParser:
         self.closed = True
 
 
+def _write_until(fd: int, data: bytes, until: float | None, write: Callable[[memoryview], int]) -> None:
+    """Threat: a worker that stops reading (stuck, or thrashing at its memory limit) must not hold
+    the caller past its own deadline: a blocking write of a large request would."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    view = memoryview(data)
+    while view:
+        wait_ms = None if until is None else max(until - time.monotonic(), 0) * 1000
+        if not poller.poll(wait_ms):
+            raise TimeoutError("the worker did not take the request in time")
+        try:
+            view = view[write(view) :]
+        except BlockingIOError:
+            continue
+
+
 def id_key(req_id: Any) -> str:
     """A request id as a dict key (JSON-RPC ids are strings or numbers; 1 and "1" differ)."""
     return json.dumps(req_id, sort_keys=True, separators=(",", ":"))
@@ -277,9 +297,12 @@ class DockerAttachTransport:
         finally:
             self.parser.eof()
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, until: float | None = None) -> None:
         with self._lock:
-            self._sock.sendall(data)
+            if until is None:
+                self._sock.sendall(data)
+            else:  # MSG_DONTWAIT per call: the socket stays blocking for the reader thread's recv
+                _write_until(self._sock.fileno(), data, until, lambda v: self._sock.send(v, socket.MSG_DONTWAIT))
 
     def close_stdin(self) -> None:
         with contextlib.suppress(OSError):
@@ -330,11 +353,12 @@ class ProcessTransport:
             if is_stdout:
                 self.parser.eof()
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, until: float | None = None) -> None:
         assert self.proc.stdin is not None
+        fd = self.proc.stdin.fileno()
         with self._lock:
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
+            os.set_blocking(fd, False)  # only this method writes the pipe, always through _write_until
+            _write_until(fd, data, until, lambda v: os.write(fd, v))
 
     def close_stdin(self) -> None:
         try:

@@ -13,6 +13,7 @@ FAKES = {
     "garbage": "import sys\nfor line in sys.stdin:\n    print('this is not json', flush=True)\n",
     "endless_line": "import sys\nsys.stdin.readline()\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
     "silent": "import sys, time\nfor line in sys.stdin:\n    time.sleep(3600)\n",
+    "deaf": "import time\ntime.sleep(3600)\n",  # never reads its stdin: the pipe fills up
     # answers the first request, then floods well-formed answers nobody asked for (a forger's flood)
     "unsolicited": (
         "import json, sys\nline = sys.stdin.readline()\n"
@@ -58,3 +59,14 @@ def test_unsolicited_flood_kills_the_sandbox(monkeypatch: pytest.MonkeyPatch) ->
         with pytest.raises(ProtocolError, match="answer to no pending call"):
             sb.call("ping", timeout=2)
         assert sb._parser.messages.qsize() <= 2 and len(sb._parser._buf) == 0  # Broken, then EOF
+
+
+def test_worker_that_stops_reading_cannot_hold_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that stops reading its stdin (stuck, or thrashing at its memory limit) ends a call with a large
+    request at the call's timeout: the write is bounded too (it blocked until the container died)."""
+    monkeypatch.setattr(backends, "LOCAL_WORKER_ARGV", [sys.executable, "-c", FAKES["deaf"]])
+    with Sandbox(sandbox="none", audit=False) as sb:
+        t = time.monotonic()
+        with pytest.raises(SandboxTimeout, match="did not answer"):
+            sb.call("write_file", {"path": "big", "content": "A" * (8 << 20)}, timeout=2)
+        assert time.monotonic() - t < 6
