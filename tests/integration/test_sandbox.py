@@ -100,9 +100,11 @@ def test_memory_bomb_is_oom_killed(engine: Any) -> None:
 
 def test_worker_oom_is_reported(engine: Any) -> None:
     """When the worker itself is the OOM victim, the run ends as oom_killed (read from State.OOMKilled)."""
-    chunk = "A" * (4 * 1024 * 1024)
+    # 12 MiB requests: the worker (request line, decoded string, bytes written) overshoots the limit at
+    # once; with 4 MiB ones it sometimes settled just under it, thrashing its own pages instead of dying
+    chunk = "A" * (12 * 1024 * 1024)
     with Sandbox(FIX / "good-tmpfs-over-memory.yaml") as sb, pytest.raises(SandboxOOM) as info:
-        for i in range(64):  # 256 MiB of tmpfs pages against a 48 MiB memory limit
+        for i in range(22):  # 264 MiB of tmpfs pages against a 48 MiB memory limit
             sb.call("write_file", {"path": f"f{i}", "content": chunk})
     assert info.value.status == "oom_killed"
     assert sb.summary is not None and sb.summary.status == "oom_killed"
