@@ -225,6 +225,7 @@ def download_wheels(report: Report) -> Path:
 # (the host's pulls in the runner's API, which the image neither has nor needs).
 _IMAGE_PACKAGES = ("toolcage.worker", "toolcage.policies")
 _IMAGE_INIT = '"""toolcage inside the sandbox image: the worker and the policy model only."""\n'
+_IMAGE_MODULES = ("sdk.py",)  # top-level modules the handlers import (toolcage.sdk), copied as they are
 
 
 def _copy_package(name: str, dest: Path) -> None:
@@ -244,6 +245,12 @@ def assemble_context(wheels: Path, into: Path) -> None:
     (into / "toolcage" / "__init__.py").write_text(_IMAGE_INIT)
     for pkg in _IMAGE_PACKAGES:
         _copy_package(pkg, into)
+    for mod in _IMAGE_MODULES:
+        shutil.copy(_toplevel(mod), into / "toolcage" / mod)
+
+
+def _toplevel(module_file: str) -> Path:
+    return Path(str(resources.files("toolcage"))) / module_file
 
 
 def context_sha256(context: Path, base_id: str) -> str:
@@ -265,6 +272,8 @@ def source_sha256() -> str:
     for f in (img / "Dockerfile", _requirements()):
         h.update(f.read_bytes())
     h.update(_IMAGE_INIT.encode())
+    for mod in _IMAGE_MODULES:
+        h.update(mod.encode() + b"\0" + _toplevel(mod).read_bytes())
     for pkg in _IMAGE_PACKAGES:
         root = Path(str(resources.files(pkg)))
         for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):

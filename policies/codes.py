@@ -23,14 +23,23 @@ CALL_TIMEOUT = -32003  # an in-process handler overran its per-call timeout
 NO_SPACE = -32005  # scratch is full
 EGRESS_DENIED = -32010  # the policy refuses the request; data.reason says why
 FETCH_FAILED = -32011  # allowed, but the request failed
+HANDLER_ERROR = -32020  # a connector's handler raised (data: type, traceback)
+HANDLER_CRASHED = -32021  # a connector's handler died without an answer (data: exit code, signal, stderr)
+HANDLER_OOM = -32022  # a connector's handler was killed by the memory limit
+RESULT_TOO_LARGE = -32023  # a connector's result is larger than the output cap
+CONFIG_ERROR = -32030  # sandbox.configure refused: a connector that cannot load, a tool name clash
 
 # Codes that mean the caller asked wrongly (CLI exit 2), not that the tool failed (exit 1).
 USAGE_CODES = frozenset({PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS})
 
 __all__ = [
     "CALL_TIMEOUT",
+    "CONFIG_ERROR",
     "EGRESS_DENIED",
     "FETCH_FAILED",
+    "HANDLER_CRASHED",
+    "HANDLER_ERROR",
+    "HANDLER_OOM",
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
     "INVALID_REQUEST",
@@ -38,6 +47,7 @@ __all__ = [
     "NO_SPACE",
     "PARSE_ERROR",
     "PATH_ESCAPE",
+    "RESULT_TOO_LARGE",
     "TOOL_ERROR",
     "USAGE_CODES",
     "WORKER_ERROR",

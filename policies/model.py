@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from annotated_types import Ge, Gt, Le, MaxLen, MinLen
 
+from toolcage.policies.secrets import SecretSpec, check_secret_names
 from toolcage.policies.typed import SIZE, STRICT_CONFIG, to_dict
 
 MiB = 1024**2
@@ -101,6 +102,14 @@ class NetworkPolicy:
             if net.prefixlen == 0:
                 raise ValueError(f"allow_private_cidrs: {cidr!r} would open every address")
 
+    def allows_origin(self, scheme: str, host: str, port: int) -> bool:
+        """Whether some allow rule lets requests go to this exact origin (a normalised host)."""
+        from toolcage.policies.names import host_matches
+
+        return any(
+            host_matches(host, r.host) and scheme in r.schemes and port in r.allowed_ports(scheme) for r in self.allow
+        )
+
     def private_networks(self) -> tuple[Any, ...]:
         import ipaddress
 
@@ -123,10 +132,20 @@ class Policy:
     # (by default every process but the worker is killed when a call ends). The protocol stream
     # stays out of their reach either way.
     unsafe_background_processes: bool = False
+    # Named secrets and the one origin each may be sent to (values come with the run, never here)
+    secrets: dict[str, SecretSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
             raise ValueError("name may contain only letters, digits, '_', '.' and '-'")
+        check_secret_names(self.secrets)
+        for name, spec in self.secrets.items():
+            to = spec.send_to
+            if not self.network.allows_origin(to.scheme, to.host, to.effective_port):
+                raise ValueError(
+                    f"secret {name} is bound to {to.origin()}, which network.allow does not allow: "
+                    "a secret may only be sent where the policy lets requests go"
+                )
 
     def canonical_json(self) -> str:
         """The policy as sorted, compact JSON: the input of the hash and the worker's copy."""

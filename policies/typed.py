@@ -133,12 +133,13 @@ def _build(tp: Any, value: Any, loc: str, errors: list[dict[str, str]]) -> Any:
                 return out
         fail(f"invalid value of type {type(value).__name__}")
         return None
-    if origin is tuple:
+    if origin in (tuple, list):
         if not isinstance(value, list | tuple):
             fail("must be a list")
             return None
         (item,) = get_args(tp)[:1]
-        return tuple(_build(item, v, f"{loc}.{i}" if loc else str(i), errors) for i, v in enumerate(value))
+        items = (_build(item, v, f"{loc}.{i}" if loc else str(i), errors) for i, v in enumerate(value))
+        return tuple(items) if origin is tuple else list(items)
     if origin is dict:
         if not isinstance(value, dict):
             fail("must be a mapping")

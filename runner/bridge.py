@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from toolcage.errors import SandboxError
+from toolcage.results import without_meta
 from toolcage.sandbox import Sandbox
 
 MAX_REQUEST_LINE = 16 * 1024 * 1024
@@ -129,7 +130,7 @@ def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
                 sb.usage()  # for run.finished, while the worker still listens
                 sb.finish_input()  # everything answered: now the worker may see EOF and exit
                 continue
-            _write(outfile, msg)
+            _write(outfile, without_meta(msg))
             pending.answered(sb, msg)
     except SandboxError as exc:
         _answer_unanswered(outfile, pending, exc)

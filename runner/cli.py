@@ -57,7 +57,7 @@ def _prepared_call(tool: str, raw: str | None, opts: dict[str, Any]) -> dict[str
 
     params = _parse_params(raw)
     pol = _policy(opts)
-    check_call(tool, params, opts["image"])
+    check_call(tool, params, opts["image"], connectors=bool(opts.get("tools")))
     if tool in CODE_RUNNING_TOOLS:
         params = _fit_child_timeout(params, pol)
     return params
@@ -148,6 +148,20 @@ def sandbox_options(f: Any) -> Any:
             default=None,
             help="Upstream HTTP proxy for allowed traffic (default $TOOLCAGE_EGRESS_PROXY).",
         ),
+        click.option(
+            "--tools",
+            "tools",
+            multiple=True,
+            type=click.Path(),
+            help="Connector source: a .py file, a folder of them or a package folder (repeatable); mounted read-only.",
+        ),
+        click.option(
+            "--secret",
+            "secret",
+            multiple=True,
+            metavar="NAME=env:VAR|NAME=file:PATH",
+            help="A secret the policy binds (repeatable); the sandboxed code never reads it.",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -163,6 +177,7 @@ def cli() -> None:
 def _sandbox(tool: str, opts: dict[str, Any]) -> Any:
     """The Sandbox the shared options describe (logging configured first)."""
     from toolcage import logs
+    from toolcage.connectors import parse_secret_options
     from toolcage.sandbox import Sandbox
 
     logs.configure(opts["verbose"], json_logs=False)  # stderr is for people: plain, escaped text
@@ -179,6 +194,8 @@ def _sandbox(tool: str, opts: dict[str, Any]) -> Any:
         egress_proxy=opts["egress_proxy"],
         ca_file=opts["ca_file"],
         audit=opts["audit_log"],
+        tools=opts["tools"],
+        secrets=parse_secret_options(opts["secret"]),
     )
 
 
@@ -196,6 +213,10 @@ def run(tool: str, params: str | None, **opts: Any) -> None:
     sb = _sandbox(tool, opts)
     try:
         with sb:
+            if opts["tools"]:
+                from toolcage.precheck import check_connector
+
+                check_connector(tool, sb.connector_tools)
             res = sb.call(tool, parsed)
     except (KeyboardInterrupt, SystemExit):
         # SIGINT/SIGTERM mid-run: the sandbox is gone (status interrupted); say so on stdout, then exit
@@ -235,12 +256,19 @@ def serve(tool_label: str, **opts: Any) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print names, descriptions and params JSON schemas.")
-def tools(as_json: bool) -> None:
-    """List the built-in tools (the same list `tools.list` returns inside a sandbox)."""
+@sandbox_options
+def tools(as_json: bool, **opts: Any) -> None:
+    """List the tools: the built-in ones, and with --tools the connectors too (read in a sandbox,
+    since their code is never imported on the host)."""
     from toolcage.worker.tools import Catalog
 
     use_json(as_json)
-    listing = Catalog().describe()
+    if opts["tools"]:
+        with _sandbox("tools", opts) as sb:
+            res = sb.call("tools.list")
+        listing = res.result if isinstance(res.result, list) else []
+    else:
+        listing = Catalog().describe()
     if as_json:
         emit(listing)
         return

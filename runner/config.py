@@ -57,6 +57,7 @@ class RunSpec:
     extra_env: dict[str, str] = field(default_factory=dict)
     proxy_volume: str | None = None  # network.mode proxy: the volume holding the egress proxy's socket
     keep: bool = False  # --keep: the container stays after the run, and gc/the reaper leave it alone
+    tool_mounts: tuple[tuple[str, str], ...] = ()  # (host path, sandbox path) of connector sources
 
 
 def container_name(tool: str, run_id: str) -> str:
@@ -93,6 +94,17 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
                 "Type": "bind",
                 "Source": str(run.workspace),
                 "Target": WORKSPACE,
+                "ReadOnly": True,
+                "BindOptions": {"Propagation": "rprivate"},
+            }
+        )
+    for source, target in run.tool_mounts:
+        # Threat: a handler rewriting its own code or the user's. Read-only, like the workspace.
+        mounts.append(
+            {
+                "Type": "bind",
+                "Source": source,
+                "Target": target,
                 "ReadOnly": True,
                 "BindOptions": {"Propagation": "rprivate"},
             }
@@ -164,7 +176,7 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
     """The egress proxy's container: as hardened as the sandbox; its one network is the egress
     network, and it serves the sandbox on a Unix socket in the run's proxy volume."""
     assert run.proxy_volume is not None
-    cfg = container_config(policy, dataclasses.replace(run, workspace=None, proxy_volume=None))
+    cfg = container_config(policy, dataclasses.replace(run, workspace=None, proxy_volume=None, tool_mounts=()))
     hc = cfg["HostConfig"]
     hc["NetworkMode"] = egress_network
     hc["Mounts"] = [{"Type": "volume", "Source": run.proxy_volume, "Target": PROXY_DIR, "ReadOnly": False}]

@@ -31,28 +31,40 @@ def _own_image(image: str | None) -> bool:
     return repo.rsplit("/", 1)[-1] == OWN_IMAGE_REPO
 
 
-def check_call(tool: str, params: dict[str, Any] | None, image: str | None = None) -> None:
-    """Raise BadToolCall when the worker would refuse this call with -32601 or -32602."""
+def check_call(tool: str, params: dict[str, Any] | None, image: str | None = None, connectors: bool = False) -> None:
+    """Raise BadToolCall when the worker would refuse this call with -32601 or -32602. With
+    connectors (``--tools``) an unknown name may be one of theirs: the sandbox lists them."""
     if tool in PROTOCOL_METHODS:
         return
     from toolcage.worker.errors import BadParams
     from toolcage.worker.tools import BUILTIN, Catalog
 
     if tool not in BUILTIN:
-        if not _own_image(image):
+        if not _own_image(image) or connectors:
             return
-        valid = sorted(BUILTIN)
-        raise BadToolCall(
-            f"unknown tool {tool!r}: the tools are {', '.join(valid)} (`toolcage tools` describes them)",
-            tool=tool,
-            valid_tools=valid,
-        )
+        unknown_tool(tool, sorted(BUILTIN))
     try:
         Catalog().get(tool).validate(params or {})
     except BadParams as exc:
         errors = exc.data if isinstance(exc.data, list) else [exc.data]
         fields = "; ".join(_describe(e) for e in errors)
         raise BadToolCall(f"invalid params for {tool}: {fields}", tool=tool, errors=errors) from None
+
+
+def check_connector(tool: str, connectors: list[str]) -> None:
+    """After the sandbox listed its connectors: the tool is one of them, or built in, or a protocol method."""
+    from toolcage.worker.tools import BUILTIN
+
+    if tool not in BUILTIN and tool not in connectors and tool not in PROTOCOL_METHODS:
+        unknown_tool(tool, sorted([*BUILTIN, *connectors]))
+
+
+def unknown_tool(tool: str, valid: list[str]) -> None:
+    raise BadToolCall(
+        f"unknown tool {tool!r}: the tools are {', '.join(valid)} (`toolcage tools` describes them)",
+        tool=tool,
+        valid_tools=valid,
+    )
 
 
 def _describe(err: Any) -> str:

@@ -15,11 +15,22 @@ UNAUDITED = frozenset({"sandbox.usage"})  # the runner's own bookkeeping, not a 
 
 
 def safefetch_decisions(r: CallResult) -> list[dict[str, Any]]:
-    """The egress decisions SafeFetch reported in one call's result or error."""
+    """The egress decisions SafeFetch reported in one call's result or error. A connector call's
+    come from the worker's own record (``meta``), never from what its handler answered."""
+    if r.meta is not None:
+        egress = r.meta.get("egress")
+        return [d for d in egress if isinstance(d, dict)] if isinstance(egress, list) else []
     if r.error and r.error.get("code") == EGRESS_DENIED and isinstance(r.error.get("data"), dict):
         return [{"allowed": False, **r.error["data"]}]
     decisions = r.result.get("decisions") if isinstance(r.result, dict) else None
     return [d for d in decisions if isinstance(d, dict)] if isinstance(decisions, list) else []
+
+
+def secrets_sent(r: CallResult) -> list[dict[str, Any]]:
+    """Which secrets a connector call had the worker send, and to which origin (names only)."""
+    sent = (r.meta or {}).get("secrets_sent")
+    keep = ("secret", "origin", "method")
+    return [{k: s.get(k) for k in keep} for s in sent if isinstance(s, dict)] if isinstance(sent, list) else []
 
 
 def audit_call(audit: Any, run_id: str, params: dict[str, Any] | None, r: CallResult) -> None:
@@ -34,6 +45,7 @@ def audit_call(audit: Any, run_id: str, params: dict[str, Any] | None, r: CallRe
         duration_ms=r.wall_ms,
         error_code=r.error["code"] if r.error else None,
         _params=params or {},
+        **({"secrets_sent": secrets_sent(r)} if r.meta is not None else {}),
     )
     for d in safefetch_decisions(r):
         audit.event_later(

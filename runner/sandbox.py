@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import atexit
 import os
-import secrets
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
 
-from toolcage import __version__, logs, ownership, records
+from toolcage import __version__, connectors, logs, ownership, records
 from toolcage import audit as audit_mod
 from toolcage.audit import Audit
 from toolcage.backends import make_backend
@@ -96,14 +97,20 @@ class Sandbox:
         egress_proxy: str | None = None,
         ca_file: str | os.PathLike[str] | None = None,
         audit: Any = None,
+        tools: Iterable[str | os.PathLike[str]] = (),
+        secrets: Mapping[str, str] | None = None,
     ) -> None:
         self.policy = resolve_policy(policy, run_timeout)
         self.workspace = validate_workspace(workspace) if workspace is not None else None
+        # connectors: their sources (mounted read-only) and the run's secrets, checked before anything starts
+        self.tool_sources = connectors.tool_sources([tools] if isinstance(tools, str | os.PathLike) else tools)
+        self._secrets = connectors.secret_store(self.policy, secrets)
+        self.connector_tools: list[str] = []
         self.tool = tool
         self.kind = sandbox
         self.image = image or os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)
         self.keep = keep
-        self.run_id = secrets.token_hex(4)
+        self.run_id = token_hex(4)
         self.name = container_name(tool, self.run_id)
         self.log = logs.get_logger(run_id=self.run_id, name=self.name)
         # audit: None -> the default log ($TOOLCAGE_AUDIT_LOG or ~/.local/state/toolcage/audit.jsonl),
@@ -183,6 +190,7 @@ class Sandbox:
             max_line=16 * self.policy.limits.output_cap + (1 << 20),
             on_stderr_line=lambda line: self.log.debug("worker.stderr", line=line),  # shown with -vv
             on_broken=self._on_protocol_violation,
+            redact=self._secrets.redact if self._secrets else None,  # after the worker's own redaction
         )
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -219,7 +227,33 @@ class Sandbox:
             self._deadline, self.policy.timeouts.idle_s, session.busy, lambda: session.last_activity, self._on_expire
         ).start()
         self.log.info("run.started", container_id=self.container_id, **started)
+        if self.tool_sources or self._secrets:
+            try:
+                self._configure()
+            except BaseException:
+                self.close()
+                raise
         return self
+
+    def _configure(self) -> None:
+        """Hand the worker its connector sources and the secret values (the only time they cross)."""
+        assert self._session is not None
+        params = connectors.configure_params(self.tool_sources, self.kind != "none", self._secrets)
+        until = min(time.monotonic() + self.policy.timeouts.call_s + CALL_GRACE_S, self._deadline + 1.0)
+        answer = self._session.request("sandbox.configure", params, until)
+        if isinstance(answer, Ended):
+            raise self._explain_end(answer)
+        took = connectors.configured(answer)
+        self.connector_tools = list(took.get("tools") or [])
+        self.log.info("run.configured", tools=self.connector_tools, secrets=took.get("secrets"))
+        if self.audit is not None:
+            self.audit.event_later(
+                "run.configured",
+                run_id=self.run_id,
+                sources=[str(s.path) for s in self.tool_sources],
+                tools=self.connector_tools,
+                secrets=took.get("secrets"),
+            )
 
     def _run_spec(self) -> RunSpec:
         host_pid, started = ownership.owner()
@@ -234,6 +268,7 @@ class Sandbox:
             owner_started=started,
             workspace=self.workspace,
             keep=self.keep,
+            tool_mounts=tuple((str(src.path), src.target) for src in self.tool_sources),
         )
 
     # the ways a run ends early -----------------------------------------------------------

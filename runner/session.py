@@ -41,8 +41,8 @@ class _Slot:
 
 
 class Session:
-    def __init__(self, max_line: int, on_stderr_line: Any = None, on_broken: Any = None) -> None:
-        self.parser = StreamParser(max_line, on_stderr_line, on_broken, deliver=self._route)
+    def __init__(self, max_line: int, on_stderr_line: Any = None, on_broken: Any = None, redact: Any = None) -> None:
+        self.parser = StreamParser(max_line, on_stderr_line, on_broken, deliver=self._route, redact=redact)
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.Lock()
         self._end: Ended | None = None

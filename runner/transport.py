@@ -70,9 +70,12 @@ class StreamParser:
         on_stderr_line: Any = None,
         on_broken: Any = None,
         deliver: Callable[[Any], bool] | None = None,
+        redact: Callable[[Any], Any] | None = None,
     ) -> None:
         self.max_line = max_line
         self._deliver = deliver
+        # the run's secret values out of every message and stderr line, before anyone sees them
+        self._redact = redact or (lambda x: x)
         self.messages: queue.Queue[Any] = queue.Queue(maxsize=self.QUEUE_MAX)
         self._lines = LineSplitter(max_line)
         self._err: deque[bytes] = deque()
@@ -171,6 +174,7 @@ class StreamParser:
             if not isinstance(msg, dict | list):
                 self._break("the worker sent JSON that is not a JSON-RPC message")
                 return
+            msg = self._redact(msg)
             unexpected = self._claim(msg)
             if unexpected is not None:
                 self._break(f"the sandbox sent {unexpected}")
@@ -210,10 +214,10 @@ class StreamParser:
             *lines, rest = self._err_partial.split(b"\n")
             self._err_partial = bytearray(rest[-STDERR_TAIL_BYTES:])
             for ln in lines:
-                self._on_stderr_line(ln[:4096].decode("utf-8", errors="replace"))
+                self._on_stderr_line(self._redact(ln[:4096].decode("utf-8", errors="replace")))
 
     def stderr_tail(self, limit: int = 4096) -> str:
-        return b"".join(self._err)[-limit:].decode("utf-8", errors="replace")
+        return str(self._redact(b"".join(self._err)[-limit:].decode("utf-8", errors="replace")))
 
     def eof(self) -> None:
         self._put(EOF_MARK)

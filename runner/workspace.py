@@ -68,17 +68,18 @@ def _within(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def validate_workspace(raw: str | os.PathLike[str]) -> Path:
-    """Return the resolved workspace, or raise WorkspaceError saying why it cannot be mounted."""
+def validate_workspace(raw: str | os.PathLike[str], what: str = "workspace", file_ok: bool = False) -> Path:
+    """Return the resolved workspace (or another path to mount read-only: ``what`` names it in
+    errors, ``file_ok`` allows a single file), or raise WorkspaceError saying why it cannot be mounted."""
     given = Path(raw).expanduser()
     try:
         path = given.resolve(strict=True)
     except FileNotFoundError:
-        raise WorkspaceError(f"workspace {str(given)!r} does not exist") from None
+        raise WorkspaceError(f"{what} {str(given)!r} does not exist") from None
     except (OSError, RuntimeError) as exc:
-        raise WorkspaceError(f"workspace {str(given)!r} cannot be resolved: {exc}") from None
-    if not path.is_dir():
-        raise WorkspaceError(f"workspace {str(path)!r} is not a directory")
+        raise WorkspaceError(f"{what} {str(given)!r} cannot be resolved: {exc}") from None
+    if not (path.is_dir() or (file_ok and path.is_file())):
+        raise WorkspaceError(f"{what} {str(path)!r} is not a {'file or ' if file_ok else ''}directory")
     home = Path.home().resolve()
     for tree in _FORBIDDEN_TREES:
         # root's home is /root: a root user's projects under it are allowed like anyone's under
@@ -102,7 +103,7 @@ def validate_workspace(raw: str | os.PathLike[str]) -> Path:
     for sock in _engine_sockets():
         if _within(sock, path):
             raise WorkspaceError(f"refusing to mount {str(path)!r}: it contains the container engine socket {sock}")
-    special = find_special_file(path)
+    special = find_special_file(path) if path.is_dir() else None
     if special is not None:
         found, kind = special
         raise WorkspaceError(

@@ -21,16 +21,19 @@ from typing import Any
 
 from toolcage.policies import codes
 from toolcage.worker import _lean, logs
+from toolcage.worker.connectors import Connectors, WithMeta
 from toolcage.worker.errors import CallTimeout, WorkerError
 from toolcage.worker.protocol import valid_request
+from toolcage.worker.secrets import STORE
 from toolcage.worker.settings import Settings
-from toolcage.worker.tools import Catalog
+from toolcage.worker.tools import Catalog, Tool
 
 _lean.bare_package("jsonrpcserver")
 from jsonrpcserver.dispatcher import dispatch_to_response_pure  # noqa: E402
-from jsonrpcserver.response import to_serializable_one  # noqa: E402
+from jsonrpcserver.response import serialize_error, serialize_success  # noqa: E402
 from jsonrpcserver.result import Error, Result, Success  # noqa: E402
 from jsonrpcserver.sentinels import NOCONTEXT  # noqa: E402
+from oslash.either import Left  # noqa: E402
 
 _TOO_LONG = {
     "jsonrpc": "2.0",
@@ -65,22 +68,77 @@ def _alarm(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
+def _serialize(response: Any) -> Any:
+    """jsonrpcserver's serializer, plus what the runner audits about a call (``WithMeta``) as a
+    ``toolcage`` member of the answer, which the runner takes off before anyone sees it.
+    Every string of the answer has the run's secrets redacted."""
+    meta = None
+    if isinstance(response, Left):
+        err = response._error
+        if isinstance(err.data, WithMeta):
+            meta, err = err.data.meta, err._replace(data=err.data.value)
+        out = serialize_error(err)
+    else:
+        ok = response._value
+        if isinstance(ok.result, WithMeta):
+            meta, ok = ok.result.meta, ok._replace(result=ok.result.value)
+        out = serialize_success(ok)
+    if meta is not None:
+        out["toolcage"] = meta
+    return STORE.redact(out) if STORE else out
+
+
 class Dispatcher:
     """Turns one request line into one response line (or "" for notifications)."""
 
     def __init__(self, settings: Settings, catalog: Catalog) -> None:
         self.settings = settings
         self.catalog = catalog
+        self.connectors = Connectors(settings)
         self.methods: dict[str, Callable[..., Result]] = {n: self._wrap(n) for n in catalog.names()}
         self.methods["tools.list"] = lambda: Success(self.catalog.describe())
         self.methods["ping"] = lambda: Success("pong")
         self.methods["sandbox.usage"] = self._usage
+        self.methods["sandbox.configure"] = self._configure
+
+    def _configure(self, *args: Any, **kwargs: Any) -> Result:
+        """Once, from the runner: the run's secrets and connector sources (it imports the sources
+        in a child, so it ends like a call that ran code: with the sweep)."""
+        if args:
+            return Error(codes.INVALID_PARAMS, "Invalid params", "params must be a JSON object of named fields")
+        try:
+            answer = self.connectors.configure(kwargs, self.catalog.names())
+        except WorkerError as exc:
+            return Error(exc.code, exc.message, exc.data)
+        finally:
+            if self.connectors.sources:
+                self._after_code("sandbox.configure")
+        for name, info in self.connectors.tools.items():
+            self.catalog.add(
+                Tool(
+                    name,
+                    info["description"],
+                    None,
+                    self._connector_handler(name),
+                    in_process_timeout=False,
+                    runs_code=True,
+                    info=self.connectors.describe_one(name),
+                )
+            )
+            self.methods[name] = self._wrap(name)
+        return Success(answer)
 
     @staticmethod
     def _usage() -> Result:
         from toolcage.worker.usage import usage
 
         return Success(usage())
+
+    def _connector_handler(self, name: str) -> Callable[[Settings, Any], Any]:
+        def handler(_settings: Settings, params: Any) -> Any:
+            return self.connectors.call(name, params)
+
+        return handler
 
     def _wrap(self, name: str) -> Callable[..., Result]:
         def method(*args: Any, **kwargs: Any) -> Result:
@@ -103,7 +161,8 @@ class Dispatcher:
                 return Success(result)
             except WorkerError as exc:
                 outcome = type(exc).__name__
-                return Error(exc.code, exc.message, exc.data)
+                meta = getattr(exc, "meta", None)
+                return Error(exc.code, exc.message, exc.data if meta is None else WithMeta(exc.data, meta))
             except Exception:
                 error_id = uuid.uuid4().hex[:12]
                 outcome = "internal_error"
@@ -148,7 +207,7 @@ class Dispatcher:
             validator=validate_request,
             methods=self.methods,
             context=NOCONTEXT,
-            post_process=to_serializable_one,  # type: ignore[arg-type]
+            post_process=_serialize,
             request=line,  # type: ignore[arg-type]
         )
         if response is None:

@@ -6,7 +6,12 @@
     │   ├── NoSpace (-32005)        scratch is full
     │   ├── EgressDenied (-32010)   the policy refuses the request (data.reason says why)
     │   └── FetchFailed (-32011)    the request was allowed but failed
-    ├── CallTimeout (-32003)        an in-process handler overran its per-call timeout
+    │   ├── HandlerFailed (-32020)  a connector's handler raised (or reported an error of its own)
+    │   ├── HandlerCrashed (-32021) a connector's handler died without an answer
+    │   ├── HandlerOOM (-32022)     ... killed by the memory limit
+    │   └── ResultTooLarge (-32023) a connector's result is over the output cap
+    ├── CallTimeout (-32003)        a handler overran its per-call timeout
+    ├── ConfigError (-32030)        sandbox.configure refused (a connector cannot load, a name clash)
     └── BadParams (-32602)          params do not match the tool's schema
 
 Unexpected exceptions never cross the wire as text: they are logged with an error id
@@ -59,3 +64,25 @@ class CallTimeout(WorkerError):
 
 class BadParams(WorkerError):
     code = codes.INVALID_PARAMS
+
+
+class HandlerFailed(ToolError):
+    """A connector's handler raised; the code is the one it reported, if it may report it."""
+
+    code = codes.HANDLER_ERROR
+
+
+class HandlerCrashed(ToolError):
+    code = codes.HANDLER_CRASHED
+
+
+class HandlerOOM(ToolError):
+    code = codes.HANDLER_OOM
+
+
+class ResultTooLarge(ToolError):
+    code = codes.RESULT_TOO_LARGE
+
+
+class ConfigError(WorkerError):
+    code = codes.CONFIG_ERROR

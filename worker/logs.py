@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 _pending: list[tuple[str, str, dict[str, Any]]] = []
@@ -46,6 +47,13 @@ def exception(event: str, **kw: Any) -> None:
     flush()
 
 
+def _redact(logger: Any, method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+    """No secret value reaches the log, whoever put it in an event (a handler's log line, an error)."""
+    from toolcage.worker.secrets import STORE
+
+    return STORE.redact(event) if STORE else event
+
+
 def _configure() -> Any:
     import logging
 
@@ -55,6 +63,7 @@ def _configure() -> Any:
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            _redact,
             structlog.processors.JSONRenderer(),
         ],
         logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),

@@ -59,6 +59,8 @@ def valid_request(obj: Any) -> bool:
     if "params" in obj and not isinstance(obj["params"], list | dict):
         return False
     return "id" not in obj or obj["id"] is None or type(obj["id"]) in (str, int, float)
+
+
 _CHUNK = 256 * 1024
 
 

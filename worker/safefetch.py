@@ -12,6 +12,10 @@ Redirects (threat: a server, or whoever controls an allowed URL, harvesting the 
 credentials): ``Authorization``, ``Cookie`` and ``Proxy-Authorization`` are dropped on any
 change of origin (scheme, host or port), and a redirect from https to http is refused
 outright (EgressDenied, reason ``downgrade``), since it would send the request in clear.
+
+Secrets (``auth=NAME``): the worker adds the secret's header itself, on hops to the origin
+the policy binds it to (worker.secrets); a first hop elsewhere is refused, and once a
+redirect leaves that origin the header is never sent again in that fetch.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class FetchResult:
     truncated: bool
     url: str
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    secrets_sent: list[dict[str, Any]] = field(default_factory=list)  # names and where, never values
 
 
 def proxy_from_env() -> tuple[str, int] | None:
@@ -76,6 +81,7 @@ class SafeFetch:
         max_bytes: int | None = None,
         ca_file: str | None = None,
         on_decision: Any = None,
+        secrets: Any = None,
     ) -> None:
         self.policy = policy
         self.proxy = proxy
@@ -83,6 +89,8 @@ class SafeFetch:
         self.max_bytes = max_bytes or policy.limits.output_cap
         self.ca_file = ca_file or os.environ.get("TOOLCAGE_CA_FILE") or None
         self.on_decision = on_decision
+        self.secrets = secrets  # a worker.secrets.SecretStore, for auth=
+        self.secrets_sent: list[dict[str, Any]] = []  # every secret this client sent, names and origins
 
     def _tls(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=self.ca_file)
@@ -137,6 +145,7 @@ class SafeFetch:
         headers: dict[str, str] | None = None,
         body: bytes | None = None,
         timeout_s: float = 30.0,
+        auth: str | None = None,
     ) -> FetchResult:
         deadline = time.monotonic() + timeout_s
         method = method.upper()
@@ -145,7 +154,10 @@ class SafeFetch:
         if bad:
             raise EgressDenied(f"headers not allowed: {', '.join(bad)}", {"headers": bad})
         decisions: list[dict[str, Any]] = []
-        for _hop in range(MAX_REDIRECTS + 1):
+        sent: list[dict[str, Any]] = []
+        if auth is not None and self.secrets is None:
+            raise EgressDenied(f"no secret named {auth} in this run", {"secret": auth, "reason": "unknown_secret"})
+        for hop in range(MAX_REDIRECTS + 1):
             d = self._decide(url, method)
             decisions.append({"url": url, "method": method, **d.to_dict()})
             remaining = deadline - time.monotonic()
@@ -153,13 +165,23 @@ class SafeFetch:
                 raise FetchFailed("timed out", {"url": url})
             t = d.target
             assert t is not None
+            send = hdrs
+            if auth is not None:
+                # first hop: refused unless it goes to the bound origin; later hops: only while
+                # every redirect so far stayed on that origin (auth is cleared when one leaves it)
+                name, value = self.secrets.header_for(auth, t)
+                send = {k: v for k, v in hdrs.items() if k.lower() != name.lower()}
+                send[name] = value
+                record = {"secret": auth, "origin": f"{t.scheme}://{t.host}:{t.port}", "method": method, "hop": hop}
+                sent.append(record)
+                self.secrets_sent.append(record)  # kept even if a later hop fails: the audit needs it
             conn: http.client.HTTPConnection | None = None
             try:
                 # connecting (and, direct, the TLS handshake) is inside: a refused connection or a
                 # bad certificate is a FetchFailed, not an internal error
                 conn = self._connection(d, remaining)
                 path = url if (self.proxy and t.scheme == "http") else _origin_form(url)
-                conn.request(method, path, body=body, headers=hdrs)
+                conn.request(method, path, body=body, headers=send)
                 resp = conn.getresponse()
                 data = resp.read(self.max_bytes + 1) if method != "HEAD" else b""
                 status, reason, rheaders = resp.status, resp.reason, resp.getheaders()
@@ -189,12 +211,13 @@ class SafeFetch:
                 if _origin(new_url) != _origin(url):
                     # another origin must not receive this one's credentials (another port is another origin)
                     hdrs = {k: v for k, v in hdrs.items() if k.lower() not in _CREDENTIALS}
+                    auth = None  # a secret never follows a redirect to another origin
                 if status == 303 or (status in (301, 302) and method == "POST"):
                     method, body = "GET", None
                 url = new_url
                 continue
             return FetchResult(
-                status, reason, rheaders, data[: self.max_bytes], len(data) > self.max_bytes, url, decisions
+                status, reason, rheaders, data[: self.max_bytes], len(data) > self.max_bytes, url, decisions, sent
             )
         raise FetchFailed(f"more than {MAX_REDIRECTS} redirects", {"url": url})
 

@@ -97,9 +97,7 @@ time.sleep(1.5)  # the worker's periodic reap runs while we are alive
 """
 
 
-def test_fd_exhaustion_through_the_relay_cannot_outlive_the_call(
-    engine: Any, proxy_policy: tuple[Path, str]
-) -> None:
+def test_fd_exhaustion_through_the_relay_cannot_outlive_the_call(engine: Any, proxy_policy: tuple[Path, str]) -> None:
     """Exhausting the worker's fds through the relay so the sweep cannot list /proc: nothing may outlive the call."""
     pol, net = proxy_policy
     with Sandbox(pol, egress_network=net, tool="redteam") as sb:

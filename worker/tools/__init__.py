@@ -33,12 +33,15 @@ BUILTIN: dict[str, str] = {
 class Tool:
     name: str
     description: str
-    params: Any  # a frozen dataclass declared with worker.tools._params.params
-    handler: Callable[[Settings, Any], dict[str, Any]]
+    params: Any  # a frozen dataclass declared with worker.tools._params.params; None: checked by the handler
+    handler: Callable[[Settings, Any], Any]
     in_process_timeout: bool = True  # handlers that run no child get a SIGALRM deadline
     runs_code: bool = False  # it runs untrusted code: when the call ends, every other process is killed
+    info: dict[str, Any] | None = None  # what tools.list shows, when it is not read off ``params`` (connectors)
 
     def validate(self, raw: dict[str, Any]) -> Any:
+        if self.params is None:
+            return raw  # a connector's params are checked in its child, where its types exist
         try:
             return build(self.params, raw)
         except BuildError as exc:
@@ -66,6 +69,13 @@ class Catalog:
         extra = tuple(m.strip() for m in os.environ.get("TOOLCAGE_TOOL_MODULES", "").split(",") if m.strip())
         return cls(extra_modules=extra)
 
+    def add(self, tool: Tool) -> None:
+        """A tool from outside the image (a connector); its name must be new."""
+        if tool.name in self._modules:
+            raise ValueError(f"tool name clash: {tool.name}")
+        self._modules[tool.name] = ""
+        self._loaded[tool.name] = tool
+
     def names(self) -> list[str]:
         return list(self._modules)
 
@@ -83,5 +93,5 @@ class Catalog:
         out = []
         for name in self.names():
             t = self.get(name)
-            out.append({"name": t.name, "description": t.description, "params_schema": json_schema(t.params)})
+            out.append(t.info or {"name": t.name, "description": t.description, "params_schema": json_schema(t.params)})
         return out

@@ -73,8 +73,13 @@ class RunShellParams:
     stdin: str | None = doc("text fed to the child's stdin", None)
 
 
+DEPS_DIR = "/opt/toolcage/deps"  # packages `toolcage image build --requirements` added to the image
+
+
 def _child_env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in _CHILD_ENV_KEEP}
+    if os.path.isdir(DEPS_DIR):
+        env["PYTHONPATH"] = DEPS_DIR
     env.update(
         PATH="/usr/local/bin:/usr/bin:/bin",
         HOME=settings.scratch,
@@ -91,24 +96,39 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdin: str | None) -> dict[str, Any]:
-    """Run argv; return stdout/stderr (capped), exit code, and how it ended."""
+def run_child(
+    argv: list[str],
+    settings: Settings,
+    timeout_s: float | None,
+    stdin: str | None,
+    *,
+    link: Any = None,
+    extra_env: dict[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
+) -> dict[str, Any]:
+    """Run argv; return stdout/stderr (capped), exit code, and how it ended. ``link`` (a connector
+    child's socket, worker.connectors.Link) is served while the child runs."""
     cap = settings.policy.limits.output_cap
     timeout = min(timeout_s or settings.policy.timeouts.call_s, settings.policy.timeouts.run_s)
     if _SHUTTING_DOWN:
         raise ToolError("the run is over (its runner went away or its deadline passed)")
     oom_before = cgroup.oom_kills()
     started = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=settings.scratch,
-        env=_child_env(settings),
-        start_new_session=True,  # own process group: killpg reaches every descendant
-        close_fds=True,
-    )
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=settings.scratch,
+            env={**_child_env(settings), **(extra_env or {})},
+            start_new_session=True,  # own process group: killpg reaches every descendant
+            close_fds=True,
+            pass_fds=pass_fds,
+        )
+    finally:
+        for fd in pass_fds:  # handed over: the child's now (our copy would hide the child closing its end)
+            os.close(fd)
     pgid = proc.pid
     _LIVE_GROUPS.add(pgid)
     out = {"stdout": bytearray(), "stderr": bytearray()}
@@ -118,6 +138,8 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
     assert proc.stdout is not None and proc.stderr is not None
     sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
     sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+    if link is not None:
+        sel.register(link.sock, selectors.EVENT_READ, "link")
     pending = memoryview(stdin.encode()) if stdin is not None else None
     if proc.stdin is not None:
         os.set_blocking(proc.stdin.fileno(), False)
@@ -160,6 +182,12 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
                     else:
                         pending = pending[n:]
                     continue
+                if key.data == "link":
+                    if not link.on_readable():
+                        sel.unregister(key.fileobj)
+                        if link.violation:
+                            _kill_group(pgid)  # it broke the rules of its channel: the call ends now
+                    continue
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
@@ -184,7 +212,8 @@ def run_child(argv: list[str], settings: Settings, timeout_s: float | None, stdi
     _LIVE_GROUPS.discard(pgid)
     for key in list(sel.get_map().values()):
         sel.unregister(key.fileobj)
-        key.fileobj.close()  # type: ignore[union-attr]
+        if key.data != "link":  # the link's socket is its owner's to close
+            key.fileobj.close()  # type: ignore[union-attr]
     sel.close()
     if reaped is None:
         _, status, rusage = os.wait4(proc.pid, 0)

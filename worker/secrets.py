@@ -1,0 +1,121 @@
+"""The run's secret values, held by the worker only: injected by SafeFetch, redacted from everything.
+
+Threat: a handler (or any code in the sandbox) that wants a connector's API key. Values
+arrive once, over the protocol (``sandbox.configure``), and live in this process only:
+the worker is non-dumpable, so no other process can read its memory, environment or fds;
+handler children are fresh interpreters (fork + exec) that never had a copy. A value is
+written into one header of a request that the policy allows to the secret's bound origin,
+and replaced by ``[secret NAME]`` in every answer, log line and fetch response a handler
+receives. What the bound host itself does with the value is outside the sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from toolcage.policies.decide import Target
+from toolcage.policies.secrets import SecretSpec
+from toolcage.worker.errors import BadParams, EgressDenied
+
+MIN_SECRET_LEN = 8  # shorter values would redact ordinary text; refused before the run starts
+
+
+class SecretStore:
+    """Name -> value, with the policy's binding for each."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, str] = {}
+        self._specs: dict[str, SecretSpec] = {}
+        self._needles: list[tuple[str, str]] = []  # (text to find, replacement), longest first
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def names(self) -> list[str]:
+        return sorted(self._values)
+
+    def wire(self) -> dict[str, str]:
+        """The values, for ``sandbox.configure`` only (the runner's side of the one channel they cross)."""
+        return dict(self._values)
+
+    def load(self, values: Any, specs: dict[str, SecretSpec]) -> None:
+        """Take the run's values (once). Every name must be bound by the policy, and every bound name given."""
+        if self._values:
+            raise BadParams("secrets were already given for this run")
+        if not isinstance(values, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in values.items()
+        ):
+            raise BadParams("secrets must be an object of names to string values")
+        unknown = sorted(set(values) - set(specs))
+        missing = sorted(set(specs) - set(values))
+        if unknown or missing:
+            raise BadParams("secrets do not match the policy", {"not_in_policy": unknown, "missing": missing})
+        short = sorted(k for k, v in values.items() if len(v) < MIN_SECRET_LEN)
+        if short:
+            raise BadParams(f"secret values must be at least {MIN_SECRET_LEN} characters", {"secrets": short})
+        self._values = dict(values)
+        self._specs = dict(specs)
+        needles = []
+        for name, value in values.items():
+            mark = f"[secret {name}]"
+            for form in {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}:
+                needles.append((form, mark))
+        self._needles = sorted(needles, key=lambda n: -len(n[0]))
+
+    # sending --------------------------------------------------------------------------------
+    def header_for(self, name: str, target: Target) -> tuple[str, str]:
+        """The (header, value) to add for a request to ``target``; EgressDenied if the secret is
+        unknown or bound elsewhere (the caller checked the policy allows the request)."""
+        spec = self._specs.get(name)
+        if spec is None or name not in self._values:
+            raise EgressDenied(f"no secret named {name} in this run", {"secret": name, "reason": "unknown_secret"})
+        to = spec.send_to
+        if (target.scheme, target.host, target.port) != (to.scheme, to.host, to.effective_port):
+            where = f"{target.scheme}://{target.host}:{target.port}"
+            raise EgressDenied(
+                f"secret {name} is bound to {to.origin()}, not to {where}",
+                {"secret": name, "reason": "secret_not_bound", "bound_to": to.origin(), "url_origin": where},
+            )
+        return to.header, to.format.replace("{value}", self._values[name])
+
+    def exposed(self, name: str) -> str:
+        """The value itself, only for a secret the policy marks ``unsafe_expose_to_handler``."""
+        spec = self._specs.get(name)
+        if spec is None or name not in self._values:
+            raise EgressDenied(f"no secret named {name} in this run", {"secret": name, "reason": "unknown_secret"})
+        if not spec.unsafe_expose_to_handler:
+            raise EgressDenied(
+                f"secret {name} is not exposed to handlers (the policy would have to set unsafe_expose_to_handler)",
+                {"secret": name, "reason": "secret_not_exposed"},
+            )
+        return self._values[name]
+
+    # redaction --------------------------------------------------------------------------------
+    def redact_text(self, text: str) -> str:
+        for needle, mark in self._needles:
+            if needle in text:
+                text = text.replace(needle, mark)
+        return text
+
+    def redact_bytes(self, data: bytes) -> bytes:
+        for needle, mark in self._needles:
+            raw = needle.encode("utf-8", errors="surrogatepass")
+            if raw in data:
+                data = data.replace(raw, mark.encode())
+        return data
+
+    def redact(self, obj: Any) -> Any:
+        """Every string in a JSON-like value (keys too), with each secret's value replaced."""
+        if not self._needles:
+            return obj
+        if isinstance(obj, str):
+            return self.redact_text(obj)
+        if isinstance(obj, dict):
+            return {self.redact_text(k) if isinstance(k, str) else k: self.redact(v) for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            return [self.redact(v) for v in obj]
+        return obj
+
+
+STORE = SecretStore()  # the worker's one store (a worker serves one run)
