@@ -7,8 +7,12 @@ Measures, on the same image with the same hardening flags (derived from
   1. plain ``docker run --rm ... python3 -c pass`` (the CLI, as a user would type it);
   2. a toolcage cold run: ``Sandbox()`` -> first response (``ping``) -> container removed;
   3. the same with a real tool call (``run_python`` ``pass``), which also starts a child;
-  4. RPC round trip on one open sandbox (p50, p99) and sequential calls per second.
-Goals: cold run <= 1.3x plain docker run; RPC p50 < 1 ms; >= 2,000 sequential calls/s.
+  4. RPC round trip on one open sandbox (p50, p99) and sequential calls per second;
+  5. connectors: a cold run whose one call is a connector (``--tools``: the sandbox also
+     lists the connector's tools in a child at start), and a warm connector call next to a
+     warm ``run_python`` call (each starts a child).
+Goals: cold run <= 1.3x plain docker run; RPC p50 < 1 ms; >= 2,000 sequential calls/s;
+a cold connector run <= 2x plain docker run.
 """
 
 from __future__ import annotations
@@ -130,7 +134,19 @@ def main() -> int:
             r = sb.call("run_python", {"code": "pass"})
             assert r.ok, r
 
-    measures = {"plain_docker_run": plain, "toolcage_cold_ping": cold_ping, "toolcage_cold_run_python": cold_tool}
+    connector = Path(__file__).resolve().parent / "connector_echo.py"
+
+    def cold_connector() -> None:
+        with Sandbox(image=args.image, tool="bench", tools=[connector]) as sb:
+            r = sb.call("echo", {"text": "hi"})
+            assert r.ok, r
+
+    measures = {
+        "plain_docker_run": plain,
+        "toolcage_cold_ping": cold_ping,
+        "toolcage_cold_run_python": cold_tool,
+        "toolcage_cold_connector": cold_connector,
+    }
     samples: dict[str, list[float]] = {k: [] for k in measures}
     for fn in measures.values():
         fn()  # warm-up, discarded
@@ -157,19 +173,35 @@ def main() -> int:
     rtts, calls_per_s = warm(None)
     rtts_noaudit, calls_per_s_noaudit = warm(False)
 
+    warm_child: dict[str, list[float]] = {"warm_run_python_call": [], "warm_connector_call": []}
+    with Sandbox(image=args.image, tool="bench", tools=[connector], audit=False) as sb:
+        for i in range(args.runs * 2 + 2):
+            for name, (tool, params) in {
+                "warm_run_python_call": ("run_python", {"code": "pass"}),
+                "warm_connector_call": ("echo", {"text": "hi"}),
+            }.items():
+                t = time.perf_counter()
+                assert sb.call(tool, params).ok
+                if i >= 2:  # the first two of each are warm-up
+                    warm_child[name].append((time.perf_counter() - t) * 1000)
+
     stats = {k: summary(v) for k, v in samples.items()}
     stats["rpc_round_trip"] = summary(rtts)
     stats["rpc_round_trip_no_audit"] = summary(rtts_noaudit)
+    stats.update({k: summary(v) for k, v in warm_child.items()})
     base = stats["plain_docker_run"]["p50"]
     ratios = {
         "cold_ping_vs_plain": stats["toolcage_cold_ping"]["p50"] / base,
         "cold_run_python_vs_plain": stats["toolcage_cold_run_python"]["p50"] / base,
+        "cold_connector_vs_plain": stats["toolcage_cold_connector"]["p50"] / base,
+        "warm_connector_vs_warm_run_python": stats["warm_connector_call"]["p50"] / stats["warm_run_python_call"]["p50"],
     }
     goals = {
         "cold run <= 1.3x plain docker run (ping)": ratios["cold_ping_vs_plain"] <= 1.3,
         "cold run <= 1.3x plain docker run (run_python)": ratios["cold_run_python_vs_plain"] <= 1.3,
         "RPC p50 < 1 ms": stats["rpc_round_trip"]["p50"] < 1.0,
         ">= 2000 sequential calls/s": calls_per_s >= 2000,
+        "cold connector run <= 2x plain docker run": ratios["cold_connector_vs_plain"] <= 2.0,
     }
 
     print(f"\n{'measure (ms)':<28}{'min':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}{'n':>6}")

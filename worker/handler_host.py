@@ -12,18 +12,22 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import pkgutil
 import socket
 import sys
-import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from toolcage.policies import codes
-from toolcage.worker import errors
-from toolcage.worker.connector_spec import HandlerSpec, SpecError, spec_of
-from toolcage.worker.sdk import TOOL_ATTR, Context
+from toolcage.worker import _lean
+
+# every call starts this process: the policy model's package (~80 ms of imports in a 1-CPU
+# container) is not needed here, only its error codes and the strict builder
+_lean.bare_package("toolcage.policies")
+
+from toolcage.policies import codes  # noqa: E402
+from toolcage.worker import errors  # noqa: E402
+from toolcage.worker.connector_spec import HandlerSpec, SpecError, spec_of  # noqa: E402
+from toolcage.worker.sdk import TOOL_ATTR, Context  # noqa: E402
 
 _BY_CODE = {cls.code: cls for cls in (errors.ToolError, errors.EgressDenied, errors.FetchFailed, errors.BadParams)}
 
@@ -68,6 +72,8 @@ def _modules(source: dict[str, Any]) -> list[str]:
         sys.path.insert(0, str(path.parent))
         return [path.stem]
     if kind == "package":
+        import pkgutil
+
         sys.path.insert(0, str(path.parent))
         pkg = importlib.import_module(path.name)
         subs = [f"{path.name}.{m.name}" for m in pkgutil.iter_modules(getattr(pkg, "__path__", []))]
@@ -143,6 +149,8 @@ def call(job: dict[str, Any], link: SocketLink) -> dict[str, Any]:
     except errors.WorkerError as exc:
         return {"op": "error", "code": exc.code, "message": exc.message, "data": exc.data}
     except Exception as exc:
+        import traceback
+
         return {
             "op": "error",
             "code": codes.HANDLER_ERROR,
