@@ -7,7 +7,7 @@ JSON document on stdout and its progress on stderr (``toolcage.progress``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,7 +15,6 @@ from toolcage.errors import UsageError
 from toolcage.output import emit, say, use_json
 
 if TYPE_CHECKING:
-    from toolcage.docker_adapter import Engine
     from toolcage.image.derived import DerivedSpec
 
 
@@ -70,56 +69,42 @@ def image_build(tag: str | None, base: str | None, force: bool, requirements: st
     _build_derived(spec, base, force)
 
 
-def _engine() -> Engine:
-    from toolcage.docker_adapter import Engine
-
-    engine = Engine(timeout=600)
-    engine.ping()
-    return engine
+def _done(tag: str, built: bool, seconds: float, detail: str, result: dict[str, Any]) -> None:
+    """One line for people on stderr, the result as JSON on stdout."""
+    say(f"{tag}: {'built' if built else 'up to date'} in {seconds:.1f}s ({detail})")
+    emit({"tag": tag, "built": built, **result, "seconds": round(seconds, 1)})
 
 
 def _build_worker(tag: str, base: str | None, force: bool) -> None:
+    from toolcage.docker_adapter import Engine
     from toolcage.image.build import build_image
     from toolcage.progress import StepReporter
 
-    engine = _engine()
+    engine = Engine(timeout=600)
+    engine.ping()
     with StepReporter("toolcage image build") as reporter:
-        result = build_image(engine, tag, reporter.step, base=base, force=force)
-    verb = "built" if result.built else "up to date"
-    say(f"{result.tag}: {verb} in {result.seconds:.1f}s (base {result.base})")
-    emit(
-        {
-            "tag": result.tag,
-            "built": result.built,
-            "base": result.base,
-            "context_sha256": result.context_sha256,
-            "seconds": round(result.seconds, 1),
-        }
-    )
+        r = build_image(engine, tag, reporter.step, base=base, force=force)
+    _done(r.tag, r.built, r.seconds, f"base {r.base}", {"base": r.base, "context_sha256": r.context_sha256})
 
 
 def _build_derived(spec: DerivedSpec, base: str | None, force: bool) -> None:
+    from toolcage.docker_adapter import Engine
     from toolcage.image.derived import DEPS_DIR, build_derived
     from toolcage.progress import StepReporter
 
-    engine = _engine()
+    engine = Engine(timeout=600)
+    engine.ping()
     with StepReporter("toolcage image build --requirements") as reporter:
-        result = build_derived(engine, spec, reporter.step, base=base, force=force)
-    verb = "built" if result.built else "up to date"
-    say(f"{result.tag}: {verb} in {result.seconds:.1f}s (from {result.parent}; packages in {DEPS_DIR})")
-    emit(
-        {
-            "tag": result.tag,
-            "built": result.built,
-            "from": result.parent,
-            "parent_id": result.parent_id,
-            "worker_built": result.worker_built,
-            "requirements_sha256": result.requirements_sha256,
-            "context_sha256": result.context_sha256,
-            "deps_dir": DEPS_DIR,
-            "seconds": round(result.seconds, 1),
-        }
-    )
+        r = build_derived(engine, spec, reporter.step, base=base, force=force)
+    result = {
+        "from": r.parent,
+        "parent_id": r.parent_id,
+        "worker_built": r.worker_built,
+        "requirements_sha256": r.requirements_sha256,
+        "context_sha256": r.context_sha256,
+        "deps_dir": DEPS_DIR,
+    }
+    _done(r.tag, r.built, r.seconds, f"from {r.parent}; packages in {DEPS_DIR}", result)
 
 
 def register(group: click.Group) -> None:
