@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from toolcage.errors import SandboxError
+from toolcage.errors import BuildError
+from toolcage.image.wheels import Report, copy_wheels, download_wheels
+
+if TYPE_CHECKING:
+    from toolcage.engine import EngineAPI
 
 REGISTRY_BASE = "python:3.11-slim-bookworm"
 LOCAL_BASE = "toolcage-base:bookworm"
@@ -30,12 +32,6 @@ SUITE = "bookworm"  # python3.11, matching the cp311 wheels
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 CONTEXT_LABEL = "toolcage.context_sha256"
 _SLIM = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/cache/apt", "var/lib/apt/lists")
-
-Report = Callable[[str], None]
-
-
-class BuildError(SandboxError):
-    reason = "image_build"
 
 
 @dataclass(frozen=True)
@@ -45,11 +41,6 @@ class BuildResult:
     context_sha256: str
     built: bool  # False: the image was already up to date
     seconds: float
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "toolcage"
 
 
 def debian_mirror() -> str:
@@ -160,66 +151,6 @@ def _requirements() -> Path:
     return Path(str(resources.files("toolcage.image") / "requirements-worker.txt"))
 
 
-def download_wheels(report: Report) -> Path:
-    """Wheels for the image (cp311, manylinux, this machine's arch), cached by requirements hash."""
-    req = _requirements()
-    arch = platform.machine()
-    key = hashlib.sha256(req.read_bytes() + arch.encode()).hexdigest()[:16]
-    dest = _cache_dir() / "wheels" / key
-    if (dest / ".complete").exists():
-        report(f"wheels cached in {dest}")
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    report("downloading wheels for the image (cp311, manylinux)")
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-
-    def _run(args: list[str], what: str) -> None:
-        proc = subprocess.run([*pip, *args], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BuildError(f"could not {what} (is PyPI reachable?):\n" + proc.stderr[-2000:])
-
-    # Some pinned packages ship only an sdist (jsonrpcserver 5): build those into pure-python
-    # wheels here, so the platform-specific download below can find them with --find-links.
-    with tempfile.TemporaryDirectory(prefix="toolcage-sdist-") as tmp:
-        _run(
-            ["download", "--quiet", "--no-deps", "--no-binary=:none:", "--dest", tmp, "-r", str(req)],
-            "download requirements",
-        )
-        for sdist in sorted(Path(tmp).glob("*.tar.gz")) + sorted(Path(tmp).glob("*.zip")):
-            report(f"building a wheel from the sdist {sdist.name}")
-            _run(["wheel", "--quiet", "--no-deps", "--wheel-dir", str(dest), str(sdist)], f"build {sdist.name}")
-    for whl in dest.glob("*.whl"):
-        if not whl.name.endswith("-none-any.whl"):
-            raise BuildError(f"{whl.name} was built from an sdist but is not pure Python; pin a version with wheels")
-    base = [
-        "download",
-        "--quiet",
-        "--dest",
-        str(dest),
-        "--find-links",
-        str(dest),
-        "--only-binary=:all:",
-        "--python-version",
-        "3.11",
-        "--implementation",
-        "cp",
-        "--abi",
-        "cp311",
-        "--platform",
-        f"manylinux2014_{arch}",
-        "--platform",
-        f"manylinux_2_17_{arch}",
-        "--platform",
-        f"manylinux_2_28_{arch}",
-        "--platform",
-        "any",
-    ]
-    _run([*base, "-r", str(req)], "download the worker's wheels")
-    _run([*base, "pip"], "download pip")
-    (dest / ".complete").touch()
-    return dest
-
-
 # What the image gets of the toolcage package: the worker and the policy model, under the same
 # names as on the host (toolcage.worker, toolcage.policies), with a package __init__ of its own
 # (the host's pulls in the runner's API, which the image neither has nor needs).
@@ -237,9 +168,7 @@ def _copy_package(name: str, dest: Path) -> None:
 def assemble_context(wheels: Path, into: Path) -> None:
     img = Path(str(resources.files("toolcage.image")))
     shutil.copy(img / "Dockerfile", into / "Dockerfile")
-    (into / "wheels").mkdir()
-    for whl in sorted(wheels.glob("*.whl")):
-        shutil.copy(whl, into / "wheels" / whl.name)
+    copy_wheels(wheels, into / "wheels")
     shutil.copy(_requirements(), into / "wheels" / "requirements-worker.txt")
     (into / "toolcage").mkdir()
     (into / "toolcage" / "__init__.py").write_text(_IMAGE_INIT)
@@ -281,40 +210,53 @@ def source_sha256() -> str:
     return h.hexdigest()
 
 
-def build_image(engine: object, tag: str, report: Report, base: str | None = None, force: bool = False) -> BuildResult:
+def image_labels(info: dict[str, Any] | None) -> dict[str, str]:
+    """An image's labels (inherited ones included: a derived image carries its parent's)."""
+    return dict(((info or {}).get("Config") or {}).get("Labels") or {})
+
+
+def run_build(
+    engine: EngineAPI, context: Path, tag: str, buildargs: dict[str, str], labels: dict[str, str], report: Report
+) -> None:
+    """docker build (no network, no pull), reporting each step; a failure is one paragraph."""
+    report(f"building {tag}")
+    error = None
+    output: list[str] = []
+    for msg in engine.build(str(context), tag, buildargs, labels):
+        if "error" in msg:
+            error = msg.get("error")
+        stream = (msg.get("stream") or "").strip()
+        if stream:
+            output = [*output[-30:], stream]
+        if stream.startswith("Step "):
+            report(stream[:160])
+    if error:
+        raise BuildError(f"docker build of {tag} failed: {error} (last output: " + " / ".join(output[-8:]) + ")")
+    if engine.image(tag) is None:
+        raise BuildError("docker build finished but the image is missing")
+
+
+def build_image(
+    engine: EngineAPI, tag: str, report: Report, base: str | None = None, force: bool = False
+) -> BuildResult:
     """Build the worker image unless an image with the same context hash is already there."""
     started = time.monotonic()
     base_ref = choose_base(engine, report, base)
-    base_info = engine.image(base_ref)  # type: ignore[attr-defined]
+    base_info = engine.image(base_ref)
     if base_info is None:
         raise BuildError(f"base image {base_ref} disappeared")
     report(f"base image {base_ref}")
-    wheels = download_wheels(report)
+    wheels = download_wheels(report, _requirements())
     with tempfile.TemporaryDirectory(prefix="toolcage-ctx-") as tmp:
         ctx = Path(tmp)
         assemble_context(wheels, ctx)
         digest = context_sha256(ctx, base_info["Id"])
-        existing = engine.image(tag)  # type: ignore[attr-defined]
-        labels = ((existing or {}).get("Config") or {}).get("Labels") or {}
+        existing = engine.image(tag)
+        labels = image_labels(existing)
         source = source_sha256()
         fresh = labels.get(CONTEXT_LABEL) == digest and labels.get(SOURCE_LABEL) == source
         if existing is not None and fresh and not force:
             report(f"{tag} is up to date")
             return BuildResult(tag, base_ref, digest, False, time.monotonic() - started)
-        report(f"building {tag}")
-        error = None
-        output: list[str] = []
-        build_labels = {CONTEXT_LABEL: digest, SOURCE_LABEL: source}
-        for msg in engine.build(str(ctx), tag, {"BASE": base_ref}, build_labels):  # type: ignore[attr-defined]
-            if "error" in msg:
-                error = msg.get("error")
-            stream = (msg.get("stream") or "").strip()
-            if stream:
-                output = [*output[-30:], stream]
-            if stream.startswith("Step "):
-                report(stream[:160])
-        if error:
-            raise BuildError(f"docker build failed: {error}\n" + "\n".join(output[-15:]))
-    if engine.image(tag) is None:  # type: ignore[attr-defined]
-        raise BuildError("docker build finished but the image is missing")
+        run_build(engine, ctx, tag, {"BASE": base_ref}, {CONTEXT_LABEL: digest, SOURCE_LABEL: source}, report)
     return BuildResult(tag, base_ref, digest, True, time.monotonic() - started)

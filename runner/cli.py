@@ -1,5 +1,5 @@
-"""The ``toolcage`` command (click): run, serve, tools, policy test, image build (here) and the
-operator commands audit, ps, gc, doctor (``toolcage.cli_ops``).
+"""The ``toolcage`` command (click): run, serve, tools, policy test (here), image build
+(``toolcage.cli_image``) and the operator commands audit, ps, gc, doctor (``toolcage.cli_ops``).
 
 How it talks is decided once, in ``toolcage.output``: results on stdout (JSON with ``--json``,
 always JSON for run, policy test and image build), diagnostics as escaped plain text on
@@ -331,46 +331,9 @@ def policy_test(policy_ref: str, url: str, method: str, resolve: tuple[str, ...]
     sys.exit(0 if d.allowed else 1)
 
 
-@cli.group()
-def image() -> None:
-    """Build the worker image."""
+from toolcage import cli_image, cli_ops  # noqa: E402  (register image build; audit, ps, gc, doctor on `cli`)
 
-
-@image.command("build")
-@click.option("--tag", default=None, help="Image tag (default toolcage-worker:<version>).")
-@click.option(
-    "--base",
-    default=None,
-    help="Base image with Python 3.11 (default: registry python image, else a local debootstrap).",
-)
-@click.option("--force", is_flag=True, help="Rebuild even if the image is up to date.")
-def image_build(tag: str | None, base: str | None, force: bool) -> None:
-    """Build the worker image (idempotent: nothing happens when nothing changed)."""
-    from toolcage.docker_adapter import Engine
-    from toolcage.image.build import build_image
-    from toolcage.progress import StepReporter
-    from toolcage.sandbox import DEFAULT_IMAGE
-
-    use_json(True)
-    engine = Engine(timeout=600)
-    engine.ping()
-    with StepReporter("toolcage image build") as reporter:
-        result = build_image(engine, tag or DEFAULT_IMAGE, reporter.step, base=base, force=force)
-    verb = "built" if result.built else "up to date"
-    say(f"{result.tag}: {verb} in {result.seconds:.1f}s (base {result.base})")
-    emit(
-        {
-            "tag": result.tag,
-            "built": result.built,
-            "base": result.base,
-            "context_sha256": result.context_sha256,
-            "seconds": round(result.seconds, 1),
-        }
-    )
-
-
-from toolcage import cli_ops  # noqa: E402  (registers audit, ps, gc, doctor on `cli`)
-
+cli_image.register(cli)
 cli_ops.register(cli)
 
 

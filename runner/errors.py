@@ -4,11 +4,13 @@ the ``status`` that says how the run ended.
     ToolcageError (exit 3)
     ├── UsageError (exit 2)                bad CLI input, bad params JSON
     │   ├── WorkspaceError (exit 2)        workspace missing or too sensitive to mount
-    │   └── BadToolCall (exit 2)           unknown tool or bad params, found on the host (precheck)
+    │   ├── BadToolCall (exit 2)           unknown tool or bad params, found on the host (precheck)
+    │   └── RequirementsError (exit 2)     `image build --requirements`: a file or package it cannot use
     ├── NotFound (exit 1)                  what was asked for is not there (`audit --run ID`)
     └── SandboxError (exit 3)              the sandbox, not the tool, failed
         ├── DockerUnavailable              the engine cannot be reached     status "crashed"
         ├── ImageMissing                   the worker image is not there    status "image_missing"
+        ├── BuildError                     `image build` failed (engine, PyPI unreachable)
         ├── SandboxTimeout                 the run deadline killed it       status "timeout"
         ├── SandboxOOM                     the worker itself hit the limit  status "oom_killed"
         ├── WorkerCrashed                  the worker died (stderr tail)    status "crashed"
@@ -55,6 +57,13 @@ class BadToolCall(UsageError):
     reason = "bad_tool_call"
 
 
+class RequirementsError(UsageError):
+    """A requirements file `toolcage image build --requirements` cannot use: missing, unreadable,
+    options instead of packages, or a package with neither a wheel for the image nor a pure-Python sdist."""
+
+    reason = "requirements"
+
+
 class NotFound(ToolcageError):
     exit_code = 1
     status = "error"
@@ -81,6 +90,10 @@ class SandboxInterrupted(SandboxError):
 class ImageMissing(SandboxError):
     status = "image_missing"
     reason = "image_missing"
+
+
+class BuildError(SandboxError):
+    reason = "image_build"
 
 
 class SandboxTimeout(SandboxError):

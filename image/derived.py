@@ -1,0 +1,228 @@
+"""``toolcage image build --requirements FILE --tag NAME``: the worker image plus third-party
+packages in /opt/toolcage/deps, for tool code and connector handlers.
+
+Offline like the worker build (wheels from the host, ``image/Dockerfile.deps``), FROM the
+worker image by id, and only when the requirements, the parent or the Dockerfile changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from toolcage.errors import ImageMissing, RequirementsError, UsageError
+from toolcage.image.build import (
+    CONTEXT_LABEL,
+    SOURCE_LABEL,
+    build_image,
+    image_labels,
+    run_build,
+    source_sha256,
+)
+from toolcage.image.wheels import Report, copy_wheels, download_wheels
+
+if TYPE_CHECKING:
+    from toolcage.engine import EngineAPI
+
+DEPS_DIR = "/opt/toolcage/deps"  # a contract with the worker: tool code finds its packages here
+REQUIREMENTS_LABEL = "toolcage.requirements_sha256"
+PARENT_LABEL = "toolcage.parent_id"
+
+# a Docker image reference: [host[:port]/]path[:tag], lowercase path components
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REFERENCE = re.compile(
+    rf"(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::\w[\w.-]{{0,127}})?", re.ASCII
+)
+
+
+@dataclass(frozen=True)
+class DerivedSpec:
+    """What to build, checked on the host before Docker is asked anything."""
+
+    requirements: bytes
+    tag: str
+    parent: str
+    refresh_parent: bool  # the parent is the default worker image: build or refresh it first
+
+
+@dataclass(frozen=True)
+class DerivedResult:
+    tag: str
+    parent: str
+    parent_id: str
+    requirements_sha256: str
+    context_sha256: str
+    built: bool  # False: the image was already up to date
+    worker_built: bool | None  # the parent was (re)built first; None: --from, used as it is
+    seconds: float
+
+
+def _normal(ref: str) -> str:
+    """``ref`` as the engine names it: with a tag (``latest``), without Docker Hub's prefixes."""
+    name, tag = ref, "latest"
+    if "@" not in ref and ":" in ref.rsplit("/", 1)[-1]:
+        name, tag = ref.rsplit(":", 1)
+    for prefix in ("docker.io/library/", "index.docker.io/library/", "docker.io/", "library/"):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    return f"{name}:{tag}"
+
+
+def check_tag(tag: str, worker_tags: tuple[str, ...]) -> None:
+    """The derived image's tag is a valid reference and not the worker image's own."""
+    if not _REFERENCE.fullmatch(tag):
+        raise UsageError(f"--tag {tag!r} is not an image name: use NAME[:TAG], lowercase, e.g. my-tools:1")
+    if _normal(tag) in {_normal(t) for t in worker_tags}:
+        raise UsageError(
+            f"--tag {tag} is the worker image's own tag: the derived image needs a name of its own "
+            "(e.g. --tag my-tools:1), so the worker image stays as it is."
+        )
+
+
+def read_requirements(path: str) -> bytes:
+    """The file's bytes, once it is known to list packages (and only packages) from the index."""
+    try:
+        data = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise RequirementsError(f"--requirements {path}: a directory, not a requirements file") from None
+    except OSError as exc:
+        raise RequirementsError(f"--requirements {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RequirementsError(f"--requirements {path}: not UTF-8 text") from None
+    found = 0
+    for number, raw in enumerate(re.sub(r"\\\r?\n", " ", text).splitlines(), 1):
+        line = re.sub(r"(^|\s)#.*", "", raw).strip()
+        if not line:
+            continue
+        if line.startswith("-"):
+            raise RequirementsError(
+                f"--requirements {path}, line {number}: {line.split()[0]!r} is not supported here: list "
+                "packages only (name==version, one a line); they come from the index pip uses on this host."
+            )
+        if "://" in line or "@" in line.split(";")[0] or not re.match(r"[A-Za-z0-9]", line):
+            raise RequirementsError(
+                f"--requirements {path}, line {number}: {line[:80]!r} is not a package from the index "
+                "(no URLs, paths or `name @ url`): list packages only, as name==version."
+            )
+        found += 1
+    if not found:
+        raise RequirementsError(f"--requirements {path}: lists no packages")
+    return data
+
+
+def prepare(requirements: str, tag: str | None, parent: str | None, worker: str) -> DerivedSpec:
+    """Everything checked before Docker is asked anything: --tag, then the file (each exit 2)."""
+    if not tag:
+        raise UsageError(
+            "--requirements needs --tag NAME: the derived image gets a name of its own, the worker image keeps its."
+        )
+    check_tag(tag, (parent or worker, worker))
+    return DerivedSpec(read_requirements(requirements), tag, parent or worker, refresh_parent=parent is None)
+
+
+def requirements_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def dockerfile() -> bytes:
+    return Path(str(resources.files("toolcage.image") / "Dockerfile.deps")).read_bytes()
+
+
+def recipe_sha256(parent_id: str, requirements: bytes, dockerfile_text: bytes) -> str:
+    """What the derived image is made of, known before any download: the parent, the file, the Dockerfile."""
+    h = hashlib.sha256()
+    for part in (parent_id.encode(), requirements, dockerfile_text):
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()
+
+
+def assemble_context(wheels: Path, requirements: bytes, into: Path) -> None:
+    """Dockerfile (Dockerfile.deps), requirements.txt and wheels/ (pip's wheel among them)."""
+    (into / "Dockerfile").write_bytes(dockerfile())
+    (into / "requirements.txt").write_bytes(requirements)
+    copy_wheels(wheels, into / "wheels")
+
+
+def _parent(engine: EngineAPI, spec: DerivedSpec, report: Report, base: str | None) -> tuple[str, bool | None]:
+    """The parent's image id (the default worker image is built or refreshed first)."""
+    worker_built = None
+    if spec.refresh_parent:
+        report(f"worker image {spec.parent}: building it if it is missing or out of date")
+        worker_built = build_image(engine, spec.parent, report, base=base).built
+    info = engine.image(spec.parent)
+    if info is None:
+        raise ImageMissing(
+            f"--from {spec.parent}: no such image; build it with `toolcage image build --tag {spec.parent}`",
+            image=spec.parent,
+        )
+    labels = image_labels(info)
+    if REQUIREMENTS_LABEL in labels:
+        raise UsageError(
+            f"--from {spec.parent} is itself a derived image: derive from the worker image, "
+            "with every package in one requirements file."
+        )
+    if SOURCE_LABEL not in labels:
+        raise UsageError(
+            f"--from {spec.parent} is not a toolcage worker image (no {SOURCE_LABEL} label): "
+            "build one with `toolcage image build --tag NAME`."
+        )
+    if labels[SOURCE_LABEL] != source_sha256():
+        report(f"note: {spec.parent} was built from other toolcage sources; `toolcage image build` refreshes it")
+    return str(info["Id"]), worker_built
+
+
+def build_derived(
+    engine: EngineAPI, spec: DerivedSpec, report: Report, base: str | None = None, force: bool = False
+) -> DerivedResult:
+    """Build ``spec.tag`` FROM the worker image with the packages in DEPS_DIR, unless it is up to date."""
+    started = time.monotonic()
+    parent_id, worker_built = _parent(engine, spec, report, base)
+    req_sha = requirements_sha256(spec.requirements)
+    recipe = recipe_sha256(parent_id, spec.requirements, dockerfile())
+    wanted = {CONTEXT_LABEL: recipe, REQUIREMENTS_LABEL: req_sha, PARENT_LABEL: parent_id}
+    existing = engine.image(spec.tag)
+    labels = image_labels(existing)
+    if existing is not None and SOURCE_LABEL in labels and REQUIREMENTS_LABEL not in labels:
+        raise UsageError(
+            f"--tag {spec.tag} names a worker image built by `toolcage image build`: "
+            "give the derived image a name of its own."
+        )
+
+    def result(built: bool) -> DerivedResult:
+        seconds = time.monotonic() - started
+        return DerivedResult(spec.tag, spec.parent, parent_id, req_sha, recipe, built, worker_built, seconds)
+
+    if existing is not None and not force and all(labels.get(k) == v for k, v in wanted.items()):
+        report(f"{spec.tag} is up to date")
+        return result(False)
+    with tempfile.TemporaryDirectory(prefix="toolcage-deps-") as tmp:
+        ctx = Path(tmp)
+        (ctx / "requirements.txt").write_bytes(spec.requirements)
+        wheels = download_wheels(report, ctx / "requirements.txt")
+        assemble_context(wheels, spec.requirements, ctx)
+        names = sorted(w.name for w in (ctx / "wheels").glob("*.whl") if not w.name.startswith("pip-"))
+        report(f"wheels for {DEPS_DIR}: {', '.join(names)}")
+        run_build(engine, ctx, spec.tag, {"PARENT": parent_id}, wanted, report)
+    return result(True)
+
+
+__all__ = [
+    "DEPS_DIR",
+    "PARENT_LABEL",
+    "REQUIREMENTS_LABEL",
+    "DerivedResult",
+    "DerivedSpec",
+    "build_derived",
+    "check_tag",
+    "prepare",
+    "read_requirements",
+]
