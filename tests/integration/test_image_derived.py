@@ -94,6 +94,22 @@ def test_worker_still_starts_and_keeps_its_own_path(engine: Any, derived: dict[s
     assert mine["User"] == "65532:65532" and not any("/opt/toolcage/deps" in e for e in mine["Env"])
 
 
+def test_code_and_connectors_import_the_packages(engine: Any, derived: dict[str, Any], tmp_path: Path) -> None:
+    """run_python code and a connector's handler (both children of the worker) import the image's packages."""
+    from toolcage import Sandbox
+
+    conn = tmp_path / "uses_six.py"
+    conn.write_text(
+        "import six\nfrom toolcage.sdk import tool\n\n\n@tool\ndef six_version() -> str:\n"
+        '    """The version of six."""\n    return six.__version__\n'
+    )
+    with Sandbox(image=derived["tag"], tools=[conn]) as sb:
+        code = sb.call("run_python", {"code": "import six; print(six.__file__)"})
+        handler = sb.call("six_version")
+    assert code.ok and code.result["stdout"] == "/opt/toolcage/deps/six.py\n", code
+    assert handler.ok and handler.result == "1.16.0", handler
+
+
 def test_deps_are_read_only_for_the_sandbox_user(engine: Any, derived: dict[str, Any]) -> None:
     """Every file and directory in deps is root's, not writable by uid 65532, setuid-free, and byte-compiled."""
     code = (
