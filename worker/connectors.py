@@ -167,7 +167,9 @@ class Link:
             timeout = min(requested, left) if isinstance(requested, int | float) and requested > 0 else left
             r = fetcher.fetch(url, method, headers, body, max(timeout, 0.001), auth=auth)
         except WorkerError as exc:
-            self.send({"op": "failed", "code": exc.code, "message": exc.message, "data": exc.data})
+            # its message and data can quote a URL the bound host chose (a redirect carrying the token)
+            message, data = STORE.redact_text(exc.message), STORE.redact(exc.data)
+            self.send({"op": "failed", "code": exc.code, "message": message, "data": data})
         except (KeyError, TypeError, ValueError) as exc:
             self.send({"op": "failed", "code": codes.INVALID_PARAMS, "message": f"fetch: bad request ({exc})"})
         else:
@@ -179,7 +181,7 @@ class Link:
                     "reason": STORE.redact_text(r.reason),
                     "headers": [[k, STORE.redact_text(v)] for k, v in r.headers],
                     "body": base64.b64encode(STORE.redact_bytes(r.body)).decode(),
-                    "url": r.url,
+                    "url": STORE.redact_text(r.url),  # a redirect's Location may carry it too
                     "truncated": r.truncated,
                 }
             )
