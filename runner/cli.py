@@ -9,6 +9,7 @@ tool reported an error, 2 usage or policy error, 3 sandbox failure (timeout, mem
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -264,6 +265,9 @@ def tools(as_json: bool, **opts: Any) -> None:
 
     use_json(as_json)
     if opts["tools"]:
+        if not opts["secret"]:
+            # listing calls no handler: a policy's secrets are not needed to read the connectors' tools
+            opts["policy"] = dataclasses.replace(_policy(opts), secrets={})
         with _sandbox("tools", opts) as sb:
             res = sb.call("tools.list")
         listing = res.result if isinstance(res.result, list) else []

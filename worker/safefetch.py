@@ -153,6 +153,8 @@ class SafeFetch:
         bad = sorted(k for k in hdrs if k.lower() in _FORBIDDEN_HEADERS)
         if bad:
             raise EgressDenied(f"headers not allowed: {', '.join(bad)}", {"headers": bad})
+        if not any(k.lower() == "user-agent" for k in hdrs):
+            hdrs["User-Agent"] = "toolcage"  # some APIs (GitHub's) refuse a request without one
         decisions: list[dict[str, Any]] = []
         sent: list[dict[str, Any]] = []
         if auth is not None and self.secrets is None:

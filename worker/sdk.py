@@ -24,7 +24,7 @@ import json as _json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, overload
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from toolcage.worker.errors import EgressDenied, FetchFailed, ToolError
@@ -41,7 +41,15 @@ class ToolInfo:
     description: str | None
 
 
-def tool(fn: F | None = None, *, name: str | None = None, description: str | None = None) -> Any:
+@overload
+def tool(fn: F, /) -> F: ...
+
+
+@overload
+def tool(*, name: str | None = None, description: str | None = None) -> Callable[[F], F]: ...
+
+
+def tool(fn: F | None = None, /, *, name: str | None = None, description: str | None = None) -> F | Callable[[F], F]:
     """Mark a function as a tool: ``@tool`` or ``@tool(name=..., description=...)``.
 
     The first parameter receives the :class:`Context`; the others are the tool's params.
