@@ -136,7 +136,7 @@ class Link:
             if self.notes <= _MAX_NOTES:
                 # the handler's words go in as values, never as keys of the worker's own event
                 said = {k: v for k, v in msg.items() if k not in ("op", "level")}
-                text = json.dumps(said, default=repr)[:2000]
+                text = STORE.clip(json.dumps(said, default=repr), 2000)
                 if msg.get("level") in ("warning", "error"):
                     logs.warning(f"handler.{op}", handler=text)
                 else:
@@ -219,7 +219,7 @@ def _ended_without_answer(outcome: dict[str, Any], link: Link, timeout: float) -
     data = {
         "exit_code": outcome["exit_code"],
         "signal": outcome["signal"],
-        "stderr": STORE.redact_text(outcome["stderr"][-2000:]),
+        "stderr": STORE.clip(outcome["stderr"], 2000, tail=True),
     }
     if outcome["oom_killed"]:
         return HandlerOOM("the handler was killed by the memory limit", data)
@@ -291,16 +291,19 @@ class Connectors:
             logs.info(
                 "handler.output",
                 tool=name,
-                stdout=STORE.redact_text(outcome["stdout"][-2000:]),
-                stderr=STORE.redact_text(outcome["stderr"][-2000:]),
+                stdout=STORE.clip(outcome["stdout"], 2000, tail=True),
+                stderr=STORE.clip(outcome["stderr"], 2000, tail=True),
             )
         final = link.final
         exc: WorkerError | None = None
         if final is None or final.get("op") not in ("result", "error") or outcome["timed_out"]:
             exc = _ended_without_answer(outcome, link, timeout)
         elif final["op"] == "error":
-            code = final.get("code")
-            exc = HandlerFailed(str(final.get("message"))[:4000], final.get("data"))
+            code, data = final.get("code"), final.get("data")
+            if code == codes.HANDLER_ERROR and isinstance(data, dict) and isinstance(data.get("traceback"), str):
+                # the child's own record of an exception: cut here, after redaction (worker.handler_host)
+                data = {**data, "traceback": STORE.clip(data["traceback"], 4000, tail=True)}
+            exc = HandlerFailed(STORE.clip(str(final.get("message")), 4000), data)
             exc.code = code if code in _HANDLER_CODES else codes.HANDLER_ERROR
         elif len(json.dumps(final.get("value"))) > self.settings.policy.limits.output_cap:
             exc = ResultTooLarge("the handler's result is larger than the output cap (limits.output_cap)")

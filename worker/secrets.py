@@ -108,6 +108,12 @@ class SecretStore:
                 text = text.replace(needle, mark)
         return text
 
+    def clip(self, text: str, limit: int, *, tail: bool = False) -> str:
+        """``text`` redacted, then cut to its first (or last) ``limit`` characters. In this order: a cut
+        through a value leaves a part that no longer matches, and would be shown as it is."""
+        text = self.redact_text(text)
+        return text[-limit:] if tail else text[:limit]
+
     def redact_bytes(self, data: bytes) -> bytes:
         for needle, mark in self._needles:
             raw = needle.encode("utf-8", errors="surrogatepass")
