@@ -37,6 +37,11 @@ from toolcage.worker.secrets import STORE
 from toolcage.worker.settings import Settings
 
 _MAX_NOTES = 1000  # log and progress lines one call may write (a handler cannot flood the log)
+# Threat: a handler making thousands of refused fetches with long URLs, each a decision kept for the
+# audit, until its call's answer is longer than the runner accepts, which kills the sandbox. URLs are
+# bounded, and past this many bytes of records a call's fetches are refused.
+_MAX_URL = 8192
+_MAX_RECORDS = 512 * 1024
 # codes a handler may answer with; anything else it claims becomes HANDLER_ERROR
 _HANDLER_CODES = frozenset(
     {codes.TOOL_ERROR, codes.EGRESS_DENIED, codes.FETCH_FAILED, codes.INVALID_PARAMS, codes.HANDLER_ERROR}
@@ -77,6 +82,7 @@ class Link:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     secrets_sent: list[dict[str, Any]] = field(default_factory=list)
     notes: int = 0
+    recorded: int = 0  # bytes of decisions and secrets_sent kept for the audit (at most _MAX_RECORDS and one fetch)
 
     def __post_init__(self) -> None:
         limit = 4 * self.settings.policy.limits.output_cap + (1 << 20)
@@ -150,14 +156,28 @@ class Link:
 
         def record(url: str, method: str, d: Any) -> None:
             self.decisions.append({"url": url, "method": method, **d.to_dict()})
+            self.recorded += len(json.dumps(self.decisions[-1]))
             _log_decision(url, method, d)
 
+        if self.recorded >= _MAX_RECORDS:
+            message = "fetch: this call made too many requests (its record for the audit is full)"
+            self.send(
+                {
+                    "op": "failed",
+                    "code": codes.FETCH_FAILED,
+                    "message": message,
+                    "data": {"reason": "too_many_requests"},
+                }
+            )
+            return
         fetcher = SafeFetch(self.settings.policy, proxy=proxy_from_env(), on_decision=record, secrets=STORE)
         try:
             url, method, headers = msg["url"], msg["method"], msg.get("headers") or {}
             auth, requested = msg.get("auth"), msg.get("timeout_s")
             if not (isinstance(url, str) and isinstance(method, str) and isinstance(headers, dict)):
                 raise BadParams("fetch: url and method must be strings, headers an object")
+            if len(url) > _MAX_URL:
+                raise BadParams(f"fetch: the url is longer than {_MAX_URL} characters")
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
                 raise BadParams("fetch: header names and values must be strings")
             if auth is not None and not isinstance(auth, str):
@@ -185,6 +205,7 @@ class Link:
             )
         finally:
             self.secrets_sent.extend(fetcher.secrets_sent)
+            self.recorded += sum(len(json.dumps(s)) for s in fetcher.secrets_sent)
 
     def meta(self) -> dict[str, Any]:
         return {"egress": self.decisions, "secrets_sent": self.secrets_sent}
