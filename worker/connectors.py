@@ -317,7 +317,8 @@ class Connectors:
             )
         final = link.final
         exc: WorkerError | None = None
-        if final is None or final.get("op") not in ("result", "error") or outcome["timed_out"]:
+        if final is None or final.get("op") not in ("result", "error") or outcome["timed_out"] or link.violation:
+            # a child that broke its channel's rules (a second answer too) is not believed, even before it
             exc = _ended_without_answer(outcome, link, timeout)
         elif final["op"] == "error":
             code, data = final.get("code"), final.get("data")
