@@ -214,10 +214,11 @@ class StreamParser:
             *lines, rest = self._err_partial.split(b"\n")
             self._err_partial = bytearray(rest[-STDERR_TAIL_BYTES:])
             for ln in lines:
-                self._on_stderr_line(self._redact(ln[:4096].decode("utf-8", errors="replace")))
+                # redacted before the cut: a cut through a value would leave a part that no longer matches
+                self._on_stderr_line(str(self._redact(ln.decode("utf-8", errors="replace")))[:4096])
 
     def stderr_tail(self, limit: int = 4096) -> str:
-        return str(self._redact(b"".join(self._err)[-limit:].decode("utf-8", errors="replace")))
+        return str(self._redact(b"".join(self._err).decode("utf-8", errors="replace")))[-limit:]
 
     def eof(self) -> None:
         self._put(EOF_MARK)

@@ -37,6 +37,11 @@ from toolcage.worker.secrets import STORE
 from toolcage.worker.settings import Settings
 
 _MAX_NOTES = 1000  # log and progress lines one call may write (a handler cannot flood the log)
+# Threat: a handler making thousands of refused fetches with long URLs, each a decision kept for the
+# audit, until its call's answer is longer than the runner accepts, which kills the sandbox. URLs are
+# bounded, and past this many bytes of records a call's fetches are refused.
+_MAX_URL = 8192
+_MAX_RECORDS = 512 * 1024
 # codes a handler may answer with; anything else it claims becomes HANDLER_ERROR
 _HANDLER_CODES = frozenset(
     {codes.TOOL_ERROR, codes.EGRESS_DENIED, codes.FETCH_FAILED, codes.INVALID_PARAMS, codes.HANDLER_ERROR}
@@ -77,6 +82,7 @@ class Link:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     secrets_sent: list[dict[str, Any]] = field(default_factory=list)
     notes: int = 0
+    recorded: int = 0  # bytes of decisions and secrets_sent kept for the audit (at most _MAX_RECORDS and one fetch)
 
     def __post_init__(self) -> None:
         limit = 4 * self.settings.policy.limits.output_cap + (1 << 20)
@@ -136,7 +142,7 @@ class Link:
             if self.notes <= _MAX_NOTES:
                 # the handler's words go in as values, never as keys of the worker's own event
                 said = {k: v for k, v in msg.items() if k not in ("op", "level")}
-                text = json.dumps(said, default=repr)[:2000]
+                text = STORE.clip(json.dumps(said, default=repr), 2000)
                 if msg.get("level") in ("warning", "error"):
                     logs.warning(f"handler.{op}", handler=text)
                 else:
@@ -150,14 +156,28 @@ class Link:
 
         def record(url: str, method: str, d: Any) -> None:
             self.decisions.append({"url": url, "method": method, **d.to_dict()})
+            self.recorded += len(json.dumps(self.decisions[-1]))
             _log_decision(url, method, d)
 
+        if self.recorded >= _MAX_RECORDS:
+            message = "fetch: this call made too many requests (its record for the audit is full)"
+            self.send(
+                {
+                    "op": "failed",
+                    "code": codes.FETCH_FAILED,
+                    "message": message,
+                    "data": {"reason": "too_many_requests"},
+                }
+            )
+            return
         fetcher = SafeFetch(self.settings.policy, proxy=proxy_from_env(), on_decision=record, secrets=STORE)
         try:
             url, method, headers = msg["url"], msg["method"], msg.get("headers") or {}
             auth, requested = msg.get("auth"), msg.get("timeout_s")
             if not (isinstance(url, str) and isinstance(method, str) and isinstance(headers, dict)):
                 raise BadParams("fetch: url and method must be strings, headers an object")
+            if len(url) > _MAX_URL:
+                raise BadParams(f"fetch: the url is longer than {_MAX_URL} characters")
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
                 raise BadParams("fetch: header names and values must be strings")
             if auth is not None and not isinstance(auth, str):
@@ -187,6 +207,7 @@ class Link:
             )
         finally:
             self.secrets_sent.extend(fetcher.secrets_sent)
+            self.recorded += sum(len(json.dumps(s)) for s in fetcher.secrets_sent)
 
     def meta(self) -> dict[str, Any]:
         return {"egress": self.decisions, "secrets_sent": self.secrets_sent}
@@ -221,7 +242,7 @@ def _ended_without_answer(outcome: dict[str, Any], link: Link, timeout: float) -
     data = {
         "exit_code": outcome["exit_code"],
         "signal": outcome["signal"],
-        "stderr": STORE.redact_text(outcome["stderr"][-2000:]),
+        "stderr": STORE.clip(outcome["stderr"], 2000, tail=True),
     }
     if outcome["oom_killed"]:
         return HandlerOOM("the handler was killed by the memory limit", data)
@@ -293,16 +314,20 @@ class Connectors:
             logs.info(
                 "handler.output",
                 tool=name,
-                stdout=STORE.redact_text(outcome["stdout"][-2000:]),
-                stderr=STORE.redact_text(outcome["stderr"][-2000:]),
+                stdout=STORE.clip(outcome["stdout"], 2000, tail=True),
+                stderr=STORE.clip(outcome["stderr"], 2000, tail=True),
             )
         final = link.final
         exc: WorkerError | None = None
-        if final is None or final.get("op") not in ("result", "error") or outcome["timed_out"]:
+        if final is None or final.get("op") not in ("result", "error") or outcome["timed_out"] or link.violation:
+            # a child that broke its channel's rules (a second answer too) is not believed, even before it
             exc = _ended_without_answer(outcome, link, timeout)
         elif final["op"] == "error":
-            code = final.get("code")
-            exc = HandlerFailed(str(final.get("message"))[:4000], final.get("data"))
+            code, data = final.get("code"), final.get("data")
+            if code == codes.HANDLER_ERROR and isinstance(data, dict) and isinstance(data.get("traceback"), str):
+                # the child's own record of an exception: cut here, after redaction (worker.handler_host)
+                data = {**data, "traceback": STORE.clip(data["traceback"], 4000, tail=True)}
+            exc = HandlerFailed(STORE.clip(str(final.get("message")), 4000), data)
             exc.code = code if code in _HANDLER_CODES else codes.HANDLER_ERROR
         elif len(json.dumps(final.get("value"))) > self.settings.policy.limits.output_cap:
             exc = ResultTooLarge("the handler's result is larger than the output cap (limits.output_cap)")

@@ -29,6 +29,10 @@ from toolcage.worker import errors  # noqa: E402
 from toolcage.worker.connector_spec import HandlerSpec, SpecError, spec_of  # noqa: E402
 from toolcage.worker.sdk import TOOL_ATTR, Context  # noqa: E402
 
+# The child cannot redact (it holds no secret): it cuts a handler's text only far beyond what the
+# worker shows, and the worker redacts, then cuts. A cut here could split a value the worker then
+# could not recognise (a traceback's tail cut at 4000 left the second half of an exposed value).
+_TEXT_MAX = 1 << 16
 _BY_CODE = {cls.code: cls for cls in (errors.ToolError, errors.EgressDenied, errors.FetchFailed, errors.BadParams)}
 
 
@@ -154,13 +158,13 @@ def call(job: dict[str, Any], link: SocketLink) -> dict[str, Any]:
         return {
             "op": "error",
             "code": codes.HANDLER_ERROR,
-            "message": f"the handler raised {_brief(exc)}",
-            "data": {"type": type(exc).__name__, "traceback": traceback.format_exc(limit=20)[-4000:]},
+            "message": f"the handler raised {_brief(exc, _TEXT_MAX)}",
+            "data": {"type": type(exc).__name__, "traceback": traceback.format_exc(limit=20)[-_TEXT_MAX:]},
         }
 
 
-def _brief(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:1000]
+def _brief(exc: BaseException, limit: int = 1000) -> str:
+    return f"{type(exc).__name__}: {exc}"[:limit]
 
 
 def main() -> int:

@@ -12,6 +12,7 @@ receives. What the bound host itself does with the value is outside the sandbox.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from toolcage.policies.decide import Target
@@ -19,6 +20,9 @@ from toolcage.policies.secrets import SecretSpec
 from toolcage.worker.errors import BadParams, EgressDenied
 
 MIN_SECRET_LEN = 8  # shorter values would redact ordinary text; refused before the run starts
+# Threat: a value no header can carry (a trailing newline from a file or an env var) made http.client
+# raise "Invalid header value b'Bearer <value>\n'", and that message reached the handler unredacted.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class SecretStore:
@@ -54,6 +58,12 @@ class SecretStore:
         short = sorted(k for k, v in values.items() if len(v) < MIN_SECRET_LEN)
         if short:
             raise BadParams(f"secret values must be at least {MIN_SECRET_LEN} characters", {"secrets": short})
+        controls = sorted(k for k, v in values.items() if _CONTROL.search(v))
+        if controls:
+            raise BadParams(
+                "secret values must not contain control characters (a trailing newline?): no header can carry them",
+                {"secrets": controls},
+            )
         self._values = dict(values)
         self._specs = dict(specs)
         needles = []
@@ -97,6 +107,12 @@ class SecretStore:
             if needle in text:
                 text = text.replace(needle, mark)
         return text
+
+    def clip(self, text: str, limit: int, *, tail: bool = False) -> str:
+        """``text`` redacted, then cut to its first (or last) ``limit`` characters. In this order: a cut
+        through a value leaves a part that no longer matches, and would be shown as it is."""
+        text = self.redact_text(text)
+        return text[-limit:] if tail else text[:limit]
 
     def redact_bytes(self, data: bytes) -> bytes:
         for needle, mark in self._needles:
