@@ -82,6 +82,8 @@ class Link:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     secrets_sent: list[dict[str, Any]] = field(default_factory=list)
     notes: int = 0
+    loading: bool = False  # the discovery child: import-time code may not fetch or read secrets (nothing audits it)
+    secrets_read: set[str] = field(default_factory=set)
     recorded: int = 0  # bytes of decisions and secrets_sent kept for the audit (at most _MAX_RECORDS and one fetch)
 
     def __post_init__(self) -> None:
@@ -127,13 +129,20 @@ class Link:
         if op in ("result", "error", "catalog"):
             self.final = msg
             return True
+        if op in ("fetch", "secret") and self.loading:
+            message = "connectors may not fetch or read secrets while they load (at import time)"
+            self.send({"op": "failed", "code": codes.TOOL_ERROR, "message": message, "data": {"reason": "loading"}})
+            return True
         if op == "fetch":
             self._fetch(msg)
             return True
         if op == "secret":
             try:
-                self.send({"op": "secret", "value": STORE.exposed(str(msg.get("name")))})
-                logs.info("handler.secret_read", secret=str(msg.get("name")))
+                name = str(msg.get("name"))
+                self.send({"op": "secret", "value": STORE.exposed(name)})
+                if name not in self.secrets_read:  # once per name and call: a loop of reads cannot grow the log
+                    self.secrets_read.add(name)
+                    logs.info("handler.secret_read", secret=name)
             except WorkerError as exc:
                 self.send({"op": "failed", "code": exc.code, "message": exc.message, "data": exc.data})
             return True
@@ -191,7 +200,8 @@ class Link:
             message, data = STORE.redact_text(exc.message), STORE.redact(exc.data)
             self.send({"op": "failed", "code": exc.code, "message": message, "data": data})
         except (KeyError, TypeError, ValueError) as exc:
-            self.send({"op": "failed", "code": codes.INVALID_PARAMS, "message": f"fetch: bad request ({exc})"})
+            message = STORE.redact_text(f"fetch: bad request ({exc})")
+            self.send({"op": "failed", "code": codes.INVALID_PARAMS, "message": message})
         else:
             # the handler never holds a secret, even if the bound host echoes it back
             self.send(
@@ -199,7 +209,7 @@ class Link:
                     "op": "fetched",
                     "status": r.status,
                     "reason": STORE.redact_text(r.reason),
-                    "headers": [[k, STORE.redact_text(v)] for k, v in r.headers],
+                    "headers": [[STORE.redact_text(k), STORE.redact_text(v)] for k, v in r.headers],
                     "body": base64.b64encode(STORE.redact_bytes(r.body)).decode(),
                     "url": STORE.redact_text(r.url),  # a redirect's Location may carry it too
                     "truncated": r.truncated,
@@ -218,7 +228,7 @@ def run_handler(settings: Settings, job: dict[str, Any], timeout: float) -> tupl
     from toolcage.worker.tools.proc import run_child
 
     parent, child = socket.socketpair()
-    link = Link(settings, parent, time.monotonic() + timeout)
+    link = Link(settings, parent, time.monotonic() + timeout, loading=job.get("op") == "discover")
     fd = child.detach()  # run_child hands it to the child and closes our copy
     try:
         env = {**handler_env(), "TOOLCAGE_HANDLER_FD": str(fd)}

@@ -47,6 +47,21 @@ def fetch(ctx: Context, url: str, auth: str | None = None) -> dict:
 '''
 
 
+# a module that, while it is imported, finds the loading child's socket and asks for a fetch
+IMPORT_TIME_FETCH = """
+import os, socket
+for fd in sorted(map(int, os.listdir("/proc/self/fd"))):
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        continue
+    if s.family == socket.AF_UNIX:
+        s.sendall(b'{"op": "fetch", "url": "https://api.example.test/", "method": "GET", "headers": {}}\\n')
+        raise RuntimeError(s.recv(4096).decode())
+raise RuntimeError("no socket found")
+"""
+
+
 def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(text))
@@ -103,6 +118,7 @@ def test_result_over_the_cap_is_output_capped(engine: Any, no_leaks: None, good:
         ({"a.py": "import not_a_module_anywhere\n"}, "ModuleNotFoundError"),
         ({"a.py": "def broken(:\n"}, "SyntaxError"),
         ({"a.py": "from toolcage.sdk import tool\n@tool\ndef f(x: int): pass\n"}, "needs a docstring"),
+        ({"a.py": IMPORT_TIME_FETCH}, "may not fetch or read secrets while they load"),
     ],
 )
 def test_author_mistakes_are_usage_errors_before_any_call(
