@@ -335,9 +335,10 @@ def policy_test(policy_ref: str, url: str, method: str, resolve: tuple[str, ...]
     sys.exit(0 if d.allowed else 1)
 
 
-from toolcage import cli_image, cli_ops  # noqa: E402  (register image build; audit, ps, gc, doctor on `cli`)
+from toolcage import cli_image, cli_mcp, cli_ops  # noqa: E402  (register image build, mcp serve; audit, ps, gc, doctor)
 
 cli_image.register(cli)
+cli_mcp.register(cli)
 cli_ops.register(cli)
 
 

@@ -1,0 +1,206 @@
+"""``toolcage mcp serve``: the cage as an MCP server on stdio, built on the official MCP SDK's low-level Server.
+
+Imported only by that command, so ``import toolcage`` and the worker never load the SDK. The pure
+pieces (a tool listing as MCP tools, a CallResult or a dead sandbox as an MCP tool result) are plain
+dicts, unit-tested without Docker; the SDK validates them into its types at the edge.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable
+from importlib.metadata import version
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+
+from toolcage.bridge import _lines
+from toolcage.errors import SandboxError
+from toolcage.results import CallResult
+from toolcage.sandbox import Sandbox
+from toolcage.textsafe import dumps, escape
+
+END_GRACE_S = 0.5  # after the sandbox died: time for the isError answer to reach stdout before the session ends
+
+
+def mcp_tools(listing: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The worker's ``tools.list`` answer as MCP tools (name, description, inputSchema)."""
+    out = []
+    for t in listing:
+        schema = dict(t.get("params_schema") or {})
+        schema.setdefault("type", "object")  # MCP requires an object schema at the root
+        out.append({"name": t["name"], "description": t.get("description", ""), "inputSchema": schema})
+    return out
+
+
+def call_content(res: CallResult) -> dict[str, Any]:
+    """A CallResult as an MCP CallToolResult: the JSON result as text (plus ``structuredContent``
+    when it is an object); a tool failure is ``isError`` with its status, error code and message."""
+    out: dict[str, Any] = {}
+    if res.ok:
+        text = dumps(res.result)
+    elif res.error is not None:
+        err = res.error
+        text = f"tool failed: status {res.status}, error {err.get('code')}: {escape(err.get('message'))}"
+        if err.get("data") is not None:
+            text += f"\n{dumps(err['data'])}"
+    else:  # the tool answered, but its child ended badly (non-zero exit, timeout, output capped, ...)
+        text = f"tool failed: status {res.status}\n{dumps(res.result)}"
+    out["content"] = [{"type": "text", "text": text}]
+    if isinstance(res.result, dict):
+        out["structuredContent"] = res.result
+    out["isError"] = not res.ok
+    return out
+
+
+def sandbox_failure(exc: SandboxError) -> dict[str, Any]:
+    """The sandbox itself failed (deadline, crash, memory): an ``isError`` result naming the status."""
+    text = f"sandbox failed: status {exc.status} ({exc.reason}): {exc.message}"
+    return {"content": [{"type": "text", "text": text}], "isError": True}
+
+
+class _StdinLines:
+    """stdin lines for the SDK's stdio transport, read by os.read on a daemon thread.
+
+    The SDK's own reader blocks in a non-daemon worker thread, which kept the process alive after
+    SIGTERM, SIGINT or a dead sandbox until the client closed our stdin; a daemon thread does not."""
+
+    def __init__(self, fd: int = 0) -> None:
+        self._send, self._recv = anyio.create_memory_object_stream[str](16)
+        self._token = anyio.lowlevel.current_token()
+        threading.Thread(target=self._pump, args=(fd,), name="toolcage-mcp-stdin", daemon=True).start()
+
+    def _pump(self, fd: int) -> None:
+        try:
+            for line in _lines(fd):  # a line over 16 MiB becomes "{": the SDK answers it as a parse error
+                anyio.from_thread.run(self._send.send, line.decode("utf-8", "replace"), token=self._token)
+            anyio.from_thread.run_sync(self._send.close, token=self._token)
+        except Exception:  # noqa: S110 - the loop is gone (session over): nobody reads the rest
+            pass
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._recv.__aiter__()
+
+
+class McpCage:
+    """One MCP session's state: the tools it offers and the sandbox (or a factory of fresh ones) it calls."""
+
+    def __init__(self, make_sandbox: Callable[[], Sandbox], *, fresh_per_call: bool) -> None:
+        self.make_sandbox = make_sandbox
+        self.fresh_per_call = fresh_per_call
+        self.sandbox: Sandbox | None = None
+        self.tools: list[dict[str, Any]] = []
+        self.ended: SandboxError | None = None  # why the session's sandbox died (the session then ends)
+        self._end: anyio.Event | None = None  # made in the event loop (serve_stdio)
+        self._calls_lock = threading.Lock()
+        self._fresh: set[Sandbox] = set()  # --fresh-per-call: the sandboxes of the calls in flight
+
+    def start(self) -> None:
+        """Before serving: start the session's sandbox (or one short-lived one) and read the tools.
+        Errors here (policy, secrets, image, Docker) reach the CLI as they are."""
+        sb = self.make_sandbox()
+        try:
+            sb.start()
+            res = sb.call("tools.list")
+        except BaseException:
+            sb.close()
+            raise
+        if not res.ok or not isinstance(res.result, list):
+            sb.close()
+            raise SandboxError("the sandbox did not list its tools", status=res.status)
+        self.tools = mcp_tools(res.result)
+        if self.fresh_per_call:
+            sb.close()
+        else:
+            self.sandbox = sb
+
+    def interrupt(self) -> None:
+        """SIGINT/SIGTERM: kill every sandbox now; a call blocked in a worker thread then returns at once."""
+        with self._calls_lock:
+            live = [*self._fresh, *([self.sandbox] if self.sandbox is not None else [])]
+        for sb in live:
+            sb.interrupt()
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+    def _call(self, name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
+        """One tools/call, blocking (run in a worker thread)."""
+        if self.fresh_per_call:
+            sb = self.make_sandbox()
+            with self._calls_lock:
+                self._fresh.add(sb)
+            try:
+                with sb:
+                    return call_content(sb.call(name, arguments))
+            except SandboxError as exc:
+                return sandbox_failure(exc)  # that call's sandbox only: the next call gets a new one
+            finally:
+                with self._calls_lock:
+                    self._fresh.discard(sb)
+        assert self.sandbox is not None
+        if self.ended is not None:
+            return sandbox_failure(self.ended)
+        try:
+            return call_content(self.sandbox.call(name, arguments))
+        except SandboxError as exc:
+            self.ended = exc
+            return sandbox_failure(exc)
+
+    async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult.model_validate({"tools": self.tools})
+
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        # only the listed tools: the worker's own methods (tools.list, sandbox.usage) are not MCP tools
+        if params.name not in {t["name"] for t in self.tools}:
+            raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
+        # abandoned if the session is cancelled (a signal): interrupt() then kills the sandbox the thread waits on
+        out = await anyio.to_thread.run_sync(self._call, params.name, params.arguments, abandon_on_cancel=True)
+        if self.ended is not None and self._end is not None:
+            self._end.set()
+        return types.CallToolResult.model_validate(out)
+
+    async def serve_stdio(self) -> None:
+        """Serve MCP on stdin/stdout until EOF, or until the session's sandbox has died (after answering that)."""
+        server: Server[Any] = Server(
+            "toolcage", version=version("toolcage"), on_list_tools=self.list_tools, on_call_tool=self.call_tool
+        )
+
+        self._end = end = anyio.Event()
+
+        async def end_when_dead(scope: anyio.CancelScope) -> None:
+            await end.wait()
+            await anyio.sleep(END_GRACE_S)
+            scope.cancel()
+
+        stdin: Any = _StdinLines()  # duck-typed: the transport only iterates it
+        async with stdio_server(stdin=stdin) as (read, write), anyio.create_task_group() as tg:
+            tg.start_soon(end_when_dead, tg.cancel_scope)
+            await server.run(read, write, server.create_initialization_options())
+            tg.cancel_scope.cancel()
+
+
+def serve(make_sandbox: Callable[[], Sandbox], *, fresh_per_call: bool) -> None:
+    """Start the sandbox, serve MCP on stdio, remove the sandbox; raise the SandboxError that ended the session."""
+    cage = McpCage(make_sandbox, fresh_per_call=fresh_per_call)
+    cage.start()
+    try:
+        anyio.run(cage.serve_stdio)
+    except BaseException:  # SystemExit from the CLI's SIGINT/SIGTERM handler, KeyboardInterrupt
+        cage.interrupt()
+        raise
+    finally:
+        cage.close()
+    if cage.ended is not None:
+        raise cage.ended
+
+
+__all__ = ["McpCage", "call_content", "mcp_tools", "sandbox_failure", "serve"]

@@ -1,0 +1,181 @@
+"""`toolcage mcp serve` driven by the official MCP Python client over stdio, on the real engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+CONNECTOR = '''
+from toolcage.sdk import tool
+
+@tool
+def add(a: int, b: int = 1) -> dict:
+    """Add two numbers."""
+    return {"sum": a + b}
+'''
+
+
+def _session(args: list[str], body: Callable[[ClientSession], Awaitable[None]]) -> None:
+    """Run ``body`` against a `toolcage mcp serve ARGS` session (the server's stderr to ours)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("TOOLCAGE_")}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "toolcage.cli", "mcp", "serve", *args], env=env)
+
+    async def main() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await body(session)
+
+    anyio.run(main)
+
+
+def _text(res: Any) -> str:
+    return "\n".join(c.text for c in res.content if c.type == "text")
+
+
+@pytest.fixture
+def connector(tmp_path: Path) -> Path:
+    path = tmp_path / "conn.py"
+    path.write_text(CONNECTOR)
+    path.chmod(0o644)
+    tmp_path.chmod(0o755)
+    return path
+
+
+def test_session(engine: Any, connector: Path) -> None:
+    """One session: initialize, list (built-ins, a connector), call them, failures as isError, scratch persists."""
+
+    async def body(s: ClientSession) -> None:
+        init = await s.initialize()
+        assert init.server_info.name == "toolcage"
+        await s.send_ping()
+
+        tools = {t.name: t for t in (await s.list_tools()).tools}
+        assert "code" in tools["run_python"].input_schema["properties"]
+        assert tools["run_python"].description
+        assert tools["add"].input_schema["properties"]["a"]["type"] == "integer"
+
+        res = await s.call_tool("run_python", {"code": "print(2+2)"})
+        assert not res.is_error and "4" in _text(res)
+        assert res.structured_content is not None and res.structured_content["stdout"] == "4\n"
+
+        res = await s.call_tool("add", {"a": 2, "b": 3})
+        assert not res.is_error and res.structured_content == {"sum": 5}
+        assert json.loads(_text(res)) == {"sum": 5}
+
+        res = await s.call_tool("add", {"a": "two"})
+        assert res.is_error and "-32602" in _text(res) and '"a"' in _text(res)
+
+        with pytest.raises(MCPError, match="Unknown tool"):
+            await s.call_tool("no_such_tool", {})
+        with pytest.raises(MCPError, match="Unknown tool"):
+            await s.call_tool("sandbox.usage", {})  # the worker's own methods are not MCP tools
+
+        res = await s.call_tool("run_python", {"code": "import sys; sys.exit(1)"})
+        assert res.is_error and "status error" in _text(res)
+        assert res.structured_content is not None and res.structured_content["exit_code"] == 1
+
+        await s.call_tool("write_file", {"path": "note.txt", "content": "kept"})
+        res = await s.call_tool("read_file", {"path": "note.txt"})
+        assert not res.is_error and "kept" in _text(res)
+
+    _session(["--tools", str(connector)], body)
+
+
+def test_fresh_per_call(engine: Any) -> None:
+    """--fresh-per-call: every tools/call gets a new sandbox, so scratch does not persist."""
+
+    async def body(s: ClientSession) -> None:
+        await s.initialize()
+        assert "run_python" in {t.name for t in (await s.list_tools()).tools}
+        res = await s.call_tool("write_file", {"path": "note.txt", "content": "kept"})
+        assert not res.is_error
+        res = await s.call_tool("read_file", {"path": "note.txt"})
+        assert res.is_error
+
+    _session(["--fresh-per-call"], body)
+
+
+def test_sandbox_death_ends_the_session(engine: Any) -> None:
+    """A call the run deadline kills is an isError result naming status timeout; then the session ends."""
+    seen: dict[str, Any] = {}
+
+    async def body(s: ClientSession) -> None:
+        await s.initialize()
+        res = await s.call_tool("run_python", {"code": "import time; time.sleep(30)"})
+        seen["res"] = res
+        with anyio.fail_after(10), pytest.raises(MCPError):  # the server ends: a later request fails
+            while True:
+                await s.send_ping()
+                await anyio.sleep(0.2)
+
+    _session(["--timeout", "3"], body)
+    assert seen["res"].is_error and "status timeout" in _text(seen["res"])
+
+
+def test_error_before_serving(engine: Any, tmp_path: Path) -> None:
+    """Before any MCP is spoken: a bad policy or a missing secret is exit 2, a missing image exit 3; one stderr line."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "toolcage.cli", "mcp", "serve"]
+    github = str(Path(__file__).resolve().parents[2] / "examples/connectors/github.yaml")
+    proc = subprocess.run([*cmd, "--policy", github], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and proc.stdout == "" and "GITHUB_TOKEN" in proc.stderr
+    proc = subprocess.run(
+        [*cmd, "--policy", str(tmp_path / "nope.yaml")], capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [*cmd, "--image", "toolcage-worker:no-such-tag"], capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 3 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode", [[], ["--fresh-per-call"]])
+def test_sigterm_mid_call(engine: Any, mode: list[str]) -> None:
+    """SIGTERM while a call runs: the sandbox is killed and removed at once, exit 143, nothing on stdout after.
+
+    The only test here that writes MCP by hand: it needs the server's pid, which stdio_client keeps to itself."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolcage.cli", "mcp", "serve", *mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+    def send(msg: dict[str, Any]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(msg) + "\n").encode())
+        proc.stdin.flush()
+
+    info = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": info})
+    assert json.loads(proc.stdout.readline())["result"]["serverInfo"]["name"] == "toolcage"
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    call = {"name": "run_python", "arguments": {"code": "import time; time.sleep(30)"}}
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+    time.sleep(2)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 143
+    assert time.monotonic() - t0 < 5
+    assert "SIGTERM" in proc.stderr.read().decode()
+    proc.stdin.close()
+    proc.stdout.close()
+    proc.stderr.close()
