@@ -45,15 +45,18 @@ class HandlerSpec:
             built = _pydantic_validate(self.params, raw)
         return {f.name: getattr(built, f.name) for f in dataclasses.fields(self.params)}
 
-    def describe(self, module: str) -> dict[str, Any]:
-        from toolcage.worker.tools._params import json_schema
+    def describe(self, module: str, schema: bool = True) -> dict[str, Any]:
+        """Name, description, module and (``schema``: pydantic, ~100 ms to import) the params schema."""
+        params_schema = None
+        if schema:
+            from toolcage.worker.tools._params import json_schema
 
-        schema = json_schema(self.params)
-        schema["title"] = self.name
+            params_schema = json_schema(self.params)
+            params_schema["title"] = self.name
         return {
             "name": self.name,
             "description": self.description,
-            "params_schema": schema,
+            "params_schema": params_schema,
             "source": "connector",
             "module": module,
         }

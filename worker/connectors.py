@@ -283,13 +283,19 @@ class Connectors:
         logs.info("sandbox.configured", tools=sorted(self.tools), secrets=STORE.names())
         return {"tools": sorted(self.tools), "secrets": STORE.names()}
 
-    def _discover(self, builtin: list[str]) -> None:
+    def _catalog(self, schemas: bool) -> dict[str, Any]:
+        """Run a loading child over every source; its catalog (``schemas``: with params schemas)."""
         timeout = min(self.settings.policy.timeouts.call_s, self.settings.policy.timeouts.run_s)
-        outcome, link = run_handler(self.settings, {"op": "discover", "sources": self.sources}, timeout)
+        job = {"op": "discover", "sources": self.sources, "schemas": schemas}
+        outcome, link = run_handler(self.settings, job, timeout)
         final = link.final
         if final is None or final.get("op") != "catalog" or not isinstance(final.get("tools"), list):
             exc = _ended_without_answer(outcome, link, timeout)
             raise ConfigError(f"loading the connectors failed: {exc.message}", exc.data)
+        return final
+
+    def _discover(self, builtin: list[str]) -> None:
+        final = self._catalog(schemas=False)  # no pydantic at start: a run that only calls never needs it
         problems = [str(p) for p in final.get("problems") or []]
         tools: dict[str, dict[str, Any]] = {}
         for t in final["tools"]:
@@ -303,8 +309,22 @@ class Connectors:
             raise ConfigError("the connectors cannot be loaded: " + "; ".join(problems), {"problems": problems})
         self.tools = tools
 
+    def ensure_schemas(self) -> bool:
+        """Fill in the params schemas (once, when tools.list first asks); True if a child ran."""
+        if not self.tools or all(t.get("params_schema") is not None for t in self.tools.values()):
+            return False
+        final = self._catalog(schemas=True)
+        problems = [str(p) for p in final.get("problems") or []]
+        got = {t.get("name"): t for t in final["tools"] if isinstance(t, dict)}
+        missing = sorted(n for n in self.tools if not isinstance((got.get(n) or {}).get("params_schema"), dict))
+        if problems or missing:
+            raise ConfigError("the connectors' schemas cannot be made: " + "; ".join(problems or missing))
+        for name, t in self.tools.items():
+            t["params_schema"] = got[name]["params_schema"]
+        return True
+
     def describe_one(self, name: str) -> dict[str, Any]:
-        """What tools.list shows of a connector tool (read off its function, in the discovery child)."""
+        """What tools.list shows of a connector tool (read off its function, in a loading child)."""
         keys = ("name", "description", "params_schema", "source", "module")
         return {k: self.tools[name].get(k) for k in keys}
 

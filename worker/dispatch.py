@@ -10,6 +10,7 @@ implements jsonrpcserver's own request schema in plain Python.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -96,7 +97,7 @@ class Dispatcher:
         self.catalog = catalog
         self.connectors = Connectors(settings)
         self.methods: dict[str, Callable[..., Result]] = {n: self._wrap(n) for n in catalog.names()}
-        self.methods["tools.list"] = lambda: Success(self.catalog.describe())
+        self.methods["tools.list"] = self._tools_list
         self.methods["ping"] = lambda: Success("pong")
         self.methods["sandbox.usage"] = self._usage
         self.methods["sandbox.configure"] = self._configure
@@ -122,7 +123,7 @@ class Dispatcher:
                     self._connector_handler(name),
                     in_process_timeout=False,
                     runs_code=True,
-                    info=self.connectors.describe_one(name),
+                    info=functools.partial(self.connectors.describe_one, name),
                 )
             )
             self.methods[name] = self._wrap(name)
@@ -133,6 +134,17 @@ class Dispatcher:
         from toolcage.worker.usage import usage
 
         return Success(usage())
+
+    def _tools_list(self) -> Result:
+        """Every tool with its schema; the connectors' schemas are made on first ask (a loading child)."""
+        try:
+            ran = self.connectors.ensure_schemas()
+        except WorkerError as exc:
+            self._after_code("tools.list")
+            return Error(exc.code, exc.message, exc.data)
+        if ran:
+            self._after_code("tools.list")
+        return Success(self.catalog.describe())
 
     def _connector_handler(self, name: str) -> Callable[[Settings, Any], Any]:
         def handler(_settings: Settings, params: Any) -> Any:

@@ -90,8 +90,9 @@ def _tools_in(module: ModuleType) -> list[Any]:
     return [v for v in vars(module).values() if callable(v) and hasattr(v, TOOL_ATTR)]
 
 
-def discover(sources: list[dict[str, Any]]) -> dict[str, Any]:
-    """Import every source's modules and list their tools; a clash or a broken module is an error."""
+def discover(sources: list[dict[str, Any]], schemas: bool = True) -> dict[str, Any]:
+    """Import every source's modules and list their tools; a clash or a broken module is an error.
+    Without ``schemas`` (at start) pydantic is not imported: schemas are made when tools.list asks."""
     tools: dict[str, dict[str, Any]] = {}
     seen: set[int] = set()
     problems: list[str] = []
@@ -121,7 +122,12 @@ def discover(sources: list[dict[str, Any]]) -> dict[str, Any]:
                         f"tool name clash: {spec.name} is defined in {tools[spec.name]['module']} and in {mod_name}"
                     )
                     continue
-                tools[spec.name] = {**spec.describe(mod_name), "source_index": source["index"]}
+                try:
+                    described = spec.describe(mod_name, schema=schemas)
+                except Exception as exc:  # a hint pydantic cannot turn into a schema
+                    problems.append(f"{source['label']}: {spec.name}: no params schema: {_brief(exc)}")
+                    continue
+                tools[spec.name] = {**described, "source_index": source["index"]}
     return {"op": "catalog", "tools": list(tools.values()), "problems": problems}
 
 
@@ -171,7 +177,7 @@ def main() -> int:
     link = SocketLink(int(os.environ.pop("TOOLCAGE_HANDLER_FD")))
     job = json.loads(sys.stdin.buffer.read())  # the worker writes the whole job, then closes stdin
     if job.get("op") == "discover":
-        link.send(discover(job["sources"]))
+        link.send(discover(job["sources"], schemas=job.get("schemas") is True))
     elif job.get("op") == "call":
         link.send(call(job, link))
     return 0

@@ -37,7 +37,7 @@ class Tool:
     handler: Callable[[Settings, Any], Any]
     in_process_timeout: bool = True  # handlers that run no child get a SIGALRM deadline
     runs_code: bool = False  # it runs untrusted code: when the call ends, every other process is killed
-    info: dict[str, Any] | None = None  # what tools.list shows, when it is not read off ``params`` (connectors)
+    info: Callable[[], dict[str, Any]] | None = None  # what tools.list shows, when not read off ``params``
 
     def validate(self, raw: dict[str, Any]) -> Any:
         if self.params is None:
@@ -93,5 +93,8 @@ class Catalog:
         out = []
         for name in self.names():
             t = self.get(name)
-            out.append(t.info or {"name": t.name, "description": t.description, "params_schema": json_schema(t.params)})
+            if t.info is not None:
+                out.append(t.info())
+            else:
+                out.append({"name": t.name, "description": t.description, "params_schema": json_schema(t.params)})
         return out
