@@ -102,11 +102,8 @@ def secret_store(policy: Policy, values: Mapping[str, str] | None) -> Any:
     from toolcage.worker.secrets import SecretStore
 
     store = SecretStore()
-    given = dict(values or {})
-    if not given and not policy.secrets:
-        return store
     try:
-        store.load(given, dict(policy.secrets))
+        store.load(dict(values or {}), dict(policy.secrets))
     except BadParams as exc:
         data = exc.data or {}
         parts = []

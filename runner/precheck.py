@@ -14,7 +14,7 @@ tools' params are still checked.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NoReturn
 
 from toolcage.errors import BadToolCall
 
@@ -59,7 +59,7 @@ def check_connector(tool: str, connectors: list[str]) -> None:
         unknown_tool(tool, sorted([*BUILTIN, *connectors]))
 
 
-def unknown_tool(tool: str, valid: list[str]) -> None:
+def unknown_tool(tool: str, valid: list[str]) -> NoReturn:
     raise BadToolCall(
         f"unknown tool {tool!r}: the tools are {', '.join(valid)} (`toolcage tools` describes them)",
         tool=tool,

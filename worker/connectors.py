@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import socket
 import sys
 import time
@@ -62,12 +61,10 @@ def handler_argv() -> list[str]:
 
 def handler_env() -> dict[str, str]:
     """The child finds toolcage where the worker does, and the image's extra packages after it."""
-    from toolcage.worker.tools.proc import DEPS_DIR
+    from toolcage.worker.tools.proc import python_path
 
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if os.path.isdir(DEPS_DIR):
-        paths.append(DEPS_DIR)
-    return {"PYTHONPATH": os.pathsep.join(paths)} if paths else {}
+    path = python_path(worker_lib=True)
+    return {"PYTHONPATH": path} if path else {}
 
 
 @dataclass
@@ -161,12 +158,12 @@ class Link:
 
     def _fetch(self, msg: dict[str, Any]) -> None:
         from toolcage.worker.safefetch import SafeFetch, proxy_from_env
-        from toolcage.worker.tools.net import _log_decision
+        from toolcage.worker.tools.net import log_decision
 
         def record(url: str, method: str, d: Any) -> None:
             self.decisions.append({"url": url, "method": method, **d.to_dict()})
             self.recorded += len(json.dumps(self.decisions[-1]))
-            _log_decision(url, method, d)
+            log_decision(url, method, d)
 
         if self.recorded >= _MAX_RECORDS:
             message = "fetch: this call made too many requests (its record for the audit is full)"
@@ -283,9 +280,14 @@ class Connectors:
         logs.info("sandbox.configured", tools=sorted(self.tools), secrets=STORE.names())
         return {"tools": sorted(self.tools), "secrets": STORE.names()}
 
+    @property
+    def _timeout(self) -> float:
+        """A handler child's time: the call timeout, never past the run deadline."""
+        return min(self.settings.policy.timeouts.call_s, self.settings.policy.timeouts.run_s)
+
     def _catalog(self, schemas: bool) -> dict[str, Any]:
         """Run a loading child over every source; its catalog (``schemas``: with params schemas)."""
-        timeout = min(self.settings.policy.timeouts.call_s, self.settings.policy.timeouts.run_s)
+        timeout = self._timeout
         job = {"op": "discover", "sources": self.sources, "schemas": schemas}
         outcome, link = run_handler(self.settings, job, timeout)
         final = link.final
@@ -330,7 +332,7 @@ class Connectors:
 
     def call(self, name: str, params: dict[str, Any]) -> WithMeta:
         t = self.tools[name]
-        timeout = min(self.settings.policy.timeouts.call_s, self.settings.policy.timeouts.run_s)
+        timeout = self._timeout
         job = {
             "op": "call",
             "source": self.sources[t["source_index"]],
@@ -362,7 +364,7 @@ class Connectors:
         elif len(json.dumps(final.get("value"))) > self.settings.policy.limits.output_cap:
             exc = ResultTooLarge("the handler's result is larger than the output cap (limits.output_cap)")
         if exc is not None:
-            exc.meta = link.meta()  # type: ignore[attr-defined]
+            exc.meta = link.meta()
             raise exc
         return WithMeta(final.get("value"), link.meta())  # type: ignore[union-attr]
 

@@ -86,7 +86,7 @@ def _serialize(response: Any) -> Any:
         out = serialize_success(ok)
     if meta is not None:
         out["toolcage"] = meta
-    return STORE.redact(out) if STORE else out
+    return STORE.redact(out)
 
 
 class Dispatcher:
@@ -173,8 +173,7 @@ class Dispatcher:
                 return Success(result)
             except WorkerError as exc:
                 outcome = type(exc).__name__
-                meta = getattr(exc, "meta", None)
-                return Error(exc.code, exc.message, exc.data if meta is None else WithMeta(exc.data, meta))
+                return Error(exc.code, exc.message, exc.data if exc.meta is None else WithMeta(exc.data, exc.meta))
             except Exception:
                 error_id = uuid.uuid4().hex[:12]
                 outcome = "internal_error"

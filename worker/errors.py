@@ -27,6 +27,8 @@ from toolcage.policies import codes
 
 class WorkerError(Exception):
     code = codes.WORKER_ERROR
+    # what the runner audits about the call that failed (a connector's fetches), sent beside the error
+    meta: dict[str, Any] | None = None
 
     def __init__(self, message: str, data: Any = None) -> None:
         super().__init__(message)

@@ -51,7 +51,8 @@ def _redact(logger: Any, method: str, event: MutableMapping[str, Any]) -> Mappin
     """No secret value reaches the log, whoever put it in an event (a handler's log line, an error)."""
     from toolcage.worker.secrets import STORE
 
-    return STORE.redact(event) if STORE else event
+    redacted: Mapping[str, Any] = STORE.redact(event)
+    return redacted
 
 
 def _configure() -> Any:

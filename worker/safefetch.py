@@ -60,7 +60,6 @@ class FetchResult:
     truncated: bool
     url: str
     decisions: list[dict[str, Any]] = field(default_factory=list)
-    secrets_sent: list[dict[str, Any]] = field(default_factory=list)  # names and where, never values
 
 
 def proxy_from_env() -> tuple[str, int] | None:
@@ -156,7 +155,6 @@ class SafeFetch:
         if not any(k.lower() == "user-agent" for k in hdrs):
             hdrs["User-Agent"] = "toolcage"  # some APIs (GitHub's) refuse a request without one
         decisions: list[dict[str, Any]] = []
-        sent: list[dict[str, Any]] = []
         if auth is not None and self.secrets is None:
             raise EgressDenied(f"no secret named {auth} in this run", {"secret": auth, "reason": "unknown_secret"})
         for hop in range(MAX_REDIRECTS + 1):
@@ -174,9 +172,9 @@ class SafeFetch:
                 name, value = self.secrets.header_for(auth, t)
                 send = {k: v for k, v in hdrs.items() if k.lower() != name.lower()}
                 send[name] = value
-                record = {"secret": auth, "origin": f"{t.scheme}://{t.host}:{t.port}", "method": method, "hop": hop}
-                sent.append(record)
-                self.secrets_sent.append(record)  # kept even if a later hop fails: the audit needs it
+                origin = f"{t.scheme}://{t.host}:{t.port}"
+                # on the client, not the result: kept even if a later hop fails, the audit needs it
+                self.secrets_sent.append({"secret": auth, "origin": origin, "method": method, "hop": hop})
             conn: http.client.HTTPConnection | None = None
             try:
                 # connecting (and, direct, the TLS handshake) is inside: a refused connection or a
@@ -219,7 +217,7 @@ class SafeFetch:
                 url = new_url
                 continue
             return FetchResult(
-                status, reason, rheaders, data[: self.max_bytes], len(data) > self.max_bytes, url, decisions, sent
+                status, reason, rheaders, data[: self.max_bytes], len(data) > self.max_bytes, url, decisions
             )
         raise FetchFailed(f"more than {MAX_REDIRECTS} redirects", {"url": url})
 

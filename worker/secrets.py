@@ -74,13 +74,16 @@ class SecretStore:
         self._needles = sorted(needles, key=lambda n: -len(n[0]))
 
     # sending --------------------------------------------------------------------------------
-    def header_for(self, name: str, target: Target) -> tuple[str, str]:
-        """The (header, value) to add for a request to ``target``; EgressDenied if the secret is
-        unknown or bound elsewhere (the caller checked the policy allows the request)."""
+    def _spec(self, name: str) -> SecretSpec:
         spec = self._specs.get(name)
         if spec is None or name not in self._values:
             raise EgressDenied(f"no secret named {name} in this run", {"secret": name, "reason": "unknown_secret"})
-        to = spec.send_to
+        return spec
+
+    def header_for(self, name: str, target: Target) -> tuple[str, str]:
+        """The (header, value) to add for a request to ``target``; EgressDenied if the secret is
+        unknown or bound elsewhere (the caller checked the policy allows the request)."""
+        to = self._spec(name).send_to
         if (target.scheme, target.host, target.port) != (to.scheme, to.host, to.effective_port):
             where = f"{target.scheme}://{target.host}:{target.port}"
             raise EgressDenied(
@@ -91,10 +94,7 @@ class SecretStore:
 
     def exposed(self, name: str) -> str:
         """The value itself, only for a secret the policy marks ``unsafe_expose_to_handler``."""
-        spec = self._specs.get(name)
-        if spec is None or name not in self._values:
-            raise EgressDenied(f"no secret named {name} in this run", {"secret": name, "reason": "unknown_secret"})
-        if not spec.unsafe_expose_to_handler:
+        if not self._spec(name).unsafe_expose_to_handler:
             raise EgressDenied(
                 f"secret {name} is not exposed to handlers (the policy would have to set unsafe_expose_to_handler)",
                 {"secret": name, "reason": "secret_not_exposed"},

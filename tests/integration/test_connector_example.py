@@ -12,10 +12,7 @@ reaches beyond the machine. Everything is labelled and removed afterwards.
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +22,8 @@ from urllib.parse import quote, unquote
 import pytest
 import yaml
 
-from toolcage import DEFAULT_IMAGE, Sandbox, audit
+from tests.helpers import run_cli, start_upstream
+from toolcage import Sandbox, audit
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -114,33 +112,6 @@ def probe_secret(ctx: Context) -> str:
 '''
 
 
-def _create(engine: Any, name: str, net: str, role: str, alias: str, pem: str, labels: dict[str, str]) -> str:
-    """One upstream (not started yet), hardened like the sandbox, answering HTTPS on 443 as ``alias``."""
-    cid = engine.create(
-        {
-            "Image": os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE),
-            "Entrypoint": ["python3", "-c", UPSTREAM],
-            "User": "65532:65532",
-            "Labels": labels,
-            "Env": [f"ROLE={role}", f"TLS_PEM={pem}"],
-            "HostConfig": {
-                "NetworkMode": net,
-                "ReadonlyRootfs": True,
-                "CapDrop": ["ALL"],
-                "Memory": 128 << 20,
-                "PidsLimit": 32,
-                "SecurityOpt": ["no-new-privileges"],
-                "Tmpfs": {"/tmp": "size=1m"},
-                # port 443 without root or a capability: a sysctl of the container's own network namespace
-                "Sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"},
-            },
-            "NetworkingConfig": {"EndpointsConfig": {net: {"Aliases": [alias]}}},
-        },
-        name,
-    )
-    return str(cid)
-
-
 @pytest.fixture(scope="module")
 def upstream(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """An internal network with a fake api.github.com and an echo.test, both HTTPS on 443 (test CA)."""
@@ -158,8 +129,17 @@ def upstream(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         for role, alias in (("github", "api.github.com"), ("echo", "echo.test")):
             cert = ca.issue_cert(alias)
             pem = cert.private_key_pem.bytes().decode() + "".join(b.bytes().decode() for b in cert.cert_chain_pems)
-            cids[role] = _create(engine, f"toolcage-test-{role}-{tag}", net, role, alias, pem, labels)
-            engine.start(cids[role])
+            cids[role] = start_upstream(
+                engine,
+                f"toolcage-test-{role}-{tag}",
+                net,
+                UPSTREAM,
+                [alias],
+                labels,
+                {"ROLE": role, "TLS_PEM": pem},
+                # port 443 without root or a capability: a sysctl of the container's own network namespace
+                sysctls={"net.ipv4.ip_unprivileged_port_start": "0"},
+            )
         deadline = time.monotonic() + 10
         while not all('"listening"' in engine.logs(c) for c in cids.values()):
             assert time.monotonic() < deadline, {r: engine.logs(c) for r, c in cids.items()}
@@ -285,8 +265,8 @@ def test_cli_run_keeps_the_token_out_of_its_output(
     issues; the token is in neither stdout, stderr (-vv) nor the audit log, and reached the upstream."""
     log = tmp_path / "cli-audit.jsonl"
     before = len(seen(engine, upstream["github"]))
-    cmd = [
-        sys.executable, "-m", "toolcage.cli", "run", "list_issues", "-vv",
+    args = [
+        "run", "list_issues", "-vv",
         "--tools", "examples/connectors",
         "--policy", str(derived_policy(tmp_path, upstream, echo=False)),
         "--secret", "GITHUB_TOKEN=env:GITHUB_TOKEN",
@@ -295,8 +275,7 @@ def test_cli_run_keeps_the_token_out_of_its_output(
         "--ca-file", str(upstream["ca_file"]),
         "--audit-log", str(log),
     ]  # fmt: skip
-    env = {**os.environ, "GITHUB_TOKEN": token}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = run_cli(*args, env={"GITHUB_TOKEN": token})
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
     out = json.loads(proc.stdout)
     assert out["status"] == "ok" and [i["number"] for i in out["result"]] == [3, 1]

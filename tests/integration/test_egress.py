@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import start_upstream
 from toolcage import Sandbox
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -87,35 +88,6 @@ while True:
 """
 
 
-def _start(
-    engine: Any, name: str, net: str, script: str, aliases: list[str], labels: dict[str, str], env: dict[str, str]
-) -> str:
-    from toolcage import DEFAULT_IMAGE
-
-    cid = engine.create(
-        {
-            "Image": DEFAULT_IMAGE,
-            "Entrypoint": ["python3", "-c", script],
-            "User": "65532:65532",
-            "Labels": labels,
-            "Env": [f"{k}={v}" for k, v in env.items()],
-            "HostConfig": {
-                "NetworkMode": net,
-                "ReadonlyRootfs": True,
-                "CapDrop": ["ALL"],
-                "Memory": 128 << 20,
-                "PidsLimit": 32,
-                "SecurityOpt": ["no-new-privileges"],
-                "Tmpfs": {"/tmp": "size=1m"},
-            },
-            "NetworkingConfig": {"EndpointsConfig": {net: {"Aliases": aliases}}},
-        },
-        name,
-    )
-    engine.start(cid)
-    return str(cid)
-
-
 @pytest.fixture(scope="module")
 def upstream(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """An internal egress network with one HTTP(S) server answering as api.allowed.test, wrong.allowed.test
@@ -136,7 +108,7 @@ def upstream(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     cids: list[str] = []
     try:
         cids.append(
-            _start(
+            start_upstream(
                 engine,
                 f"toolcage-test-upstream-{tag}",
                 net,
@@ -146,7 +118,9 @@ def upstream(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 {"TLS_CERT": pem},
             )
         )
-        cids.append(_start(engine, f"toolcage-test-corp-proxy-{tag}", net, CORP_PROXY, ["corp-proxy"], labels, {}))
+        cids.append(
+            start_upstream(engine, f"toolcage-test-corp-proxy-{tag}", net, CORP_PROXY, ["corp-proxy"], labels, {})
+        )
         ip = engine.inspect(cids[0])["NetworkSettings"]["Networks"][net]["IPAddress"]
         subnet = engine.network(net)["IPAM"]["Config"][0]["Subnet"]
         time.sleep(0.5)  # let both servers bind

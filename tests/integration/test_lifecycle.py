@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,23 +14,13 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import run_cli as cli
 from toolcage import Sandbox, WorkerCrashed
 from toolcage.audit import read, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "policies"
 pytestmark = pytest.mark.usefixtures("no_leaks")
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "toolcage.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def objects_of(engine: Any, run_id: str) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import run_cli as _cli
 from tests.unit._helpers import finish_with_stdin_open
 from toolcage import (
     DockerUnavailable,
@@ -188,17 +189,6 @@ def test_async_twin(engine: Any) -> None:
             return str(r.result["stdout"])
 
     assert asyncio.run(go()) == "async\n"
-
-
-def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "toolcage.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
 
 
 def test_cli_run_and_exit_codes(engine: Any) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import run_cli
 from toolcage import CallResult, Sandbox, load_policy
 from toolcage.errors import UsageError
 
@@ -315,15 +316,7 @@ def test_outside_views_never_show_a_secret(engine: Any, egress_net: str, tmp_pat
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "toolcage.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=180,
-        env={**os.environ, **(env or {})},
-    )
+    return run_cli(*args, env=env, stdin=stdin, timeout=180)
 
 
 SECRET_ENV = {"TC_TOKEN": TOKEN, "TC_EXPOSED": EXPOSED}

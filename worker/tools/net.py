@@ -24,7 +24,7 @@ class HttpFetchParams:
     timeout_s: Annotated[float, Gt(0)] | None = doc("seconds; default the policy's call timeout", None)
 
 
-def _log_decision(url: str, method: str, d: Any) -> None:
+def log_decision(url: str, method: str, d: Any) -> None:
     event = "safefetch.allowed" if d.allowed else "safefetch.denied"
     logs.info(event, url=url, method=method, reason=d.reason, rule=d.rule)
     if not d.allowed:
@@ -42,7 +42,7 @@ def http_fetch(settings: Settings, p: HttpFetchParams) -> dict[str, Any]:
         )
     except ValueError:
         raise BadParams("body is not valid base64") from None
-    fetcher = SafeFetch(settings.policy, proxy=proxy_from_env(), on_decision=_log_decision)
+    fetcher = SafeFetch(settings.policy, proxy=proxy_from_env(), on_decision=log_decision)
     timeout = min(p.timeout_s or settings.policy.timeouts.call_s, settings.policy.timeouts.run_s)
     r = fetcher.fetch(p.url, p.method, p.headers or {}, body, timeout)
     try:

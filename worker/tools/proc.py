@@ -76,10 +76,20 @@ class RunShellParams:
 DEPS_DIR = "/opt/toolcage/deps"  # packages `toolcage image build --requirements` added to the image
 
 
+def python_path(worker_lib: bool = False) -> str | None:
+    """A child's PYTHONPATH: the image's extra packages, after where the worker finds toolcage
+    when ``worker_lib`` (a connector's handler imports toolcage.sdk; tool code does not need it)."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] if worker_lib else []
+    if os.path.isdir(DEPS_DIR):
+        paths.append(DEPS_DIR)
+    return os.pathsep.join(paths) or None
+
+
 def _child_env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in _CHILD_ENV_KEEP}
-    if os.path.isdir(DEPS_DIR):
-        env["PYTHONPATH"] = DEPS_DIR
+    path = python_path()
+    if path:
+        env["PYTHONPATH"] = path
     env.update(
         PATH="/usr/local/bin:/usr/bin:/bin",
         HOME=settings.scratch,
