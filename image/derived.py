@@ -94,10 +94,16 @@ def read_requirements(path: str) -> bytes:
         raise RequirementsError(f"--requirements {path}: a directory, not a requirements file") from None
     except OSError as exc:
         raise RequirementsError(f"--requirements {path}: cannot read it ({exc.strerror or exc})") from None
+    return check_requirements(data, f"--requirements {path}")
+
+
+def check_requirements(data: bytes, what: str) -> bytes:
+    """``data`` as given, once it is known to list packages (and only packages) from the index;
+    ``what`` names its source in errors (``--requirements FILE``, ``--pip``)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise RequirementsError(f"--requirements {path}: not UTF-8 text") from None
+        raise RequirementsError(f"{what}: not UTF-8 text") from None
     found = 0
     for number, raw in enumerate(re.sub(r"\\\r?\n", " ", text).splitlines(), 1):
         line = re.sub(r"(^|\s)#.*", "", raw).strip()
@@ -105,17 +111,17 @@ def read_requirements(path: str) -> bytes:
             continue
         if line.startswith("-"):
             raise RequirementsError(
-                f"--requirements {path}, line {number}: {line.split()[0]!r} is not supported here: list "
+                f"{what}, line {number}: {line.split()[0]!r} is not supported here: list "
                 "packages only (name==version, one a line); they come from the index pip uses on this host."
             )
         if "://" in line or "@" in line.split(";")[0] or not re.match(r"[A-Za-z0-9]", line):
             raise RequirementsError(
-                f"--requirements {path}, line {number}: {line[:80]!r} is not a package from the index "
+                f"{what}, line {number}: {line[:80]!r} is not a package from the index "
                 "(no URLs, paths or `name @ url`): list packages only, as name==version."
             )
         found += 1
     if not found:
-        raise RequirementsError(f"--requirements {path}: lists no packages")
+        raise RequirementsError(f"{what}: lists no packages")
     return data
 
 
@@ -127,6 +133,20 @@ def prepare(requirements: str, tag: str | None, parent: str | None, worker: str)
         )
     check_tag(tag, (parent or worker, worker))
     return DerivedSpec(read_requirements(requirements), tag, parent or worker, refresh_parent=parent is None)
+
+
+def pip_requirements(packages: tuple[str, ...]) -> bytes:
+    """``--pip PKG`` (repeatable) as a requirements file's bytes, one package a line, checked like a file."""
+    for pkg in packages:
+        if not pkg.strip() or any(c in pkg for c in "\r\n"):
+            raise RequirementsError(f"--pip {pkg!r}: give one package per --pip, e.g. --pip mcp-server-time==2025.9.25")
+    return check_requirements("".join(f"{p.strip()}\n" for p in packages).encode(), "--pip")
+
+
+def prepare_pip(packages: tuple[str, ...], tag: str, parent: str | None, worker: str) -> DerivedSpec:
+    """As :func:`prepare`, for packages named on the command line."""
+    check_tag(tag, (parent or worker, worker))
+    return DerivedSpec(pip_requirements(packages), tag, parent or worker, refresh_parent=parent is None)
 
 
 def requirements_sha256(data: bytes) -> str:
@@ -222,7 +242,10 @@ __all__ = [
     "DerivedResult",
     "DerivedSpec",
     "build_derived",
+    "check_requirements",
     "check_tag",
+    "pip_requirements",
     "prepare",
+    "prepare_pip",
     "read_requirements",
 ]

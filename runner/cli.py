@@ -96,7 +96,11 @@ def _fit_child_timeout(params: dict[str, Any] | None, pol: Policy) -> dict[str, 
     return {**(params or {}), "timeout_s": round(limit, 3)}
 
 
-def sandbox_options(f: Any) -> Any:
+def sandbox_options(f: Any = None, *, without: tuple[str, ...] = ()) -> Any:
+    """The options every sandboxed command shares; ``without`` leaves some out, by parameter name
+    (``toolcage mcp wrap`` has no connectors and an --image of its own)."""
+    if f is None:
+        return lambda g: sandbox_options(g, without=without)
     opts = [
         click.option(
             "--sandbox",
@@ -165,7 +169,9 @@ def sandbox_options(f: Any) -> Any:
         ),
     ]
     for opt in reversed(opts):
-        f = opt(f)
+        probe: Any = opt(lambda: None)  # the option's parameter name, read off what click attached
+        if probe.__click_params__[0].name not in without:
+            f = opt(f)
     return f
 
 

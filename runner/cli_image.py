@@ -40,6 +40,13 @@ def image() -> None:
     help="Build an image derived from the worker image with FILE's packages in /opt/toolcage/deps (needs --tag).",
 )
 @click.option(
+    "--pip",
+    "pip",
+    metavar="PKG",
+    multiple=True,
+    help="Like --requirements, with the packages named here (repeatable), e.g. --pip mcp-server-time (needs --tag).",
+)
+@click.option(
     "--from",
     "parent",
     metavar="REF",
@@ -47,26 +54,39 @@ def image() -> None:
     help="With --requirements: the worker image to derive from, used as it is "
     "(default toolcage-worker:<version>, built or refreshed first).",
 )
-def image_build(tag: str | None, base: str | None, force: bool, requirements: str | None, parent: str | None) -> None:
+def image_build(
+    tag: str | None, base: str | None, force: bool, requirements: str | None, pip: tuple[str, ...], parent: str | None
+) -> None:
     """Build the worker image (idempotent: nothing happens when nothing changed).
 
-    With --requirements FILE --tag NAME: build NAME from the worker image, with the packages of
-    FILE installed in /opt/toolcage/deps (wheels downloaded on this host; the build is offline).
+    With --requirements FILE --tag NAME (or --pip PKG ... --tag NAME): build NAME from the worker
+    image, with the packages installed in /opt/toolcage/deps (wheels downloaded on this host; the
+    build is offline).
     """
     from toolcage.sandbox import DEFAULT_IMAGE
 
     use_json(True)
-    if requirements is None:
+    if requirements is None and not pip:
         if parent is not None:
-            raise UsageError("--from applies only with --requirements FILE")
+            raise UsageError("--from applies only with --requirements FILE or --pip PKG")
         _build_worker(tag or DEFAULT_IMAGE, base, force)
         return
+    if requirements is not None and pip:
+        raise UsageError("give the packages either with --requirements FILE or with --pip PKG, not both")
     if parent is not None and base is not None:
         raise UsageError("--base applies to the worker image; --from REF is used as it is")
-    from toolcage.image.derived import prepare
+    from toolcage.image.derived import prepare, prepare_pip
 
-    spec = prepare(requirements, tag, parent, DEFAULT_IMAGE)  # exit 2 before Docker is asked anything
-    _build_derived(spec, base, force)
+    # exit 2 before Docker is asked anything
+    if requirements is not None:
+        spec = prepare(requirements, tag, parent, DEFAULT_IMAGE)
+    elif not tag:
+        raise UsageError(
+            "--pip needs --tag NAME: the derived image gets a name of its own, the worker image keeps its."
+        )
+    else:
+        spec = prepare_pip(pip, tag, parent, DEFAULT_IMAGE)
+    build_derived_image(spec, base, force)
 
 
 def _done(tag: str, built: bool, seconds: float, detail: str, result: dict[str, Any]) -> None:
@@ -87,14 +107,17 @@ def _build_worker(tag: str, base: str | None, force: bool) -> None:
     _done(r.tag, r.built, r.seconds, f"base {r.base}", {"base": r.base, "context_sha256": r.context_sha256})
 
 
-def _build_derived(spec: DerivedSpec, base: str | None, force: bool) -> None:
+def build_derived_image(
+    spec: DerivedSpec, base: str | None, force: bool, *, emit_result: bool = True, title: str = "toolcage image build"
+) -> None:
+    """Build (or find up to date) a derived image, its progress on stderr; with ``emit_result``, its JSON on stdout."""
     from toolcage.docker_adapter import Engine
     from toolcage.image.derived import DEPS_DIR, build_derived
     from toolcage.progress import StepReporter
 
     engine = Engine(timeout=600)
     engine.ping()
-    with StepReporter("toolcage image build --requirements") as reporter:
+    with StepReporter(title) as reporter:
         r = build_derived(engine, spec, reporter.step, base=base, force=force)
     result = {
         "from": r.parent,
@@ -104,11 +127,14 @@ def _build_derived(spec: DerivedSpec, base: str | None, force: bool) -> None:
         "context_sha256": r.context_sha256,
         "deps_dir": DEPS_DIR,
     }
-    _done(r.tag, r.built, r.seconds, f"from {r.parent}; packages in {DEPS_DIR}", result)
+    if emit_result:
+        _done(r.tag, r.built, r.seconds, f"from {r.parent}; packages in {DEPS_DIR}", result)
+    else:
+        say(f"{r.tag}: {'built' if r.built else 'up to date'} in {r.seconds:.1f}s (from {r.parent})")
 
 
 def register(group: click.Group) -> None:
     group.add_command(image)
 
 
-__all__ = ["register"]
+__all__ = ["build_derived_image", "register"]

@@ -1,11 +1,15 @@
-"""``toolcage mcp serve``: the command; the MCP SDK is imported only when it runs (``toolcage.mcp_server``)."""
+"""``toolcage mcp serve`` and ``toolcage mcp wrap``: the commands; what they run is imported only when
+they run (``toolcage.mcp_server`` with the MCP SDK, ``toolcage.mcp_wrap``)."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
 
+from toolcage.errors import UsageError
 from toolcage.output import use_json
 
 
@@ -40,8 +44,118 @@ def _serve_command() -> Any:
     return serve
 
 
+def _wrap_command() -> Any:
+    from toolcage.cli import sandbox_options
+
+    # no connectors, no SafeFetch CA; an --image and a --secret of its own
+    shared: Callable[[Any], Any] = sandbox_options(without=("sandbox", "tools", "ca_file", "image", "secret"))
+
+    @mcp.command("wrap", context_settings={"allow_interspersed_args": False})
+    @shared
+    @click.option(
+        "--secret",
+        "secret",
+        multiple=True,
+        metavar="NAME=env:VAR|NAME=file:PATH",
+        help="An environment variable NAME for the server only (repeatable): "
+        "not in docker inspect, logs or the audit log.",
+    )
+    @click.option(
+        "--image",
+        metavar="REF",
+        default=None,
+        help="Run the server from this image (built FROM the worker image, e.g. by `toolcage image build --pip`).",
+    )
+    @click.option(
+        "--pip",
+        "pip",
+        metavar="PKG",
+        multiple=True,
+        help="A PyPI package the server needs (repeatable): an image with them is built once, offline, and reused.",
+    )
+    @click.option("--allow-tool", metavar="TOOL", multiple=True, help="Offer only these tools (repeatable).")
+    @click.option("--deny-tool", metavar="TOOL", multiple=True, help="Hide and refuse these tools (repeatable).")
+    @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS]...")
+    def wrap(
+        command: tuple[str, ...], image: str | None, pip: tuple[str, ...], allow_tool: tuple[str, ...],
+        deny_tool: tuple[str, ...], **opts: Any,
+    ) -> None:  # fmt: skip
+        """Run a third-party stdio MCP server in a hardened container and relay MCP to it on stdin/stdout.
+
+        Example: toolcage mcp wrap --pip mcp-server-time -- mcp-server-time
+
+        The server gets the policy's limits, deadline and network (none, or only the allowed
+        hosts through the egress proxy), --workspace read-only at /workspace, and each --secret
+        as an environment variable (nowhere else). stdout carries MCP only; the server's stderr
+        is shown on stderr, prefixed `toolcage: server:`.
+        """
+        from toolcage import logs
+        from toolcage.cli import _policy
+        from toolcage.connectors import parse_secret_options
+        from toolcage.mcp_relay import ToolFilter
+        from toolcage.mcp_wrap import McpWrap, secret_store
+        from toolcage.output import warn
+
+        use_json(False)  # stdout is the MCP stream: errors go to stderr only
+        if not command:
+            raise UsageError(
+                "give the server's command after --, e.g. toolcage mcp wrap --pip mcp-server-time -- mcp-server-time"
+            )
+        if allow_tool and deny_tool:
+            raise UsageError("give --allow-tool or --deny-tool, not both")
+        if image and pip:
+            raise UsageError("give --image REF or --pip PKG, not both (--pip builds the image)")
+        policy = _policy(opts)  # a bad policy or --timeout fails here, before anything starts
+        secrets = parse_secret_options(opts["secret"])
+        secret_store(secrets)  # names and values checked before Docker is asked anything
+        logs.configure(opts["verbose"], json_logs=False)
+        engine, ref = _wrap_image(image, pip, warn)
+        tool_filter = ToolFilter(frozenset(allow_tool) if allow_tool else None, frozenset(deny_tool))
+        server = McpWrap(
+            policy, list(command), image=ref, workspace=opts["workspace"], secrets=secrets, tool_filter=tool_filter,
+            keep=opts["keep"], egress_network=opts["egress_network"], egress_proxy=opts["egress_proxy"],
+            audit=opts["audit_log"], engine=engine,
+        )  # fmt: skip
+        sys.exit(server.run())
+
+    return wrap
+
+
+def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any) -> tuple[Any, str]:
+    """The engine and the image the server runs from: --image as it is, --pip's derived image (built
+    when missing or stale), or the worker image."""
+    import os
+
+    from toolcage.docker_adapter import Engine
+    from toolcage.errors import ImageMissing
+    from toolcage.mcp_wrap import image_check, wrap_image_tag
+    from toolcage.sandbox import DEFAULT_IMAGE
+
+    worker = os.environ.get("TOOLCAGE_IMAGE") or DEFAULT_IMAGE
+    engine = Engine.default()
+    engine.ping()
+    if image:
+        image_check(engine, image, warn)
+        return engine, image
+    if not pip:
+        if engine.image(worker) is None:
+            raise ImageMissing(f"image {worker} is missing: run `toolcage image build`", image=worker)
+        return engine, worker
+    from toolcage.cli_image import build_derived_image
+    from toolcage.image.derived import REQUIREMENTS_LABEL, pip_requirements, prepare_pip
+
+    existing = engine.image(worker)
+    if existing is not None and REQUIREMENTS_LABEL in ((existing.get("Config") or {}).get("Labels") or {}):
+        raise UsageError(f"{worker} ($TOOLCAGE_IMAGE) is a derived image: --pip derives from the worker image")
+    tag = wrap_image_tag(pip_requirements(pip), worker)
+    spec = prepare_pip(pip, tag, None, worker)
+    build_derived_image(spec, None, False, emit_result=False, title="toolcage mcp wrap: the image for --pip")
+    return engine, tag
+
+
 def register(group: click.Group) -> None:
     _serve_command()
+    _wrap_command()
     group.add_command(mcp)
 
 

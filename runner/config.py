@@ -58,6 +58,9 @@ class RunSpec:
     proxy_volume: str | None = None  # network.mode proxy: the volume holding the egress proxy's socket
     keep: bool = False  # --keep: the container stays after the run, and gc/the reaper leave it alone
     tool_mounts: tuple[tuple[str, str], ...] = ()  # (host path, sandbox path) of connector sources
+    # what the container runs instead of the image's entrypoint (the worker); `mcp wrap` runs its launcher.
+    # Only the command changes: every setting below is the same for it.
+    entrypoint: tuple[str, ...] = ()
 
 
 def container_name(tool: str, run_id: str) -> str:
@@ -164,6 +167,8 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         "NetworkDisabled": True,
         "HostConfig": host_config,
     }
+    if run.entrypoint:
+        config["Entrypoint"] = list(run.entrypoint)
     if run.proxy_volume is not None:
         # network.mode proxy: still no network interface but lo. The egress proxy's Unix socket
         # is the only way out; the worker relays 127.0.0.1:3128 to it. (A Docker "internal"
@@ -176,7 +181,9 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
     """The egress proxy's container: as hardened as the sandbox; its one network is the egress
     network, and it serves the sandbox on a Unix socket in the run's proxy volume."""
     assert run.proxy_volume is not None
-    cfg = container_config(policy, dataclasses.replace(run, workspace=None, proxy_volume=None, tool_mounts=()))
+    cfg = container_config(
+        policy, dataclasses.replace(run, workspace=None, proxy_volume=None, tool_mounts=(), entrypoint=())
+    )
     hc = cfg["HostConfig"]
     hc["NetworkMode"] = egress_network
     hc["Mounts"] = [{"Type": "volume", "Source": run.proxy_volume, "Target": PROXY_DIR, "ReadOnly": False}]

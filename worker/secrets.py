@@ -55,6 +55,17 @@ class SecretStore:
         missing = sorted(set(specs) - set(values))
         if unknown or missing:
             raise BadParams("secrets do not match the policy", {"not_in_policy": unknown, "missing": missing})
+        self._take(values, specs)
+
+    @classmethod
+    def unbound(cls, values: dict[str, str]) -> SecretStore:
+        """Values bound to no host, held only to be redacted: ``toolcage mcp wrap`` hands them to the
+        wrapped server's environment. The same checks on the values as :meth:`load`."""
+        store = cls()
+        store._take(dict(values), {})
+        return store
+
+    def _take(self, values: dict[str, str], specs: dict[str, SecretSpec]) -> None:
         short = sorted(k for k, v in values.items() if len(v) < MIN_SECRET_LEN)
         if short:
             raise BadParams(f"secret values must be at least {MIN_SECRET_LEN} characters", {"secrets": short})

@@ -1,0 +1,186 @@
+"""``python3 -S -m toolcage.worker.mcp_host``: PID 1 of a ``toolcage mcp wrap`` container.
+
+It hardens itself like the worker, starts the egress relay (``network.mode: proxy``), reads
+one bounded config line from stdin (the server's argv and the secrets, as env vars: they
+never appear in the container's settings), then runs the server with the container's
+stdin/stdout (the MCP stream) and stderr (its log). It stays init: reaps orphans, forwards
+SIGTERM, kills everything left when the server ends, and exits with the server's status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+MAX_CONFIG_BYTES = 1 << 20
+CONFIG_ERROR = 64  # EX_USAGE: the runner sent no usable config line
+NOT_STARTED = 127  # the command could not be started (like a shell's "command not found")
+DEADLINE = 124
+_DEADLINE_GRACE_S = 2.0  # the runner's own kill at the deadline comes first
+DEPS_DIR = "/opt/toolcage/deps"  # packages of `image build --pip/--requirements` (as worker.tools.proc)
+SCRATCH = "/scratch"
+# as for run_python children (worker.tools.proc): ordinary HTTP clients find the egress relay
+ENV_KEEP = ("LANG", "LC_ALL", "TZ", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy")
+
+
+def _say(event: str, **fields: Any) -> None:
+    """One JSON line on stderr (the runner shows it with the server's log)."""
+    os.write(2, (json.dumps({"event": event, "component": "mcp_host", **fields}) + "\n").encode())
+
+
+def read_config(fd: int = 0, limit: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """The first line of stdin, read one byte at a time: not one byte of the MCP stream after it is
+    consumed here (a buffered read would swallow the client's first request)."""
+    buf = bytearray()
+    while True:
+        b = os.read(fd, 1)
+        if not b:
+            raise ValueError("stdin ended before the config line")
+        if b == b"\n":
+            break
+        buf += b
+        if len(buf) > limit:
+            raise ValueError(f"config line over {limit} bytes")
+    cfg = json.loads(buf)
+    argv, env = cfg.get("argv"), cfg.get("env", {})
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
+        raise ValueError("argv must be a non-empty list of strings")
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v for k, v in env.items()
+    ):
+        raise ValueError("env must map names to strings")
+    return {"argv": argv, "env": env}
+
+
+def server_env(secrets: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """A clean environment: HOME and TMPDIR in scratch (a read-only root leaves package managers and
+    caches nowhere else to write), the image's packages and their scripts, the proxy settings, the secrets."""
+    environ = dict(os.environ) if environ is None else environ
+    env = {k: v for k, v in environ.items() if k in ENV_KEEP}
+    deps = os.path.isdir(DEPS_DIR)
+    env.update(
+        PATH=(f"{DEPS_DIR}/bin:" if deps else "") + "/usr/local/bin:/usr/bin:/bin",
+        HOME=SCRATCH,
+        TMPDIR=SCRATCH,
+        XDG_CACHE_HOME=f"{SCRATCH}/.cache",
+        PYTHONDONTWRITEBYTECODE="1",
+        LANG=env.get("LANG", "C.UTF-8"),
+    )
+    if deps:
+        env["PYTHONPATH"] = DEPS_DIR
+    env.update(secrets)  # last: the secrets are what the server reads (its API keys)
+    return env
+
+
+def _kill_everything(pgid: int | None) -> None:
+    from toolcage.worker import sweep
+
+    if pgid is not None:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if sweep.active():
+        sweep.kill_others()
+
+
+def _arm_deadline(raw: str | None, pgid: list[int | None]) -> None:
+    """An orphaned container (its runner SIGKILLed) still ends at the run deadline."""
+    try:
+        delay = float(raw or "") + _DEADLINE_GRACE_S - time.time()
+    except ValueError:
+        return
+
+    def expire() -> None:
+        _say("mcp_host.deadline", level="warning")
+        _kill_everything(pgid[0])
+        os._exit(DEADLINE)
+
+    timer = threading.Timer(max(delay, 0.0), expire)
+    timer.daemon = True
+    timer.start()
+
+
+def _exit_code(status: int) -> int:
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def main() -> int:
+    from toolcage.worker import hardening, sweep
+
+    in_container = os.environ.get("TOOLCAGE_IN_CONTAINER") == "1"
+    # Threat: the server reading this process's memory (the config line held the secrets) through ptrace or /proc.
+    if not hardening.make_non_dumpable() and in_container:
+        _say("mcp_host.refused", level="error", reason="cannot make the launcher non-dumpable")
+        return 70
+    try:
+        cfg = read_config()
+    except ValueError as exc:
+        _say("mcp_host.bad_config", level="error", reason=str(exc)[:200])
+        return CONFIG_ERROR
+    pgid: list[int | None] = [None]
+    _arm_deadline(os.environ.get("TOOLCAGE_DEADLINE"), pgid)
+    if os.environ.get("TOOLCAGE_PROXY_SOCKET"):
+        from toolcage.worker import relay
+
+        relay.start(os.environ["TOOLCAGE_PROXY_SOCKET"])
+
+    def forward(signum: int, _frame: Any) -> None:
+        # as init, a signal we do not handle would be ignored: pass SIGTERM/SIGINT/SIGHUP on to the server
+        if pgid[0] is not None:
+            try:
+                os.killpg(pgid[0], signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    cwd = SCRATCH if os.path.isdir(SCRATCH) else None
+    try:
+        proc = subprocess.Popen(
+            cfg["argv"],
+            stdin=0,
+            stdout=1,
+            stderr=2,
+            env=server_env(cfg["env"]),
+            cwd=cwd,
+            start_new_session=True,  # its own group: a signal reaches its children too
+            close_fds=True,
+            restore_signals=True,
+        )
+    except OSError as exc:
+        _say("mcp_host.not_started", level="error", command=cfg["argv"][0][:200], reason=exc.strerror or str(exc))
+        return NOT_STARTED
+    del cfg  # the secrets now live in the server's environment only
+    pgid[0] = proc.pid
+    # this process keeps no copy of the MCP stream: the server alone reads and writes it
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    status = _wait(proc.pid, reap_others=sweep.active())
+    _kill_everything(proc.pid)  # what the server left running ends with it
+    return _exit_code(status)
+
+
+def _wait(pid: int, reap_others: bool) -> int:
+    """Wait for the server, reaping orphans re-parented to us (PID 1) meanwhile; its wait status."""
+    while True:
+        try:
+            got, status = os.waitpid(-1 if reap_others else pid, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return 0
+        if got == pid:
+            return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
