@@ -106,6 +106,10 @@ def _wrap_command() -> Any:
         if image and pip:
             raise UsageError("give --image REF or --pip PKG, not both (--pip builds the image)")
         policy = _policy(opts)  # a bad policy or --timeout fails here, before anything starts
+        if pip:
+            from toolcage.image.derived import pip_requirements
+
+            pip_requirements(pip)  # packages only, checked before Docker is asked anything
         secrets = parse_secret_options(opts["secret"])
         secret_store(secrets)  # names and values checked before Docker is asked anything
         logs.configure(opts["verbose"], json_logs=False)

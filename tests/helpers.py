@@ -71,3 +71,64 @@ def start_upstream(
         engine.remove(cid)
         raise
     return cid
+
+
+# `toolcage mcp wrap` tests: real MCP servers from PyPI (pinned, so the images are cached by content),
+# a probe server of our own (run from the fetch image, which holds the mcp SDK), an official MCP client
+MCP_TIME = "mcp-server-time==2026.10.19"
+MCP_FETCH = "mcp-server-fetch==2026.10.24"
+PROBE_DIR = ROOT / "tests" / "fixtures" / "mcp_wrap"  # mounted as the workspace: /workspace/probe_server.py
+PROBE = ["python3", "/workspace/probe_server.py"]
+WRAP_LABEL = "toolcage.tool=mcp-wrap"
+
+
+def wrap_image(package: str, tag: str) -> str:
+    """``toolcage image build --pip PACKAGE --tag TAG`` (a no-op when it is up to date)."""
+    proc = run_cli("image", "build", "--pip", package, "--tag", tag, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tag
+
+
+def wrap_objects(engine: Any) -> set[str]:
+    """Every container, network and volume of a `mcp wrap` run on this engine (by label)."""
+    return (
+        {f"container {c['Id'][:12]} {c['Names']}" for c in engine.containers(WRAP_LABEL)}
+        | {f"network {n['Name']}" for n in engine.networks(WRAP_LABEL)}
+        | {f"volume {v['Name']}" for v in engine.volumes(WRAP_LABEL)}
+    )
+
+
+class WrapRun:
+    """What a `toolcage mcp wrap` session left: its stderr and its exit code."""
+
+    def __init__(self, stderr: str, exit_code: int | None) -> None:
+        self.stderr, self.exit_code = stderr, exit_code
+
+
+def wrap_session(args: list[str], body: Any, env: dict[str, str] | None = None, timeout: float = 120) -> WrapRun:
+    """Run ``await body(session)`` against `toolcage mcp wrap ARGS`, spawned and driven by the official MCP
+    client over stdio (through `sh`, which records the exit code)."""
+    import tempfile
+
+    import anyio
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    keep = ("PATH", "HOME", "XDG_CACHE_HOME", "DOCKER_HOST", "PIP_INDEX_URL")
+    base = {k: v for k, v in os.environ.items() if k.startswith("TOOLCAGE_") or k in keep}
+    with tempfile.TemporaryDirectory(prefix="toolcage-wrap-test-") as tmp:
+        code_file, err_file = Path(tmp) / "exit", Path(tmp) / "stderr"
+        script = f'{sys.executable} -m toolcage.cli mcp wrap "$@"; echo $? > {code_file}'
+        params = StdioServerParameters(
+            command="/bin/sh", args=["-c", script, "sh", *args], env={**base, **(env or {})}, cwd=str(ROOT)
+        )
+
+        async def main() -> None:
+            with anyio.fail_after(timeout):
+                async with stdio_client(params, errlog=err) as (read, write), ClientSession(read, write) as session:
+                    await body(session)
+
+        with open(err_file, "w") as err:
+            anyio.run(main)
+        code = code_file.read_text().strip() if code_file.exists() else ""
+        return WrapRun(err_file.read_text(), int(code) if code else None)
