@@ -49,8 +49,9 @@ EOF_GRACE_S = 1.0  # after the client closed our stdin: the server's time to exi
 START_TIMEOUT_S = 10.0
 STDERR_FLOOD_BYTES = 16 * 1024 * 1024  # stderr past this within one window is a flood: the server is ended
 STDERR_WINDOW_S = 5.0
-STDERR_LINES_PER_S = 200.0  # shown on our stderr; above it lines are counted, not shown
-STDERR_BURST = 1000.0
+STDERR_LINES_PER_S = 100.0  # shown on our stderr; above it lines are counted, not shown
+STDERR_BURST = 500.0
+STDERR_LINE_SHOWN = 2000  # characters of one line (after redaction)
 NOTE_FIRST = 20  # notes of one kind shown in full; then one in NOTE_EVERY
 NOTE_EVERY = 1000
 EXIT_OK, EXIT_FAILED = 0, 3
@@ -250,8 +251,10 @@ class McpWrap:
             if self.ended is not None:
                 return
             self.ended = (status, reason)
-        self._backend.kill()
-        self.exit_code = exit_code
+            self.exit_code = exit_code  # before the kill: the end of the server's stream may end the run at once
+        # Not on this thread: called from the attach reader (a flood), a kill that waits for the container to
+        # stop would wait on the engine, which waits for that reader to take the rest of the container's output.
+        threading.Thread(target=self._backend.kill, name="toolcage-mcp-kill", daemon=True).start()
         tail = self._stream.stderr_tail(2000)
         self._perform(self.relay.fail_all(status, message, {"reason": reason, "stderr_tail": tail}))
         if not quiet:
@@ -385,7 +388,7 @@ class McpWrap:
                     f"toolcage: warning: {self._stderr_dropped} lines of the server's stderr not shown (rate limit)\n"
                 )
                 self._stderr_dropped = 0
-            self._err.write(f"toolcage: server: {escape(line)}\n")
+            self._err.write(f"toolcage: server: {escape(line[:STDERR_LINE_SHOWN])}\n")
             self._err.flush()
 
 
