@@ -132,7 +132,6 @@ def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any) -> tuple[Any
 
     from toolcage.docker_adapter import Engine
     from toolcage.errors import ImageMissing
-    from toolcage.mcp_wrap import image_check, wrap_image_tag
     from toolcage.sandbox import DEFAULT_IMAGE
 
     worker = os.environ.get("TOOLCAGE_IMAGE") or DEFAULT_IMAGE
@@ -157,10 +156,38 @@ def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any) -> tuple[Any
     return engine, tag
 
 
+def image_check(engine: Any, image: str, say_warning: Any) -> None:
+    """``--image``: it exists here (nothing can be pulled) and is built from the worker image, whose
+    launcher (toolcage.worker.mcp_host) runs the server; exit 2 otherwise."""
+    from toolcage.image.build import SOURCE_LABEL, image_labels, source_sha256
+
+    info = engine.image(image)
+    if info is None:
+        raise UsageError(
+            f"--image {image}: no such image here (nothing is pulled): build one with "
+            "`toolcage image build --pip PKG --tag NAME`, or use --pip PKG"
+        )
+    labels = image_labels(info)
+    if SOURCE_LABEL not in labels:
+        raise UsageError(
+            f"--image {image} is not built from the toolcage worker image (no {SOURCE_LABEL} label): its launcher "
+            "runs the server; build it FROM the worker image (`toolcage image build --pip PKG --tag NAME`)"
+        )
+    if labels[SOURCE_LABEL] != source_sha256():
+        say_warning(f"--image {image} was built from other toolcage sources; rebuild it if the server does not start")
+
+
+def wrap_image_tag(requirements: bytes, parent: str) -> str:
+    """The derived image for ``--pip``, named by what it holds: the same packages on the same worker image reuse it."""
+    import hashlib
+
+    return f"toolcage-mcp:{hashlib.sha256(parent.encode() + bytes(1) + requirements).hexdigest()[:16]}"
+
+
 def register(group: click.Group) -> None:
     _serve_command()
     _wrap_command()
     group.add_command(mcp)
 
 
-__all__ = ["register"]
+__all__ = ["image_check", "register", "wrap_image_tag"]

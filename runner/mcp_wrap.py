@@ -181,6 +181,7 @@ class McpWrap:
                 started + t.run_s, t.idle_s, self.relay.busy, lambda: self._last_activity, self._on_expire
             ).start()
             threading.Thread(target=self._read_client, name="toolcage-mcp-client", daemon=True).start()
+            killed = False
             while not self._done.wait(0.1):
                 late = self.relay.overdue(t.call_s + CALL_GRACE_S)
                 if late:
@@ -191,8 +192,9 @@ class McpWrap:
                         f"the wrapped MCP server did not answer {what} within {t.call_s:g}s (timeouts.call_s)",
                     )
                 closed = self._client_closed_at
-                if closed is not None and time.monotonic() > closed + EOF_GRACE_S:
-                    self._backend.kill()  # it did not exit when its input ended; its stream's end finishes the run
+                if closed is not None and not killed and time.monotonic() > closed + EOF_GRACE_S:
+                    killed = True  # it did not exit when its input ended; the end of its stream ends the run
+                    threading.Thread(target=self._backend.kill, name="toolcage-mcp-kill", daemon=True).start()
             return self.exit_code
         except BaseException as exc:
             if not isinstance(exc, Exception):  # SIGINT/SIGTERM (SystemExit from the CLI's handler)
@@ -392,32 +394,4 @@ class McpWrap:
             self._err.flush()
 
 
-def image_check(engine: EngineAPI, image: str, say_warning: Any) -> None:
-    """``--image``: it exists here (nothing can be pulled) and is built from the worker image, whose
-    launcher (toolcage.worker.mcp_host) runs the server; exit 2 otherwise."""
-    from toolcage.image.build import SOURCE_LABEL, image_labels, source_sha256
-
-    info = engine.image(image)
-    if info is None:
-        raise UsageError(
-            f"--image {image}: no such image here (nothing is pulled): build one with "
-            "`toolcage image build --pip PKG --tag NAME`, or use --pip PKG"
-        )
-    labels = image_labels(info)
-    if SOURCE_LABEL not in labels:
-        raise UsageError(
-            f"--image {image} is not built from the toolcage worker image (no {SOURCE_LABEL} label): its launcher "
-            "runs the server; build it FROM the worker image (`toolcage image build --pip PKG --tag NAME`)"
-        )
-    if labels[SOURCE_LABEL] != source_sha256():
-        say_warning(f"--image {image} was built from other toolcage sources; rebuild it if the server does not start")
-
-
-def wrap_image_tag(requirements: bytes, parent: str) -> str:
-    """The derived image for ``--pip``, named by what it holds: the same packages on the same worker image reuse it."""
-    import hashlib
-
-    return f"toolcage-mcp:{hashlib.sha256(parent.encode() + bytes(1) + requirements).hexdigest()[:16]}"
-
-
-__all__ = ["LAUNCHER", "McpWrap", "image_check", "secret_store", "wrap_image_tag"]
+__all__ = ["LAUNCHER", "McpWrap", "secret_store"]

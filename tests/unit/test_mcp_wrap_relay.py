@@ -249,9 +249,9 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], says: str) -> None:
 
 def test_pip_requirements() -> None:
     """--pip packages become a requirements file, checked like one; the image tag depends on them and the parent."""
+    from toolcage.cli_mcp import wrap_image_tag
     from toolcage.errors import RequirementsError
     from toolcage.image.derived import pip_requirements
-    from toolcage.mcp_wrap import wrap_image_tag
 
     data = pip_requirements(("mcp-server-time==2025.9.25", "tzdata"))
     assert data == b"mcp-server-time==2025.9.25\ntzdata\n"
