@@ -33,7 +33,7 @@ def test_worker_does_not_import_runner() -> None:
     """The worker (and every tool module) imports without the runner's modules, docker or jsonrpcclient."""
     _imports_ok(
         "toolcage.worker.__main__, toolcage.worker.dispatch, toolcage.worker.tools.proc, "
-        "toolcage.worker.tools.files, toolcage.worker.usage",
+        "toolcage.worker.tools.files, toolcage.worker.usage, toolcage.worker.mcp_host",
         RUNNER | {"docker", "jsonrpcclient"},
     )
 
