@@ -199,6 +199,8 @@ class McpWrap:
         except BaseException as exc:
             if not isinstance(exc, Exception):  # SIGINT/SIGTERM (SystemExit from the CLI's handler)
                 self.end("interrupted", "interrupted", "toolcage mcp wrap was stopped by a signal", quiet=True)
+            elif self.ended is None:  # it never started (image, engine, egress proxy): run.finished says how
+                self.ended = (getattr(exc, "status", "crashed"), getattr(exc, "reason", "error"))
             raise
         finally:
             if watchdog is not None:

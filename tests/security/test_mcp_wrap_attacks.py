@@ -122,7 +122,11 @@ def short_calls(tmp_path: Path) -> Path:
     [
         ("crash", [], r"exited with code 3; its stderr ends: .*probe: crashing now"),
         ("hang", [], r"did not answer hang within 3s \(timeouts.call_s\)"),
-        ("hang", ["--timeout", "4"], r"run deadline of 4s passed"),
+        (
+            "hang",
+            ["--policy", "default", "--timeout", "6"],
+            r"run deadline of 6s passed",
+        ),  # call_s 30: the deadline first
         ("flood_stdout", [], r"a line longer than 16777216 bytes"),
         ("flood_stderr", [], r"over 16 MiB to stderr"),
     ],
@@ -143,7 +147,7 @@ def test_a_failing_server_ends_with_a_clear_error(
             await s.call_tool(tool, {})
         failed.update(error=exc.value.error, seconds=time.monotonic() - t0)
 
-    run = wrap_session(probe_args(image, "--policy", str(short_calls), *extra), body)
+    run = wrap_session(probe_args(image, "--policy", str(short_calls), *extra), body)  # a later --policy wins
     err = failed["error"]
     assert err.code == -32004, err
     assert re.search(says, err.message), err.message
