@@ -25,6 +25,7 @@ from toolcage.bridge import _lines
 from toolcage.errors import SandboxError
 from toolcage.results import CallResult
 from toolcage.sandbox import Sandbox
+from toolcage.session import Cancel, OnProgress
 from toolcage.textsafe import dumps, escape
 
 END_GRACE_S = 0.5  # after the sandbox died: time for the isError answer to reach stdout before the session ends
@@ -64,6 +65,28 @@ def sandbox_failure(exc: SandboxError) -> dict[str, Any]:
     """The sandbox itself failed (deadline, crash, memory): an ``isError`` result naming the status."""
     text = f"sandbox failed: status {exc.status} ({exc.reason}): {exc.message}"
     return {"content": [{"type": "text", "text": text}], "isError": True}
+
+
+PROGRESS_QUEUE = 256  # progress notifications waiting for a slow client; more are dropped, never the call
+
+
+def _progress_token(ctx: Any) -> Any:
+    """The request's ``_meta.progressToken`` (None: the client did not ask for progress)."""
+    meta = getattr(ctx, "meta", None)
+    return meta.get("progress_token", meta.get("progressToken")) if isinstance(meta, dict) else None
+
+
+def _progress_sink(stream: Any) -> OnProgress:
+    """A callback for the sandbox's reader thread that queues progress for the event loop."""
+    token = anyio.lowlevel.current_token()
+
+    def put(p: dict[str, Any]) -> None:
+        try:
+            anyio.from_thread.run_sync(stream.send_nowait, p, token=token)
+        except Exception:  # noqa: S110 - full (a slow client), or the session is over: drop it
+            pass
+
+    return put
 
 
 class _StdinLines:
@@ -132,7 +155,9 @@ class McpCage:
         if self.sandbox is not None:
             self.sandbox.close()
 
-    def _call(self, name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
+    def _call(
+        self, name: str, arguments: dict[str, Any] | None, on_progress: OnProgress | None, cancel: Cancel
+    ) -> dict[str, Any]:
         """One tools/call, blocking (run in a worker thread)."""
         if self.fresh_per_call:
             sb = self.make_sandbox()
@@ -140,7 +165,7 @@ class McpCage:
                 self._fresh.add(sb)
             try:
                 with sb:
-                    return call_content(sb.call(name, arguments))
+                    return call_content(sb.call(name, arguments, on_progress=on_progress, cancel=cancel))
             except SandboxError as exc:
                 return sandbox_failure(exc)  # that call's sandbox only: the next call gets a new one
             finally:
@@ -150,7 +175,7 @@ class McpCage:
         if self.ended is not None:
             return sandbox_failure(self.ended)
         try:
-            return call_content(self.sandbox.call(name, arguments))
+            return call_content(self.sandbox.call(name, arguments, on_progress=on_progress, cancel=cancel))
         except SandboxError as exc:
             self.ended = exc
             return sandbox_failure(exc)
@@ -162,8 +187,32 @@ class McpCage:
         # only the listed tools: the worker's own methods (tools.list, sandbox.usage) are not MCP tools
         if params.name not in {t["name"] for t in self.tools}:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
-        # abandoned if the session is cancelled (a signal): interrupt() then kills the sandbox the thread waits on
-        out = await anyio.to_thread.run_sync(self._call, params.name, params.arguments, abandon_on_cancel=True)
+        cancel = Cancel()
+        progress_in, progress_out = anyio.create_memory_object_stream[dict[str, Any]](PROGRESS_QUEUE)
+        token = _progress_token(ctx)
+        on_progress = _progress_sink(progress_in) if token is not None else None
+
+        async def relay_progress() -> None:
+            async with progress_out:
+                async for p in progress_out:
+                    await ctx.session.send_progress_notification(
+                        token, p["progress"], p.get("total"), p.get("message"), related_request_id=ctx.request_id
+                    )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay_progress)
+            try:
+                # the thread is abandoned on cancel: the client's notifications/cancelled (the SDK then
+                # answers nothing), or a signal (interrupt() kills the sandboxes); the Cancel makes the
+                # worker kill the call's processes, so the thread returns within moments
+                out = await anyio.to_thread.run_sync(
+                    self._call, params.name, params.arguments, on_progress, cancel, abandon_on_cancel=True
+                )
+            except anyio.get_cancelled_exc_class():
+                cancel.cancel("cancelled by the MCP client")
+                raise
+            finally:
+                progress_in.close()  # the relay sends what came before the answer, then ends
         if self.ended is not None and self._end is not None:
             self._end.set()
         return types.CallToolResult.model_validate(out)
