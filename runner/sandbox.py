@@ -174,6 +174,11 @@ class Sandbox:
         return self._session.parser if self._session is not None else None
 
     # lifecycle ------------------------------------------------------------------------
+    @property
+    def dead(self) -> SandboxError | None:
+        """Why the sandbox can take no more calls (its deadline, idle timeout, a crash), or None."""
+        return self._dead
+
     def __enter__(self) -> Sandbox:
         self.start()
         return self

@@ -106,21 +106,24 @@ def test_fresh_per_call(engine: Any) -> None:
     _session(["--fresh-per-call"], body)
 
 
-def test_sandbox_death_ends_the_session(engine: Any) -> None:
-    """A call the run deadline kills is an isError result naming status timeout; then the session ends."""
-    seen: dict[str, Any] = {}
+def test_the_session_outlives_its_sandbox(engine: Any, tmp_path: Path) -> None:
+    """The run deadline kills a call: an isError result naming status timeout, and the next call runs
+    on a new sandbox. A sandbox the idle timeout ended is replaced before the call that finds it so."""
+    policy = tmp_path / "short.yaml"
+    policy.write_text("version: 1\nname: short\ntimeouts: {run_s: 4, idle_s: 2, call_s: 30}\n")
 
     async def body(s: ClientSession) -> None:
         await s.initialize()
         res = await s.call_tool("run_python", {"code": "import time; time.sleep(30)"})
-        seen["res"] = res
-        with anyio.fail_after(10), pytest.raises(MCPError):  # the server ends: a later request fails
-            while True:
-                await s.send_ping()
-                await anyio.sleep(0.2)
+        assert res.is_error and "status timeout" in _text(res) and "new sandbox" in _text(res), _text(res)
+        res = await s.call_tool("write_file", {"path": "note.txt", "content": "kept"})
+        assert not res.is_error, _text(res)
+        await anyio.sleep(3)  # idle past idle_s: that sandbox is gone
+        res = await s.call_tool("run_python", {"code": "import os; print(os.path.exists('note.txt'))"})
+        assert not res.is_error and res.structured_content is not None, _text(res)
+        assert res.structured_content["stdout"] == "False\n"  # a new sandbox, its scratch empty
 
-    _session(["--timeout", "3"], body)
-    assert seen["res"].is_error and "status timeout" in _text(seen["res"])
+    _session(["--policy", str(policy)], body)
 
 
 def test_error_before_serving(engine: Any, tmp_path: Path) -> None:

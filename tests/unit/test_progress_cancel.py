@@ -185,3 +185,20 @@ def test_sandbox_call_streams_and_cancels(tmp_path: Path) -> None:
             .result["stdout"]
             .startswith("True")
         )
+
+
+def test_async_sandbox_cancels_the_call_when_its_task_is_cancelled(tmp_path: Path) -> None:
+    import asyncio
+
+    from toolcage import AsyncSandbox
+
+    async def main() -> tuple[float, bool]:
+        async with AsyncSandbox(sandbox="none", workspace=str(tmp_path), audit=False) as sb:
+            t0 = time.monotonic()
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(sb.call("run_python", {"code": "import time; time.sleep(30)"}), 0.5)
+            res = await sb.call("ping")  # waits for the cancelled call's answer: only as long as its kill takes
+            return time.monotonic() - t0, res.ok
+
+    took, ok = asyncio.run(main())
+    assert ok and took < 2.5, took
