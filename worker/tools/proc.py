@@ -171,7 +171,8 @@ def run_child(
     exited_at: float | None = None
     reaped: tuple[int, resource.struct_rusage] | None = None
     try:
-        while sel.get_map():
+        # until the child's own streams are closed (the channel is watched only meanwhile)
+        while any(key.data != "control" for key in sel.get_map().values()):
             now = time.monotonic()
             if reaped is None:
                 # wait4 ourselves (not Popen.poll) so the child's rusage is not thrown away
