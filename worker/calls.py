@@ -29,6 +29,7 @@ _FLUSH_EVERY_S = 0.1  # output is sent at most this often...
 _FLUSH_BYTES = 64 * 1024  # ...or when this much is waiting
 _MESSAGE_MAX = 4096  # a connector's progress message is cut to this
 _EARLY_MAX = 64  # cancels for requests not started yet that are remembered
+QUEUE_MAX_BYTES = 1 << 20  # requests read mid-call and queued; beyond it the channel is not read until the call ends
 
 _send: Callable[[str], None] | None = None  # the channel's writer (see attach)
 _channel: Any = None
@@ -170,8 +171,8 @@ def on_control_line(line: bytes) -> bool:
 
 def control_fd() -> int | None:
     """While a call runs: the fd to watch for its cancel (None: nothing to watch)."""
-    if CURRENT is None or _channel is None or _channel.at_eof:
-        return None
+    if CURRENT is None or _channel is None or _channel.at_eof or _channel.queued_bytes > QUEUE_MAX_BYTES:
+        return None  # (requests that queue up behind a call stay in the pipe past this: back-pressure)
     return int(_channel.fd_in)
 
 

@@ -74,6 +74,7 @@ class Channel:
         self._out = fd_out
         self._splitter = LineSplitter(max_line)
         self._queue: deque[bytes | None] = deque()  # lines read, not yet served
+        self.queued_bytes = 0
         self._eof = False
         # a control line (a cancel) goes here the moment it is read, not behind the call it cancels
         self.on_control: Callable[[bytes], bool] | None = None
@@ -107,7 +108,9 @@ class Channel:
         """
         while True:
             while self._queue:
-                yield self._queue.popleft()
+                line = self._queue.popleft()
+                self.queued_bytes -= len(line or b"")
+                yield line
             if self._eof:
                 return
             if before_read is not None:
@@ -132,6 +135,7 @@ class Channel:
         if line is not None and self.on_control is not None and _CONTROL_HINT in line and self.on_control(line):
             return
         self._queue.append(line)
+        self.queued_bytes += len(line or b"")
 
     def send(self, line: str) -> None:
         """Write one response line; JSON encoding guarantees it contains no raw newline."""

@@ -202,3 +202,24 @@ def test_async_sandbox_cancels_the_call_when_its_task_is_cancelled(tmp_path: Pat
 
     took, ok = asyncio.run(main())
     assert ok and took < 2.5, took
+
+
+def test_requests_queued_mid_call_are_bounded() -> None:
+    """Requests pipelined behind a running call are read (to find a cancel) only up to a bound;
+    past it they stay in the pipe, so a flood cannot grow the worker's memory."""
+    r, w = os.pipe()
+    ch = Channel(r, os.open(os.devnull, os.O_WRONLY))
+    calls.attach(ch)
+    calls.begin("running", None)
+    big = _line({"jsonrpc": "2.0", "method": "ping", "params": {"pad": "x" * 60_000}, "id": 1})
+    writer = threading.Thread(target=lambda: [os.write(w, big) for _ in range(40)], daemon=True)
+    writer.start()
+    while calls.control_fd() is not None:
+        import select
+
+        if select.select([r], [], [], 2)[0]:
+            calls.read_control()
+        else:
+            break
+    assert calls.control_fd() is None and calls.QUEUE_MAX_BYTES < ch.queued_bytes < calls.QUEUE_MAX_BYTES + 300_000
+    calls.end()
