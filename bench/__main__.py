@@ -24,12 +24,13 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from toolcage import DEFAULT_IMAGE, Sandbox
+from toolcage import DEFAULT_IMAGE, Cancel, Sandbox
 from toolcage.config import RunSpec, container_config
 from toolcage.policies import load_policy
 
@@ -185,7 +186,23 @@ def main() -> int:
                 if i >= 2:  # the first two of each are warm-up
                     warm_child[name].append((time.perf_counter() - t) * 1000)
 
+    # cancel: from Cancel.cancel() to the call's answer (its processes killed, the sweep done)
+    cancel_ms: list[float] = []
+    with Sandbox(image=args.image, tool="bench", audit=False) as sb:
+        for _ in range(max(args.runs, 5)):
+            stop, fired = Cancel(), [0.0]
+
+            def fire(stop: Cancel = stop, fired: list[float] = fired) -> None:
+                fired[0] = time.perf_counter()
+                stop.cancel()
+
+            threading.Timer(0.2, fire).start()
+            res = sb.call("run_shell", {"command": "sleep 30 & sleep 30"}, cancel=stop)
+            assert res.status == "cancelled", res
+            cancel_ms.append((time.perf_counter() - fired[0]) * 1000)
+
     stats = {k: summary(v) for k, v in samples.items()}
+    stats["cancel_to_answer"] = summary(cancel_ms)
     stats["rpc_round_trip"] = summary(rtts)
     stats["rpc_round_trip_no_audit"] = summary(rtts_noaudit)
     stats.update({k: summary(v) for k, v in warm_child.items()})
@@ -202,6 +219,7 @@ def main() -> int:
         "RPC p50 < 1 ms": stats["rpc_round_trip"]["p50"] < 1.0,
         ">= 2000 sequential calls/s": calls_per_s >= 2000,
         "cold connector run <= 2x plain docker run": ratios["cold_connector_vs_plain"] <= 2.0,
+        "cancel kills a call within 100 ms (p90)": stats["cancel_to_answer"]["p90"] <= 100,
     }
 
     print(f"\n{'measure (ms)':<28}{'min':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}{'n':>6}")

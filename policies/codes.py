@@ -14,6 +14,7 @@ INVALID_REQUEST = -32600  # also: a request line over the worker's limit
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603  # data carries an error id only; details are in the worker's log
+REQUEST_CANCELLED = -32800  # LSP's: the call was cancelled (notifications/cancelled); its processes were killed
 
 # toolcage's, in -32000..-32099
 WORKER_ERROR = -32000
@@ -47,6 +48,7 @@ __all__ = [
     "NO_SPACE",
     "PARSE_ERROR",
     "PATH_ESCAPE",
+    "REQUEST_CANCELLED",
     "RESULT_TOO_LARGE",
     "TOOL_ERROR",
     "USAGE_CODES",

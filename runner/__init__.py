@@ -40,6 +40,7 @@ _EXPORTS = {
     "DEFAULT_IMAGE": "toolcage.sandbox",
     "AsyncSandbox": "toolcage.aio",
     "Sandbox": "toolcage.sandbox",
+    "Cancel": "toolcage.session",
 }
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "STATUSES",
     "AsyncSandbox",
     "CallResult",
+    "Cancel",
     "DockerUnavailable",
     "ImageMissing",
     "Policy",
@@ -98,3 +100,4 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs
     from toolcage.policies import Policy, PolicyError, load_policy
     from toolcage.results import STATUSES, CallResult, RunSummary
     from toolcage.sandbox import DEFAULT_IMAGE, Sandbox
+    from toolcage.session import Cancel

@@ -8,6 +8,7 @@ from typing import Any
 
 from toolcage.results import CallResult, RunSummary
 from toolcage.sandbox import Sandbox
+from toolcage.session import Cancel, OnProgress
 
 
 class AsyncSandbox:
@@ -45,9 +46,25 @@ class AsyncSandbox:
         return self
 
     async def call(
-        self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None
+        self,
+        tool: str,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        on_progress: OnProgress | None = None,
     ) -> CallResult:
-        return await asyncio.to_thread(self._sync.call, tool, params, timeout=timeout)
+        """As :meth:`Sandbox.call`. Cancelling the awaiting task (``task.cancel()``,
+        ``asyncio.wait_for``) cancels the call in the sandbox: its processes are killed and the
+        sandbox stays usable. ``on_progress`` runs on the reader thread, not in the event loop."""
+        cancel = Cancel()
+        task = asyncio.ensure_future(
+            asyncio.to_thread(self._sync.call, tool, params, timeout=timeout, on_progress=on_progress, cancel=cancel)
+        )
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancel.cancel("cancelled by the caller")
+            raise
 
     async def close(self) -> RunSummary | None:
         return await asyncio.to_thread(self._sync.close)

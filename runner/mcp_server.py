@@ -7,6 +7,8 @@ dicts, unit-tested without Docker; the SDK validates them into its types at the 
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
@@ -22,12 +24,11 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
 from toolcage.bridge import _lines
-from toolcage.errors import SandboxError
+from toolcage.errors import SandboxError, ToolcageError
 from toolcage.results import CallResult
-from toolcage.sandbox import Sandbox
+from toolcage.sandbox import Sandbox, interrupted_error
+from toolcage.session import Cancel, OnProgress
 from toolcage.textsafe import dumps, escape
-
-END_GRACE_S = 0.5  # after the sandbox died: time for the isError answer to reach stdout before the session ends
 
 
 def mcp_tools(listing: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -60,10 +61,47 @@ def call_content(res: CallResult) -> dict[str, Any]:
     return out
 
 
-def sandbox_failure(exc: SandboxError) -> dict[str, Any]:
+def sandbox_failure(exc: SandboxError, restarts: bool = False) -> dict[str, Any]:
     """The sandbox itself failed (deadline, crash, memory): an ``isError`` result naming the status."""
     text = f"sandbox failed: status {exc.status} ({exc.reason}): {exc.message}"
+    if restarts:
+        text += "\nThe next call starts a new sandbox: files written to scratch so far are gone."
     return {"content": [{"type": "text", "text": text}], "isError": True}
+
+
+def start_failure(exc: ToolcageError) -> dict[str, Any]:
+    """A new sandbox for the session could not start (Docker gone, the image removed)."""
+    text = f"could not start a sandbox: status {exc.status} ({exc.reason}): {exc.message}"
+    return {"content": [{"type": "text", "text": text}], "isError": True}
+
+
+def _note(text: str) -> None:
+    """A line for the operator on stderr (stdout is the MCP stream)."""
+    with contextlib.suppress(OSError):
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
+PROGRESS_QUEUE = 256  # progress notifications waiting for a slow client; more are dropped, never the call
+
+
+def _progress_token(ctx: Any) -> Any:
+    """The request's ``_meta.progressToken`` (None: the client did not ask for progress)."""
+    meta = getattr(ctx, "meta", None)
+    return meta.get("progress_token", meta.get("progressToken")) if isinstance(meta, dict) else None
+
+
+def _progress_sink(stream: Any) -> OnProgress:
+    """A callback for the sandbox's reader thread that queues progress for the event loop."""
+    token = anyio.lowlevel.current_token()
+
+    def put(p: dict[str, Any]) -> None:
+        try:
+            anyio.from_thread.run_sync(stream.send_nowait, p, token=token)
+        except Exception:  # noqa: S110 - full (a slow client), or the session is over: drop it
+            pass
+
+    return put
 
 
 class _StdinLines:
@@ -90,17 +128,23 @@ class _StdinLines:
 
 
 class McpCage:
-    """One MCP session's state: the tools it offers and the sandbox (or a factory of fresh ones) it calls."""
+    """One MCP session's state: the tools it offers and the sandbox (or a factory of fresh ones) it calls.
+
+    The session outlives its sandbox: when the sandbox ends (its run deadline, its idle timeout, a
+    crash), the call that saw it end gets an ``isError`` result saying so and the next call starts
+    a new sandbox (with an empty scratch). A sandbox the idle timeout ended ran no call, so the
+    call that finds it so runs on the new one at once."""
 
     def __init__(self, make_sandbox: Callable[[], Sandbox], *, fresh_per_call: bool) -> None:
         self.make_sandbox = make_sandbox
         self.fresh_per_call = fresh_per_call
         self.sandbox: Sandbox | None = None
         self.tools: list[dict[str, Any]] = []
-        self.ended: SandboxError | None = None  # why the session's sandbox died (the session then ends)
-        self._end: anyio.Event | None = None  # made in the event loop (serve_stdio)
+        self.restarts = 0  # sandboxes started after the first (the session's sandbox ended)
         self._calls_lock = threading.Lock()
+        self._start_lock = threading.Lock()
         self._fresh: set[Sandbox] = set()  # --fresh-per-call: the sandboxes of the calls in flight
+        self._closing = False
 
     def start(self) -> None:
         """Before serving: start the session's sandbox (or one short-lived one) and read the tools.
@@ -124,15 +168,39 @@ class McpCage:
     def interrupt(self) -> None:
         """SIGINT/SIGTERM: kill every sandbox now; a call blocked in a worker thread then returns at once."""
         with self._calls_lock:
+            self._closing = True
             live = [*self._fresh, *([self.sandbox] if self.sandbox is not None else [])]
         for sb in live:
             sb.interrupt()
 
     def close(self) -> None:
-        if self.sandbox is not None:
-            self.sandbox.close()
+        with self._start_lock:
+            self._closing = True
+            if self.sandbox is not None:
+                self.sandbox.close()
 
-    def _call(self, name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
+    def _session_sandbox(self) -> Sandbox:
+        """The session's sandbox; a new one when the last has ended (raises if it cannot start)."""
+        with self._start_lock:
+            old = self.sandbox
+            if old is not None and old.dead is None:
+                return old
+            if self._closing:
+                raise interrupted_error(old.run_id if old is not None else "-")
+            if old is not None:
+                self.sandbox = None
+                old.close()  # removed, its run recorded; a failure to start below leaves no sandbox
+            sb = self.make_sandbox()
+            sb.start()
+            self.sandbox = sb
+            self.restarts += 1
+            ended = f" (the last one ended: {old.dead.status}, {old.dead.reason})" if old and old.dead else ""
+            _note(f"toolcage mcp serve: started a new sandbox {sb.run_id}{ended}; scratch starts empty")
+            return sb
+
+    def _call(
+        self, name: str, arguments: dict[str, Any] | None, on_progress: OnProgress | None, cancel: Cancel
+    ) -> dict[str, Any]:
         """One tools/call, blocking (run in a worker thread)."""
         if self.fresh_per_call:
             sb = self.make_sandbox()
@@ -140,20 +208,24 @@ class McpCage:
                 self._fresh.add(sb)
             try:
                 with sb:
-                    return call_content(sb.call(name, arguments))
+                    return call_content(sb.call(name, arguments, on_progress=on_progress, cancel=cancel))
             except SandboxError as exc:
                 return sandbox_failure(exc)  # that call's sandbox only: the next call gets a new one
             finally:
                 with self._calls_lock:
                     self._fresh.discard(sb)
-        assert self.sandbox is not None
-        if self.ended is not None:
-            return sandbox_failure(self.ended)
-        try:
-            return call_content(self.sandbox.call(name, arguments))
-        except SandboxError as exc:
-            self.ended = exc
-            return sandbox_failure(exc)
+        for _attempt in range(2):
+            try:
+                sb = self._session_sandbox()
+            except ToolcageError as exc:
+                return start_failure(exc)
+            try:
+                return call_content(sb.call(name, arguments, on_progress=on_progress, cancel=cancel))
+            except SandboxError as exc:
+                if exc.details.get("reason_detail") == "idle":
+                    continue  # it ended idle, before this call: run the call on a new sandbox
+                return sandbox_failure(exc, restarts=not self._closing)
+        return start_failure(SandboxError("the sandbox ended twice before the call could run"))
 
     async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return types.ListToolsResult.model_validate({"tools": self.tools})
@@ -162,34 +234,46 @@ class McpCage:
         # only the listed tools: the worker's own methods (tools.list, sandbox.usage) are not MCP tools
         if params.name not in {t["name"] for t in self.tools}:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
-        # abandoned if the session is cancelled (a signal): interrupt() then kills the sandbox the thread waits on
-        out = await anyio.to_thread.run_sync(self._call, params.name, params.arguments, abandon_on_cancel=True)
-        if self.ended is not None and self._end is not None:
-            self._end.set()
+        cancel = Cancel()
+        progress_in, progress_out = anyio.create_memory_object_stream[dict[str, Any]](PROGRESS_QUEUE)
+        token = _progress_token(ctx)
+        on_progress = _progress_sink(progress_in) if token is not None else None
+
+        async def relay_progress() -> None:
+            async with progress_out:
+                async for p in progress_out:
+                    await ctx.session.send_progress_notification(
+                        token, p["progress"], p.get("total"), p.get("message"), related_request_id=ctx.request_id
+                    )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay_progress)
+            try:
+                # the thread is abandoned on cancel: the client's notifications/cancelled (the SDK then
+                # answers nothing), or a signal (interrupt() kills the sandboxes); the Cancel makes the
+                # worker kill the call's processes, so the thread returns within moments
+                out = await anyio.to_thread.run_sync(
+                    self._call, params.name, params.arguments, on_progress, cancel, abandon_on_cancel=True
+                )
+            except anyio.get_cancelled_exc_class():
+                cancel.cancel("cancelled by the MCP client")
+                raise
+            finally:
+                progress_in.close()  # the relay sends what came before the answer, then ends
         return types.CallToolResult.model_validate(out)
 
     async def serve_stdio(self) -> None:
-        """Serve MCP on stdin/stdout until EOF, or until the session's sandbox has died (after answering that)."""
+        """Serve MCP on stdin/stdout until EOF."""
         server: Server[Any] = Server(
             "toolcage", version=version("toolcage"), on_list_tools=self.list_tools, on_call_tool=self.call_tool
         )
-
-        self._end = end = anyio.Event()
-
-        async def end_when_dead(scope: anyio.CancelScope) -> None:
-            await end.wait()
-            await anyio.sleep(END_GRACE_S)
-            scope.cancel()
-
         stdin: Any = _StdinLines()  # duck-typed: the transport only iterates it
-        async with stdio_server(stdin=stdin) as (read, write), anyio.create_task_group() as tg:
-            tg.start_soon(end_when_dead, tg.cancel_scope)
+        async with stdio_server(stdin=stdin) as (read, write):
             await server.run(read, write, server.create_initialization_options())
-            tg.cancel_scope.cancel()
 
 
 def serve(make_sandbox: Callable[[], Sandbox], *, fresh_per_call: bool) -> None:
-    """Start the sandbox, serve MCP on stdio, remove the sandbox; raise the SandboxError that ended the session."""
+    """Start the sandbox, serve MCP on stdio until EOF, remove the sandbox."""
     cage = McpCage(make_sandbox, fresh_per_call=fresh_per_call)
     cage.start()
     try:
@@ -199,8 +283,6 @@ def serve(make_sandbox: Callable[[], Sandbox], *, fresh_per_call: bool) -> None:
         raise
     finally:
         cage.close()
-    if cage.ended is not None:
-        raise cage.ended
 
 
-__all__ = ["McpCage", "call_content", "mcp_tools", "sandbox_failure", "serve"]
+__all__ = ["McpCage", "call_content", "mcp_tools", "sandbox_failure", "serve", "start_failure"]

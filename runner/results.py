@@ -9,11 +9,13 @@ from toolcage.policies import codes
 
 STATUSES = (
     "ok", "error", "timeout", "oom_killed", "output_capped", "signal", "crashed", "image_missing", "interrupted",
+    "cancelled",
 )  # fmt: skip
 _ERROR_STATUS = {
     codes.CALL_TIMEOUT: "timeout",
     codes.HANDLER_OOM: "oom_killed",
     codes.RESULT_TOO_LARGE: "output_capped",
+    codes.REQUEST_CANCELLED: "cancelled",
 }
 META_KEY = "toolcage"  # the member of an answer that carries what the runner audits (never shown to callers)
 

@@ -37,7 +37,7 @@ from toolcage.errors import (
 )
 from toolcage.policies import Policy, load_policy
 from toolcage.results import CallResult, RunSummary, from_response
-from toolcage.session import Ended, Session
+from toolcage.session import Cancel, Ended, OnProgress, Session
 from toolcage.transport import Broken, StreamParser
 from toolcage.watchdog import Expiry, Watchdog
 from toolcage.workspace import readable_by_sandbox, validate_workspace
@@ -174,6 +174,11 @@ class Sandbox:
         return self._session.parser if self._session is not None else None
 
     # lifecycle ------------------------------------------------------------------------
+    @property
+    def dead(self) -> SandboxError | None:
+        """Why the sandbox can take no more calls (its deadline, idle timeout, a crash), or None."""
+        return self._dead
+
     def __enter__(self) -> Sandbox:
         self.start()
         return self
@@ -355,8 +360,22 @@ class Sandbox:
         )
 
     # calls ----------------------------------------------------------------------------
-    def call(self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> CallResult:
-        """Call a tool in the sandbox. Tool outcomes come back as a CallResult; sandbox failures raise."""
+    def call(
+        self,
+        tool: str,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        on_progress: OnProgress | None = None,
+        cancel: Cancel | None = None,
+    ) -> CallResult:
+        """Call a tool in the sandbox. Tool outcomes come back as a CallResult; sandbox failures raise.
+
+        ``on_progress(params)`` gets MCP-shaped progress while the call runs (``progress``, and
+        ``message``: ``run_python``/``run_shell`` output as it comes, a connector's reports with
+        ``total``); it runs on the reader thread, so keep it short. ``cancel`` (a :class:`Cancel`)
+        lets another thread cancel the call: its processes are killed, the sandbox stays usable
+        and the call returns with status ``cancelled``."""
         if params is not None and not isinstance(params, dict):
             raise UsageError("params must be a JSON object")
         with self._lock:
@@ -372,7 +391,9 @@ class Sandbox:
             started = time.monotonic()
             try:
                 # the watchdog kills the sandbox at the deadline; the extra second covers a kill that is not seen
-                answer = self._session.request(tool, params, min(started + wait, self._deadline + 1.0))
+                answer = self._session.request(
+                    tool, params, min(started + wait, self._deadline + 1.0), on_progress=on_progress, cancel=cancel
+                )
             except BaseException as exc:
                 if not isinstance(exc, Exception):  # KeyboardInterrupt, or SystemExit from a signal handler
                     self.interrupt()

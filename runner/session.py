@@ -14,12 +14,20 @@ import queue
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import jsonrpcclient
 
+from toolcage.policies import codes
 from toolcage.transport import EOF_MARK, Broken, StreamParser, Transport, id_key
+
+CANCEL_SEND_S = 1.0  # a cancel that the worker does not take in this time is dropped (its call times out as usual)
+
+
+def _cancelled_answer(req_id: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "error": {"code": codes.REQUEST_CANCELLED, "message": "Request cancelled"}, "id": req_id}
 
 
 @dataclass(frozen=True)
@@ -30,14 +38,51 @@ class Ended:
     reason: str = ""
 
 
+OnProgress = Callable[[dict[str, Any]], None]
+
+
+class Cancel:
+    """Cancels a call from another thread: ``sb.call(..., cancel=c)``, then ``c.cancel()``.
+
+    The worker kills the call's processes at once and the call returns with status
+    ``cancelled``; the sandbox stays usable. Cancelled before it is sent, the call is never
+    sent; after its answer came, cancelling does nothing. One Cancel is for one call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._reason: str | None = None
+        self._send: Callable[[str | None], None] | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self, reason: str | None = None) -> None:
+        with self._lock:
+            if self._cancelled:
+                return
+            self._cancelled, self._reason, send = True, reason, self._send
+        if send is not None:
+            send(reason)
+
+    def _bind(self, send: Callable[[str | None], None] | None) -> bool:
+        """The call is about to be sent (``send``: how to cancel it) or has ended (None); False:
+        it was cancelled already."""
+        with self._lock:
+            self._send = send
+            return not self._cancelled
+
+
 class _Slot:
     """Where the reader thread leaves the answer to one pending request."""
 
-    __slots__ = ("answer", "event")
+    __slots__ = ("answer", "event", "on_progress")
 
-    def __init__(self) -> None:
+    def __init__(self, on_progress: OnProgress | None = None) -> None:
         self.event = threading.Event()
         self.answer: dict[str, Any] | None = None
+        self.on_progress = on_progress
 
 
 class Session:
@@ -73,8 +118,10 @@ class Session:
             for slot in slots:
                 slot.event.set()
             return False
-        if not isinstance(item, dict) or "id" not in item:
+        if not isinstance(item, dict):
             return False
+        if "id" not in item:  # progress (the parser lets nothing else through): to the call that asked
+            return self._progress(item)
         with self._lock:
             waiter = self._slots.get(id_key(item["id"]))
         if waiter is None:
@@ -83,27 +130,64 @@ class Session:
         waiter.event.set()
         return True
 
+    def _progress(self, item: dict[str, Any]) -> bool:
+        params = item["params"]
+        with self._lock:
+            slot = self._slots.get(id_key(params["progressToken"]))  # the runner's token is the request id
+        if slot is None or slot.on_progress is None:
+            return False  # progress for a forwarded line: serve's reader passes it on
+        try:
+            slot.on_progress({k: v for k, v in params.items() if k != "progressToken"})
+        except Exception:  # noqa: S110 - the caller's callback must not stop the reader thread
+            pass
+        return True
+
     # requests the runner makes ----------------------------------------------------------
-    def request(self, method: str, params: dict[str, Any] | None, until: float) -> dict[str, Any] | Ended:
-        """Send one request and wait (until the monotonic time ``until``) for its own answer."""
+    def request(
+        self,
+        method: str,
+        params: dict[str, Any] | None,
+        until: float,
+        *,
+        on_progress: OnProgress | None = None,
+        cancel: Cancel | None = None,
+    ) -> dict[str, Any] | Ended:
+        """Send one request and wait (until the monotonic time ``until``) for its own answer.
+
+        ``on_progress`` gets each progress notification's params (on the reader thread: keep it
+        short); ``cancel`` can cancel the call from another thread."""
         # unguessable ids: a forged answer would have to know the id of the call it answers
         req_id = secrets.token_hex(8)
-        key, slot = id_key(req_id), _Slot()
+        key, slot = id_key(req_id), _Slot(on_progress)
         with self._lock:
             if self._end is not None:
                 return self._end
             self._slots[key] = slot
         try:
-            self.parser.expect(req_id)  # before sending: the answer may come at once
+            if cancel is not None and not cancel._bind(lambda reason: self._cancel(req_id, reason)):
+                return _cancelled_answer(req_id)  # never sent
+            if on_progress is not None:  # MCP's convention; the worker takes _meta out of the params
+                params = {**(params or {}), "_meta": {"progressToken": req_id}}
+            self.parser.expect(req_id, req_id if on_progress else None)  # before sending: the answer may come at once
             line = (json.dumps(jsonrpcclient.request(method, params=params or None, id=req_id)) + "\n").encode()
             self._send(line, until)  # bounded too: a worker that stops reading cannot hold the caller
             if not slot.event.wait(max(until - time.monotonic(), 0)):
                 return Ended("timeout")
             return slot.answer if slot.answer is not None else (self._end or Ended("eof"))
         finally:
+            if cancel is not None:
+                cancel._bind(None)
             with self._lock:
                 self._slots.pop(key, None)
             self.last_activity = time.monotonic()
+
+    def _cancel(self, req_id: str, reason: str | None) -> None:
+        """MCP's cancel notification for a call in flight (the worker answers it with -32800)."""
+        params: dict[str, Any] = {"requestId": req_id}
+        if reason:
+            params["reason"] = reason
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+        self._send((json.dumps(note) + "\n").encode(), time.monotonic() + CANCEL_SEND_S)
 
     # lines forwarded as they are (`toolcage serve`) ----------------------------------------
     def forward(self, line: bytes) -> None:

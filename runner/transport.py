@@ -26,6 +26,7 @@ from toolcage.worker.protocol import LineSplitter, valid_request
 
 STDERR_TAIL_BYTES = 64 * 1024
 EOF_MARK = object()
+DROP = "drop"  # StreamParser._claim: a message allowed but over its budget (not queued, not a violation)
 
 
 class Transport(Protocol):
@@ -53,16 +54,19 @@ class StreamParser:
     Threat: whatever runs in the container forging answers or flooding the runner. Only a
     message the runner is waiting for is queued: a response whose id belongs to a pending
     request (ids are random, see ``Sandbox.call``), or, for ``toolcage serve``, an answer
-    to a line that could carry no id. Anything else (an unknown or repeated id, a
-    notification, anything while nothing is pending) breaks the stream, and ``on_broken``
-    kills the sandbox. So the queue never holds more than the pending calls, and it is
-    bounded besides: when it is full the reader stops reading (back-pressure on the worker).
+    to a line that could carry no id, or a ``notifications/progress`` whose token a pending
+    request registered (at most PROGRESS_MAX of them per request; more are dropped). Anything
+    else (an unknown or repeated id, another notification, anything while nothing is pending)
+    breaks the stream, and ``on_broken`` kills the sandbox. So the queue never holds more than
+    the pending calls and their progress, and it is bounded besides: when it is full the reader
+    stops reading (back-pressure on the worker).
 
     ``deliver`` (the session's router) sees every item first, on the reader thread; what it
     takes (an answer a caller waits for) is not queued.
     """
 
     QUEUE_MAX = 64
+    PROGRESS_MAX = 20_000  # progress notifications one request may get (the worker coalesces output)
 
     def __init__(
         self,
@@ -85,17 +89,24 @@ class StreamParser:
         self._on_broken = on_broken
         self._lock = threading.Lock()
         self._pending: dict[str, int] = {}  # canonical JSON of an id -> how many answers it may get
+        self._tokens: dict[str, int] = {}  # progress token -> how many notifications it may still get
+        self._token_of: dict[str, str] = {}  # id -> the progress token its request registered
         self._unidentified = 0  # answers with id null still owed (serve: lines that carried no usable id)
         self._batches = 0  # batch answers still owed (serve)
         self.closed = False
         self.broken = False
 
     # what the runner is waiting for ------------------------------------------------------
-    def expect(self, req_id: Any) -> None:
-        """A request with this id is about to be sent: its answer may come."""
+    def expect(self, req_id: Any, progress_token: Any = None) -> None:
+        """A request with this id is about to be sent: its answer may come (and, with a
+        ``progress_token``, progress notifications until then)."""
         key = id_key(req_id)
         with self._lock:
             self._pending[key] = self._pending.get(key, 0) + 1
+            if progress_token is not None:
+                token = id_key(progress_token)
+                self._tokens[token] = self.PROGRESS_MAX
+                self._token_of[key] = token
 
     def outstanding(self) -> int:
         """How many answers the worker still owes (0: idle)."""
@@ -129,7 +140,9 @@ class StreamParser:
         if not valid_request(msg) or msg.get("id", 0) is None:
             self.expect_unidentified()
         elif "id" in msg:
-            self.expect(msg["id"])
+            meta = msg["params"].get("_meta") if isinstance(msg.get("params"), dict) else None
+            token = meta.get("progressToken") if isinstance(meta, dict) else None
+            self.expect(msg["id"], token if type(token) in (str, int) else None)
 
     def _claim(self, msg: Any) -> str | None:
         """Consume the expectation this message answers; the reason it answers none otherwise."""
@@ -140,7 +153,7 @@ class StreamParser:
                 self._batches -= 1
                 return None
             if "id" not in msg:
-                return "a notification (none is expected)"
+                return self._claim_progress(msg)
             if msg["id"] is None:
                 if self._unidentified <= 0:
                     return "an answer with id null that no request asked for"
@@ -152,9 +165,27 @@ class StreamParser:
                 return f"an answer to no pending call (id {key[:40]})"
             if left == 1:
                 del self._pending[key]
+                token = self._token_of.pop(key, None)
+                if token is not None:
+                    self._tokens.pop(token, None)  # none may come after the answer
             else:
                 self._pending[key] = left - 1
             return None
+
+    def _claim_progress(self, msg: dict[str, Any]) -> str | None:
+        """A progress notification for a pending request that asked for it (lock held)."""
+        params = msg.get("params")
+        token = params.get("progressToken") if isinstance(params, dict) else None
+        if msg.get("method") != "notifications/progress" or type(token) not in (str, int):
+            return "a notification that is not progress"
+        key = id_key(token)
+        left = self._tokens.get(key)
+        if left is None:
+            return "progress for no pending call that asked for it"
+        if left <= 0:
+            return DROP
+        self._tokens[key] = left - 1
+        return None
 
     # the streams ---------------------------------------------------------------------------
     def stdout(self, data: bytes) -> None:
@@ -176,6 +207,8 @@ class StreamParser:
                 return
             msg = self._redact(msg)
             unexpected = self._claim(msg)
+            if unexpected is DROP:
+                continue
             if unexpected is not None:
                 self._break(f"the sandbox sent {unexpected}")
                 return

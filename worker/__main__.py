@@ -89,6 +89,9 @@ def main() -> int:
         from toolcage.worker import relay
 
         relay.start(os.environ["TOOLCAGE_PROXY_SOCKET"])
+    from toolcage.worker import calls
+
+    calls.attach(channel)  # cancels are read while a call runs; progress goes out on the channel
     dispatcher = Dispatcher(settings, Catalog.from_env())
     logs.info("worker.started", non_dumpable=non_dumpable, pid=os.getpid(), init=sweep.active())
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolcage.policies import codes
-from toolcage.worker import logs
+from toolcage.worker import calls, logs
 from toolcage.worker.errors import (
     BadParams,
     CallTimeout,
@@ -153,6 +153,8 @@ class Link:
                     logs.warning(f"handler.{op}", handler=text)
                 else:
                     logs.info(f"handler.{op}", handler=text)
+                if op == "progress" and calls.CURRENT is not None:  # to the caller, when it asked
+                    calls.CURRENT.report(msg.get("progress"), msg.get("total"), msg.get("message"))
             return True
         return self._violate(f"an unknown operation {str(op)[:40]!r}")
 
@@ -231,7 +233,14 @@ def run_handler(settings: Settings, job: dict[str, Any], timeout: float) -> tupl
         env = {**handler_env(), "TOOLCAGE_HANDLER_FD": str(fd)}
         # the job goes in on stdin, written as the child reads it (params may be megabytes)
         outcome = run_child(
-            handler_argv(), settings, timeout, json.dumps(job), link=link, extra_env=env, pass_fds=(fd,)
+            handler_argv(),
+            settings,
+            timeout,
+            json.dumps(job),
+            link=link,
+            extra_env=env,
+            pass_fds=(fd,),
+            stream_output=False,
         )
     finally:
         parent.close()

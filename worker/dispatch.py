@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from toolcage.policies import codes
-from toolcage.worker import _lean, logs
+from toolcage.worker import _lean, calls, logs
 from toolcage.worker.connectors import Connectors, WithMeta
 from toolcage.worker.errors import CallTimeout, WorkerError
 from toolcage.worker.protocol import valid_request
@@ -51,6 +51,19 @@ def validate_request(deserialized: Any) -> Any:
     elif not valid_request(deserialized):
         raise ValueError("invalid request")
     return deserialized
+
+
+_CANCELLED = Error(codes.REQUEST_CANCELLED, "Request cancelled", None)
+
+
+def _progress_token(msg: dict[str, Any]) -> str | int | None:
+    """MCP's ``params._meta.progressToken``, taken out of the params (no tool has a ``_meta`` field)."""
+    params = msg.get("params")
+    if not isinstance(params, dict) or "_meta" not in params:
+        return None
+    meta = params.pop("_meta")
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    return token if type(token) in (str, int) else None
 
 
 @contextmanager
@@ -159,6 +172,9 @@ class Dispatcher:
             started = time.monotonic()
             outcome = "ok"
             try:
+                if calls.cancelled():  # cancelled before it started
+                    outcome = "cancelled"
+                    return _CANCELLED
                 tool = self.catalog.get(name)
                 params = tool.validate(kwargs)
                 try:
@@ -170,8 +186,14 @@ class Dispatcher:
                 finally:
                     if tool.runs_code:
                         self._after_code(name)
+                if calls.cancelled():
+                    outcome = "cancelled"
+                    return _CANCELLED
                 return Success(result)
             except WorkerError as exc:
+                if calls.cancelled():  # its processes were killed: that is why it failed
+                    outcome = "cancelled"
+                    return _CANCELLED
                 outcome = type(exc).__name__
                 return Error(exc.code, exc.message, exc.data if exc.meta is None else WithMeta(exc.data, exc.meta))
             except Exception:
@@ -213,14 +235,32 @@ class Dispatcher:
         """One request line in, one response line out ("" when nothing must be sent)."""
         if line is None:
             return json.dumps(_TOO_LONG)
-        response = dispatch_to_response_pure(
-            deserializer=json.loads,
-            validator=validate_request,
-            methods=self.methods,
-            context=NOCONTEXT,
-            post_process=_serialize,
-            request=line,  # type: ignore[arg-type]
-        )
+        deserializer: Callable[[Any], Any] = json.loads
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            msg = None  # jsonrpcserver answers the parse error
+        else:
+            deserializer = lambda _line: msg  # noqa: E731 - parsed once, here
+        if isinstance(msg, dict):
+            cancelled_id = calls.cancel_message(msg)
+            if cancelled_id is not None:  # read between calls (mid-call, the channel acts on it itself)
+                calls.cancel(cancelled_id)
+                return ""
+            token = _progress_token(msg)
+            if "id" in msg:
+                calls.begin(msg["id"], token)
+        try:
+            response = dispatch_to_response_pure(
+                deserializer=deserializer,
+                validator=validate_request,
+                methods=self.methods,
+                context=NOCONTEXT,
+                post_process=_serialize,
+                request=line,  # type: ignore[arg-type]
+            )
+        finally:
+            calls.end()
         if response is None:
             return ""
         return json.dumps(response)

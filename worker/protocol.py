@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -62,6 +63,7 @@ def valid_request(obj: Any) -> bool:
 
 
 _CHUNK = 256 * 1024
+_CONTROL_HINT = b"ancel"  # every control method has it (notifications/cancelled, $/cancelRequest): a cheap pre-check
 
 
 class Channel:
@@ -70,7 +72,12 @@ class Channel:
     def __init__(self, fd_in: int, fd_out: int, max_line: int = MAX_REQUEST_BYTES) -> None:
         self._in = fd_in
         self._out = fd_out
-        self._max = max_line
+        self._splitter = LineSplitter(max_line)
+        self._queue: deque[bytes | None] = deque()  # lines read, not yet served
+        self.queued_bytes = 0
+        self._eof = False
+        # a control line (a cancel) goes here the moment it is read, not behind the call it cancels
+        self.on_control: Callable[[bytes], bool] | None = None
 
     @classmethod
     def claim_stdio(cls) -> Channel:
@@ -89,22 +96,46 @@ class Channel:
     def fd_in(self) -> int:
         return self._in
 
+    @property
+    def at_eof(self) -> bool:
+        return self._eof
+
     def lines(self, before_read: Callable[[], None] | None = None) -> Iterator[bytes | None]:
         """Yield each request line (without newline); ``None`` for a line that was too long.
 
         ``before_read`` runs before each blocking read, i.e. only when no complete
         request is buffered (the worker uses it to write logs while idle).
         """
-        lines = LineSplitter(self._max)
         while True:
+            while self._queue:
+                line = self._queue.popleft()
+                self.queued_bytes -= len(line or b"")
+                yield line
+            if self._eof:
+                return
             if before_read is not None:
                 before_read()
-            chunk = os.read(self._in, _CHUNK)
-            if not chunk:
-                if lines.buf and not lines.skipping:
-                    yield bytes(lines.buf)
-                return
-            yield from lines.feed(chunk)
+            self.read_some()
+
+    def read_some(self) -> None:
+        """One read (blocking unless the fd is readable): complete lines are queued, control lines
+        handed to ``on_control`` at once. Also called while a call runs (``proc.run_child``)."""
+        if self._eof:
+            return
+        chunk = os.read(self._in, _CHUNK)
+        if not chunk:
+            self._eof = True
+            if self._splitter.buf and not self._splitter.skipping:
+                self._route(bytes(self._splitter.buf))
+            return
+        for line in self._splitter.feed(chunk):
+            self._route(line)
+
+    def _route(self, line: bytes | None) -> None:
+        if line is not None and self.on_control is not None and _CONTROL_HINT in line and self.on_control(line):
+            return
+        self._queue.append(line)
+        self.queued_bytes += len(line or b"")
 
     def send(self, line: str) -> None:
         """Write one response line; JSON encoding guarantees it contains no raw newline."""

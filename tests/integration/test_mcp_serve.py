@@ -106,21 +106,24 @@ def test_fresh_per_call(engine: Any) -> None:
     _session(["--fresh-per-call"], body)
 
 
-def test_sandbox_death_ends_the_session(engine: Any) -> None:
-    """A call the run deadline kills is an isError result naming status timeout; then the session ends."""
-    seen: dict[str, Any] = {}
+def test_the_session_outlives_its_sandbox(engine: Any, tmp_path: Path) -> None:
+    """The run deadline kills a call: an isError result naming status timeout, and the next call runs
+    on a new sandbox. A sandbox the idle timeout ended is replaced before the call that finds it so."""
+    policy = tmp_path / "short.yaml"
+    policy.write_text("version: 1\nname: short\ntimeouts: {run_s: 4, idle_s: 2, call_s: 30}\n")
 
     async def body(s: ClientSession) -> None:
         await s.initialize()
         res = await s.call_tool("run_python", {"code": "import time; time.sleep(30)"})
-        seen["res"] = res
-        with anyio.fail_after(10), pytest.raises(MCPError):  # the server ends: a later request fails
-            while True:
-                await s.send_ping()
-                await anyio.sleep(0.2)
+        assert res.is_error and "status timeout" in _text(res) and "new sandbox" in _text(res), _text(res)
+        res = await s.call_tool("write_file", {"path": "note.txt", "content": "kept"})
+        assert not res.is_error, _text(res)
+        await anyio.sleep(3)  # idle past idle_s: that sandbox is gone
+        res = await s.call_tool("run_python", {"code": "import os; print(os.path.exists('note.txt'))"})
+        assert not res.is_error and res.structured_content is not None, _text(res)
+        assert res.structured_content["stdout"] == "False\n"  # a new sandbox, its scratch empty
 
-    _session(["--timeout", "3"], body)
-    assert seen["res"].is_error and "status timeout" in _text(seen["res"])
+    _session(["--policy", str(policy)], body)
 
 
 def test_error_before_serving(engine: Any, tmp_path: Path) -> None:
@@ -179,3 +182,92 @@ def test_sigterm_mid_call(engine: Any, mode: list[str]) -> None:
     proc.stdin.close()
     proc.stdout.close()
     proc.stderr.close()
+
+
+PROGRESS_CONNECTOR = '''
+import time
+from toolcage.sdk import Context, tool
+
+@tool
+def steps(ctx: Context, n: int = 3) -> dict:
+    """Report progress n times."""
+    for i in range(1, n + 1):
+        ctx.progress(i, n, f"step {i}")
+        time.sleep(0.2)
+    return {"done": n}
+'''
+
+SLOW_PRINTS = "import time\nfor i in range(4):\n    print(f'line {i}', flush=True)\n    time.sleep(0.4)\n"
+
+
+def test_progress_streams_while_the_call_runs(engine: Any, tmp_path: Path) -> None:
+    """A call with a progressToken gets run_python's output and a connector's reports as
+    notifications/progress before its result, with strictly increasing progress."""
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRESS_CONNECTOR)
+    path.chmod(0o644)
+    tmp_path.chmod(0o755)
+
+    async def body(s: ClientSession) -> None:
+        await s.initialize()
+        seen: list[tuple[float, float | None, str | None, float]] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append((progress, total, message, anyio.current_time()))
+
+        t0 = anyio.current_time()
+        res = await s.call_tool("run_python", {"code": SLOW_PRINTS}, progress_callback=on_progress)
+        done = anyio.current_time()
+        assert not res.is_error, _text(res)
+        streamed = "".join(m or "" for _, _, m, _ in seen)
+        assert streamed == res.structured_content["stdout"] == "".join(f"line {i}\n" for i in range(4))
+        assert len(seen) >= 3, seen  # not one lump at the end
+        assert seen[0][3] - t0 < done - t0 - 0.8  # the first line came while the call still ran
+        progress = [p for p, _, _, _ in seen]
+        assert progress == sorted(set(progress))  # strictly increasing
+
+        seen.clear()
+        res = await s.call_tool("steps", {"n": 3}, progress_callback=on_progress)
+        assert not res.is_error and res.structured_content == {"done": 3}
+        assert [(p, t, m) for p, t, m, _ in seen] == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+
+        seen.clear()  # no token: no notifications
+        res = await s.call_tool("run_python", {"code": "print('quiet')"})
+        assert not res.is_error and seen == []
+
+    _session(["--tools", str(path)], body)
+
+
+HEARTBEAT = (
+    "import os, time\n"
+    "open('started', 'w').close()\n"
+    "while True:\n"
+    "    with open('beat', 'a') as f: f.write('x')\n"
+    "    time.sleep(0.02)\n"
+)
+CHECK_BEAT = (
+    "import os, time\n"
+    "a = os.path.getsize('beat'); time.sleep(0.5); b = os.path.getsize('beat')\n"
+    "print(os.path.exists('started'), a == b)\n"
+)
+
+
+@pytest.mark.parametrize("mode", [[], ["--fresh-per-call"]], ids=["session", "fresh"])
+def test_cancel_stops_the_call_and_the_session_goes_on(engine: Any, mode: list[str]) -> None:
+    """notifications/cancelled (sent by the client when its caller gives up) kills the call's
+    processes at once: the next call answers promptly and sees the heartbeat stopped."""
+
+    async def body(s: ClientSession) -> None:
+        await s.initialize()
+        with anyio.move_on_after(1.5) as scope:
+            await s.call_tool("run_python", {"code": HEARTBEAT, "timeout_s": 60})
+        assert scope.cancelled_caught
+        t0 = anyio.current_time()
+        res = await s.call_tool("run_python", {"code": "print('next')"})
+        assert not res.is_error and "next" in _text(res)
+        assert anyio.current_time() - t0 < 5  # not held behind the 60 s call
+        if not mode:  # the session's sandbox: the cancelled call's files are there, its process is not
+            res = await s.call_tool("run_python", {"code": CHECK_BEAT})
+            assert _text(res).strip().endswith("True True") or "True True" in _text(res), _text(res)
+
+    _session(mode, body)

@@ -138,3 +138,46 @@ def test_interrupted_is_a_status() -> None:
     from toolcage import STATUSES
 
     assert "interrupted" in STATUSES
+
+
+def test_serve_streams_progress_and_cancels(tmp_path: Path) -> None:
+    """A client of `toolcage serve` asks for progress with MCP's _meta.progressToken and cancels with
+    notifications/cancelled: the notifications come before the answer, the cancelled call is answered
+    -32800 at once, and the session goes on."""
+    proc = _serve(tmp_path)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(msg: dict[str, Any]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(msg) + "\n").encode())
+        proc.stdin.flush()
+
+    def read() -> dict[str, Any]:
+        assert proc.stdout is not None
+        return json.loads(proc.stdout.readline())
+
+    code = "import time\nfor i in range(3):\n    print(i, flush=True); time.sleep(0.3)"
+    send({"jsonrpc": "2.0", "method": "run_python", "params": {"code": code, "_meta": {"progressToken": "p"}}, "id": 1})
+    got: list[dict[str, Any]] = []
+    while True:
+        msg = read()
+        got.append(msg)
+        if msg.get("id") == 1:
+            break
+    notes = [m for m in got if m.get("method") == "notifications/progress"]
+    assert notes and all(m["params"]["progressToken"] == "p" for m in notes)
+    assert "".join(m["params"]["message"] for m in notes) == "0\n1\n2\n" == got[-1]["result"]["stdout"]
+
+    send({**SLEEP, "id": 2})
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}})
+    answer = read()
+    assert answer["id"] == 2 and answer["error"]["code"] == -32800 and time.monotonic() - t0 < 2
+    send({"jsonrpc": "2.0", "method": "ping", "id": 3})
+    assert read()["result"] == "pong"
+    proc.stdin.close()
+    assert proc.wait(20) == 0
+    proc.stdout.close()
+    if proc.stderr is not None:
+        proc.stderr.close()

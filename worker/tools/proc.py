@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 from annotated_types import Gt
 
-from toolcage.worker import cgroup, sweep
+from toolcage.worker import calls, cgroup, sweep
 from toolcage.worker.errors import BadParams, ToolError
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Tool
@@ -115,9 +115,12 @@ def run_child(
     link: Any = None,
     extra_env: dict[str, str] | None = None,
     pass_fds: tuple[int, ...] = (),
+    stream_output: bool = True,
 ) -> dict[str, Any]:
     """Run argv; return stdout/stderr (capped), exit code, and how it ended. ``link`` (a connector
-    child's socket, worker.connectors.Link) is served while the child runs."""
+    child's socket, worker.connectors.Link) is served while the child runs. The call in progress
+    (``worker.calls``) can be cancelled meanwhile, and gets the output as progress when it asked for
+    it and ``stream_output`` is on (a connector's output is its log, not its progress)."""
     cap = settings.policy.limits.output_cap
     timeout = min(timeout_s or settings.policy.timeouts.call_s, settings.policy.timeouts.run_s)
     if _SHUTTING_DOWN:
@@ -141,6 +144,11 @@ def run_child(
             os.close(fd)
     pgid = proc.pid
     _LIVE_GROUPS.add(pgid)
+    call = calls.CURRENT
+    if call is not None:
+        call.pgid = pgid  # a cancel kills the group at once
+        if call.cancelled:
+            _kill_group(pgid)
     out = {"stdout": bytearray(), "stderr": bytearray()}
     truncated = False
     timed_out = False
@@ -150,6 +158,9 @@ def run_child(
     sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
     if link is not None:
         sel.register(link.sock, selectors.EVENT_READ, "link")
+    control = calls.control_fd()
+    if control is not None:
+        sel.register(control, selectors.EVENT_READ, "control")
     pending = memoryview(stdin.encode()) if stdin is not None else None
     if proc.stdin is not None:
         os.set_blocking(proc.stdin.fileno(), False)
@@ -160,7 +171,8 @@ def run_child(
     exited_at: float | None = None
     reaped: tuple[int, resource.struct_rusage] | None = None
     try:
-        while sel.get_map():
+        # until the child's own streams are closed (the channel is watched only meanwhile)
+        while any(key.data != "control" for key in sel.get_map().values()):
             now = time.monotonic()
             if reaped is None:
                 # wait4 ourselves (not Popen.poll) so the child's rusage is not thrown away
@@ -192,6 +204,11 @@ def run_child(
                     else:
                         pending = pending[n:]
                     continue
+                if key.data == "control":
+                    calls.read_control()  # queues requests, acts on a cancel (kills the group now)
+                    if calls.control_fd() is None:
+                        sel.unregister(key.fileobj)
+                    continue
                 if key.data == "link":
                     if not link.on_readable():
                         sel.unregister(key.fileobj)
@@ -204,6 +221,8 @@ def run_child(
                     continue
                 buf = out[key.data]
                 room = cap - len(buf)
+                if call is not None and stream_output:
+                    call.output(key.data, chunk, room)  # streamed as progress when the caller asked
                 if room > 0:
                     buf += chunk[:room]
                 if len(chunk) > room:
@@ -212,6 +231,8 @@ def run_child(
         # whatever went wrong in the worker, the call's processes must not outlive it
         _kill_group(pgid)
         _LIVE_GROUPS.discard(pgid)
+        if call is not None:
+            call.pgid = None
         for stream in (proc.stdout, proc.stderr, proc.stdin):
             if stream is not None:
                 with contextlib.suppress(OSError):
@@ -220,9 +241,12 @@ def run_child(
         raise
     _kill_group(pgid)
     _LIVE_GROUPS.discard(pgid)
+    if call is not None:
+        call.pgid = None
+        call.flush(final=True)  # progress never comes after the answer
     for key in list(sel.get_map().values()):
         sel.unregister(key.fileobj)
-        if key.data != "link":  # the link's socket is its owner's to close
+        if key.data not in ("link", "control"):  # the link's socket is its owner's to close
             key.fileobj.close()  # type: ignore[union-attr]
     sel.close()
     if reaped is None:

@@ -1,0 +1,200 @@
+"""The call in progress: its progress notifications and its cancellation.
+
+The worker runs one call at a time. While a call's child runs, ``proc.run_child`` also watches
+the protocol channel, so a ``notifications/cancelled`` (MCP) or ``$/cancelRequest`` (LSP) naming
+the call kills its process group at once; the call then answers ``-32800 RequestCancelled``
+(the runner drops that answer when its caller asked for MCP's "no response").
+
+Progress follows MCP's shape, ``notifications/progress {progressToken, progress, total?,
+message?}``, sent only for a request whose params carried ``_meta.progressToken``, with
+``progress`` strictly increasing and none after the answer: ``run_python``/``run_shell`` output
+as it comes (``progress`` = bytes streamed so far, coalesced, never more than the output cap),
+and a connector's ``ctx.progress`` reports.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import math
+import os
+import signal
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+CANCEL_METHODS = frozenset(("notifications/cancelled", "$/cancelRequest"))
+_FLUSH_EVERY_S = 0.1  # output is sent at most this often...
+_FLUSH_BYTES = 64 * 1024  # ...or when this much is waiting
+_MESSAGE_MAX = 4096  # a connector's progress message is cut to this
+_EARLY_MAX = 64  # cancels for requests not started yet that are remembered
+QUEUE_MAX_BYTES = 1 << 20  # requests read mid-call and queued; beyond it the channel is not read until the call ends
+
+_send: Callable[[str], None] | None = None  # the channel's writer (see attach)
+_channel: Any = None
+
+
+def _key(req_id: Any) -> str:
+    return json.dumps(req_id, sort_keys=True)
+
+
+class Call:
+    """One request being served."""
+
+    __slots__ = (
+        "_decoders", "_last_flush", "_pending", "_stream", "cancelled", "key", "pgid", "progress", "streamed", "token",
+    )  # fmt: skip
+
+    def __init__(self, req_id: Any, token: str | int | None) -> None:
+        self.key = _key(req_id)
+        self.token = token
+        self.cancelled = False
+        self.pgid: int | None = None  # the process group running for it now
+        self.progress = 0.0  # the last progress value sent
+        self.streamed = 0  # output bytes sent
+        self._pending = bytearray()  # output of one stream not sent yet
+        self._stream = "stdout"
+        self._last_flush = time.monotonic()
+        self._decoders: dict[str, codecs.IncrementalDecoder] = {}
+
+    def kill(self) -> None:
+        if self.pgid is not None:
+            try:
+                os.killpg(self.pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    # progress ------------------------------------------------------------------------------
+    def _notify(self, progress: float, total: float | None, message: str | None) -> None:
+        if self.token is None or _send is None or not progress > self.progress:
+            return  # MCP: progress strictly increases
+        self.progress = progress
+        params: dict[str, Any] = {"progressToken": self.token, "progress": progress}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        from toolcage.worker.secrets import STORE
+
+        _send(json.dumps(STORE.redact({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})))
+
+    def report(self, progress: Any, total: Any, message: Any) -> None:
+        """A connector's ``ctx.progress``: checked (finite numbers, a bounded string) and sent."""
+        if not _number(progress) or (total is not None and not _number(total)):
+            return
+        text = message[:_MESSAGE_MAX] if isinstance(message, str) else None
+        self._notify(float(progress), None if total is None else float(total), text)
+
+    def output(self, stream: str, chunk: bytes, room: int) -> None:
+        """Output of the call's child (what it keeps of it: at most ``room`` more bytes)."""
+        if self.token is None or room <= 0:
+            return
+        if stream != self._stream:
+            self.flush()  # each stream decodes on its own (a character may span two of its chunks)
+            self._stream = stream
+        self._pending += chunk[:room]
+        if len(self._pending) >= _FLUSH_BYTES or time.monotonic() - self._last_flush >= _FLUSH_EVERY_S:
+            self.flush()
+
+    def flush(self, final: bool = False) -> None:
+        """Send the output waiting (all of it when ``final``: before the answer goes out)."""
+        self._last_flush = time.monotonic()
+        if not self._pending:
+            return
+        decoder = self._decoders.setdefault(self._stream, codecs.getincrementaldecoder("utf-8")("replace"))
+        text = decoder.decode(bytes(self._pending), final=final)
+        self.streamed += len(self._pending)
+        self._pending.clear()
+        if text:
+            self._notify(float(self.streamed), None, text)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+CURRENT: Call | None = None
+_early: OrderedDict[str, None] = OrderedDict()  # cancelled before they started
+
+
+def begin(req_id: Any, token: str | int | None) -> Call:
+    global CURRENT
+    CURRENT = call = Call(req_id, token)
+    if call.key in _early:
+        del _early[call.key]
+        call.cancelled = True
+    return call
+
+
+def end() -> None:
+    global CURRENT
+    if CURRENT is not None:
+        CURRENT.flush(final=True)
+    CURRENT = None
+
+
+def cancelled() -> bool:
+    return CURRENT is not None and CURRENT.cancelled
+
+
+def cancel_message(msg: Any) -> Any:
+    """The id a cancel notification names, or None if ``msg`` is not one."""
+    if not isinstance(msg, dict) or "id" in msg or msg.get("method") not in CANCEL_METHODS:
+        return None
+    params = msg.get("params")
+    if not isinstance(params, dict):
+        return None
+    req_id = params.get("requestId", params.get("id"))
+    return req_id if type(req_id) in (str, int) else None
+
+
+def attach(channel: Any) -> None:
+    """The worker's protocol channel: progress is written to it, cancels are read from it."""
+    global _send, _channel
+    _channel, _send = channel, channel.send
+    channel.on_control = on_control_line
+
+
+def on_control_line(line: bytes) -> bool:
+    """A line read from the channel: act on it now if it is a cancel (True), else leave it queued."""
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return False
+    req_id = cancel_message(msg)
+    if req_id is None:
+        return False
+    cancel(req_id)
+    return True
+
+
+def control_fd() -> int | None:
+    """While a call runs: the fd to watch for its cancel (None: nothing to watch)."""
+    if CURRENT is None or _channel is None or _channel.at_eof or _channel.queued_bytes > QUEUE_MAX_BYTES:
+        return None  # (requests that queue up behind a call stay in the pipe past this: back-pressure)
+    return int(_channel.fd_in)
+
+
+def read_control() -> None:
+    """The channel is readable mid-call: read it (requests are queued, cancels acted on)."""
+    if _channel is not None:
+        _channel.read_some()
+
+
+def cancel(req_id: Any) -> None:
+    """Cancel the call with this id: kill its processes now if it runs, or refuse it when it starts."""
+    key = _key(req_id)
+    if CURRENT is not None and CURRENT.key == key:
+        CURRENT.cancelled = True
+        CURRENT.kill()
+        return
+    _early[key] = None
+    while len(_early) > _EARLY_MAX:
+        _early.popitem(last=False)
+
+
+__all__ = [
+    "CANCEL_METHODS", "CURRENT", "Call", "attach", "begin", "cancel", "cancel_message", "cancelled", "control_fd",
+    "end", "on_control_line", "read_control",
+]  # fmt: skip
