@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from toolcage.config import PROXY_SOCKET, RunSpec, container_config
+from toolcage.config import PROXY_SOCKET, RunSpec, container_config, worker_image
 from toolcage.engine import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.policies import Policy
@@ -110,6 +110,7 @@ class ContainerBackend:
             self._egress = Egress(
                 self.engine, self.policy, run, self.egress_network, self.egress_proxy, self.log,
                 on_decision=audit_decisions(self.audit, run.run_id),  # written as they happen, not at close
+                proxy_image=worker_image(),
             )  # fmt: skip
             volume, env = self._egress.up()
             env["TOOLCAGE_PROXY_SOCKET"] = PROXY_SOCKET

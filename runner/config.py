@@ -63,6 +63,16 @@ class RunSpec:
     entrypoint: tuple[str, ...] = ()
 
 
+def worker_image() -> str:
+    """The worker image this installation runs by default (``$TOOLCAGE_IMAGE`` overrides); the egress
+    proxy always runs from it."""
+    import os
+
+    from toolcage import __version__
+
+    return os.environ.get("TOOLCAGE_IMAGE") or f"toolcage-worker:{__version__}"
+
+
 def container_name(tool: str, run_id: str) -> str:
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", tool)[:40].strip("-.") or "run"
     return f"{NAME_PREFIX}-{safe}-{run_id}"

@@ -110,8 +110,12 @@ class Egress:
         upstream: str | None,
         log: Any,
         on_decision: OnRecord | None = None,
+        proxy_image: str | None = None,
     ) -> None:
         self.engine = engine
+        # the proxy enforces the allowlist, so it runs from the worker image itself, never from the
+        # run's own (--image / --pip): packages or files added there cannot reach the proxy's code
+        self.proxy_image = proxy_image or run.image
         self.policy = policy
         self.run = run
         self.requested_egress = egress_network
@@ -158,7 +162,7 @@ class Egress:
             self.volume, lab, f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec"
         )
         self._volume_made = True
-        run = dataclasses.replace(self.run, proxy_volume=self.volume)
+        run = dataclasses.replace(self.run, proxy_volume=self.volume, image=self.proxy_image)
         cfg = proxy_container_config(self.policy, run, self.egress, self.upstream)
         self.proxy_id = self.engine.create(cfg, self.proxy_name)
         # attached before start, so not one line of the decision stream is missed
