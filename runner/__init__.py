@@ -41,6 +41,7 @@ _EXPORTS = {
     "AsyncSandbox": "toolcage.aio",
     "Sandbox": "toolcage.sandbox",
     "Cancel": "toolcage.session",
+    "wait_removed": "toolcage.removal",
 }
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "WorkspaceError",
     "__version__",
     "load_policy",
+    "wait_removed",
 ]
 
 
@@ -98,6 +100,7 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs
         WorkspaceError,
     )
     from toolcage.policies import Policy, PolicyError, load_policy
+    from toolcage.removal import wait_removed
     from toolcage.results import STATUSES, CallResult, RunSummary
     from toolcage.sandbox import DEFAULT_IMAGE, Sandbox
     from toolcage.session import Cancel

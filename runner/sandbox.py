@@ -10,6 +10,7 @@ answer belongs to which call, the session's (``toolcage.session``).
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import threading
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 from secrets import token_hex
 from typing import Any
 
-from toolcage import __version__, connectors, logs, ownership, records
+from toolcage import __version__, connectors, logs, ownership, records, removal
 from toolcage import audit as audit_mod
 from toolcage.audit import Audit
 from toolcage.backends import make_backend
@@ -81,6 +82,10 @@ def interrupted_error(run_id: str) -> SandboxError:
 
 class Sandbox:
     """A sandboxed worker for one run. Use as a context manager; ``call`` tools on it."""
+
+    # close() returns once the worker's input is closed; the container is removed by a background
+    # thread (toolcage.wait_removed() waits for it; at exit it is waited for anyway)
+    remove_in_background = True
 
     def __init__(
         self,
@@ -476,7 +481,10 @@ class Sandbox:
         try:
             if self._session is not None:
                 self._session.close_input()
-            self._backend.remove(self.keep)
+            if self.keep or not self.remove_in_background:
+                self._backend.remove(self.keep)
+            else:  # off the caller's path; finished at exit, and by the reaper if the process dies first
+                removal.schedule(functools.partial(self._backend.remove, False))
         finally:
             if self._session is not None:
                 self._session.close()

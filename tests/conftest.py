@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from toolcage import wait_removed
+
 ROOT = Path(__file__).resolve().parent
 
 
@@ -61,10 +63,18 @@ def no_leaks(engine: Any) -> Iterator[None]:
     """Fails a test that leaves one of its containers behind (and removes it anyway)."""
     before = {c["Id"] for c in _mine(engine)}
     yield
+    wait_removed(60)  # closed sandboxes are removed in the background
     leaked = [c for c in _mine(engine) if c["Id"] not in before]
     for c in leaked:
         engine.remove(c["Id"])
     assert not leaked, f"containers left behind: {[c['Names'] for c in leaked]}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """A test ends when the sandboxes it closed are removed (in the background), before its
+    fixtures are torn down (a network fixture cannot be removed while a proxy still uses it)."""
+    wait_removed(60)
 
 
 @pytest.fixture(scope="session", autouse=True)

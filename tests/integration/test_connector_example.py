@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.helpers import run_cli, start_upstream
-from toolcage import Sandbox, audit
+from toolcage import Sandbox, audit, wait_removed
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -149,6 +149,7 @@ def upstream(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     finally:
         for cid in cids.values():
             engine.remove(cid)
+        wait_removed(60)  # the runs that used it are removed in the background
         engine.remove_network(net)
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.helpers import start_upstream
-from toolcage import Sandbox
+from toolcage import Sandbox, wait_removed
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -128,6 +128,7 @@ def upstream(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     finally:
         for cid in cids:
             engine.remove(cid)
+        wait_removed(60)  # the runs that used it are removed in the background
         engine.remove_network(net)
 
 
@@ -160,6 +161,7 @@ def run_probe(sb: Sandbox, code: str) -> dict[str, Any]:
 
 
 def assert_run_gone(engine: Any, run_id: str) -> None:
+    assert wait_removed(30)  # removed in the background, off the caller's path
     assert engine.containers(f"toolcage.run_id={run_id}") == []
     assert engine.networks(f"toolcage.run_id={run_id}") == []
 

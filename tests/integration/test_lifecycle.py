@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import run_cli as cli
-from toolcage import Sandbox, WorkerCrashed
+from toolcage import Sandbox, WorkerCrashed, wait_removed
 from toolcage.audit import read, verify
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,5 +145,6 @@ def test_load_200_runs(engine: Any, tmp_path: Path) -> None:
     assert all(r["status"] == "ok" for r in records if r["event"] == "run.finished")
     assert sum(1 for r in records if r["event"] == "run.call") == 600
     assert verify(log) == []
+    assert wait_removed(120)  # closed sandboxes are removed in the background
     leftover = [c for c in engine.containers("toolcage.tool=load")]
     assert leftover == [] and engine.networks("toolcage.tool=load") == []

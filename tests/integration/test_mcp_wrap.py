@@ -28,7 +28,7 @@ from tests.helpers import (
     wrap_objects,
     wrap_session,
 )
-from toolcage import audit
+from toolcage import audit, wait_removed
 
 FETCH_IMAGE = "toolcage-test-mcp-fetch:1"
 
@@ -90,6 +90,7 @@ def upstream(engine: Any) -> Iterator[dict[str, Any]]:
     finally:
         if cid is not None:
             engine.remove(cid)
+        wait_removed(60)  # the runs that used it are removed in the background
         engine.remove_network(net)
 
 

@@ -21,6 +21,7 @@ from toolcage import (
     SandboxOOM,
     SandboxTimeout,
     WorkerCrashed,
+    wait_removed,
 )
 from toolcage.docker_adapter import Engine
 
@@ -82,6 +83,7 @@ def test_docker_ps_shows_run_then_nothing_remains(engine: Any) -> None:
             "toolcage.owner=",
         ):
             assert key in labels
+    assert wait_removed(30)  # removed in the background, off the caller's path
     after = subprocess.run(
         ["docker", "ps", "-a", "--filter", f"label=toolcage.run_id={sb.run_id}", "-q"],
         capture_output=True,

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from tests.helpers import run_cli
-from toolcage import CallResult, Sandbox, load_policy
+from toolcage import CallResult, Sandbox, load_policy, wait_removed
 from toolcage.errors import UsageError
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -89,6 +89,7 @@ def egress_net(engine: Any) -> Iterator[str]:
     try:
         yield net
     finally:
+        wait_removed(60)  # the runs that used it are removed in the background
         engine.remove_network(net)
 
 

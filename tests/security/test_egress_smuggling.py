@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from toolcage import DEFAULT_IMAGE, Sandbox
+from toolcage import DEFAULT_IMAGE, Sandbox, wait_removed
 
 # The upstream: ignores "Connection: close" (so a pipelined or smuggled second request on the
 # same connection is executed), reads bodies by Content-Length only (like many back ends), and
@@ -318,6 +318,7 @@ def outcome(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     finally:
         if cid is not None:
             engine.remove(cid)
+        wait_removed(60)  # the runs that used it are removed in the background
         engine.remove_network(net)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from toolcage import Sandbox
+from toolcage import Sandbox, wait_removed
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -47,6 +47,7 @@ def proxy_policy(engine: Any, tmp_path: Path) -> Iterator[tuple[Path, str]]:
     try:
         yield pol, net
     finally:
+        wait_removed(60)  # the runs that used it are removed in the background
         engine.remove_network(net)
 
 
