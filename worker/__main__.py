@@ -75,6 +75,7 @@ def main() -> int:
         # write queued log lines only when no request is waiting (see worker.logs)
         if not select.select([channel.fd_in], [], [], _IDLE_FLUSH_S)[0]:
             logs.flush()
+            settings.warm()  # a pooled sandbox's first request (sandbox.configure) needs the policy
 
     served = 0
     for line in channel.lines(before_read=idle):
