@@ -277,3 +277,44 @@ def test_sigkilled_owner_leaves_nothing_gc_keeps(engine: Any, upstream: dict[str
     gc = run_cli("gc", "--json")
     assert gc.returncode == 0, gc.stderr
     assert eventually(lambda: pool_objects(engine, pool_id) == [], timeout=20), pool_objects(engine, pool_id)
+
+
+def test_serve_pool_runs_each_request_in_a_fresh_sandbox(engine: Any, tmp_path: Path) -> None:
+    """`toolcage serve --pool 2`: each request in its own pooled sandbox (a file from one is absent in the
+    next), answers matched by id, a batch refused; every run audited, nothing left at exit."""
+    audit = tmp_path / "audit.jsonl"
+    reqs = [
+        {"jsonrpc": "2.0", "method": "write_file", "params": {"path": "a.txt", "content": "x"}, "id": 1},
+        {"jsonrpc": "2.0", "method": "list_files", "params": {"path": "/scratch"}, "id": 2},
+        [{"jsonrpc": "2.0", "method": "ping", "id": 3}],
+    ]
+    stdin = "".join(json.dumps(r) + "\n" for r in reqs)
+    proc = run_cli("serve", "--pool", "2", "--tool-label", "servepool", "--audit-log", str(audit), stdin=stdin)
+    assert proc.returncode == 0, proc.stderr
+    answers = {json.dumps(a.get("id")): a for a in map(json.loads, proc.stdout.splitlines())}
+    assert answers["1"]["result"]["bytes_written"] == 1
+    assert answers["2"]["result"]["entries"] == []
+    assert answers["null"]["error"]["code"] == -32600
+    runs = {r["run_id"] for r in read(audit) if r["event"] == "run.finished"}
+    assert len(runs) == 2
+    assert engine.containers("toolcage.tool=servepool") == []
+
+
+def test_mcp_serve_pool_fresh_per_call(engine: Any) -> None:
+    """`toolcage mcp serve --pool 2 --fresh-per-call`: every tools/call in a fresh pooled sandbox."""
+    from mcp import ClientSession
+
+    from tests.integration.test_mcp_serve import _session
+
+    async def body(s: ClientSession) -> None:
+        await s.initialize()
+        assert "run_python" in {t.name for t in (await s.list_tools()).tools}
+        res = await s.call_tool("write_file", {"path": "note.txt", "content": "kept"})
+        assert not res.is_error
+        res = await s.call_tool("read_file", {"path": "note.txt"})
+        assert res.is_error
+        res = await s.call_tool("run_shell", {"command": "ls /scratch | wc -l"})
+        assert not res.is_error and res.structured_content["stdout"].strip() == "0"
+
+    _session(["--pool", "2", "--fresh-per-call"], body)
+    assert [c for c in engine.containers("toolcage.pool") if c["Labels"].get("toolcage.tool") == "mcp"] == []
