@@ -40,6 +40,7 @@ _EXPORTS = {
     "DEFAULT_IMAGE": "toolcage.sandbox",
     "AsyncSandbox": "toolcage.aio",
     "Sandbox": "toolcage.sandbox",
+    "Pool": "toolcage.pool",
     "Cancel": "toolcage.session",
 }
 
@@ -53,6 +54,7 @@ __all__ = [
     "ImageMissing",
     "Policy",
     "PolicyError",
+    "Pool",
     "ProtocolError",
     "RunSummary",
     "Sandbox",
