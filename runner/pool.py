@@ -231,13 +231,16 @@ class Pool:
         want = self.size if count is None else min(count, self.size)
         until = time.monotonic() + timeout
         with self._cond:
+            # asking is using: a pool gone cold refills; counted once, from now (counted on every
+            # wake-up, slots made meanwhile would outlive the pool's use and be replaced when idle)
+            self._last_used = time.monotonic()
+            self._cond.notify_all()
             while len(self._ready) < want:
                 if self._error is not None and self._failures >= 2:
                     raise self._error
                 left = until - time.monotonic()
                 if left <= 0 or self._closed:
                     return False
-                self._last_used = time.monotonic()  # someone is waiting for it: the pool is in use
                 self._cond.wait(min(left, 0.5))
             return True
 
