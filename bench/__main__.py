@@ -11,8 +11,15 @@ Measures, on the same image with the same hardening flags (derived from
   5. connectors: a cold run whose one call is a connector (``--tools``: the sandbox also
      lists the connector's tools in a child at start), and a warm connector call next to a
      warm ``run_python`` call (each starts a child).
+  6. a cold run with a proxy policy (``connector-http``: its egress proxy, network and volume);
+  7. the warm pool, without and with a proxy policy: acquire to first answer, a fresh pooled
+     container per call (``with pool.sandbox() as sb: sb.call("ping")``, the pool refilled
+     between calls, as when it keeps up), the same back to back (the refill cannot keep up),
+     and the memory of each idle slot (its container's cgroup, plus its proxy's).
 Goals: cold run <= 1.3x plain docker run; RPC p50 < 1 ms; >= 2,000 sequential calls/s;
-a cold connector run <= 2x plain docker run.
+a cold connector run <= 2x plain docker run; a cold proxy run <= 1.5x a cold run without
+network; pool: acquire to first answer <= 5 ms p50, a fresh pooled container per call
+<= 10 ms p50 (with and without a proxy).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Any
 from toolcage import DEFAULT_IMAGE, Cancel, Sandbox
 from toolcage.config import RunSpec, container_config
 from toolcage.policies import load_policy
+from toolcage.pool import Pool
 
 
 def docker_run_flags(image: str) -> list[str]:
@@ -102,6 +110,47 @@ def timed(fn: Any) -> float:
     return (time.perf_counter() - t) * 1000
 
 
+def measure_pool(policy: str, image: str, n: int, size: int = 2) -> tuple[dict[str, list[float]], float]:
+    """A warm pool: acquire to first answer and a fresh container per call, each with the pool full
+    before the call (it keeps up); then ``n`` calls back to back (the refill falls behind); and the
+    cgroup memory of each idle slot (plus its egress proxy's). Returns the samples and the memory."""
+    from toolcage.docker_adapter import Engine
+
+    engine = Engine.default()
+    out: dict[str, list[float]] = {"acquire_to_first_answer": [], "call_fresh_container": [], "back_to_back": []}
+    with Pool(policy, size=size, image=image, tool="bench", audit=None) as pool:
+        if not pool.wait_ready(timeout=120):
+            raise SystemExit(f"the {policy} pool did not fill")
+        time.sleep(1.0)  # let the slots' workers settle before reading their memory
+        mems = []
+        for c in engine.containers(f"toolcage.pool={pool.id}", all=False):
+            if c["Labels"].get("toolcage.role") != "sandbox":
+                continue
+            run_id = c["Labels"]["toolcage.run_id"]
+            total = 0
+            for part in engine.containers(f"toolcage.run_id={run_id}", all=False):  # the slot and its proxy
+                total += (engine.stats(part["Id"]).get("memory_stats") or {}).get("usage") or 0
+            mems.append(total)
+        for i in range(n + 2):
+            pool.wait_ready(timeout=120)
+            time.sleep(0.2)  # the last run's removal is done too: the call is measured alone
+            t0 = time.perf_counter()
+            with pool.sandbox() as sb:
+                assert sb.call("ping").ok
+                t1 = time.perf_counter()
+            t2 = time.perf_counter()
+            if i >= 2:
+                out["acquire_to_first_answer"].append((t1 - t0) * 1000)
+                out["call_fresh_container"].append((t2 - t0) * 1000)
+        pool.wait_ready(timeout=120)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            with pool.sandbox() as sb:
+                assert sb.call("ping").ok
+            out["back_to_back"].append((time.perf_counter() - t0) * 1000)
+    return out, statistics.median(mems) if mems else 0.0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20, help="cold runs per measure (after 1 warm-up)")
@@ -142,11 +191,16 @@ def main() -> int:
             r = sb.call("echo", {"text": "hi"})
             assert r.ok, r
 
+    def cold_proxy_ping() -> None:
+        with Sandbox("connector-http", image=args.image, tool="bench") as sb:
+            sb.call("ping")
+
     measures = {
         "plain_docker_run": plain,
         "toolcage_cold_ping": cold_ping,
         "toolcage_cold_run_python": cold_tool,
         "toolcage_cold_connector": cold_connector,
+        "toolcage_cold_proxy_ping": cold_proxy_ping,
     }
     samples: dict[str, list[float]] = {k: [] for k in measures}
     for fn in measures.values():
@@ -201,7 +255,16 @@ def main() -> int:
             assert res.status == "cancelled", res
             cancel_ms.append((time.perf_counter() - fired[0]) * 1000)
 
+    pool_samples: dict[str, list[float]] = {}
+    pool_memory: dict[str, float] = {}
+    for label, policy in (("pool", "default"), ("pool_proxy", "connector-http")):
+        got, mem = measure_pool(policy, args.image, max(args.runs, 10))
+        pool_samples.update({f"{label}_{k}": v for k, v in got.items()})
+        pool_memory[label] = mem
+        print(f"\r{label}: done", file=sys.stderr, flush=True)
+
     stats = {k: summary(v) for k, v in samples.items()}
+    stats.update({k: summary(v) for k, v in pool_samples.items()})
     stats["cancel_to_answer"] = summary(cancel_ms)
     stats["rpc_round_trip"] = summary(rtts)
     stats["rpc_round_trip_no_audit"] = summary(rtts_noaudit)
@@ -212,6 +275,9 @@ def main() -> int:
         "cold_run_python_vs_plain": stats["toolcage_cold_run_python"]["p50"] / base,
         "cold_connector_vs_plain": stats["toolcage_cold_connector"]["p50"] / base,
         "warm_connector_vs_warm_run_python": stats["warm_connector_call"]["p50"] / stats["warm_run_python_call"]["p50"],
+        "cold_proxy_vs_cold_ping": stats["toolcage_cold_proxy_ping"]["p50"] / stats["toolcage_cold_ping"]["p50"],
+        "pool_call_vs_plain": stats["pool_call_fresh_container"]["p50"] / base,
+        "pool_proxy_call_vs_plain": stats["pool_proxy_call_fresh_container"]["p50"] / base,
     }
     goals = {
         "cold run <= 1.3x plain docker run (ping)": ratios["cold_ping_vs_plain"] <= 1.3,
@@ -220,6 +286,13 @@ def main() -> int:
         ">= 2000 sequential calls/s": calls_per_s >= 2000,
         "cold connector run <= 2x plain docker run": ratios["cold_connector_vs_plain"] <= 2.0,
         "cancel kills a call within 100 ms (p90)": stats["cancel_to_answer"]["p90"] <= 100,
+        "cold proxy run <= 1.5x a cold run without network": ratios["cold_proxy_vs_cold_ping"] <= 1.5,
+        "pool: acquire to first answer <= 5 ms p50": stats["pool_acquire_to_first_answer"]["p50"] <= 5,
+        "pool: a fresh container per call <= 10 ms p50": stats["pool_call_fresh_container"]["p50"] <= 10,
+        "pool, proxy policy: acquire to first answer <= 5 ms p50": stats["pool_proxy_acquire_to_first_answer"]["p50"]
+        <= 5,
+        "pool, proxy policy: a fresh container per call <= 10 ms p50": stats["pool_proxy_call_fresh_container"]["p50"]
+        <= 10,
     }
 
     print(f"\n{'measure (ms)':<28}{'min':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}{'n':>6}")
@@ -228,6 +301,8 @@ def main() -> int:
     print(f"\nsequential calls/s: {calls_per_s:,.0f} (audit log on, the default); {calls_per_s_noaudit:,.0f} (off)")
     for k, v in ratios.items():
         print(f"ratio {k}: {v:.2f}x")
+    for k, v in pool_memory.items():
+        print(f"memory per idle slot ({k}): {v / 2**20:.1f} MiB (median; container cgroup, plus its proxy's)")
     for goal, ok in goals.items():
         print(f"{'PASS' if ok else 'MISS'}  {goal}")
 
@@ -243,6 +318,7 @@ def main() -> int:
         "calls_per_s": calls_per_s,
         "calls_per_s_no_audit": calls_per_s_noaudit,
         "ratios": ratios,
+        "pool_memory_per_idle_slot_bytes": pool_memory,
         "goals": goals,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,7 @@ _EXPORTS = {
     "DEFAULT_IMAGE": "toolcage.sandbox",
     "AsyncSandbox": "toolcage.aio",
     "Sandbox": "toolcage.sandbox",
+    "Pool": "toolcage.pool",
     "Cancel": "toolcage.session",
     "wait_removed": "toolcage.removal",
 }
@@ -54,6 +55,7 @@ __all__ = [
     "ImageMissing",
     "Policy",
     "PolicyError",
+    "Pool",
     "ProtocolError",
     "RunSummary",
     "Sandbox",

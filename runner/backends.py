@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -112,15 +113,42 @@ class ContainerBackend:
                 on_decision=audit_decisions(self.audit, run.run_id),  # written as they happen, not at close
                 proxy_image=worker_image(),
             )  # fmt: skip
-            volume, env = self._egress.up()
+            volume, env = self._egress.prepare()
             env["TOOLCAGE_PROXY_SOCKET"] = PROXY_SOCKET
             if self.ca_pem:
                 env["TOOLCAGE_CA_PEM"] = self.ca_pem
             run = dataclasses.replace(run, proxy_volume=volume, extra_env=env)
+            # the proxy and the sandbox start at the same time: each start is mostly the engine's waiting
+            mounted = threading.Event()
+            egress = self._egress
+            proxy = _Background(lambda: egress.launch(started=mounted.set), "toolcage-egress-launch")
+            try:
+                transport = self._start_sandbox(run, parser, before_start=lambda: proxy.wait_for(mounted))
+            except BaseException:
+                with contextlib.suppress(BaseException):
+                    proxy.join()  # its container is known before the caller's clean-up removes everything
+                raise
+            try:
+                proxy.join()  # ready, or why not (the caller's clean-up removes both)
+            except BaseException:
+                transport.close()
+                raise
+            return transport
+        return self._start_sandbox(run, parser)
+
+    def _start_sandbox(
+        self, run: RunSpec, parser: StreamParser, before_start: Callable[[], None] | None = None
+    ) -> Transport:
         self.container_id = self.engine.create(container_config(self.policy, run), self.name)
         sock, closer = self.engine.attach(self.container_id)
         transport = DockerAttachTransport(sock, parser, closer)
         transport.start()  # attached and reading before the worker's first byte
+        if before_start is not None:
+            try:
+                before_start()
+            except BaseException:
+                transport.close()
+                raise
         self.engine.start(self.container_id)
         return transport
 
@@ -140,15 +168,50 @@ class ContainerBackend:
         return ExitStatus(code, oom_killed=bool(state.get("OOMKilled")) and code == 137)
 
     def remove(self, keep: bool) -> None:
-        try:
+        if keep:
             if self.container_id is not None:
-                if keep:
-                    self.log.warning("run.kept", container=self.name)
-                else:
-                    self.engine.remove(self.container_id)
+                self.log.warning("run.kept", container=self.name)
+            return
+        if self._egress is None:
+            if self.container_id is not None:
+                self.engine.remove(self.container_id)
+            return
+        # the sandbox goes while the proxy is stopped and drained; the volume and network after both
+        cid = self.container_id
+        sandbox = _Background(lambda: self.engine.remove(cid) if cid is not None else None, "toolcage-remove")
+        self._egress.down(before_volume=sandbox.join)
+
+
+class _Background:
+    """A function run on a thread of its own; ``join`` waits for it and raises what it raised."""
+
+    def __init__(self, fn: Callable[[], Any], name: str) -> None:
+        self._fn: Callable[[], Any] = fn
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self._fn()
+        except BaseException as exc:
+            self._error = exc
         finally:
-            if self._egress is not None and not keep:
-                self._egress.down()
+            self._done.set()
+
+    def join(self) -> None:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+    def wait_for(self, event: threading.Event) -> None:
+        """Until ``event`` is set, or the function ended without setting it (then what it raised)."""
+        while not event.wait(0.01):
+            if self._done.is_set():
+                if not event.is_set():
+                    self.join()
+                    raise RuntimeError(f"{self._fn!r} ended without a signal")
+                return
 
 
 class ProcessBackend:

@@ -206,6 +206,46 @@ def _sandbox(tool: str, opts: dict[str, Any]) -> Any:
     )
 
 
+def _pool(tool: str, opts: dict[str, Any], size: int) -> Any:
+    """A warm pool for the life of this process (``--pool N``), described by the shared options; and
+    how to make a sandbox that adopts one of its slots (with this process's secrets)."""
+    from toolcage import logs
+    from toolcage.connectors import parse_secret_options
+    from toolcage.pool import Pool
+    from toolcage.sandbox import Sandbox
+
+    logs.configure(opts["verbose"], json_logs=False)
+    if opts["keep"]:
+        raise UsageError("--keep cannot be used with --pool: a pooled container is always removed after its run")
+    secrets = parse_secret_options(opts["secret"])
+    pol = _policy(opts)
+    pool = Pool(
+        pol,
+        size=size,
+        tool=tool,
+        workspace=opts["workspace"],
+        tools=opts["tools"],
+        sandbox=opts["sandbox"],
+        image=opts["image"],
+        egress_network=opts["egress_network"],
+        egress_proxy=opts["egress_proxy"],
+        ca_file=opts["ca_file"],
+        audit=opts["audit_log"],
+    )
+    return pool, lambda: Sandbox(pool=pool, secrets=secrets)
+
+
+def pool_option(f: Any) -> Any:
+    return click.option(
+        "--pool",
+        "pool_size",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Keep N sandboxes pre-started for the life of this process; each serves one run, then is removed.",
+    )(f)
+
+
 @cli.command()
 @click.argument("tool")
 @click.option("--params", default=None, help="Tool params as a JSON object, or '-' to read it from stdin.")
@@ -248,15 +288,24 @@ def run(tool: str, params: str | None, **opts: Any) -> None:
 @click.option(
     "--tool-label", default="serve", show_default=True, help="Tool name used in the container name and labels."
 )
-def serve(tool_label: str, **opts: Any) -> None:
+@pool_option
+def serve(tool_label: str, pool_size: int | None, **opts: Any) -> None:
     """Bridge JSON-RPC on this process's stdin/stdout into one sandboxed run.
 
     Send newline-delimited JSON-RPC 2.0 requests on stdin; responses come back on stdout.
-    The run ends at stdin EOF or at the policy's run deadline.
+    The run ends at stdin EOF or at the policy's run deadline. With --pool N, every request
+    runs in a fresh sandbox of its own, adopted from N kept pre-started (up to N at once).
     """
     from toolcage.bridge import bridge
 
     use_json(False)  # stdout is the JSON-RPC stream: errors go to stderr only
+    if pool_size is not None:
+        from toolcage.bridge_pool import bridge_fresh
+
+        pool, make_sandbox = _pool(tool_label, opts, pool_size)
+        with pool:
+            bridge_fresh(make_sandbox, sys.stdin.buffer, sys.stdout.buffer, workers=pool_size)
+        return
     with _sandbox(tool_label, opts) as sb:
         bridge(sb, sys.stdin.buffer, sys.stdout.buffer)
 

@@ -19,7 +19,7 @@ def mcp() -> None:
 
 
 def _serve_command() -> Any:
-    from toolcage.cli import sandbox_options
+    from toolcage.cli import pool_option, sandbox_options
 
     @mcp.command("serve")
     @sandbox_options
@@ -28,18 +28,25 @@ def _serve_command() -> Any:
         is_flag=True,
         help="A new sandbox for every tools/call (default: one sandbox per MCP session; scratch persists).",
     )
-    def serve(fresh_per_call: bool, **opts: Any) -> None:
+    @pool_option
+    def serve(fresh_per_call: bool, pool_size: int | None, **opts: Any) -> None:
         """Serve the sandbox's tools (built-in and --tools connectors) as an MCP server on stdin/stdout.
 
         One sandbox per session by default, started before serving and removed at EOF, SIGINT or SIGTERM.
         stdout carries MCP only; diagnostics go to stderr.
         """
-        from toolcage.cli import _policy, _sandbox
+        from toolcage.cli import _policy, _pool, _sandbox
         from toolcage.mcp_server import serve as serve_mcp
 
         use_json(False)  # stdout is the MCP stream: errors go to stderr only
         _policy(opts)  # a bad policy or --timeout fails here, before anything starts
-        serve_mcp(lambda: _sandbox("mcp", opts), fresh_per_call=fresh_per_call)
+        if pool_size is None:
+            serve_mcp(lambda: _sandbox("mcp", opts), fresh_per_call=fresh_per_call)
+            return
+        # every sandbox (the session's, its replacements, or one per tools/call) adopted from a warm pool
+        pool, make_sandbox = _pool("mcp", opts, pool_size)
+        with pool:
+            serve_mcp(make_sandbox, fresh_per_call=fresh_per_call)
 
     return serve
 

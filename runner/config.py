@@ -39,6 +39,8 @@ LABEL_ROLE = f"{LABEL_PREFIX}role"
 # Labels cannot change after create, so this is decided at creation; the reaper never touches
 # such objects and `gc` removes them only with `--kept`.
 LABEL_KEEP = f"{LABEL_PREFIX}keep"
+# the pool a pre-started sandbox was made by (toolcage.pool): its run_id is the id of the one run that adopts it
+LABEL_POOL = f"{LABEL_PREFIX}pool"
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,9 @@ class RunSpec:
     # what the container runs instead of the image's entrypoint (the worker); `mcp wrap` runs its launcher.
     # Only the command changes: every setting below is the same for it.
     entrypoint: tuple[str, ...] = ()
+    # a warm pool's slot (toolcage.pool): made before its run exists, its deadline is the slot's
+    # longest life (idle, then one run); the run's own deadline comes over the protocol at adoption
+    pool: str | None = None
 
 
 def worker_image() -> str:
@@ -93,6 +98,8 @@ def labels(policy: Policy, run: RunSpec) -> dict[str, str]:
     }
     if run.keep:
         out[LABEL_KEEP] = "1"
+    if run.pool is not None:
+        out[LABEL_POOL] = run.pool
     return out
 
 

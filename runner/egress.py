@@ -151,26 +151,38 @@ class Egress:
 
     def up(self) -> tuple[str, dict[str, str]]:
         """Create the volume (and egress network), start the proxy; return the volume and the sandbox's env."""
+        out = self.prepare()
+        self.launch()
+        return out
+
+    def prepare(self) -> tuple[str, dict[str, str]]:
+        """Create the volume and the egress network, at the same time (the network is the slow one);
+        return the volume and the sandbox's env. The sandbox may start once this returns."""
         lab = {**labels(self.policy, self.run), f"{LABEL_PREFIX}role": "egress"}
-        if self.requested_egress is not None:
-            if self.engine.network(self.requested_egress) is None:
-                raise UsageError(f"egress network {self.requested_egress!r} does not exist (docker network ls)")
-        else:
-            self.engine.create_network(self.egress, internal=False, labels=lab)
-            self._networks.append(self.egress)
-        self.engine.create_tmpfs_volume(
-            self.volume, lab, f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec"
-        )
-        self._volume_made = True
-        run = dataclasses.replace(self.run, proxy_volume=self.volume, image=self.proxy_image)
-        cfg = proxy_container_config(self.policy, run, self.egress, self.upstream)
-        self.proxy_id = self.engine.create(cfg, self.proxy_name)
-        # attached before start, so not one line of the decision stream is missed
-        sock, closer = self.engine.attach(self.proxy_id)
-        self._transport = DockerAttachTransport(sock, self._stream, closer)
-        self._transport.start()
-        self.engine.start(self.proxy_id)
-        self._wait_ready()
+        failed: list[BaseException] = []
+
+        def network() -> None:
+            try:
+                if self.requested_egress is not None:
+                    if self.engine.network(self.requested_egress) is None:
+                        raise UsageError(f"egress network {self.requested_egress!r} does not exist (docker network ls)")
+                else:
+                    self.engine.create_network(self.egress, internal=False, labels=lab)
+                    self._networks.append(self.egress)
+            except BaseException as exc:
+                failed.append(exc)
+
+        t = threading.Thread(target=network, name="toolcage-egress-network", daemon=True)
+        t.start()
+        try:
+            self.engine.create_tmpfs_volume(
+                self.volume, lab, f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec"
+            )
+            self._volume_made = True
+        finally:
+            t.join()
+        if failed:
+            raise failed[0]
         url = f"http://127.0.0.1:{PROXY_PORT}"
         env = {
             "TOOLCAGE_PROXY": f"127.0.0.1:{PROXY_PORT}",
@@ -181,8 +193,25 @@ class Egress:
             "NO_PROXY": "",
             "no_proxy": "",
         }
-        self.log.info("egress.up", egress=self.egress, proxy=self.proxy_name, volume=self.volume)
         return self.volume, env
+
+    def launch(self, started: Callable[[], None] | None = None) -> None:
+        """Create, attach and start the proxy, and wait until it listens (the sandbox can start once
+        ``started`` is called: its worker connects to the proxy's socket only when tool code opens a
+        connection). The proxy must start first: the first container to start mounts the volume, and
+        only the proxy mounts it writable (with the sandbox first, the proxy could not make its socket)."""
+        run = dataclasses.replace(self.run, proxy_volume=self.volume, image=self.proxy_image)
+        cfg = proxy_container_config(self.policy, run, self.egress, self.upstream)
+        self.proxy_id = self.engine.create(cfg, self.proxy_name)
+        # attached before start, so not one line of the decision stream is missed
+        sock, closer = self.engine.attach(self.proxy_id)
+        self._transport = DockerAttachTransport(sock, self._stream, closer)
+        self._transport.start()
+        self.engine.start(self.proxy_id)
+        if started is not None:
+            started()
+        self._wait_ready()
+        self.log.info("egress.up", egress=self.egress, proxy=self.proxy_name, volume=self.volume)
 
     def _wait_ready(self) -> None:
         """The proxy's ``proxy.listening`` line on the decision stream, or its stderr if it died first."""
@@ -196,14 +225,19 @@ class Egress:
         tail = self._stream.stderr_tail(500).strip()
         raise SandboxError(f"the egress proxy did not start: {tail}")
 
-    def down(self) -> None:
-        """Stop the proxy, read its stream to the end, then remove it, the volume and any network made here."""
-        if self.proxy_id is not None:
-            self.engine.kill(self.proxy_id)
-            self._stream.ended.wait(DRAIN_TIMEOUT_S)  # the last decisions arrive before the stream ends
-            self.engine.remove(self.proxy_id)
-        if self._transport is not None:
-            self._transport.close()
+    def down(self, before_volume: Callable[[], None] | None = None) -> None:
+        """Stop the proxy, read its stream to the end, then remove it, the volume and any network made here.
+        ``before_volume`` (the sandbox's own removal, run meanwhile) must end before the volume goes."""
+        try:
+            if self.proxy_id is not None:
+                self.engine.kill(self.proxy_id)
+                self._stream.ended.wait(DRAIN_TIMEOUT_S)  # the last decisions arrive before the stream ends
+                self.engine.remove(self.proxy_id)
+            if self._transport is not None:
+                self._transport.close()
+        finally:
+            if before_volume is not None:
+                before_volume()
         if self._volume_made:
             self.engine.remove_volume(self.volume)
         for net in reversed(self._networks):

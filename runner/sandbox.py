@@ -14,16 +14,16 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from secrets import token_hex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolcage import __version__, connectors, logs, ownership, records, removal
 from toolcage import audit as audit_mod
 from toolcage.audit import Audit
-from toolcage.backends import make_backend
+from toolcage.backends import Backend, make_backend
 from toolcage.config import RunSpec, container_name
 from toolcage.engine import EngineAPI
 from toolcage.errors import (
@@ -37,11 +37,15 @@ from toolcage.errors import (
     WorkerCrashed,
 )
 from toolcage.policies import Policy, load_policy
+from toolcage.pool import NotAdopted, SlotBackend
 from toolcage.results import CallResult, RunSummary, from_response
 from toolcage.session import Cancel, Ended, OnProgress, Session
 from toolcage.transport import Broken, StreamParser
 from toolcage.watchdog import Expiry, Watchdog
 from toolcage.workspace import readable_by_sandbox, validate_workspace
+
+if TYPE_CHECKING:
+    from toolcage.pool import Pool
 
 DEFAULT_IMAGE = f"toolcage-worker:{__version__}"
 CALL_GRACE_S = 2.0  # the worker enforces call timeouts; the runner waits this much longer
@@ -104,16 +108,26 @@ class Sandbox:
         audit: Any = None,
         tools: Iterable[str | os.PathLike[str]] = (),
         secrets: Mapping[str, str] | None = None,
+        pool: Pool | None = None,
     ) -> None:
-        self.policy = resolve_policy(policy, run_timeout)
-        self.workspace = validate_workspace(workspace) if workspace is not None else None
-        # connectors: their sources (mounted read-only) and the run's secrets, checked before anything starts
-        self.tool_sources = connectors.tool_sources([tools] if isinstance(tools, str | os.PathLike) else tools)
+        # pool: start() adopts one of its pre-started sandboxes, made for the pool's policy, workspace,
+        # tools and image (toolcage.pool); this run brings its secrets, and its deadline starts at adoption
+        self._pool = pool
+        if pool is not None:
+            if keep or run_timeout is not None or workspace is not None or tools or image is not None:
+                raise UsageError("a pooled sandbox takes its policy, workspace, tools, image and timeout from its pool")
+            tool, sandbox, audit = pool.tool, pool.kind, pool.audit if audit is None else audit
+            self.policy, self.workspace, self.tool_sources = pool.policy, pool.workspace, pool.tool_sources
+        else:
+            self.policy = resolve_policy(policy, run_timeout)
+            self.workspace = validate_workspace(workspace) if workspace is not None else None
+            # connectors: their sources (mounted read-only) and the run's secrets, checked before anything starts
+            self.tool_sources = connectors.tool_sources([tools] if isinstance(tools, str | os.PathLike) else tools)
         self._secrets = connectors.secret_store(self.policy, secrets)
         self.connector_tools: list[str] = []
         self.tool = tool
         self.kind = sandbox
-        self.image = image or os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)
+        self.image = pool.image if pool is not None else image or os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)
         self.keep = keep
         self.run_id = token_hex(4)
         self.name = container_name(tool, self.run_id)
@@ -123,23 +137,28 @@ class Sandbox:
         self.audit: Audit | None = (
             None if audit is False else audit if isinstance(audit, Audit) else audit_mod.shared(audit)
         )
-        self._backend = make_backend(
-            sandbox,
-            self.policy,
-            engine=engine,
-            image=self.image,
-            name=self.name,
-            log=self.log,
-            audit=self.audit,
-            workspace=str(self.workspace) if self.workspace else None,
-            egress_network=egress_network,
-            egress_proxy=egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY"),
-            ca_pem=self._read_ca(ca_file),
+        self._backend: Backend = (
+            NotAdopted()
+            if pool is not None
+            else make_backend(
+                sandbox,
+                self.policy,
+                engine=engine,
+                image=self.image,
+                name=self.name,
+                log=self.log,
+                audit=self.audit,
+                workspace=str(self.workspace) if self.workspace else None,
+                egress_network=egress_network,
+                egress_proxy=egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY"),
+                ca_pem=self._read_ca(ca_file),
+            )
         )
         self._session: Session | None = None
         self._watchdog: Watchdog | None = None
         self._lock = threading.Lock()  # one call at a time, for now; the session already takes many
         self._dead: SandboxError | None = None  # why the sandbox can take no more calls
+        self._configure_answer: Callable[[], dict[str, Any] | Ended] | None = None  # pooled: still to read
         self._expired: Expiry | None = None
         self._audited = False
         self._closed = False
@@ -150,7 +169,12 @@ class Sandbox:
         self._calls = 0
         self._usage: dict[str, Any] = {}
         self.summary: RunSummary | None = None
-        if self.workspace is not None and self._backend.sandbox_user and not readable_by_sandbox(self.workspace):
+        if (
+            pool is None
+            and self.workspace is not None
+            and self._backend.sandbox_user
+            and not readable_by_sandbox(self.workspace)
+        ):
             self.log.warning(
                 "workspace.unreadable",
                 workspace=str(self.workspace),
@@ -194,6 +218,8 @@ class Sandbox:
         self.close()
 
     def start(self) -> Sandbox:
+        if self._pool is not None:
+            return self._adopt(self._pool)
         self._started = time.monotonic()
         self._deadline = self._started + self.policy.timeouts.run_s
         self._session = Session(
@@ -245,15 +271,84 @@ class Sandbox:
                 raise
         return self
 
-    def _configure(self) -> None:
-        """Hand the worker its connector sources and the secret values (the only time they cross)."""
+    def _adopt(self, pool: Pool) -> Sandbox:
+        """Take one of the pool's pre-started sandboxes for this run, and this run only: the slot's id
+        is the run id (its labels were set when it was made); the run's deadline and secrets go to the
+        worker now, over the protocol."""
+        slot = pool.take()
+        self._started = time.monotonic()
+        self._deadline = self._started + self.policy.timeouts.run_s
+        self.run_id, self.name = slot.run_id, slot.name
+        self.log = logs.get_logger(run_id=self.run_id, name=self.name, pool=pool.id)
+        self._backend, self._session = SlotBackend(slot), slot.session
+        slot.owner = self  # the session's callbacks (protocol violations, stderr, redaction) now reach this run
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        self._running = True
+        session = self._session
+        assert session is not None
+        session.last_activity = self._started  # idle time counts from adoption, not from the slot's start
+        started = {
+            "kind": self.kind,
+            "policy": self.policy.name,
+            "policy_sha256": self.policy.sha256(),
+            "workspace": str(self.workspace) if self.workspace else None,
+        }
+        if self.audit is not None:
+            # queued, not fsynced here (an fsync would wait out the batch of the last run's records): the
+            # slot's pool.slot_created record was on disk before its container existed
+            self.audit.event_later(
+                "run.started", run_id=self.run_id, name=self.name, tool=self.tool, image=self.image,
+                image_id=slot.image_id, owner=ownership.owner()[0], network=self.policy.network.mode,
+                pool=pool.id, container_id=self.container_id, slot_created_at=slot.created_at,
+                slot_age_ms=round((self._started - slot.created) * 1000), **started,
+            )  # fmt: skip
+            self._audited = True
+        self._watchdog = Watchdog(
+            self._deadline, self.policy.timeouts.idle_s, session.busy, lambda: session.last_activity, self._on_expire
+        ).start()
+        self.log.info("run.started", container_id=self.container_id, **started)
+        try:
+            self._configure(deadline=time.time() + self.policy.timeouts.run_s)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _configure(self, deadline: float | None = None) -> None:
+        """Hand the worker its connector sources and the secret values (the only time they cross), and
+        for a pooled sandbox its run's deadline (epoch seconds)."""
         assert self._session is not None
         params = connectors.configure_params(self.tool_sources, self.kind != "none", self._secrets)
+        if deadline is not None:
+            params["deadline"] = round(deadline, 3)
         until = min(time.monotonic() + self.policy.timeouts.call_s + CALL_GRACE_S, self._deadline + 1.0)
+        if deadline is not None and not self.tool_sources:
+            # pooled, no connectors to list: the first call goes right behind it (see _settle_configure)
+            self._configure_answer = self._session.send_now("sandbox.configure", params, until)
+            return
         answer = self._session.request("sandbox.configure", params, until)
         if isinstance(answer, Ended):
             raise self._explain_end(answer)
-        took = connectors.configured(answer)
+        self._configured(connectors.configured(answer))
+
+    def _settle_configure(self) -> None:
+        """The answer to a configuration sent without waiting (it comes before any later call's)."""
+        wait, self._configure_answer = self._configure_answer, None
+        if wait is None:
+            return
+        answer = wait()
+        if isinstance(answer, Ended):
+            raise self._explain_end(answer)
+        try:
+            took = connectors.configured(answer)
+        except UsageError as exc:  # the host checked the secrets already: the worker is not the one we know
+            self._end(ProtocolError(f"the sandbox refused its run's configuration ({exc.message}); it was killed"))
+            assert self._dead is not None
+            raise self._dead from None
+        self._configured(took)
+
+    def _configured(self, took: dict[str, Any]) -> None:
         self.connector_tools = list(took.get("tools") or [])
         self.log.info("run.configured", tools=self.connector_tools, secrets=took.get("secrets"))
         if self.audit is not None:
@@ -405,6 +500,7 @@ class Sandbox:
                 raise
             if isinstance(answer, Ended):
                 raise self._explain_end(answer)
+            self._settle_configure()  # pooled: answered before this call was
             result = from_response(tool, self.run_id, answer, round((time.monotonic() - started) * 1000, 3))
             if result is None:
                 self._end(ProtocolError("protocol error: the worker sent a malformed response; the sandbox was killed"))
@@ -426,6 +522,7 @@ class Sandbox:
         """Send one raw request line; its answer comes from :meth:`next_forwarded`."""
         if self._session is None or not self._session.connected:
             raise UsageError("the sandbox is not running")
+        self._settle_configure()
         self._session.forward(line)
 
     def next_forwarded(self) -> Any:
@@ -501,7 +598,9 @@ class Sandbox:
         )
         self.log.info("run.finished", **self.summary.to_dict())
         if self.audit is not None and self._audited:
-            self.audit.event(
+            # pooled: queued like its run.started (on disk within the writer's batch window)
+            record = self.audit.event_later if self._pool is not None else self.audit.event
+            record(
                 "run.finished",
                 run_id=self.run_id,
                 name=self.name,

@@ -181,6 +181,35 @@ class Session:
                 self._slots.pop(key, None)
             self.last_activity = time.monotonic()
 
+    def send_now(
+        self, method: str, params: dict[str, Any] | None, until: float
+    ) -> Callable[[], dict[str, Any] | Ended]:
+        """Send one request now and return a function that waits (until ``until``) for its answer.
+
+        A pooled sandbox's ``sandbox.configure`` goes out this way, and the run's first call right
+        behind it: the worker reads and answers its requests in order, so the call runs after the
+        configuration, and nobody waits a round trip for an answer that says nothing new."""
+        req_id = secrets.token_hex(8)
+        key, slot = id_key(req_id), _Slot()
+        with self._lock:
+            if self._end is not None:
+                end = self._end
+                return lambda: end
+            self._slots[key] = slot
+        self.parser.expect(req_id)
+        self._send((json.dumps(jsonrpcclient.request(method, params=params or None, id=req_id)) + "\n").encode(), until)
+
+        def wait() -> dict[str, Any] | Ended:
+            try:
+                if not slot.event.wait(max(until - time.monotonic(), 0)):
+                    return Ended("timeout")
+                return slot.answer if slot.answer is not None else (self._end or Ended("eof"))
+            finally:
+                with self._lock:
+                    self._slots.pop(key, None)
+
+        return wait
+
     def _cancel(self, req_id: str, reason: str | None) -> None:
         """MCP's cancel notification for a call in flight (the worker answers it with -32800)."""
         params: dict[str, Any] = {"requestId": req_id}

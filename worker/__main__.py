@@ -10,32 +10,8 @@ import os
 import select
 import sys
 import threading
-import time
 
-# After the run deadline (plus this grace, so the runner's own kill is seen first) the
-# worker exits by itself: an orphaned sandbox whose runner was SIGKILLed still ends.
-_DEADLINE_GRACE_S = 2.0
 _IDLE_FLUSH_S = 0.05
-
-
-def _arm_deadline(raw: str | None) -> None:
-    if not raw:
-        return
-    try:
-        delay = float(raw) + _DEADLINE_GRACE_S - time.time()
-    except ValueError:
-        return
-
-    def _expire() -> None:
-        from toolcage.worker.tools.proc import kill_all_children
-
-        os.write(2, b'{"event": "worker.deadline", "level": "warning", "component": "worker"}\n')
-        kill_all_children()
-        os._exit(124)
-
-    timer = threading.Timer(max(delay, 0.0), _expire)
-    timer.daemon = True
-    timer.start()
 
 
 def _watch_runner(fd: int) -> None:
@@ -73,7 +49,7 @@ def main() -> int:
 
     channel = Channel.claim_stdio()  # before anything can print
 
-    from toolcage.worker import logs, sweep
+    from toolcage.worker import deadline, logs, sweep
     from toolcage.worker.dispatch import Dispatcher
     from toolcage.worker.settings import Settings
     from toolcage.worker.tools import Catalog
@@ -82,7 +58,7 @@ def main() -> int:
         hardening.as_init()
     settings = Settings.from_env()
     logs.bind(run_id=settings.run_id)
-    _arm_deadline(os.environ.get("TOOLCAGE_DEADLINE"))
+    deadline.arm(os.environ.get("TOOLCAGE_DEADLINE"))  # a pooled sandbox gets its run's at adoption
     if os.environ.get("TOOLCAGE_WATCH_RUNNER") == "1":  # set by the runner, which never half-closes mid-call
         _watch_runner(channel.fd_in)
     if os.environ.get("TOOLCAGE_PROXY_SOCKET"):
@@ -99,6 +75,7 @@ def main() -> int:
         # write queued log lines only when no request is waiting (see worker.logs)
         if not select.select([channel.fd_in], [], [], _IDLE_FLUSH_S)[0]:
             logs.flush()
+            settings.warm()  # a pooled sandbox's first request (sandbox.configure) needs the policy
 
     served = 0
     for line in channel.lines(before_read=idle):

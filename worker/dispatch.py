@@ -117,9 +117,15 @@ class Dispatcher:
 
     def _configure(self, *args: Any, **kwargs: Any) -> Result:
         """Once, from the runner: the run's secrets and connector sources (it imports the sources
-        in a child, so it ends like a call that ran code: with the sweep)."""
+        in a child, so it ends like a call that ran code: with the sweep), and for a pooled sandbox
+        its run's deadline (epoch seconds; it can only come earlier than the one armed at start)."""
         if args:
             return Error(codes.INVALID_PARAMS, "Invalid params", "params must be a JSON object of named fields")
+        if "deadline" in kwargs:
+            from toolcage.worker import deadline
+
+            if not deadline.arm(kwargs.pop("deadline")):
+                return Error(codes.INVALID_PARAMS, "Invalid params", "deadline must be a number (epoch seconds)")
         try:
             answer = self.connectors.configure(kwargs, self.catalog.names())
         except WorkerError as exc:

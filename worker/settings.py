@@ -61,6 +61,14 @@ class Settings:
             self._policy = policy_from_json(self._policy_json) if self._policy_json else Policy()
         return self._policy
 
+    def warm(self) -> None:
+        """Parse the policy now, while idle, if nothing has yet (a bad one is reported where it is used)."""
+        if self._policy is None and self._policy_json:
+            try:
+                self.policy  # noqa: B018 - parsed and cached
+            except Exception:  # noqa: S110 - the call that needs it reports it
+                pass
+
     def child_env(self) -> dict[str, str]:
         """Where the roots are, for code run by run_python/run_shell, when they are not at their
         names (``--sandbox none``: no mount namespace there, so /workspace cannot exist for a

@@ -1,0 +1,450 @@
+"""``Pool``: pre-created, pre-started sandboxes for one key (image, policy, workspace, tools), each
+adopted by exactly one run and then destroyed: never reused, never handed to a second run.
+
+A slot is a started container (and, for ``network.mode: proxy``, its egress proxy, network and
+volume) whose worker has answered a ``ping``. A run that adopts it (``Sandbox(pool=pool)``)
+sends its per-run settings over the protocol (``sandbox.configure``: its secrets, its run
+deadline), never through the container's environment, which was fixed before the run existed.
+Labels cannot change after create, so a slot's id *is* the run id of the one run that adopts it:
+``docker ps`` and the audit log's ``run.started``/``run.finished`` name the same run. Slots are
+refilled in the background, at most ``size`` wait at once, and one unused for ``idle_s`` is
+removed (the pool goes cold when nobody asks). Every slot carries the owner and deadline labels,
+so ``toolcage gc`` and the reaper remove what a SIGKILLed owner left.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from secrets import token_hex
+from typing import Any
+
+from toolcage import audit as audit_mod
+from toolcage import connectors, logs, ownership
+from toolcage.audit import Audit
+from toolcage.backends import Backend, ExitStatus, make_backend
+from toolcage.config import RunSpec, container_name
+from toolcage.engine import EngineAPI
+from toolcage.errors import ToolcageError, UsageError
+from toolcage.policies import Policy
+from toolcage.session import Ended, Session
+from toolcage.workspace import readable_by_sandbox, validate_workspace
+
+READY_WAIT_S = 30.0  # a slot's worker must answer its first ping within this
+SLOT_GRACE_S = 10.0  # on top of idle_s + run_s in a slot's deadline label: the pool's own checks come first
+FAIL_BACKOFF_S = (0.5, 5.0)
+# a replacement starts this long after its slot was taken, not at once: starting a container keeps
+# both cores of a small host busy (dockerd, runc), and the run that just adopted a slot would wait
+# behind it for its first answers. Every slot waiting when the run began is still there to take.
+REFILL_DELAY_S = 0.05  # after a slot failed to start: first and longest pause before the next try
+
+
+class _Slot:
+    """One pre-started sandbox. Until a run adopts it, its session's callbacks land here; after, on the run."""
+
+    def __init__(self, pool: Pool, run_id: str, name: str, backend: Backend) -> None:
+        self.pool, self.run_id, self.name, self.backend = pool, run_id, name, backend
+        self.owner: Any = None  # the Sandbox that adopted it
+        self.created = time.monotonic()
+        self.created_at = datetime.now(UTC).isoformat(timespec="milliseconds")
+        self.image_id: str | None = None
+        self.session: Session | None = None
+        self.retired = False
+
+    # the session's callbacks (reader thread) ------------------------------------------------
+    def stderr_line(self, line: str) -> None:
+        owner = self.owner
+        (owner.log if owner is not None else self.pool.log).debug("worker.stderr", line=line, run_id=self.run_id)
+
+    def broken(self, reason: str) -> None:
+        owner = self.owner
+        if owner is not None:
+            owner._on_protocol_violation(reason)
+        else:  # nobody's run yet: it is simply not handed out
+            self.pool.log.warning("pool.slot_broken", run_id=self.run_id, reason=reason)
+            self.backend.kill()
+
+    def redact(self, obj: Any) -> Any:
+        owner = self.owner
+        store = owner._secrets if owner is not None else None
+        return store.redact(obj) if store else obj
+
+
+class SlotBackend:
+    """The adopting run's view of its slot's backend: kill at once, removal in the pool's background."""
+
+    sandbox_user = True
+
+    def __init__(self, slot: _Slot) -> None:
+        self._slot = slot
+        self.container_id = slot.backend.container_id  # started before adoption: known, and never changes
+
+    def image_id(self) -> str | None:
+        return self._slot.image_id  # read when the slot was made: no engine round trip on adoption
+
+    def start(self, run: RunSpec, parser: Any) -> Any:
+        raise UsageError("a pooled sandbox is started by its pool")
+
+    def kill(self) -> None:
+        self._slot.backend.kill()
+
+    def exit_status(self, timeout: float) -> ExitStatus:
+        return self._slot.backend.exit_status(timeout)
+
+    def remove(self, keep: bool) -> None:
+        self._slot.pool._retire(self._slot, "used")  # off the caller's path: the pool's remover does it
+
+
+class NotAdopted:
+    """A ``Sandbox(pool=...)`` before ``start()``: nothing exists yet."""
+
+    sandbox_user = True
+    container_id: str | None = None
+
+    def image_id(self) -> str | None:
+        return None
+
+    def start(self, run: RunSpec, parser: Any) -> Any:
+        raise UsageError("a pooled sandbox is started by its pool")
+
+    def kill(self) -> None:
+        return None
+
+    def exit_status(self, timeout: float) -> ExitStatus:
+        return ExitStatus(None)
+
+    def remove(self, keep: bool) -> None:
+        return None
+
+
+_POOLS: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in list(_POOLS):
+        with contextlib.suppress(Exception):
+            pool.close()
+
+
+class Pool:
+    """Warm sandboxes for one key; ``with pool.sandbox() as sb:`` (or ``Sandbox(pool=pool)``) adopts one.
+
+    ``size``: how many wait at most; ``idle_s``: a slot unused this long is removed (default: the
+    policy's ``timeouts.idle_s``); ``parallel``: how many start at once. A context manager;
+    ``close()`` removes every slot not yet adopted (adopted ones go when their run closes)."""
+
+    def __init__(
+        self,
+        policy: str | Path | Policy = "default",
+        *,
+        workspace: str | os.PathLike[str] | None = None,
+        tools: Iterable[str | os.PathLike[str]] = (),
+        size: int = 2,
+        idle_s: float | None = None,
+        parallel: int | None = None,
+        tool: str = "pool",
+        sandbox: str = "container",
+        image: str | None = None,
+        run_timeout: float | None = None,
+        engine: EngineAPI | None = None,
+        egress_network: str | None = None,
+        egress_proxy: str | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
+        audit: Any = None,
+    ) -> None:
+        from toolcage.sandbox import DEFAULT_IMAGE, Sandbox, resolve_policy
+
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise UsageError("pool size must be a positive integer")
+        self.policy = resolve_policy(policy, run_timeout)
+        self.size = size
+        self.idle_s = float(idle_s if idle_s is not None else self.policy.timeouts.idle_s)
+        if self.idle_s <= 0:
+            raise UsageError("pool idle_s must be a positive number of seconds")
+        self.parallel = max(1, min(parallel or min(size, 2), size))
+        self.workspace = validate_workspace(workspace) if workspace is not None else None
+        self.tool_sources = connectors.tool_sources([tools] if isinstance(tools, str | os.PathLike) else tools)
+        self.tool, self.kind = tool, sandbox
+        self.image = image or os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)
+        self.id = token_hex(4)
+        self.log = logs.get_logger(pool=self.id)
+        self.audit: Audit | None = (
+            None if audit is False else audit if isinstance(audit, Audit) else audit_mod.shared(audit)
+        )
+        self._backend_options = {
+            "engine": engine,
+            "image": self.image,
+            "audit": self.audit,
+            "workspace": str(self.workspace) if self.workspace else None,
+            "egress_network": egress_network,
+            "egress_proxy": egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY"),
+            "ca_pem": Sandbox._read_ca(ca_file),
+        }
+        if self.workspace is not None and sandbox == "container" and not readable_by_sandbox(self.workspace):
+            self.log.warning("workspace.unreadable", workspace=str(self.workspace))
+        self._cond = threading.Condition()
+        self._ready: collections.deque[_Slot] = collections.deque()
+        self._starting = 0
+        self._waiting = 0
+        self._closed = False
+        self._error: ToolcageError | None = None
+        self._failures = 0
+        self._last_used = time.monotonic()  # a new pool fills at once
+        self._last_taken = 0.0
+        self._removals: queue.Queue[_Slot | None] = queue.Queue()
+        self._remover_stopped = False
+        self.adopted = 0  # runs served
+        self._threads = [
+            threading.Thread(target=self._fill, name=f"toolcage-pool-fill-{i}", daemon=True)
+            for i in range(self.parallel)
+        ]
+        self._threads.append(threading.Thread(target=self._remove_loop, name="toolcage-pool-remove", daemon=True))
+        _POOLS.add(self)
+        for t in self._threads:
+            t.start()
+
+    # the caller's side -----------------------------------------------------------------
+    def sandbox(self, *, secrets: Mapping[str, str] | None = None) -> Any:
+        """A Sandbox that adopts one slot when started (``with pool.sandbox() as sb:``)."""
+        from toolcage.sandbox import Sandbox
+
+        return Sandbox(pool=self, secrets=secrets)
+
+    def ready(self) -> int:
+        """How many slots wait, started and answering."""
+        with self._cond:
+            return len(self._ready)
+
+    def wait_ready(self, count: int | None = None, timeout: float = 60.0) -> bool:
+        """Block until ``count`` (default: ``size``) slots wait; False on timeout. Raises what stops
+        slots from starting (the image missing, Docker down)."""
+        want = self.size if count is None else min(count, self.size)
+        until = time.monotonic() + timeout
+        with self._cond:
+            # asking is using: a pool gone cold refills; counted once, from now (counted on every
+            # wake-up, slots made meanwhile would outlive the pool's use and be replaced when idle)
+            self._last_used = time.monotonic()
+            self._cond.notify_all()
+            while len(self._ready) < want:
+                if self._error is not None and self._failures >= 2:
+                    raise self._error
+                left = until - time.monotonic()
+                if left <= 0 or self._closed:
+                    return False
+                self._cond.wait(min(left, 0.5))
+            return True
+
+    def take(self, timeout: float = READY_WAIT_S * 2) -> _Slot:
+        """The oldest waiting slot, for one run; waits for one to start when none waits."""
+        until = time.monotonic() + timeout
+        with self._cond:
+            self._last_used = time.monotonic()
+            self._waiting += 1
+            self._cond.notify_all()
+            try:
+                while True:
+                    if self._closed:
+                        raise UsageError("the pool is closed")
+                    if self._ready:
+                        slot = self._ready.popleft()
+                        self.adopted += 1
+                        self._last_taken = time.monotonic()
+                        self._cond.notify_all()  # a filler starts its replacement
+                        return slot
+                    if self._error is not None and self._starting == 0 and self._failures >= 1:
+                        raise self._error
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        raise ToolcageError("no pooled sandbox became ready in time")
+                    self._cond.wait(min(left, 0.5))
+            finally:
+                self._waiting -= 1
+
+    # filling -----------------------------------------------------------------------------
+    def _wanted(self, now: float) -> bool:
+        """Should one more slot start? Held under the lock."""
+        if self._closed:
+            return False
+        have = len(self._ready) + self._starting
+        in_use = now - self._last_used < self.idle_s or self._waiting > 0
+        return in_use and have < self.size + max(self._waiting - len(self._ready), 0)
+
+    def _fill(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    if self._wanted(now):
+                        later = self._last_taken + REFILL_DELAY_S - now
+                        if later <= 0 or self._waiting > len(self._ready):  # nobody waits for it: no hurry
+                            break
+                        self._cond.wait(later)
+                        continue
+                    if self._closed:
+                        return
+                    self._expire_idle()
+                    self._cond.wait(min(self.idle_s / 4, 1.0))
+                self._starting += 1
+            slot: _Slot | None = None
+            try:
+                slot = self._make_slot()
+            except Exception as exc:
+                err = exc if isinstance(exc, ToolcageError) else ToolcageError(f"{type(exc).__name__}: {exc}")
+                self.log.warning("pool.slot_failed", error=err.message, status=err.status)
+                with self._cond:
+                    self._starting -= 1
+                    self._error, self._failures = err, self._failures + 1
+                    pause = min(FAIL_BACKOFF_S[0] * 2 ** (self._failures - 1), FAIL_BACKOFF_S[1])
+                    self._cond.notify_all()
+                    self._cond.wait(pause)
+                continue
+            with self._cond:
+                self._starting -= 1
+                self._error, self._failures = None, 0
+                if self._closed:
+                    closed = True
+                else:
+                    closed = False
+                    self._ready.append(slot)
+                    self._cond.notify_all()
+            if closed:
+                self._retire(slot, "closed")
+
+    def _expire_idle(self) -> None:
+        """Held under the lock: slots that waited idle_s are removed (refilled only while the pool is used)."""
+        now = time.monotonic()
+        while self._ready and now - self._ready[0].created >= self.idle_s:
+            self._retire(self._ready.popleft(), "idle")
+
+    def _make_slot(self) -> _Slot:
+        from toolcage.sandbox import CALL_GRACE_S
+
+        run_id = token_hex(4)
+        name = container_name(self.tool, run_id)
+        log = logs.get_logger(run_id=run_id, name=name, pool=self.id)
+        backend = make_backend(self.kind, self.policy, name=name, log=log, **self._backend_options)
+        slot = _Slot(self, run_id, name, backend)
+        slot.image_id = backend.image_id()
+        session = Session(
+            max_line=16 * self.policy.limits.output_cap + (1 << 20),
+            on_stderr_line=slot.stderr_line,
+            on_broken=slot.broken,
+            redact=slot.redact,
+        )
+        slot.session = session
+        host_pid, started = ownership.owner()
+        t = self.policy.timeouts
+        spec = RunSpec(
+            run_id=run_id,
+            tool=self.tool,
+            image=self.image,
+            policy_name=self.policy.name,
+            started_at=slot.created_at,
+            # the slot's longest life: idle_s waiting, then one run; the run's own deadline comes at adoption
+            deadline=time.time() + self.idle_s + t.run_s + SLOT_GRACE_S,
+            owner=host_pid,
+            owner_started=started,
+            workspace=self.workspace,
+            tool_mounts=tuple((str(src.path), src.target) for src in self.tool_sources),
+            pool=self.id,
+        )
+        if self.audit is not None:  # on disk before the container exists (off any caller's path)
+            self.audit.event(
+                "pool.slot_created", run_id=run_id, name=name, pool=self.id, tool=self.tool, image=self.image,
+                image_id=slot.image_id, policy=self.policy.name, policy_sha256=self.policy.sha256(),
+                workspace=str(self.workspace) if self.workspace else None, owner=host_pid,
+                network=self.policy.network.mode,
+            )  # fmt: skip
+        try:
+            session.connect(backend.start(spec, session.parser))
+            until = time.monotonic() + READY_WAIT_S + CALL_GRACE_S
+            answer = session.request("ping", None, until)
+            if isinstance(answer, Ended) or answer.get("result") != "pong":
+                tail = session.parser.stderr_tail(500).strip()
+                raise ToolcageError(f"a pooled sandbox did not answer its first ping: {tail or answer}")
+            session.request("sandbox.usage", None, until)  # loads what the run's close asks for, now
+        except BaseException:
+            self._retire(slot, "failed", now=True)
+            raise
+        took_ms = round((time.monotonic() - slot.created) * 1e3)
+        log.info("pool.slot_ready", container_id=backend.container_id, ms=took_ms)
+        return slot
+
+    # removal ---------------------------------------------------------------------------------
+    def _retire(self, slot: _Slot, why: str, now: bool = False) -> None:
+        """Remove a slot: an adopted one when its run closes (``used``), or one nobody took. In the
+        background unless ``now`` or the pool is closed (the remover may be gone)."""
+        if slot.retired:
+            return
+        slot.retired = True
+        if why != "used" and self.audit is not None:
+            self.audit.event_later("pool.slot_removed", run_id=slot.run_id, name=slot.name, pool=self.id, reason=why)
+        if why != "used":  # a used slot's worker saw its stdin close and is exiting by itself
+            slot.backend.kill()  # at once: the worker stops even if its removal waits
+        with self._cond:
+            inline = now or self._remover_stopped
+            if not inline:
+                self._removals.put(slot)
+        if inline:
+            self._remove(slot)
+
+    def _remove(self, slot: _Slot) -> None:
+        if slot.session is not None:
+            slot.session.close_input()
+        try:
+            slot.backend.remove(False)
+        except ToolcageError as exc:
+            self.log.warning("pool.remove_failed", run_id=slot.run_id, error=exc.message)
+        finally:
+            if slot.session is not None:
+                slot.session.close()
+
+    def _remove_loop(self) -> None:
+        while True:
+            slot = self._removals.get()
+            try:
+                if slot is None:
+                    return
+                self._remove(slot)
+            finally:
+                self._removals.task_done()
+
+    def close(self) -> None:
+        """Remove every waiting slot and stop refilling; waits for the removals. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            waiting = list(self._ready)
+            self._ready.clear()
+            self._cond.notify_all()
+        for slot in waiting:
+            self._retire(slot, "closed")
+        for t in self._threads[:-1]:
+            t.join(READY_WAIT_S + 5)  # a slot mid-start is retired by its filler
+        with self._cond:
+            self._remover_stopped = True  # from now on a run that closes late removes its slot itself
+            self._removals.put(None)
+        self._threads[-1].join()
+        if self.audit is not None:
+            self.audit.drain()
+        _POOLS.discard(self)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Pool"]

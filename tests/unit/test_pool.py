@@ -1,0 +1,114 @@
+"""The warm pool's pure pieces, without Docker: argument checks, the worker's deadline given at adoption,
+and the pool's bookkeeping with local workers (``sandbox="none"``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolcage import Sandbox, UsageError
+from toolcage.config import LABEL_POOL, RunSpec, labels
+from toolcage.policies import Policy
+from toolcage.pool import Pool
+from toolcage.worker import deadline
+
+
+def test_pool_refuses_bad_sizes_and_per_run_overrides(tmp_path: Path) -> None:
+    """A pool has a positive size and idle time; a pooled Sandbox cannot bring its own workspace, image or timeout."""
+    with pytest.raises(UsageError, match="size"):
+        Pool(size=0, sandbox="none", audit=False)
+    with pytest.raises(UsageError, match="idle_s"):
+        Pool(size=1, idle_s=0, sandbox="none", audit=False)
+    with Pool(size=1, sandbox="none", audit=False) as pool:
+        for kw in ({"workspace": str(tmp_path)}, {"image": "other"}, {"run_timeout": 5.0}, {"keep": True}):
+            with pytest.raises(UsageError, match="from its pool"):
+                Sandbox(pool=pool, **kw)
+
+
+def test_slot_labels_name_the_pool() -> None:
+    """A slot carries toolcage.pool besides the usual run labels; a plain run does not."""
+    run = RunSpec("r1", "t", "img", "default", "", 0.0, "h:1", "1")
+    assert LABEL_POOL not in labels(Policy(), run)
+    pooled = labels(Policy(), RunSpec("r1", "t", "img", "default", "", 0.0, "h:1", "1", pool="p9"))
+    assert pooled[LABEL_POOL] == "p9" and pooled["toolcage.run_id"] == "r1"
+
+
+def test_deadline_only_comes_earlier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """worker.deadline.arm takes a later deadline as a no-op and refuses what is not a number."""
+    armed: list[float] = []
+
+    class FakeTimer:
+        def __init__(self, delay: float, fn: Any) -> None:
+            armed.append(delay)
+            self.daemon = False
+
+        def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(deadline.threading, "Timer", FakeTimer)
+    monkeypatch.setattr(deadline, "_ARMED", [])
+    now = time.time()
+    assert deadline.arm(str(now + 100))
+    assert deadline.arm(now + 200) and len(armed) == 1  # later: the earlier one holds
+    assert deadline.arm(now + 10) and len(armed) == 2 and armed[-1] < armed[0]
+    for bad in ("soon", True, None, "", float("nan"), float("inf")):
+        assert not deadline.arm(bad)  # type: ignore[arg-type]
+    assert len(armed) == 2
+
+
+def test_worker_exits_at_the_deadline_given_by_configure() -> None:
+    """A worker started with a far deadline exits (124) at the earlier one sandbox.configure brings."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "TOOLCAGE_DEADLINE": f"{time.time() + 600:.3f}",
+        "TOOLCAGE_WORKSPACE": "",
+        "TOOLCAGE_SCRATCH": "/tmp",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolcage.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        req = {"jsonrpc": "2.0", "method": "sandbox.configure", "params": {"deadline": time.time()}, "id": 1}
+        proc.stdin.write((json.dumps(req) + "\n").encode())
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["result"] == {"tools": [], "secrets": []}
+        started = time.monotonic()
+        assert proc.wait(timeout=10) == 124
+        assert time.monotonic() - started < deadline.GRACE_S + 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+def test_local_pool_gives_each_run_its_own_slot(capfd: pytest.CaptureFixture[str]) -> None:
+    """Each run adopts a different slot (its own id and scratch); the pool refills to its size, no further."""
+    with Pool(size=2, sandbox="none", audit=False) as pool:
+        assert pool.wait_ready(timeout=30)
+        seen = []
+        for _ in range(3):
+            with pool.sandbox() as sb:
+                r = sb.call("run_shell", {"command": "pwd; ls"})
+                assert r.ok and r.result["stdout"].count("\n") == 1  # an empty scratch
+                assert sb.call("write_file", {"path": "x", "content": "1"}).ok
+                seen.append((sb.run_id, r.result["stdout"]))
+            with pool._cond:
+                assert len(pool._ready) + pool._starting <= 2
+        assert len({s[0] for s in seen}) == 3 and len({s[1] for s in seen}) == 3
+        assert pool.wait_ready(timeout=30) and pool.ready() == 2
+        assert pool.adopted == 3
+    assert pool.ready() == 0

@@ -1,0 +1,46 @@
+"""The worker's own run deadline: after it (plus a grace, so the runner's kill is seen first) the
+worker kills every child and exits, so an orphaned sandbox (its runner SIGKILLed) still ends.
+
+Armed at start from ``TOOLCAGE_DEADLINE``; a pooled sandbox is started before its run exists,
+so its run's deadline comes later, over the protocol, when a run adopts it (``sandbox.configure``'s
+``deadline``). A deadline can only be brought forward, never pushed back.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+GRACE_S = 2.0
+_LOCK = threading.Lock()
+_ARMED: list[float] = []  # the earliest deadline armed so far (epoch seconds)
+
+
+def _expire() -> None:
+    from toolcage.worker.tools.proc import kill_all_children
+
+    os.write(2, b'{"event": "worker.deadline", "level": "warning", "component": "worker"}\n')
+    kill_all_children()
+    os._exit(124)
+
+
+def arm(raw: str | float | None) -> bool:
+    """Exit at ``raw`` (epoch seconds) + the grace, unless an earlier deadline is armed already.
+    False when ``raw`` is not a finite number (nothing armed)."""
+    if raw is None or raw == "" or isinstance(raw, bool):
+        return False
+    try:
+        at = float(raw)
+    except ValueError:
+        return False
+    if at != at or at in (float("inf"), float("-inf")):
+        return False
+    with _LOCK:
+        if _ARMED and _ARMED[0] <= at:
+            return True  # an earlier one already holds
+        _ARMED[:] = [at]
+    timer = threading.Timer(max(at + GRACE_S - time.time(), 0.0), _expire)
+    timer.daemon = True
+    timer.start()
+    return True
