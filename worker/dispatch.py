@@ -1,10 +1,12 @@
-"""The one module that imports jsonrpcserver: validate params, call the tool, map errors to codes.
+"""The worker's JSON-RPC 2.0 core: parse, validate, call the tool, map errors to codes.
 
-jsonrpcserver answers an unexpected exception with ``str(exc)`` in the error data; every
-handler is wrapped here so that never happens: the exception is logged on stderr with an
-error id and the caller gets -32603 with that id only. Its core pipeline is loaded
-without the package ``__init__`` (see ``worker._lean``), with a request validator that
-implements jsonrpcserver's own request schema in plain Python.
+It was jsonrpcserver's pipeline until the worker's start-up became the issue: importing
+``jsonrpcserver.dispatcher`` and its ``oslash`` monads cost ~45 ms of CPU in a 1-CPU
+container, on every run's first answer, and ``inspect.signature(...).bind`` per call. The
+wire behaviour is the same (its request schema, parse error, invalid request, method not
+found, invalid params, notifications unanswered, batches answered as batches, ``data``
+omitted when absent). An unexpected exception is never answered with ``str(exc)``: it is
+logged on stderr with an error id and the caller gets -32603 with that id only.
 """
 
 from __future__ import annotations
@@ -14,28 +16,53 @@ import functools
 import json
 import os
 import signal
+import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from toolcage.policies import codes
-from toolcage.worker import _lean, calls, logs
-from toolcage.worker.connectors import Connectors, WithMeta
+from toolcage.worker import calls, logs
 from toolcage.worker.errors import CallTimeout, WorkerError
 from toolcage.worker.protocol import valid_request
 from toolcage.worker.secrets import STORE
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Catalog, Tool
 
-_lean.bare_package("jsonrpcserver")
-from jsonrpcserver.dispatcher import dispatch_to_response_pure  # noqa: E402
-from jsonrpcserver.response import serialize_error, serialize_success  # noqa: E402
-from jsonrpcserver.result import Error, Result, Success  # noqa: E402
-from jsonrpcserver.sentinels import NOCONTEXT  # noqa: E402
-from oslash.either import Left  # noqa: E402
+if TYPE_CHECKING:
+    from toolcage.worker.connectors import Connectors
 
+_NODATA: Any = object()  # "data" is left out of the error (JSON-RPC makes it optional)
+
+
+class Success(NamedTuple):
+    result: Any
+
+
+class Error(NamedTuple):
+    code: int
+    message: str
+    data: Any = _NODATA
+
+
+Result = Success | Error
+
+
+class _Method(NamedTuple):
+    fn: Callable[..., Result]
+    takes_params: bool  # False: called with no arguments; any params are -32602
+
+
+_INVALID = {
+    "jsonrpc": "2.0",
+    "error": {
+        "code": codes.INVALID_REQUEST,
+        "message": "Invalid request",
+        "data": "The request failed schema validation",  # jsonrpcserver's words, kept
+    },
+    "id": None,
+}
 _TOO_LONG = {
     "jsonrpc": "2.0",
     "error": {"code": codes.INVALID_REQUEST, "message": "Invalid request", "data": "request line too long"},
@@ -43,17 +70,8 @@ _TOO_LONG = {
 }
 
 
-def validate_request(deserialized: Any) -> Any:
-    """jsonrpcserver's request-schema.json, in Python: one request or a non-empty batch."""
-    if isinstance(deserialized, list):
-        if not deserialized or not all(valid_request(r) for r in deserialized):
-            raise ValueError("invalid batch")
-    elif not valid_request(deserialized):
-        raise ValueError("invalid request")
-    return deserialized
-
-
 _CANCELLED = Error(codes.REQUEST_CANCELLED, "Request cancelled", None)
+_PONG = Success("pong")
 
 
 def _progress_token(msg: dict[str, Any]) -> str | int | None:
@@ -82,24 +100,40 @@ def _alarm(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-def _serialize(response: Any) -> Any:
-    """jsonrpcserver's serializer, plus what the runner audits about a call (``WithMeta``) as a
-    ``toolcage`` member of the answer, which the runner takes off before anyone sees it.
-    Every string of the answer has the run's secrets redacted."""
+def _serialize(result: Result, req_id: Any) -> dict[str, Any]:
+    """One answer, plus what the runner audits about a call (``WithMeta``) as a ``toolcage``
+    member, which the runner takes off before anyone sees it. Every string of the answer has
+    the run's secrets redacted."""
+    # only a connector's answer carries a WithMeta: until connectors are loaded there is none to look for
+    connectors = sys.modules.get("toolcage.worker.connectors")
+    with_meta: Any = connectors.WithMeta if connectors is not None else ()
     meta = None
-    if isinstance(response, Left):
-        err = response._error
-        if isinstance(err.data, WithMeta):
-            meta, err = err.data.meta, err._replace(data=err.data.value)
-        out = serialize_error(err)
+    out: dict[str, Any]
+    if isinstance(result, Error):
+        data = result.data
+        if isinstance(data, with_meta):
+            meta, data = data.meta, data.value
+        error: dict[str, Any] = {"code": result.code, "message": result.message}
+        if data is not _NODATA:
+            error["data"] = data
+        out = {"jsonrpc": "2.0", "error": error, "id": req_id}
     else:
-        ok = response._value
-        if isinstance(ok.result, WithMeta):
-            meta, ok = ok.result.meta, ok._replace(result=ok.result.value)
-        out = serialize_success(ok)
+        value = result.result
+        if isinstance(value, with_meta):
+            meta, value = value.meta, value.value
+        out = {"jsonrpc": "2.0", "result": value, "id": req_id}
     if meta is not None:
         out["toolcage"] = meta
-    return STORE.redact(out)
+    return STORE.redact(out) if STORE else out
+
+
+def _no_params_error(params: Any) -> str | None:
+    """What ``inspect.signature(f).bind(...)`` says when a method that takes nothing is given params."""
+    if isinstance(params, list) and params:
+        return "too many positional arguments"
+    if isinstance(params, dict) and params:
+        return f"got an unexpected keyword argument '{next(iter(params))}'"
+    return None
 
 
 class Dispatcher:
@@ -108,12 +142,21 @@ class Dispatcher:
     def __init__(self, settings: Settings, catalog: Catalog) -> None:
         self.settings = settings
         self.catalog = catalog
-        self.connectors = Connectors(settings)
-        self.methods: dict[str, Callable[..., Result]] = {n: self._wrap(n) for n in catalog.names()}
-        self.methods["tools.list"] = self._tools_list
-        self.methods["ping"] = lambda: Success("pong")
-        self.methods["sandbox.usage"] = self._usage
-        self.methods["sandbox.configure"] = self._configure
+        self._connectors: Connectors | None = None
+        self.methods: dict[str, _Method] = {n: _Method(self._wrap(n), True) for n in catalog.names()}
+        self.methods["tools.list"] = _Method(self._tools_list, False)
+        self.methods["ping"] = _Method(lambda: _PONG, False)
+        self.methods["sandbox.usage"] = _Method(self._usage, False)
+        self.methods["sandbox.configure"] = _Method(self._configure, True)
+
+    @property
+    def connectors(self) -> Connectors:
+        """Loaded on first use: a run without connectors never imports them."""
+        if self._connectors is None:
+            from toolcage.worker.connectors import Connectors
+
+            self._connectors = Connectors(self.settings)
+        return self._connectors
 
     def _configure(self, *args: Any, **kwargs: Any) -> Result:
         """Once, from the runner: the run's secrets and connector sources (it imports the sources
@@ -139,7 +182,7 @@ class Dispatcher:
                     info=functools.partial(self.connectors.describe_one, name),
                 )
             )
-            self.methods[name] = self._wrap(name)
+            self.methods[name] = _Method(self._wrap(name), True)
         return Success(answer)
 
     @staticmethod
@@ -150,13 +193,14 @@ class Dispatcher:
 
     def _tools_list(self) -> Result:
         """Every tool with its schema; the connectors' schemas are made on first ask (a loading child)."""
-        try:
-            ran = self.connectors.ensure_schemas()
-        except WorkerError as exc:
-            self._after_code("tools.list")
-            return Error(exc.code, exc.message, exc.data)
-        if ran:
-            self._after_code("tools.list")
+        if self._connectors is not None:  # never loaded: this run has no connectors
+            try:
+                ran = self._connectors.ensure_schemas()
+            except WorkerError as exc:
+                self._after_code("tools.list")
+                return Error(exc.code, exc.message, exc.data)
+            if ran:
+                self._after_code("tools.list")
         return Success(self.catalog.describe())
 
     def _connector_handler(self, name: str) -> Callable[[Settings, Any], Any]:
@@ -195,9 +239,13 @@ class Dispatcher:
                     outcome = "cancelled"
                     return _CANCELLED
                 outcome = type(exc).__name__
-                return Error(exc.code, exc.message, exc.data if exc.meta is None else WithMeta(exc.data, exc.meta))
+                if exc.meta is None:
+                    return Error(exc.code, exc.message, exc.data)
+                from toolcage.worker.connectors import WithMeta
+
+                return Error(exc.code, exc.message, WithMeta(exc.data, exc.meta))
             except Exception:
-                error_id = uuid.uuid4().hex[:12]
+                error_id = os.urandom(6).hex()
                 outcome = "internal_error"
                 # logging may itself fail (no descriptor left, a lazy import): the answer must still
                 # carry the error id only, never jsonrpcserver's str(exc) fallback
@@ -235,32 +283,56 @@ class Dispatcher:
         """One request line in, one response line out ("" when nothing must be sent)."""
         if line is None:
             return json.dumps(_TOO_LONG)
-        deserializer: Callable[[Any], Any] = json.loads
         try:
             msg = json.loads(line)
-        except ValueError:
-            msg = None  # jsonrpcserver answers the parse error
-        else:
-            deserializer = lambda _line: msg  # noqa: E731 - parsed once, here
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser goes
+            error = {"code": codes.PARSE_ERROR, "message": "Parse error", "data": str(exc)}
+            return json.dumps({"jsonrpc": "2.0", "error": error, "id": None})
         if isinstance(msg, dict):
             cancelled_id = calls.cancel_message(msg)
             if cancelled_id is not None:  # read between calls (mid-call, the channel acts on it itself)
                 calls.cancel(cancelled_id)
                 return ""
-            token = _progress_token(msg)
-            if "id" in msg:
-                calls.begin(msg["id"], token)
+        if isinstance(msg, list):
+            batch = msg if msg and all(valid_request(r) for r in msg) else None
+        else:
+            batch = [msg] if valid_request(msg) else None
+        if batch is None:
+            return json.dumps(_INVALID)
+        answers = [a for a in (self._one(r) for r in batch) if a is not None]
+        if not answers:
+            return ""  # notifications only
+        return json.dumps(answers if isinstance(msg, list) else answers[0])
+
+    def _one(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        """Call one (valid) request; its answer, or None for a notification."""
+        token = _progress_token(msg)
+        is_call = "id" in msg
+        if is_call:
+            calls.begin(msg["id"], token)
         try:
-            response = dispatch_to_response_pure(
-                deserializer=deserializer,
-                validator=validate_request,
-                methods=self.methods,
-                context=NOCONTEXT,
-                post_process=_serialize,
-                request=line,  # type: ignore[arg-type]
-            )
+            result = self._call(msg["method"], msg.get("params"))
         finally:
             calls.end()
-        if response is None:
-            return ""
-        return json.dumps(response)
+        return _serialize(result, msg["id"]) if is_call else None
+
+    def _call(self, name: str, params: Any) -> Result:
+        method = self.methods.get(name)
+        if method is None:
+            return Error(codes.METHOD_NOT_FOUND, "Method not found", name)
+        if not method.takes_params:
+            problem = _no_params_error(params)
+            if problem is not None:
+                return Error(codes.INVALID_PARAMS, "Invalid params", problem)
+            args: list[Any] = []
+            kwargs: dict[str, Any] = {}
+        else:
+            args = params if isinstance(params, list) else []
+            kwargs = params if isinstance(params, dict) else {}
+        try:
+            return method.fn(*args, **kwargs)
+        except Exception:  # the wrapped tools catch their own: this is ping, usage, tools.list, configure
+            error_id = os.urandom(6).hex()
+            with contextlib.suppress(Exception):
+                logs.exception("call.crashed", tool=name, error_id=error_id)
+            return Error(codes.INTERNAL_ERROR, "Internal error", {"error_id": error_id})

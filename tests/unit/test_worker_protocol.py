@@ -101,7 +101,7 @@ def test_notification_gets_no_response(tmp_path: Path) -> None:
 
 
 def test_logs_are_json_on_stderr(tmp_path: Path) -> None:
-    """Worker logs are structlog JSON lines on stderr with stable event names."""
+    """Worker logs are JSON lines on stderr (structlog's shape, without structlog) with stable event names."""
     _, err = run_worker([req("ping")], tmp_path)
     events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
     assert "worker.started" in events and "worker.stopped" in events
