@@ -6,10 +6,10 @@ is imported here; pydantic, the tool modules and structlog load on first use.
 
 from __future__ import annotations
 
+import _thread
 import os
 import select
 import sys
-import threading
 import time
 
 # After the run deadline (plus this grace, so the runner's own kill is seen first) the
@@ -33,9 +33,12 @@ def _arm_deadline(raw: str | None) -> None:
         kill_all_children()
         os._exit(124)
 
-    timer = threading.Timer(max(delay, 0.0), _expire)
-    timer.daemon = True
-    timer.start()
+    def _wait() -> None:
+        time.sleep(max(delay, 0.0))
+        _expire()
+
+    # _thread, not threading (its import is on every run's first answer); such threads never block exit
+    _thread.start_new_thread(_wait, ())
 
 
 def _watch_runner(fd: int) -> None:
@@ -57,7 +60,7 @@ def _watch_runner(fd: int) -> None:
                     kill_all_children()
                     return
 
-    threading.Thread(target=_run, name="toolcage-runner-watch", daemon=True).start()
+    _thread.start_new_thread(_run, ())
 
 
 def main() -> int:
@@ -97,6 +100,9 @@ def main() -> int:
 
     def idle() -> None:
         # write queued log lines only when no request is waiting (see worker.logs)
+        zygote = sys.modules.get("toolcage.worker.zygote")  # loaded with run_python, never at start
+        if zygote is not None:
+            zygote.warm()  # (re)start the fork server a run_python call asked for
         if not select.select([channel.fd_in], [], [], _IDLE_FLUSH_S)[0]:
             logs.flush()
 
