@@ -120,3 +120,33 @@ def test_lean_start_up_imports() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_first_answer_imports_only_the_core() -> None:
+    """What the worker imports before its first answer (a ping): no JSON-RPC library, no policy model, no
+    dataclasses, inspect or threading, no tool or connector module (issue 11: start-up is on every run's path)."""
+    code = (
+        "import sys\n"
+        "import worker.__main__, worker.dispatch, worker.protocol, worker.settings, worker.logs, worker.sweep\n"
+        "from worker.tools import Catalog\n"
+        "from worker.settings import Settings\n"
+        "d = worker.dispatch.Dispatcher(Settings(None, None, '.', 'x'), Catalog())\n"
+        'assert d.handle(b\'{"jsonrpc": "2.0", "method": "ping", "id": 1}\') == '
+        '\'{"jsonrpc": "2.0", "result": "pong", "id": 1}\'\n'
+        "heavy = ('jsonrpcserver', 'oslash', 'structlog', 'asyncio', 'pydantic', 'dataclasses', 'inspect',\n"
+        "         'threading', 'uuid', 'subprocess', 'toolcage.policies.model', 'toolcage.policies.loader',\n"
+        "         'toolcage.worker.connectors', 'toolcage.worker.tools.proc', 'toolcage.worker.zygote')\n"
+        "print([m for m in heavy if m in sys.modules or m.replace('toolcage.', '') in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_baked_tool_schemas_match_the_code() -> None:
+    """schemas.json (made at image build) is exactly what tools.list would compute from the tool declarations."""
+    from toolcage.worker.tools import BUILTIN, Catalog, describe_tool
+    from toolcage.worker.tools.schemas import entries
+
+    catalog = Catalog(modules=BUILTIN)
+    assert entries() == [describe_tool(catalog.get(name)) for name in BUILTIN]
+    assert json.loads(json.dumps(entries())) == entries()  # survives the file round trip unchanged
