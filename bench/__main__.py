@@ -16,15 +16,22 @@ Measures, on the same image with the same hardening flags (derived from
      container per call (``with pool.sandbox() as sb: sb.call("ping")``, the pool refilled
      between calls, as when it keeps up), the same back to back (the refill cannot keep up),
      and the memory of each idle slot (its container's cgroup, plus its proxy's).
+  8. the worker's own speed (issue 11): first answer after the container's start (docker
+     ``start`` called -> ``ping`` answered) beside a bare echo loop in the same container
+     config; ``tools.list`` and a warm ``run_python`` ``pass`` on an open sandbox; the idle
+     sandbox's memory in its cgroup, after its first answer and after a ``run_python`` call
+     (which starts the zygote).
 Goals: cold run <= 1.3x plain docker run; RPC p50 < 1 ms; >= 2,000 sequential calls/s;
 a cold connector run <= 2x plain docker run; a cold proxy run <= 1.5x a cold run without
 network; pool: acquire to first answer <= 5 ms p50, a fresh pooled container per call
-<= 10 ms p50 (with and without a proxy).
+<= 10 ms p50 (with and without a proxy); tools.list <= 0.5 ms; warm run_python pass
+<= 5 ms; idle sandbox <= 20 MiB; a cancel answered within 100 ms.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -86,6 +93,73 @@ def docker_run_flags(image: str) -> list[str]:
     for u in hc["Ulimits"]:
         flags += ["--ulimit", f"{u['Name']}={u['Soft']}:{u['Hard']}"]
     return flags
+
+
+ECHO = (
+    "import os\n"
+    "while True:\n"
+    "    b = os.read(0, 65536)\n"
+    "    if not b: break\n"
+    '    os.write(1, b\'{"jsonrpc": "2.0", "result": "pong", "id": 1}\\n\')\n'
+)
+
+
+def first_answer_ms(image: str, entrypoint: list[str] | None) -> float:
+    """docker ``start`` called -> the first answer read on the attached stream (the worker's
+    ``ping``, or a bare echo loop's line), in the hardened configuration of a run."""
+    import socket as socketlib
+
+    from toolcage.docker_adapter import Engine
+
+    engine = Engine.default()
+    cfg = container_config(
+        load_policy("default"),
+        RunSpec(
+            run_id=f"bench{os.getpid()}{time.monotonic_ns() % 10**6}",
+            tool="bench",
+            image=image,
+            policy_name="default",
+            started_at="",
+            deadline=time.time() + 60,
+            owner="bench",
+            owner_started="",
+        ),
+    )
+    if entrypoint is not None:
+        cfg["Entrypoint"] = entrypoint
+    cid = engine.create(cfg, name=f"toolcage-bench-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        sock, close = engine.attach(cid)
+        sock.sendall(b'{"jsonrpc": "2.0", "method": "ping", "id": 1}\n')
+        t0 = time.perf_counter()
+        engine.start(cid)
+        buf = b""
+        while b"pong" not in buf:  # multiplexed frames: the answer's bytes arrive in a stdout frame
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise RuntimeError("no answer")
+            buf += chunk
+        ms = (time.perf_counter() - t0) * 1000
+        with contextlib.suppress(OSError):
+            sock.shutdown(socketlib.SHUT_WR)
+        close()
+        return ms
+    finally:
+        engine.kill(cid)
+        engine.remove(cid)
+
+
+def cgroup_memory(cid: str) -> dict[str, int]:
+    """The container's memory cgroup (v1 or v2), as the host sees it: usage and anonymous memory."""
+    for base, usage, anon in (
+        (f"/sys/fs/cgroup/memory/docker/{cid}", "memory.usage_in_bytes", "total_rss"),
+        (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope", "memory.current", "anon"),
+        (f"/sys/fs/cgroup/docker/{cid}", "memory.current", "anon"),
+    ):
+        if os.path.isdir(base):
+            stat = dict(line.split() for line in Path(base, "memory.stat").read_text().splitlines())
+            return {"usage": int(Path(base, usage).read_text()), "anon": int(stat.get(anon, 0))}
+    return {}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -263,8 +337,44 @@ def main() -> int:
         pool_memory[label] = mem
         print(f"\r{label}: done", file=sys.stderr, flush=True)
 
+    # the worker's own speed: first answer after start, beside a bare echo loop (interleaved)
+    first: dict[str, list[float]] = {"first_answer_worker": [], "first_answer_echo_loop": []}
+    for i in range(args.runs + 1):
+        w = first_answer_ms(args.image, None)
+        e = first_answer_ms(args.image, ["python3", "-S", "-c", ECHO])
+        if i:  # the first pair warms up
+            first["first_answer_worker"].append(w)
+            first["first_answer_echo_loop"].append(e)
+
+    tools_list_ms: list[float] = []
+    warm_pass_ms: list[float] = []
+    memory: dict[str, dict[str, int]] = {}
+    with Sandbox(image=args.image, tool="bench", audit=False) as sb:
+        sb.call("ping")
+        time.sleep(1.0)
+        memory["idle_after_first_answer"] = cgroup_memory(sb.container_id or "")
+        for _ in range(20):
+            sb.call("tools.list")
+        for _ in range(max(args.calls // 4, 50)):
+            t = time.perf_counter()
+            assert sb.call("tools.list").ok
+            tools_list_ms.append((time.perf_counter() - t) * 1000)
+        assert sb.call("run_python", {"code": "pass"}).ok
+        time.sleep(0.5)  # the zygote starts while the worker is idle
+        for _ in range(10):
+            sb.call("run_python", {"code": "pass"})
+        for _ in range(max(args.runs * 5, 50)):
+            t = time.perf_counter()
+            assert sb.call("run_python", {"code": "pass"}).ok
+            warm_pass_ms.append((time.perf_counter() - t) * 1000)
+        time.sleep(1.0)
+        memory["idle_after_run_python"] = cgroup_memory(sb.container_id or "")
+
     stats = {k: summary(v) for k, v in samples.items()}
     stats.update({k: summary(v) for k, v in pool_samples.items()})
+    stats.update({k: summary(v) for k, v in first.items()})
+    stats["tools_list"] = summary(tools_list_ms)
+    stats["warm_run_python_pass"] = summary(warm_pass_ms)
     stats["cancel_to_answer"] = summary(cancel_ms)
     stats["rpc_round_trip"] = summary(rtts)
     stats["rpc_round_trip_no_audit"] = summary(rtts_noaudit)
@@ -293,7 +403,15 @@ def main() -> int:
         <= 5,
         "pool, proxy policy: a fresh container per call <= 10 ms p50": stats["pool_proxy_call_fresh_container"]["p50"]
         <= 10,
+        "tools.list p50 <= 0.5 ms": stats["tools_list"]["p50"] <= 0.5,
+        "warm run_python pass p50 <= 5 ms": stats["warm_run_python_pass"]["p50"] <= 5.0,
+        "idle sandbox <= 20 MiB in its cgroup (after a run_python call, zygote included)": (
+            memory.get("idle_after_run_python", {}).get("usage", 1 << 40) <= 20 * 1024 * 1024
+        ),
     }
+    ratios["first_answer_worker_vs_echo_loop"] = (
+        stats["first_answer_worker"]["p50"] / stats["first_answer_echo_loop"]["p50"]
+    )
 
     print(f"\n{'measure (ms)':<28}{'min':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}{'n':>6}")
     for name, s in stats.items():
@@ -303,6 +421,9 @@ def main() -> int:
         print(f"ratio {k}: {v:.2f}x")
     for k, v in pool_memory.items():
         print(f"memory per idle slot ({k}): {v / 2**20:.1f} MiB (median; container cgroup, plus its proxy's)")
+    for k, m in memory.items():
+        if m:
+            print(f"memory {k}: {m['usage'] / 2**20:.1f} MiB in the cgroup ({m['anon'] / 2**20:.1f} MiB anonymous)")
     for goal, ok in goals.items():
         print(f"{'PASS' if ok else 'MISS'}  {goal}")
 
@@ -319,6 +440,7 @@ def main() -> int:
         "calls_per_s_no_audit": calls_per_s_noaudit,
         "ratios": ratios,
         "pool_memory_per_idle_slot_bytes": pool_memory,
+        "memory_bytes": memory,
         "goals": goals,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -162,7 +162,7 @@ _IMAGE_MODULES = ("sdk.py",)  # top-level modules the handlers import (toolcage.
 def _copy_package(name: str, dest: Path) -> None:
     src = Path(str(resources.files(name)))
     target = dest.joinpath(*name.split("."))
-    shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "schemas.json"))
 
 
 def assemble_context(wheels: Path, into: Path) -> None:

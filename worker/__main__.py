@@ -6,10 +6,10 @@ is imported here; pydantic, the tool modules and structlog load on first use.
 
 from __future__ import annotations
 
+import _thread
 import os
 import select
 import sys
-import threading
 
 _IDLE_FLUSH_S = 0.05
 
@@ -33,7 +33,7 @@ def _watch_runner(fd: int) -> None:
                     kill_all_children()
                     return
 
-    threading.Thread(target=_run, name="toolcage-runner-watch", daemon=True).start()
+    _thread.start_new_thread(_run, ())
 
 
 def main() -> int:
@@ -73,6 +73,9 @@ def main() -> int:
 
     def idle() -> None:
         # write queued log lines only when no request is waiting (see worker.logs)
+        zygote = sys.modules.get("toolcage.worker.zygote")  # loaded with run_python, never at start
+        if zygote is not None:
+            zygote.warm()  # (re)start the fork server a run_python call asked for
         if not select.select([channel.fd_in], [], [], _IDLE_FLUSH_S)[0]:
             logs.flush()
             settings.warm()  # a pooled sandbox's first request (sandbox.configure) needs the policy

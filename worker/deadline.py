@@ -8,12 +8,12 @@ so its run's deadline comes later, over the protocol, when a run adopts it (``sa
 
 from __future__ import annotations
 
+import _thread
 import os
-import threading
 import time
 
 GRACE_S = 2.0
-_LOCK = threading.Lock()
+_LOCK = _thread.allocate_lock()  # _thread, not threading: its import is on every first answer
 _ARMED: list[float] = []  # the earliest deadline armed so far (epoch seconds)
 
 
@@ -40,7 +40,15 @@ def arm(raw: str | float | None) -> bool:
         if _ARMED and _ARMED[0] <= at:
             return True  # an earlier one already holds
         _ARMED[:] = [at]
-    timer = threading.Timer(max(at + GRACE_S - time.time(), 0.0), _expire)
-    timer.daemon = True
-    timer.start()
+
+    _start(max(at + GRACE_S - time.time(), 0.0))
     return True
+
+
+def _wait(delay: float) -> None:  # a later deadline's thread may still sleep: the earliest one fires first
+    time.sleep(delay)
+    _expire()
+
+
+def _start(delay: float) -> None:
+    _thread.start_new_thread(_wait, (delay,))  # such threads never hold up the worker's exit

@@ -14,20 +14,22 @@ import functools
 import json
 import os
 import signal
+import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolcage.policies import codes
 from toolcage.worker import _lean, calls, logs
-from toolcage.worker.connectors import Connectors, WithMeta
 from toolcage.worker.errors import CallTimeout, WorkerError
 from toolcage.worker.protocol import valid_request
 from toolcage.worker.secrets import STORE
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Catalog, Tool
+
+if TYPE_CHECKING:
+    from toolcage.worker.connectors import Connectors
 
 _lean.bare_package("jsonrpcserver")
 from jsonrpcserver.dispatcher import dispatch_to_response_pure  # noqa: E402
@@ -86,6 +88,9 @@ def _serialize(response: Any) -> Any:
     """jsonrpcserver's serializer, plus what the runner audits about a call (``WithMeta``) as a
     ``toolcage`` member of the answer, which the runner takes off before anyone sees it.
     Every string of the answer has the run's secrets redacted."""
+    # only a connector's answer carries a WithMeta: until connectors are loaded there is none to look for
+    connectors = sys.modules.get("toolcage.worker.connectors")
+    WithMeta: Any = connectors.WithMeta if connectors is not None else ()
     meta = None
     if isinstance(response, Left):
         err = response._error
@@ -108,12 +113,21 @@ class Dispatcher:
     def __init__(self, settings: Settings, catalog: Catalog) -> None:
         self.settings = settings
         self.catalog = catalog
-        self.connectors = Connectors(settings)
+        self._connectors: Connectors | None = None
         self.methods: dict[str, Callable[..., Result]] = {n: self._wrap(n) for n in catalog.names()}
         self.methods["tools.list"] = self._tools_list
         self.methods["ping"] = lambda: Success("pong")
         self.methods["sandbox.usage"] = self._usage
         self.methods["sandbox.configure"] = self._configure
+
+    @property
+    def connectors(self) -> Connectors:
+        """Loaded on first use: a run without connectors never imports them."""
+        if self._connectors is None:
+            from toolcage.worker.connectors import Connectors
+
+            self._connectors = Connectors(self.settings)
+        return self._connectors
 
     def _configure(self, *args: Any, **kwargs: Any) -> Result:
         """Once, from the runner: the run's secrets and connector sources (it imports the sources
@@ -156,13 +170,14 @@ class Dispatcher:
 
     def _tools_list(self) -> Result:
         """Every tool with its schema; the connectors' schemas are made on first ask (a loading child)."""
-        try:
-            ran = self.connectors.ensure_schemas()
-        except WorkerError as exc:
-            self._after_code("tools.list")
-            return Error(exc.code, exc.message, exc.data)
-        if ran:
-            self._after_code("tools.list")
+        if self._connectors is not None:  # never loaded: this run has no connectors
+            try:
+                ran = self._connectors.ensure_schemas()
+            except WorkerError as exc:
+                self._after_code("tools.list")
+                return Error(exc.code, exc.message, exc.data)
+            if ran:
+                self._after_code("tools.list")
         return Success(self.catalog.describe())
 
     def _connector_handler(self, name: str) -> Callable[[Settings, Any], Any]:
@@ -201,9 +216,13 @@ class Dispatcher:
                     outcome = "cancelled"
                     return _CANCELLED
                 outcome = type(exc).__name__
-                return Error(exc.code, exc.message, exc.data if exc.meta is None else WithMeta(exc.data, exc.meta))
+                if exc.meta is None:
+                    return Error(exc.code, exc.message, exc.data)
+                from toolcage.worker.connectors import WithMeta
+
+                return Error(exc.code, exc.message, WithMeta(exc.data, exc.meta))
             except Exception:
-                error_id = uuid.uuid4().hex[:12]
+                error_id = os.urandom(6).hex()
                 outcome = "internal_error"
                 # logging may itself fail (no descriptor left, a lazy import): the answer must still
                 # carry the error id only, never jsonrpcserver's str(exc) fallback

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from toolcage.policies.decide import Target
-from toolcage.policies.secrets import SecretSpec
 from toolcage.worker.errors import BadParams, EgressDenied
+
+if TYPE_CHECKING:  # annotations only: the worker redacts every answer, and must not load the model for it
+    from toolcage.policies.decide import Target
+    from toolcage.policies.secrets import SecretSpec
 
 MIN_SECRET_LEN = 8  # shorter values would redact ordinary text; refused before the run starts
 # Threat: a value no header can carry (a trailing newline from a file or an env var) made http.client

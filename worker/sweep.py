@@ -13,16 +13,21 @@ the user's own processes.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import os
 import signal
-import threading
 import time
 
 _IPC_RMID = 0
 _IPC_TABLES = (("/proc/sysvipc/shm", "shmctl"), ("/proc/sysvipc/msg", "msgctl"), ("/proc/sysvipc/sem", "semctl"))
 _IPC_DIRS = ("/dev/shm", "/dev/mqueue")
+
+
+# Processes of the worker's own that no call started (the zygote): not counted as a call's survivors.
+# A pid leaves the set when a sweep reaps it, so its owner never signals a pid that is no longer its.
+EXEMPT: set[int] = set()
 
 
 def active() -> bool:
@@ -34,7 +39,7 @@ def others() -> list[int]:
     """Every process of the namespace but this one (zombies included). Reading /proc needs a free
     file descriptor: callers that must not fail (the sweep) do not depend on it, see kill_others."""
     me = os.getpid()
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me and int(p) not in EXEMPT]
 
 
 def _count_others() -> int | None:
@@ -55,6 +60,7 @@ def reap(exclude: frozenset[int] = frozenset()) -> int:
                 return n
             if pid == 0:
                 return n
+            EXEMPT.discard(pid)
             n += 1
     # during a call: only zombies that are ours and not the call's own child, so its exit status stays ours
     try:
@@ -66,6 +72,7 @@ def reap(exclude: frozenset[int] = frozenset()) -> int:
             continue
         with contextlib.suppress(ChildProcessError):
             if os.waitpid(pid, os.WNOHANG)[0]:
+                EXEMPT.discard(pid)
                 n += 1
     return n
 
@@ -80,7 +87,7 @@ def _is_zombie_child(pid: int) -> bool:
     return fields[0] == b"Z" and fields[1] == str(os.getpid()).encode()
 
 
-_SWEEP_LOCK = threading.Lock()  # the deadline and runner-gone watchers sweep from their own threads
+_SWEEP_LOCK = _thread.allocate_lock()  # the deadline and runner-gone watchers sweep from their own threads
 
 
 def kill_others(rounds: int = 50) -> int:

@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 from typing import Any
 
 from toolcage.worker import cgroup
+
+
+def _zygote_pid() -> int | None:
+    """The run_python fork server's pid (a process of the worker's, not of any call), if one runs."""
+    zygote = sys.modules.get("toolcage.worker.zygote")
+    pid: int | None = zygote.pid() if zygote is not None else None
+    return pid
 
 
 def usage() -> dict[str, Any]:
@@ -21,6 +29,7 @@ def usage() -> dict[str, Any]:
             "peak_memory_bytes": cgroup.peak_memory(),
             "oom_kills": cgroup.oom_kills(),
             "source": "cgroup",
+            "zygote_pid": _zygote_pid(),
         }
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -29,4 +38,5 @@ def usage() -> dict[str, Any]:
         "peak_memory_bytes": max(me.ru_maxrss, kids.ru_maxrss) * 1024,
         "oom_kills": 0,
         "source": "rusage",
+        "zygote_pid": _zygote_pid(),
     }

@@ -22,10 +22,23 @@ from toolcage import Sandbox, wait_removed
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
-def _processes(engine: Any, cid: str) -> list[str]:
-    """The command lines of every process in the container, as the engine sees them from outside."""
+def _processes(engine: Any, cid: str, sb: Sandbox | None = None) -> list[str]:
+    """The command lines of every process in the container, as the engine sees them from outside;
+    with ``sb``, without the worker's own run_python zygote (the pid it reports, matched through
+    the host's /proc NSpid: a forked child shows the zygote's command line too, so not by name)."""
     top = engine.api.top(cid, ps_args="-eo pid,args")
-    return [" ".join(row) for row in top.get("Processes") or []]
+    rows = top.get("Processes") or []
+    zygote = sb.call("sandbox.usage").result["zygote_pid"] if sb is not None else None
+
+    def inner_pid(host_pid: str) -> int | None:
+        try:
+            status = Path(f"/proc/{host_pid}/status").read_text()
+        except OSError:
+            return None
+        line = next((x for x in status.splitlines() if x.startswith("NSpid:")), "")
+        return int(line.split()[-1]) if line else None
+
+    return [" ".join(row) for row in rows if zygote is None or inner_pid(row[0]) != zygote]
 
 
 @pytest.fixture
@@ -106,7 +119,7 @@ def test_fd_exhaustion_through_the_relay_cannot_outlive_the_call(engine: Any, pr
         time.sleep(0.3)  # the worker idles: its logger is loaded, as in any real session
         sb.call("run_python", {"code": FD_EXHAUST, "stdin": "x" * (1 << 20), "timeout_s": 30})
         assert sb.container_id is not None
-        procs = _processes(engine, sb.container_id)
+        procs = _processes(engine, sb.container_id, sb)
         assert len(procs) == 1 and "worker" in procs[0], procs  # only the worker (PID 1) is left
         # the worker still works: it can start a child, and the relay still reaches the proxy
         probe = textwrap.dedent(
@@ -154,7 +167,7 @@ def test_fork_storm_subreaper_and_stopped_processes_do_not_survive_the_sweep(eng
         r = sb.call("run_python", {"code": SWEEP_RACE})
         assert r.status == "ok" and r.result["stdout"] == "storm running\n", r.result
         assert sb.container_id is not None
-        procs = _processes(engine, sb.container_id)
+        procs = _processes(engine, sb.container_id, sb)
         assert len(procs) == 1 and "worker" in procs[0], procs
         r = sb.call("run_shell", {"command": "echo alive"})
         assert r.result["stdout"] == "alive\n"

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -44,15 +43,7 @@ def test_deadline_only_comes_earlier(monkeypatch: pytest.MonkeyPatch) -> None:
     """worker.deadline.arm takes a later deadline as a no-op and refuses what is not a number."""
     armed: list[float] = []
 
-    class FakeTimer:
-        def __init__(self, delay: float, fn: Any) -> None:
-            armed.append(delay)
-            self.daemon = False
-
-        def start(self) -> None:
-            pass
-
-    monkeypatch.setattr(deadline.threading, "Timer", FakeTimer)
+    monkeypatch.setattr(deadline, "_start", armed.append)
     monkeypatch.setattr(deadline, "_ARMED", [])
     now = time.time()
     assert deadline.arm(str(now + 100))

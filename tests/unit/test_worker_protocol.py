@@ -101,7 +101,7 @@ def test_notification_gets_no_response(tmp_path: Path) -> None:
 
 
 def test_logs_are_json_on_stderr(tmp_path: Path) -> None:
-    """Worker logs are structlog JSON lines on stderr with stable event names."""
+    """Worker logs are JSON lines on stderr (structlog's shape, without structlog) with stable event names."""
     _, err = run_worker([req("ping")], tmp_path)
     events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
     assert "worker.started" in events and "worker.stopped" in events
@@ -120,3 +120,33 @@ def test_lean_start_up_imports() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_first_answer_imports_only_the_core() -> None:
+    """What the worker imports before its first answer (a ping): jsonrpcserver's dispatch core (the project's
+    JSON-RPC library) and no policy model, dataclasses, structlog, tool or connector module (issue 11)."""
+    code = (
+        "import sys\n"
+        "import worker.__main__, worker.dispatch, worker.protocol, worker.settings, worker.logs, worker.sweep\n"
+        "from worker.tools import Catalog\n"
+        "from worker.settings import Settings\n"
+        "d = worker.dispatch.Dispatcher(Settings(None, None, '.', 'x'), Catalog())\n"
+        'assert d.handle(b\'{"jsonrpc": "2.0", "method": "ping", "id": 1}\') == '
+        '\'{"jsonrpc": "2.0", "result": "pong", "id": 1}\'\n'
+        "heavy = ('structlog', 'asyncio', 'pydantic', 'dataclasses', 'uuid', 'subprocess',\n"
+        "         'toolcage.policies.model', 'toolcage.policies.loader',\n"
+        "         'toolcage.worker.connectors', 'toolcage.worker.tools.proc', 'toolcage.worker.zygote')\n"
+        "print([m for m in heavy if m in sys.modules or m.replace('toolcage.', '') in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_baked_tool_schemas_match_the_code() -> None:
+    """schemas.json (made at image build) is exactly what tools.list would compute from the tool declarations."""
+    from toolcage.worker.tools import BUILTIN, Catalog, describe_tool
+    from toolcage.worker.tools.schemas import entries
+
+    catalog = Catalog(modules=BUILTIN)
+    assert entries() == [describe_tool(catalog.get(name)) for name in BUILTIN]
+    assert json.loads(json.dumps(entries())) == entries()  # survives the file round trip unchanged

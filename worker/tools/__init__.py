@@ -3,19 +3,25 @@
 The params dataclass gives both validation (-32602 on mismatch, by policies.typed.build)
 and the JSON schema that ``tools.list`` returns (by pydantic), read off one declaration. Tool modules are imported on
 first use: a run that only lists files never pays for pydantic models it does not use.
+The built-in tools' ``tools.list`` entries are made once, when the image is built
+(``python -m toolcage.worker.tools.schemas``, baked as ``schemas.json`` next to this file), so
+listing them imports neither pydantic nor the tool modules; the whole list is then kept.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from toolcage.policies.typed import BuildError, build
 from toolcage.worker.errors import BadParams
-from toolcage.worker.settings import Settings
-from toolcage.worker.tools._params import json_schema
+
+if TYPE_CHECKING:
+    from toolcage.worker.settings import Settings
+
+BAKED_SCHEMAS = os.path.join(os.path.dirname(__file__), "schemas.json")
 
 # tool name -> module that defines it (in its TOOLS list)
 BUILTIN: dict[str, str] = {
@@ -29,8 +35,7 @@ BUILTIN: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class Tool:
+class Tool(NamedTuple):  # a NamedTuple, not a dataclass: importing dataclasses costs ~10 ms at start-up
     name: str
     description: str
     params: Any  # a frozen dataclass declared with worker.tools._params.params; None: checked by the handler
@@ -42,6 +47,8 @@ class Tool:
     def validate(self, raw: dict[str, Any]) -> Any:
         if self.params is None:
             return raw  # a connector's params are checked in its child, where its types exist
+        from toolcage.policies.typed import BuildError, build
+
         try:
             return build(self.params, raw)
         except BuildError as exc:
@@ -54,6 +61,7 @@ class Catalog:
     def __init__(self, modules: dict[str, str] | None = None, extra_modules: tuple[str, ...] = ()) -> None:
         self._modules = dict(BUILTIN if modules is None else modules)
         self._loaded: dict[str, Tool] = {}
+        self._described: list[dict[str, Any]] | None = None  # tools.list's answer, made once
         # Extension point for images derived from toolcage-worker: modules with a TOOLS list,
         # named in TOOLCAGE_TOOL_MODULES (set by the derived image). Imported now, since their names are needed.
         for mod_name in extra_modules:
@@ -75,6 +83,7 @@ class Catalog:
             raise ValueError(f"tool name clash: {tool.name}")
         self._modules[tool.name] = ""
         self._loaded[tool.name] = tool
+        self._described = None
 
     def names(self) -> list[str]:
         return list(self._modules)
@@ -89,12 +98,42 @@ class Catalog:
         return tool
 
     def describe(self) -> list[dict[str, Any]]:
-        """What ``tools.list`` answers: name, description and params schema of each tool."""
+        """What ``tools.list`` answers: name, description and params schema of each tool (made once;
+        a connector's entry is its own ``info``, whose schema is made once by the connectors)."""
+        if self._described is not None:
+            return self._described
+        baked = _baked()
         out = []
         for name in self.names():
+            if name in baked and self._modules[name] == BUILTIN.get(name):
+                out.append(baked[name])
+                continue
             t = self.get(name)
             if t.info is not None:
                 out.append(t.info())
             else:
-                out.append({"name": t.name, "description": t.description, "params_schema": json_schema(t.params)})
+                out.append(describe_tool(t))
+        self._described = out
         return out
+
+
+def describe_tool(t: Tool) -> dict[str, Any]:
+    """A tool's ``tools.list`` entry, read off its params declaration (imports pydantic)."""
+    from toolcage.worker.tools._params import json_schema
+
+    return {"name": t.name, "description": t.description, "params_schema": json_schema(t.params)}
+
+
+_BAKED: dict[str, dict[str, Any]] | None = None
+
+
+def _baked() -> dict[str, dict[str, Any]]:
+    """The built-in tools' entries made at image build (empty outside an image: made on first ask)."""
+    global _BAKED
+    if _BAKED is None:
+        try:
+            with open(BAKED_SCHEMAS, encoding="utf-8") as f:
+                _BAKED = {t["name"]: t for t in json.load(f)}
+        except (OSError, ValueError, KeyError, TypeError):
+            _BAKED = {}
+    return _BAKED

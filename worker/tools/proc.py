@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 from annotated_types import Gt
 
-from toolcage.worker import calls, cgroup, sweep
+from toolcage.worker import calls, cgroup, sweep, zygote
 from toolcage.worker.errors import BadParams, ToolError
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Tool
@@ -116,25 +116,32 @@ def run_child(
     extra_env: dict[str, str] | None = None,
     pass_fds: tuple[int, ...] = (),
     stream_output: bool = True,
+    fast_source: str | None = None,
 ) -> dict[str, Any]:
     """Run argv; return stdout/stderr (capped), exit code, and how it ended. ``link`` (a connector
     child's socket, worker.connectors.Link) is served while the child runs. The call in progress
     (``worker.calls``) can be cancelled meanwhile, and gets the output as progress when it asked for
-    it and ``stream_output`` is on (a connector's output is its log, not its progress)."""
+    it and ``stream_output`` is on (a connector's output is its log, not its progress).
+    ``fast_source``: argv is ``python3 -c fast_source``, which a fork of the zygote may serve
+    (``worker.zygote``); everything after the start is the same for both."""
     cap = settings.policy.limits.output_cap
     timeout = min(timeout_s or settings.policy.timeouts.call_s, settings.policy.timeouts.run_s)
     if _SHUTTING_DOWN:
         raise ToolError("the run is over (its runner went away or its deadline passed)")
     oom_before = cgroup.oom_kills()
+    env = {**_child_env(settings), **(extra_env or {})}
     started = time.monotonic()
+    proc: Any = None
+    if fast_source is not None and not pass_fds and zygote.enabled():
+        proc = zygote.spawn(fast_source, stdin is not None, env, settings.scratch)
     try:
-        proc = subprocess.Popen(
+        proc = proc or subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=settings.scratch,
-            env={**_child_env(settings), **(extra_env or {})},
+            env=env,
             start_new_session=True,  # own process group: killpg reaches every descendant
             close_fds=True,
             pass_fds=pass_fds,
@@ -293,7 +300,10 @@ def _program(settings: Settings, interpreter: list[str], source: str, suffix: st
 
 
 def run_python(settings: Settings, p: RunPythonParams) -> dict[str, Any]:
-    return run_child(_program(settings, [sys.executable], p.code, ".py"), settings, p.timeout_s, p.stdin)
+    argv = _program(settings, [sys.executable], p.code, ".py")
+    # the zygote's fork serves `python3 -c code` only, and never where processes outlive their call
+    fast = argv[1:2] == ["-c"] and not settings.policy.unsafe_background_processes
+    return run_child(argv, settings, p.timeout_s, p.stdin, fast_source=p.code if fast else None)
 
 
 def run_shell(settings: Settings, p: RunShellParams) -> dict[str, Any]:
