@@ -230,12 +230,7 @@ class Sandbox:
         )
         with _LIVE_LOCK:
             _LIVE.add(self)
-        started = {
-            "kind": self.kind,
-            "policy": self.policy.name,
-            "policy_sha256": self.policy.sha256(),
-            "workspace": str(self.workspace) if self.workspace else None,
-        }
+        started = self._started_fields()
         if self.audit is not None:
             # on disk before the container exists: a runner killed right after creating it still leaves a trace
             self.audit.event(
@@ -288,12 +283,7 @@ class Sandbox:
         session = self._session
         assert session is not None
         session.last_activity = self._started  # idle time counts from adoption, not from the slot's start
-        started = {
-            "kind": self.kind,
-            "policy": self.policy.name,
-            "policy_sha256": self.policy.sha256(),
-            "workspace": str(self.workspace) if self.workspace else None,
-        }
+        started = self._started_fields()
         if self.audit is not None:
             # queued, not fsynced here (an fsync would wait out the batch of the last run's records): the
             # slot's pool.slot_created record was on disk before its container existed
@@ -314,6 +304,15 @@ class Sandbox:
             self.close()
             raise
         return self
+
+    def _started_fields(self) -> dict[str, Any]:
+        """What run.started records (the log line and the audit record) besides the run's identity."""
+        return {
+            "kind": self.kind,
+            "policy": self.policy.name,
+            "policy_sha256": self.policy.sha256(),
+            "workspace": str(self.workspace) if self.workspace else None,
+        }
 
     def _configure(self, deadline: float | None = None) -> None:
         """Hand the worker its connector sources and the secret values (the only time they cross), and
