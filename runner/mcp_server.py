@@ -22,6 +22,7 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 
 from toolcage.bridge import _lines
 from toolcage.errors import SandboxError, ToolcageError
@@ -83,12 +84,6 @@ def _note(text: str) -> None:
 
 
 PROGRESS_QUEUE = 256  # progress notifications waiting for a slow client; more are dropped, never the call
-
-
-def _progress_token(ctx: Any) -> Any:
-    """The request's ``_meta.progressToken`` (None: the client did not ask for progress)."""
-    meta = getattr(ctx, "meta", None)
-    return meta.get("progress_token", meta.get("progressToken")) if isinstance(meta, dict) else None
 
 
 def _progress_sink(stream: Any) -> OnProgress:
@@ -236,7 +231,7 @@ class McpCage:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
         cancel = Cancel()
         progress_in, progress_out = anyio.create_memory_object_stream[dict[str, Any]](PROGRESS_QUEUE)
-        token = _progress_token(ctx)
+        token = progress_token_from_params(ctx.params)  # None: the client did not ask for progress
         on_progress = _progress_sink(progress_in) if token is not None else None
 
         async def relay_progress() -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import functools
 import os
-import queue
 import threading
 import time
 import weakref
@@ -29,7 +29,7 @@ from secrets import token_hex
 from typing import Any
 
 from toolcage import audit as audit_mod
-from toolcage import connectors, logs, ownership
+from toolcage import connectors, logs, ownership, removal
 from toolcage.audit import Audit
 from toolcage.backends import Backend, ExitStatus, make_backend
 from toolcage.config import RunSpec, container_name
@@ -201,14 +201,11 @@ class Pool:
         self._failures = 0
         self._last_used = time.monotonic()  # a new pool fills at once
         self._last_taken = 0.0
-        self._removals: queue.Queue[_Slot | None] = queue.Queue()
-        self._remover_stopped = False
         self.adopted = 0  # runs served
         self._threads = [
             threading.Thread(target=self._fill, name=f"toolcage-pool-fill-{i}", daemon=True)
             for i in range(self.parallel)
         ]
-        self._threads.append(threading.Thread(target=self._remove_loop, name="toolcage-pool-remove", daemon=True))
         _POOLS.add(self)
         for t in self._threads:
             t.start()
@@ -383,7 +380,7 @@ class Pool:
     # removal ---------------------------------------------------------------------------------
     def _retire(self, slot: _Slot, why: str, now: bool = False) -> None:
         """Remove a slot: an adopted one when its run closes (``used``), or one nobody took. In the
-        background unless ``now`` or the pool is closed (the remover may be gone)."""
+        background (the process's one remover, ``toolcage.removal``) unless ``now``."""
         if slot.retired:
             return
         slot.retired = True
@@ -391,12 +388,10 @@ class Pool:
             self.audit.event_later("pool.slot_removed", run_id=slot.run_id, name=slot.name, pool=self.id, reason=why)
         if why != "used":  # a used slot's worker saw its stdin close and is exiting by itself
             slot.backend.kill()  # at once: the worker stops even if its removal waits
-        with self._cond:
-            inline = now or self._remover_stopped
-            if not inline:
-                self._removals.put(slot)
-        if inline:
+        if now:
             self._remove(slot)
+        else:
+            removal.schedule(functools.partial(self._remove, slot))
 
     def _remove(self, slot: _Slot) -> None:
         if slot.session is not None:
@@ -409,16 +404,6 @@ class Pool:
             if slot.session is not None:
                 slot.session.close()
 
-    def _remove_loop(self) -> None:
-        while True:
-            slot = self._removals.get()
-            try:
-                if slot is None:
-                    return
-                self._remove(slot)
-            finally:
-                self._removals.task_done()
-
     def close(self) -> None:
         """Remove every waiting slot and stop refilling; waits for the removals. Idempotent."""
         with self._cond:
@@ -430,12 +415,9 @@ class Pool:
             self._cond.notify_all()
         for slot in waiting:
             self._retire(slot, "closed")
-        for t in self._threads[:-1]:
+        for t in self._threads:
             t.join(READY_WAIT_S + 5)  # a slot mid-start is retired by its filler
-        with self._cond:
-            self._remover_stopped = True  # from now on a run that closes late removes its slot itself
-            self._removals.put(None)
-        self._threads[-1].join()
+        removal.wait_removed()
         if self.audit is not None:
             self.audit.drain()
         _POOLS.discard(self)

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from toolcage.worker.protocol import LineSplitter, valid_request
+from toolcage.worker.protocol import LineSplitter, progress_token, valid_request
 
 STDERR_TAIL_BYTES = 64 * 1024
 EOF_MARK = object()
@@ -140,9 +140,7 @@ class StreamParser:
         if not valid_request(msg) or msg.get("id", 0) is None:
             self.expect_unidentified()
         elif "id" in msg:
-            meta = msg["params"].get("_meta") if isinstance(msg.get("params"), dict) else None
-            token = meta.get("progressToken") if isinstance(meta, dict) else None
-            self.expect(msg["id"], token if type(token) in (str, int) else None)
+            self.expect(msg["id"], progress_token(msg.get("params")))
 
     def _claim(self, msg: Any) -> str | None:
         """Consume the expectation this message answers; the reason it answers none otherwise."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from toolcage.policies import codes
 from toolcage.worker import _lean, calls, logs
 from toolcage.worker.errors import CallTimeout, WorkerError
-from toolcage.worker.protocol import valid_request
+from toolcage.worker.protocol import progress_token, valid_request
 from toolcage.worker.secrets import STORE
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Catalog, Tool
@@ -61,11 +61,10 @@ _CANCELLED = Error(codes.REQUEST_CANCELLED, "Request cancelled", None)
 def _progress_token(msg: dict[str, Any]) -> str | int | None:
     """MCP's ``params._meta.progressToken``, taken out of the params (no tool has a ``_meta`` field)."""
     params = msg.get("params")
-    if not isinstance(params, dict) or "_meta" not in params:
-        return None
-    meta = params.pop("_meta")
-    token = meta.get("progressToken") if isinstance(meta, dict) else None
-    return token if type(token) in (str, int) else None
+    token = progress_token(params)
+    if isinstance(params, dict):
+        params.pop("_meta", None)
+    return token
 
 
 @contextmanager

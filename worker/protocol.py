@@ -62,6 +62,14 @@ def valid_request(obj: Any) -> bool:
     return "id" not in obj or obj["id"] is None or type(obj["id"]) in (str, int, float)
 
 
+def progress_token(params: Any) -> str | int | None:
+    """MCP's ``params._meta.progressToken`` (a string or an integer, never a bool), or None. Shared
+    by the worker (which streams progress under it) and the runner (which lets that progress through)."""
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    return token if type(token) in (str, int) else None
+
+
 _CHUNK = 256 * 1024
 _CONTROL_HINT = b"ancel"  # every control method has it (notifications/cancelled, $/cancelRequest): a cheap pre-check
 
