@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.first_answer import ECHO  # the bare echo loop, the same inside the image and beside it
 from toolcage import DEFAULT_IMAGE, Cancel, Sandbox
 from toolcage.config import RunSpec, container_config
 from toolcage.policies import load_policy
@@ -94,15 +95,6 @@ def docker_run_flags(image: str) -> list[str]:
     for u in hc["Ulimits"]:
         flags += ["--ulimit", f"{u['Name']}={u['Soft']}:{u['Hard']}"]
     return flags
-
-
-ECHO = (
-    "import os\n"
-    "while True:\n"
-    "    b = os.read(0, 65536)\n"
-    "    if not b: break\n"
-    '    os.write(1, b\'{"jsonrpc": "2.0", "result": "pong", "id": 1}\\n\')\n'
-)
 
 
 def first_answer_ms(image: str, entrypoint: list[str] | None) -> float:

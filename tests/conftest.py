@@ -70,6 +70,17 @@ def no_leaks(engine: Any) -> Iterator[None]:
     assert not leaked, f"containers left behind: {[c['Names'] for c in leaked]}"
 
 
+@pytest.fixture
+def no_wrap_leaks(engine: Any) -> Iterator[None]:
+    """Fails a test after which a container, network or volume of a wrap run is left."""
+    from tests.helpers import wrap_objects
+
+    before = wrap_objects(engine)
+    yield
+    left = wrap_objects(engine) - before
+    assert not left, f"left behind: {sorted(left)}"
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """A test ends when the sandboxes it closed are removed (in the background), before its

@@ -92,18 +92,19 @@ def test_session(engine: Any, connector: Path) -> None:
     _session(["--tools", str(connector)], body)
 
 
+async def scratch_not_kept(s: ClientSession) -> None:
+    """A file one tools/call writes is gone for the next: each call had a sandbox of its own."""
+    await s.initialize()
+    assert "run_python" in {t.name for t in (await s.list_tools()).tools}
+    res = await s.call_tool("write_file", {"path": "note.txt", "content": "kept"})
+    assert not res.is_error
+    res = await s.call_tool("read_file", {"path": "note.txt"})
+    assert res.is_error
+
+
 def test_fresh_per_call(engine: Any) -> None:
     """--fresh-per-call: every tools/call gets a new sandbox, so scratch does not persist."""
-
-    async def body(s: ClientSession) -> None:
-        await s.initialize()
-        assert "run_python" in {t.name for t in (await s.list_tools()).tools}
-        res = await s.call_tool("write_file", {"path": "note.txt", "content": "kept"})
-        assert not res.is_error
-        res = await s.call_tool("read_file", {"path": "note.txt"})
-        assert res.is_error
-
-    _session(["--fresh-per-call"], body)
+    _session(["--fresh-per-call"], scratch_not_kept)
 
 
 def test_the_session_outlives_its_sandbox(engine: Any, tmp_path: Path) -> None:

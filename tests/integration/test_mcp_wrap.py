@@ -25,7 +25,6 @@ from tests.helpers import (
     run_cli,
     start_upstream,
     wrap_image,
-    wrap_objects,
     wrap_session,
 )
 from toolcage import audit, wait_removed
@@ -48,15 +47,6 @@ class H(http.server.BaseHTTPRequestHandler):
 print("listening", flush=True)
 http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
 """
-
-
-@pytest.fixture
-def no_wrap_leaks(engine: Any) -> Iterator[None]:
-    """Fails a test after which a container, network or volume of a wrap run is left (and removes them)."""
-    before = wrap_objects(engine)
-    yield
-    left = wrap_objects(engine) - before
-    assert not left, f"left behind: {sorted(left)}"
 
 
 pytestmark = pytest.mark.usefixtures("no_wrap_leaks")

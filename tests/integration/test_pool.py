@@ -304,15 +304,10 @@ def test_mcp_serve_pool_fresh_per_call(engine: Any) -> None:
     """`toolcage mcp serve --pool 2 --fresh-per-call`: every tools/call in a fresh pooled sandbox."""
     from mcp import ClientSession
 
-    from tests.integration.test_mcp_serve import _session
+    from tests.integration.test_mcp_serve import _session, scratch_not_kept
 
     async def body(s: ClientSession) -> None:
-        await s.initialize()
-        assert "run_python" in {t.name for t in (await s.list_tools()).tools}
-        res = await s.call_tool("write_file", {"path": "note.txt", "content": "kept"})
-        assert not res.is_error
-        res = await s.call_tool("read_file", {"path": "note.txt"})
-        assert res.is_error
+        await scratch_not_kept(s)
         res = await s.call_tool("run_shell", {"command": "ls /scratch | wc -l"})
         assert not res.is_error and res.structured_content["stdout"].strip() == "0"
 

@@ -9,7 +9,6 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import yaml
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from tests.helpers import MCP_FETCH, PROBE, PROBE_DIR, WRAP_LABEL, wrap_image, wrap_objects, wrap_session
+from tests.helpers import MCP_FETCH, PROBE, PROBE_DIR, WRAP_LABEL, wrap_image, wrap_session
 
 PROBE_IMAGE = "toolcage-test-mcp-fetch:1"  # mcp-server-fetch's image: it holds the mcp SDK the probe imports
 
@@ -26,15 +25,6 @@ PROBE_IMAGE = "toolcage-test-mcp-fetch:1"  # mcp-server-fetch's image: it holds 
 @pytest.fixture(scope="module")
 def image(engine: Any) -> str:
     return wrap_image(MCP_FETCH, PROBE_IMAGE)
-
-
-@pytest.fixture
-def no_wrap_leaks(engine: Any) -> Iterator[None]:
-    """Fails a test after which a container, network or volume of a wrap run is left."""
-    before = wrap_objects(engine)
-    yield
-    left = wrap_objects(engine) - before
-    assert not left, f"left behind: {sorted(left)}"
 
 
 pytestmark = pytest.mark.usefixtures("no_wrap_leaks")
