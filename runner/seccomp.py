@@ -3,7 +3,8 @@
 Docker's default profile (moby ``profiles/seccomp/default.json``) is an allowlist; this one
 starts from the same unconditional allowlist, keeps only the native architectures (no
 32-bit compat entry points), and takes away the calls that let sandboxed code reach
-another process (``ptrace``, ``process_vm_*``, ``pidfd_getfd``, ``kcmp``), the kernel's
+another process (``ptrace``, ``process_vm_*``, ``pidfd_getfd``, ``kcmp``; ``prlimit64``,
+``setpriority``, ``ioprio_set`` and ``sched_set*`` are kept for the caller itself only), the kernel's
 riskiest surfaces for a local attacker (``io_uring_*``, ``userfaultfd``, ``bpf``,
 ``perf_event_open``, the keyring calls) and exotic socket families and personas.
 Capability-gated entries of Docker's profile are left out: the sandbox drops every
@@ -56,13 +57,13 @@ ALLOWED: tuple[str, ...] = (
     "get_robust_list", "set_robust_list", "get_thread_area", "set_thread_area", "set_tid_address",
     "getcpu", "getegid", "geteuid", "getgid", "getgroups", "getpgid", "getpgrp", "getpid", "getppid",
     "getpriority", "getrandom", "getresgid", "getresuid", "getrlimit", "getrusage", "getsid", "gettid",
-    "getuid", "ioprio_get", "ioprio_set", "kill", "tgkill", "tkill", "pause", "pidfd_open",
-    "pidfd_send_signal", "prctl", "prlimit64", "process_mrelease", "restart_syscall", "rseq",
+    "getuid", "ioprio_get", "kill", "tgkill", "tkill", "pause", "pidfd_open",
+    "pidfd_send_signal", "prctl", "process_mrelease", "restart_syscall", "rseq",
     "rt_sigaction", "rt_sigpending", "rt_sigprocmask", "rt_sigqueueinfo", "rt_sigreturn", "rt_sigsuspend",
     "rt_sigtimedwait", "rt_tgsigqueueinfo", "sched_get_priority_max", "sched_get_priority_min",
     "sched_getaffinity", "sched_getattr", "sched_getparam", "sched_getscheduler", "sched_rr_get_interval",
-    "sched_setaffinity", "sched_setattr", "sched_setparam", "sched_setscheduler", "sched_yield", "seccomp",
-    "setfsgid", "setfsuid", "setgid", "setgroups", "setpgid", "setpriority", "setregid", "setresgid",
+    "sched_yield", "seccomp",
+    "setfsgid", "setfsuid", "setgid", "setgroups", "setpgid", "setregid", "setresgid",
     "setresuid", "setreuid", "setrlimit", "setsid", "setuid", "sigaltstack", "signalfd", "signalfd4",
     "sysinfo", "uname", "wait4", "waitid", "landlock_add_rule", "landlock_create_ruleset",
     "landlock_restrict_self",
@@ -109,6 +110,25 @@ DENIED: dict[str, str] = {
     "clone3": "namespace flags are hidden in a struct seccomp cannot inspect (ENOSYS: libc falls back to clone)",
 }
 
+# Same-uid process controls, allowed only on the caller itself: the kernel lets any process of the
+# sandbox user set these on any other (the worker, the zygote, a connector), and a lowered limit or
+# priority there breaks or starves every later call of the run. Each entry is (syscall, conditions);
+# a call is allowed when every condition of one of its entries holds: (argument index, value).
+SELF_ONLY: dict[str, list[list[tuple[int, int]]]] = {
+    # prlimit64(pid, resource, new, old): any process's own (pid 0); others' only read (new == NULL)
+    "prlimit64": [[(0, 0)], [(2, 0)]],
+    # setpriority(which, who, prio): PRIO_PROCESS or PRIO_PGRP of the caller (who 0); never PRIO_USER
+    "setpriority": [[(0, 0), (1, 0)], [(0, 1), (1, 0)]],
+    # ioprio_set(which, who, prio): IOPRIO_WHO_PROCESS or _PGRP of the caller; never _USER
+    "ioprio_set": [[(0, 1), (1, 0)], [(0, 2), (1, 0)]],
+    # sched_set*(pid, ...): the calling thread (pid 0); pthread_setaffinity_np on another thread
+    # of the caller is refused too, which code treats as the hint it is
+    "sched_setaffinity": [[(0, 0)]],
+    "sched_setattr": [[(0, 0)]],
+    "sched_setparam": [[(0, 0)]],
+    "sched_setscheduler": [[(0, 0)]],
+}
+
 # socket(2) families tool code may open: no raw, packet, crypto (AF_ALG), vsock, bluetooth, ...
 SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
 # personality(2): only the default Linux persona, and the query form
@@ -120,13 +140,17 @@ CLONE_NAMESPACE_FLAGS = 0x7E020000
 @cache
 def profile() -> dict[str, Any]:
     """The profile as Docker's seccomp JSON (``SecurityOpt: seccomp=<json>``)."""
-    overlap = set(ALLOWED) & set(DENIED)
+    overlap = (set(ALLOWED) & set(DENIED)) | (set(ALLOWED) & set(SELF_ONLY)) | (set(DENIED) & set(SELF_ONLY))
     assert not overlap, overlap
     rules: list[dict[str, Any]] = [{"names": sorted(ALLOWED), "action": "SCMP_ACT_ALLOW"}]
     for value in SOCKET_FAMILIES.values():
         rules.append({"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [_arg(0, value, "SCMP_CMP_EQ")]})
     for value in PERSONAS.values():
         rules.append({"names": ["personality"], "action": "SCMP_ACT_ALLOW", "args": [_arg(0, value, "SCMP_CMP_EQ")]})
+    for name, entries in SELF_ONLY.items():
+        for conditions in entries:
+            args = [_arg(i, v, "SCMP_CMP_EQ") for i, v in conditions]
+            rules.append({"names": [name], "action": "SCMP_ACT_ALLOW", "args": args})
     rules.append(
         {
             "names": ["clone"],

@@ -11,8 +11,10 @@ path; the zygote is then killed and started again while the worker is idle.
 Threat: a call reaching the next one through the zygote. A child of the sandbox user can still
 kill or stop it, or change what the kernel lets any same-uid process change of another: its
 limits (prlimit), nice value, CPU affinity, scheduling policy and I/O priority, all of which a
-fork would inherit. Before every fork the worker checks each of them against its own (what a
-subprocess child would inherit) and that the zygote still runs; on any difference it is discarded.
+fork would inherit (toolcage's seccomp profile now refuses those calls on any process but the
+caller itself; the check stays, for a profile an operator replaced). Before every fork the
+worker checks each of them against its own (what a subprocess child would inherit) and that
+the zygote still runs; on any difference it is discarded.
 """
 
 from __future__ import annotations

@@ -212,3 +212,69 @@ def test_init_cannot_be_opened_or_signalled_from_tool_code(engine: Any) -> None:
         for _ in range(3):  # not stopped, not interrupted, not dead
             r = sb.call("run_shell", {"command": "echo alive"})
             assert r.status == "ok" and r.result["stdout"] == "alive\n", r.result
+
+
+# Same-uid process controls aimed at the worker (PID 1) and every other process of the sandbox
+# that is not the caller's own: the kernel allows each to any process of the same uid. On 5874f7d
+# prlimit(1, RLIMIT_NPROC, (1, 1)) left the worker unable to start a child, and every later call of
+# the run answered -32603; a nice of 19 or SCHED_IDLE starves it. The profile now limits these
+# calls to the caller itself (pid/who 0), and prlimit on others to reading.
+STEER_OTHERS = r"""
+import ctypes, errno, json, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def raw(nr, *args):
+    if libc.syscall(nr, *args) == -1:
+        raise OSError(ctypes.get_errno(), "")
+res = {}
+# the caller's own limits, priority and affinity stay its to change
+res["self"] = [attempt(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))),
+               attempt(lambda: resource.prlimit(0, resource.RLIMIT_NOFILE, (32, 32))),
+               attempt(lambda: os.nice(1)),
+               attempt(lambda: os.setpriority(os.PRIO_PROCESS, 0, 5)),
+               attempt(lambda: os.sched_setaffinity(0, os.sched_getaffinity(0))),
+               attempt(lambda: raw(251, 1, 0, (2 << 13) | 4))]
+others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+for pid in others:
+    for name, f in {
+        "prlimit NPROC": lambda: resource.prlimit(pid, resource.RLIMIT_NPROC, (1, 1)),
+        "prlimit NOFILE": lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (4, 4)),
+        "prlimit CPU": lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (1, 1)),
+        "prlimit read": lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE),
+        "setpriority": lambda: os.setpriority(os.PRIO_PROCESS, pid, 19),
+        "setpriority pgrp": lambda: os.setpriority(os.PRIO_PGRP, os.getpgid(pid), 19),
+        "setpriority user": lambda: os.setpriority(os.PRIO_USER, os.getuid(), 19),
+        "sched_setaffinity": lambda: os.sched_setaffinity(pid, {0}),
+        "sched_setscheduler": lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)),
+        "sched_setparam": lambda: os.sched_setparam(pid, os.sched_param(0)),
+        "ioprio_set": lambda: raw(251, 1, pid, (3 << 13)),  # x86_64: IOPRIO_WHO_PROCESS, IDLE class
+        "ioprio_set user": lambda: raw(251, 3, os.getuid(), (3 << 13)),
+    }.items():
+        r = attempt(f)
+        res[name] = r if res.get(name) in (None, r) else "mixed"
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="ioprio_set's number is x86_64's")
+def test_worker_limits_priority_and_scheduling_cannot_be_set_from_tool_code() -> None:
+    """prlimit/setpriority/sched_*/ioprio_set on any other process are refused; the caller's own still work."""
+    with Sandbox(tool="redteam") as sb:
+        sb.call("run_python", {"code": "pass"})  # the zygote is up: one more process to aim at
+        time.sleep(0.3)
+        r = sb.call("run_python", {"code": STEER_OTHERS})
+        assert r.status == "ok" and r.result["exit_code"] == 0, r.result
+        seen = json.loads(r.result["stdout"])
+        assert seen.pop("self") == ["ok"] * 6, seen
+        assert seen.pop("prlimit read") == "ok", seen  # reading stays allowed (the zygote check needs it)
+        assert seen == dict.fromkeys(seen, "EPERM"), seen
+        for _ in range(2):  # the worker is untouched: it still starts children, at its own priority
+            r = sb.call("run_shell", {"command": "echo alive; cut -d' ' -f19 /proc/1/stat"})
+            assert r.status == "ok" and r.result["stdout"] == "alive\n0\n", r.result
+            r = sb.call("run_python", {"code": "print('alive')"})
+            assert r.status == "ok" and r.result["stdout"] == "alive\n", r.result

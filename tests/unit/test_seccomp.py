@@ -70,3 +70,23 @@ def test_applied_to_sandbox_and_proxy() -> None:
         assert json.loads(opts[1][len("seccomp=") :]) == seccomp.profile()
     assert not seccomp.is_ours(["no-new-privileges"])
     assert not seccomp.is_ours(["seccomp=unconfined"])
+
+
+def test_process_controls_only_on_the_caller() -> None:
+    """prlimit64 only on pid 0 or read-only; setpriority/ioprio_set only who 0 and never the user-wide
+    form; sched_set* only pid 0: no unconditional entry lets them reach the worker."""
+    rules = seccomp.profile()["syscalls"]
+    unconditional = {n for r in rules if r["action"] == "SCMP_ACT_ALLOW" and not r.get("args") for n in r["names"]}
+
+    def entries(name: str) -> list[list[tuple[int, int]]]:
+        found = [r for r in rules if name in r["names"]]
+        assert all(r["action"] == "SCMP_ACT_ALLOW" and r["names"] == [name] for r in found)
+        assert all(a["op"] == "SCMP_CMP_EQ" for r in found for a in r["args"])
+        return sorted(sorted((a["index"], a["value"]) for a in r["args"]) for r in found)
+
+    assert not set(seccomp.SELF_ONLY) & unconditional
+    assert entries("prlimit64") == [[(0, 0)], [(2, 0)]]
+    assert entries("setpriority") == [[(0, 0), (1, 0)], [(0, 1), (1, 0)]]
+    assert entries("ioprio_set") == [[(0, 1), (1, 0)], [(0, 2), (1, 0)]]
+    for name in ("sched_setaffinity", "sched_setattr", "sched_setparam", "sched_setscheduler"):
+        assert entries(name) == [[(0, 0)]]
