@@ -21,8 +21,12 @@ Measures, on the same image with the same hardening flags (derived from
      config; ``tools.list`` and a warm ``run_python`` ``pass`` on an open sandbox; the idle
      sandbox's memory in its cgroup, after its first answer and after a ``run_python`` call
      (which starts the zygote).
+  9. calls beside their floors (``bench/calls.py``): a raw attached echo loop (round trip,
+     sequential and pipelined calls/s), ``docker exec`` into a running container, pings
+     pipelined on one ``AsyncSandbox``, and three 1-second calls gathered on one.
 Goals: cold run <= 0.7x plain docker run (the container removed off the caller's path, as
-Sandbox.close() does); `toolcage run` <= 1.2x the `docker run` CLI; RPC p50 < 1 ms; >= 2,000 sequential calls/s;
+Sandbox.close() does); `toolcage run` <= 1.2x the `docker run` CLI; RPC p50 <= 0.15 ms; >= 6,000
+sequential and >= 30,000 pipelined calls/s; three 1 s calls gathered <= 1.3 s;
 a cold connector run <= 2x plain docker run; a cold proxy run <= 1.5x a cold run without
 network; pool: acquire to first answer <= 5 ms p50, a fresh pooled container per call
 <= 10 ms p50 (with and without a proxy); tools.list <= 0.5 ms; warm run_python pass
@@ -45,6 +49,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.calls import WINDOW, docker_exec, raw_echo, toolcage_gathered_sleeps, toolcage_pipelined
 from bench.first_answer import ECHO  # the bare echo loop, the same inside the image and beside it
 from toolcage import DEFAULT_IMAGE, Cancel, Sandbox
 from toolcage.config import RunSpec, container_config
@@ -300,6 +305,13 @@ def main() -> int:
     rtts, calls_per_s = warm(None)
     rtts_noaudit, calls_per_s_noaudit = warm(False)
 
+    # the floors beside them: a raw attached echo loop, and docker exec into a running container
+    floor = raw_echo(args.image, args.calls)
+    with Sandbox(image=args.image, tool="bench", audit=False) as sb:
+        exec_ms = docker_exec(sb.container_id or "", max(args.runs, 5))
+    pipelined_per_s = toolcage_pipelined(args.image, args.calls * 4)
+    gathered_ms = toolcage_gathered_sleeps(args.image, 3)
+
     warm_child: dict[str, list[float]] = {"warm_run_python_call": [], "warm_connector_call": []}
     with Sandbox(image=args.image, tool="bench", tools=[connector], audit=False) as sb:
         for i in range(args.runs * 2 + 2):
@@ -376,6 +388,9 @@ def main() -> int:
     stats["cancel_to_answer"] = summary(cancel_ms)
     stats["rpc_round_trip"] = summary(rtts)
     stats["rpc_round_trip_no_audit"] = summary(rtts_noaudit)
+    stats["raw_echo_round_trip"] = summary(floor["rtts"])
+    stats["docker_exec_cli"] = summary(exec_ms)
+    stats["three_1s_calls_gathered"] = summary(gathered_ms)
     stats.update({k: summary(v) for k, v in warm_child.items()})
     base = stats["plain_docker_run"]["p50"]
     ratios = {
@@ -392,8 +407,10 @@ def main() -> int:
         "cold run <= 0.7x plain docker run (ping)": ratios["cold_ping_vs_plain"] <= 0.7,
         "cold run <= 0.7x plain docker run (run_python)": ratios["cold_run_python_vs_plain"] <= 0.7,
         "`toolcage run` <= 1.2x the `docker run` CLI (whole processes)": ratios["cli_run_vs_plain_cli"] <= 1.2,
-        "RPC p50 < 1 ms": stats["rpc_round_trip"]["p50"] < 1.0,
-        ">= 2000 sequential calls/s": calls_per_s >= 2000,
+        "RPC p50 <= 0.15 ms": stats["rpc_round_trip"]["p50"] <= 0.15,
+        ">= 6000 sequential calls/s": calls_per_s >= 6000,
+        ">= 30000 pipelined calls/s": pipelined_per_s >= 30000,
+        "three 1 s calls gathered on one AsyncSandbox <= 1.3 s": stats["three_1s_calls_gathered"]["p50"] <= 1300,
         "cold connector run <= 2x plain docker run": ratios["cold_connector_vs_plain"] <= 2.0,
         "cancel kills a call within 100 ms (p90)": stats["cancel_to_answer"]["p90"] <= 100,
         "cold proxy run <= 1.5x a cold run without network": ratios["cold_proxy_vs_cold_ping"] <= 1.5,
@@ -417,6 +434,11 @@ def main() -> int:
     for name, s in stats.items():
         print(f"{name:<28}{s['min']:>9.2f}{s['p50']:>9.2f}{s['p90']:>9.2f}{s['p99']:>9.2f}{s['max']:>9.2f}{s['n']:>6}")
     print(f"\nsequential calls/s: {calls_per_s:,.0f} (audit log on, the default); {calls_per_s_noaudit:,.0f} (off)")
+    print(f"pipelined calls/s (AsyncSandbox, {WINDOW} in flight): {pipelined_per_s:,.0f}")
+    print(
+        f"raw attached echo: {floor['sequential_per_s']:,.0f} sequential calls/s, "
+        f"{floor['pipelined_per_s']:,.0f} pipelined"
+    )
     for k, v in ratios.items():
         print(f"ratio {k}: {v:.2f}x")
     for k, v in pool_memory.items():
@@ -438,6 +460,8 @@ def main() -> int:
         "stats_ms": stats,
         "calls_per_s": calls_per_s,
         "calls_per_s_no_audit": calls_per_s_noaudit,
+        "pipelined_calls_per_s": pipelined_per_s,
+        "raw_echo_calls_per_s": {"sequential": floor["sequential_per_s"], "pipelined": floor["pipelined_per_s"]},
         "ratios": ratios,
         "pool_memory_per_idle_slot_bytes": pool_memory,
         "memory_bytes": memory,

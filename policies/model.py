@@ -37,6 +37,9 @@ class Limits:
     nofile: Annotated[int, Ge(16), Le(65536)] = 256
     scratch: Annotated[int, SIZE, Ge(1 * MiB), Le(16 * GiB)] = 64 * MiB
     output_cap: Annotated[int, SIZE, Ge(1024), Le(256 * MiB)] = 1 * MiB
+    # calls that run code (run_python, run_shell, connectors) in flight at once on one sandbox; they
+    # share its memory, CPU and pids limits. More wait, in order, for one to end.
+    concurrency: Annotated[int, Ge(1), Le(64)] = 4
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,18 +1,20 @@
-"""``AsyncSandbox``: the async twin of :class:`~toolcage.sandbox.Sandbox` (the same run, its blocking
-calls moved to a worker thread so an event loop never waits on the engine or the worker)."""
+"""``AsyncSandbox``: the async twin of :class:`~toolcage.sandbox.Sandbox`. Calls are native (the
+sandbox's one reader thread wakes the event loop with each answer); start and close, which wait on
+the engine, run on a thread so the loop never does."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from toolcage.results import CallResult, RunSummary
 from toolcage.sandbox import Sandbox
-from toolcage.session import Cancel, OnProgress
+from toolcage.session import Ended, OnProgress
 
 
 class AsyncSandbox:
-    """The async twin of :class:`Sandbox`: the same run, its blocking calls moved to a thread."""
+    """The async twin of :class:`Sandbox`: the same run; calls awaited natively, start and close on a thread."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._sync = Sandbox(*args, **kwargs)
@@ -53,18 +55,18 @@ class AsyncSandbox:
         timeout: float | None = None,
         on_progress: OnProgress | None = None,
     ) -> CallResult:
-        """As :meth:`Sandbox.call`. Cancelling the awaiting task (``task.cancel()``,
-        ``asyncio.wait_for``) cancels the call in the sandbox: its processes are killed and the
-        sandbox stays usable. ``on_progress`` runs on the reader thread, not in the event loop."""
-        cancel = Cancel()
-        task = asyncio.ensure_future(
-            asyncio.to_thread(self._sync.call, tool, params, timeout=timeout, on_progress=on_progress, cancel=cancel)
-        )
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancel.cancel("cancelled by the caller")
-            raise
+        """As :meth:`Sandbox.call`, natively: no thread waits for the answer, so many calls can be in
+        flight on one sandbox at once (``asyncio.gather``); the worker runs up to the policy's
+        ``limits.concurrency`` of those that run code side by side. Cancelling the awaiting task
+        (``task.cancel()``, ``asyncio.wait_for``) cancels the call in the sandbox: its processes are
+        killed and the sandbox stays usable. ``on_progress`` runs on the reader thread, not in the loop."""
+        sb = self._sync
+        session, until = sb._before_call(params, timeout)
+        started = time.monotonic()
+        answer = await session.request_async(tool, params, until, on_progress=on_progress)
+        if isinstance(answer, Ended):  # the sandbox is killed on the way: not in the event loop
+            return await asyncio.to_thread(sb._after_call, tool, params, answer, started)
+        return sb._after_call(tool, params, answer, started)
 
     async def close(self) -> RunSummary | None:
         return await asyncio.to_thread(self._sync.close)

@@ -97,8 +97,9 @@ def _pump_requests(sb: Sandbox, infile: BinaryIO, pending: _Pending) -> None:
     except (OSError, SandboxError):
         return  # the run is over; the main loop reports why
     # Do not close the worker's stdin yet: a closed stdin mid-call means "the runner is gone"
-    # to the worker, which then kills what it runs. Ask for a marker answer instead; the
-    # worker answers in order, so once the marker is back every request has been answered.
+    # to the worker, which then kills what it runs. Ask for a marker answer instead; once it is
+    # back and no other answer is owed (calls that run code may still be running beside it, and
+    # answer later), every request has been answered.
     sb.forward((json.dumps({"jsonrpc": "2.0", "method": "ping", "id": DRAIN_ID}) + "\n").encode())
 
 
@@ -121,17 +122,21 @@ def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
     pending = _Pending()
     t = threading.Thread(target=_pump_requests, args=(sb, infile, pending), name="toolcage-serve-stdin", daemon=True)
     t.start()
+    drained = False
     try:
         while True:
             msg = sb.next_forwarded()
             if msg is None:
                 return  # every request answered, the worker exited cleanly
             if isinstance(msg, dict) and msg.get("id") == DRAIN_ID:
+                drained = True
+            else:
+                _write(outfile, without_meta(msg))
+                pending.answered(sb, msg)
+            if drained and not sb.answers_owed():
+                drained = False
                 sb.usage()  # for run.finished, while the worker still listens
                 sb.finish_input()  # everything answered: now the worker may see EOF and exit
-                continue
-            _write(outfile, without_meta(msg))
-            pending.answered(sb, msg)
     except SandboxError as exc:
         _answer_unanswered(outfile, pending, exc)
         raise

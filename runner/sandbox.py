@@ -156,7 +156,7 @@ class Sandbox:
         )
         self._session: Session | None = None
         self._watchdog: Watchdog | None = None
-        self._lock = threading.Lock()  # one call at a time, for now; the session already takes many
+        self._lock = threading.Lock()  # the run's state; calls themselves run at once (answers matched by id)
         self._dead: SandboxError | None = None  # why the sandbox can take no more calls
         self._configure_answer: Callable[[], dict[str, Any] | Ended] | None = None  # pooled: still to read
         self._expired: Expiry | None = None
@@ -475,6 +475,19 @@ class Sandbox:
         ``total``); it runs on the reader thread, so keep it short. ``cancel`` (a :class:`Cancel`)
         lets another thread cancel the call: its processes are killed, the sandbox stays usable
         and the call returns with status ``cancelled``."""
+        session, until = self._before_call(params, timeout)
+        started = time.monotonic()
+        try:
+            answer = session.request(tool, params, until, on_progress=on_progress, cancel=cancel)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, or SystemExit from a signal handler
+                self.interrupt()
+            raise
+        return self._after_call(tool, params, answer, started)
+
+    def _before_call(self, params: dict[str, Any] | None, timeout: float | None) -> tuple[Session, float]:
+        """Check that a call can be made now; the session and the monotonic time its answer is due by.
+        Calls from several threads (or tasks) run at once: the worker matches answers by id."""
         if params is not None and not isinstance(params, dict):
             raise UsageError("params must be a JSON object")
         with self._lock:
@@ -487,16 +500,14 @@ class Sandbox:
                 declared = (params or {}).get("timeout_s")
                 base = declared if isinstance(declared, int | float) and declared > 0 else self.policy.timeouts.call_s
                 wait = base + CALL_GRACE_S
-            started = time.monotonic()
-            try:
-                # the watchdog kills the sandbox at the deadline; the extra second covers a kill that is not seen
-                answer = self._session.request(
-                    tool, params, min(started + wait, self._deadline + 1.0), on_progress=on_progress, cancel=cancel
-                )
-            except BaseException as exc:
-                if not isinstance(exc, Exception):  # KeyboardInterrupt, or SystemExit from a signal handler
-                    self.interrupt()
-                raise
+            # the watchdog kills the sandbox at the deadline; the extra second covers a kill that is not seen
+            return self._session, min(time.monotonic() + wait, self._deadline + 1.0)
+
+    def _after_call(
+        self, tool: str, params: dict[str, Any] | None, answer: dict[str, Any] | Ended, started: float
+    ) -> CallResult:
+        """The worker's answer as a CallResult, audited; an answer that never came as the error it means."""
+        with self._lock:
             if isinstance(answer, Ended):
                 raise self._explain_end(answer)
             self._settle_configure()  # pooled: answered before this call was
@@ -551,6 +562,10 @@ class Sandbox:
         )
         self._calls += 1
         records.audit_call(self.audit, self.run_id, params, r)
+
+    def answers_owed(self) -> int:
+        """How many answers the worker still owes (calls in flight and forwarded lines)."""
+        return self._session.parser.outstanding() if self._session is not None else 0
 
     def finish_input(self) -> None:
         """No more requests: close the worker's stdin so it exits after answering."""

@@ -2,13 +2,15 @@
 
 Both ``Sandbox.call`` and ``toolcage serve`` talk through it. Requests the runner makes
 carry 64 random bits of id and wait on a slot of their own, so concurrent callers each
-get their own answer; lines ``serve`` forwards as they are come back, in order, through
+get their own answer; answers to lines ``serve`` forwards come back as the worker sends them, through
 the parser's bounded queue. The parser (``transport.StreamParser``) refuses anything
 nobody waits for, so no slot or queue entry exists without a request behind it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import queue
 import secrets
@@ -23,6 +25,7 @@ import jsonrpcclient
 from toolcage.policies import codes
 from toolcage.transport import EOF_MARK, Broken, StreamParser, Transport, id_key
 
+_INLINE_SEND = 64 * 1024  # request lines up to this are written from the event loop itself
 CANCEL_SEND_S = 1.0  # a cancel that the worker does not take in this time is dropped (its call times out as usual)
 
 
@@ -75,14 +78,21 @@ class Cancel:
 
 
 class _Slot:
-    """Where the reader thread leaves the answer to one pending request."""
+    """Where the reader thread leaves the answer to one pending request (and, for an async
+    caller, ``notify`` wakes its event loop)."""
 
-    __slots__ = ("answer", "event", "on_progress")
+    __slots__ = ("answer", "event", "notify", "on_progress")
 
     def __init__(self, on_progress: OnProgress | None = None) -> None:
         self.event = threading.Event()
         self.answer: dict[str, Any] | None = None
         self.on_progress = on_progress
+        self.notify: Callable[[], None] | None = None
+
+    def done(self) -> None:
+        self.event.set()
+        if self.notify is not None:
+            self.notify()
 
 
 class Session:
@@ -116,7 +126,7 @@ class Session:
                     self._end = Ended("broken", item.reason) if isinstance(item, Broken) else Ended("eof")
                 slots = list(self._slots.values())
             for slot in slots:
-                slot.event.set()
+                slot.done()
             return False
         if not isinstance(item, dict):
             return False
@@ -127,7 +137,7 @@ class Session:
         if waiter is None:
             return False  # an answer to a forwarded line
         waiter.answer = item
-        waiter.event.set()
+        waiter.done()
         return True
 
     def _progress(self, item: dict[str, Any]) -> bool:
@@ -156,21 +166,13 @@ class Session:
 
         ``on_progress`` gets each progress notification's params (on the reader thread: keep it
         short); ``cancel`` can cancel the call from another thread."""
-        # unguessable ids: a forged answer would have to know the id of the call it answers
-        req_id = secrets.token_hex(8)
-        key, slot = id_key(req_id), _Slot(on_progress)
-        with self._lock:
-            if self._end is not None:
-                return self._end
-            self._slots[key] = slot
+        req_id, key, slot = self._new_slot(on_progress)
+        if slot is None:
+            return self._end or Ended("eof")
         try:
             if cancel is not None and not cancel._bind(lambda reason: self._cancel(req_id, reason)):
                 return _cancelled_answer(req_id)  # never sent
-            if on_progress is not None:  # MCP's convention; the worker takes _meta out of the params
-                params = {**(params or {}), "_meta": {"progressToken": req_id}}
-            self.parser.expect(req_id, req_id if on_progress else None)  # before sending: the answer may come at once
-            line = (json.dumps(jsonrpcclient.request(method, params=params or None, id=req_id)) + "\n").encode()
-            self._send(line, until)  # bounded too: a worker that stops reading cannot hold the caller
+            self._send(self._request_line(req_id, method, params, on_progress), until)  # bounded: see _write_until
             if not slot.event.wait(max(until - time.monotonic(), 0)):
                 return Ended("timeout")
             return slot.answer if slot.answer is not None else (self._end or Ended("eof"))
@@ -181,14 +183,83 @@ class Session:
                 self._slots.pop(key, None)
             self.last_activity = time.monotonic()
 
+    def _new_slot(self, on_progress: OnProgress | None = None) -> tuple[str, str, _Slot | None]:
+        # unguessable ids: a forged answer would have to know the id of the call it answers
+        req_id = secrets.token_hex(8)
+        key, slot = id_key(req_id), _Slot(on_progress)
+        with self._lock:
+            if self._end is not None:
+                return req_id, key, None
+            self._slots[key] = slot
+        return req_id, key, slot
+
+    def _request_line(
+        self, req_id: str, method: str, params: dict[str, Any] | None, on_progress: OnProgress | None
+    ) -> bytes:
+        """The request's line, its answer (and progress, when asked for) expected before it is sent."""
+        if on_progress is not None:  # MCP's convention; the worker takes _meta out of the params
+            params = {**(params or {}), "_meta": {"progressToken": req_id}}
+        self.parser.expect(req_id, req_id if on_progress else None)  # before sending: the answer may come at once
+        return (json.dumps(jsonrpcclient.request(method, params=params or None, id=req_id)) + "\n").encode()
+
+    async def request_async(
+        self, method: str, params: dict[str, Any] | None, until: float, *, on_progress: OnProgress | None = None
+    ) -> dict[str, Any] | Ended:
+        """:meth:`request` for an event loop: no thread waits for the answer (the reader thread
+        wakes the loop). Cancelling the awaiting task cancels the call in the worker (MCP's
+        ``notifications/cancelled``); its -32800 answer is then taken and dropped."""
+        loop = asyncio.get_running_loop()
+        answered = loop.create_future()
+        req_id, key, slot = self._new_slot(on_progress)
+        if slot is None:
+            return self._end or Ended("eof")
+
+        def settle() -> None:
+            if not answered.done():
+                answered.set_result(None)
+
+        def wake() -> None:  # on the reader thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(settle)
+
+        slot.notify = wake
+        sent = keep = False
+        try:
+            line = self._request_line(req_id, method, params, on_progress)
+            if len(line) <= _INLINE_SEND:  # takes the socket's buffer at once (the worker reads ahead)
+                self._send(line, until)
+            else:
+                await loop.run_in_executor(None, self._send, line, until)
+            sent = True
+            try:
+                await asyncio.wait_for(answered, max(until - time.monotonic(), 0))
+            except TimeoutError:
+                return Ended("timeout")
+            return slot.answer if slot.answer is not None else (self._end or Ended("eof"))
+        except asyncio.CancelledError:
+            if sent:
+                slot.notify = lambda: self._drop_slot(key)  # its -32800 answer (or the end) takes the slot away
+                if not slot.event.is_set():
+                    keep = True
+                    self._cancel(req_id, "cancelled by the caller")
+            raise
+        finally:
+            if not keep:
+                self._drop_slot(key)
+            self.last_activity = time.monotonic()
+
+    def _drop_slot(self, key: str) -> None:
+        with self._lock:
+            self._slots.pop(key, None)
+
     def send_now(
         self, method: str, params: dict[str, Any] | None, until: float
     ) -> Callable[[], dict[str, Any] | Ended]:
         """Send one request now and return a function that waits (until ``until``) for its answer.
 
         A pooled sandbox's ``sandbox.configure`` goes out this way, and the run's first call right
-        behind it: the worker reads and answers its requests in order, so the call runs after the
-        configuration, and nobody waits a round trip for an answer that says nothing new."""
+        behind it: the worker serves configure on its main thread before it reads on, so the call
+        runs after the configuration, and nobody waits a round trip for an answer that says nothing new."""
         req_id = secrets.token_hex(8)
         key, slot = id_key(req_id), _Slot()
         with self._lock:

@@ -80,12 +80,9 @@ def main() -> int:
             logs.flush()
             settings.warm()  # a pooled sandbox's first request (sandbox.configure) needs the policy
 
-    served = 0
-    for line in channel.lines(before_read=idle):
-        response = dispatcher.handle(line)
-        if response:
-            channel.send(response)
-        served += 1
+    from toolcage.worker.loop import Loop
+
+    served = Loop(channel, dispatcher, idle).run()
     logs.info("worker.stopped", requests=served)
     logs.flush()
     return 0

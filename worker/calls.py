@@ -1,9 +1,12 @@
 """The call in progress: its progress notifications and its cancellation.
 
-The worker runs one call at a time. While a call's child runs, ``proc.run_child`` also watches
-the protocol channel, so a ``notifications/cancelled`` (MCP) or ``$/cancelRequest`` (LSP) naming
-the call kills its process group at once; the call then answers ``-32800 RequestCancelled``
-(the runner drops that answer when its caller asked for MCP's "no response").
+Calls that run code may run concurrently, each on its own thread (``worker.__main__``, up to the
+policy's ``limits.concurrency``); the others run on the main thread. Each thread knows its own
+call (``current()``), and every call in flight is registered by id. A ``notifications/cancelled``
+(MCP) or ``$/cancelRequest`` (LSP) naming a call kills its process group the moment it is read:
+by the main thread's loop, or, while the main thread itself runs a call's child, by
+``proc.run_child`` watching the channel. The call then answers ``-32800 RequestCancelled`` (the
+runner drops that answer when its caller asked for MCP's "no response").
 
 Progress follows MCP's shape, ``notifications/progress {progressToken, progress, total?,
 message?}``, sent only for a request whose params carried ``_meta.progressToken``, with
@@ -19,17 +22,19 @@ import json
 import math
 import os
 import signal
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+
+from toolcage.worker.protocol import QUEUE_MAX_BYTES
 
 CANCEL_METHODS = frozenset(("notifications/cancelled", "$/cancelRequest"))
 _FLUSH_EVERY_S = 0.1  # output is sent at most this often...
 _FLUSH_BYTES = 64 * 1024  # ...or when this much is waiting
 _MESSAGE_MAX = 4096  # a connector's progress message is cut to this
 _EARLY_MAX = 64  # cancels for requests not started yet that are remembered
-QUEUE_MAX_BYTES = 1 << 20  # requests read mid-call and queued; beyond it the channel is not read until the call ends
 
 _send: Callable[[str], None] | None = None  # the channel's writer (see attach)
 _channel: Any = None
@@ -114,28 +119,41 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-CURRENT: Call | None = None
+_local = threading.local()  # .call: the call this thread serves
+_running: dict[str, Call] = {}  # every call in flight, by id (cancels look them up from any thread)
+_lock = threading.Lock()
 _early: OrderedDict[str, None] = OrderedDict()  # cancelled before they started
 
 
+def current() -> Call | None:
+    """The call this thread is serving, if any."""
+    return getattr(_local, "call", None)
+
+
 def begin(req_id: Any, token: str | int | None) -> Call:
-    global CURRENT
-    CURRENT = call = Call(req_id, token)
-    if call.key in _early:
-        del _early[call.key]
-        call.cancelled = True
+    call = Call(req_id, token)
+    with _lock:
+        if call.key in _early:
+            del _early[call.key]
+            call.cancelled = True
+        _running[call.key] = call
+    _local.call = call
     return call
 
 
 def end() -> None:
-    global CURRENT
-    if CURRENT is not None:
-        CURRENT.flush(final=True)
-    CURRENT = None
+    call = current()
+    if call is not None:
+        call.flush(final=True)
+        with _lock:
+            if _running.get(call.key) is call:
+                del _running[call.key]
+    _local.call = None
 
 
 def cancelled() -> bool:
-    return CURRENT is not None and CURRENT.cancelled
+    call = current()
+    return call is not None and call.cancelled
 
 
 def cancel_message(msg: Any) -> Any:
@@ -171,8 +189,10 @@ def on_control_line(line: bytes) -> bool:
 
 def control_fd() -> int | None:
     """While a call runs: the fd to watch for its cancel (None: nothing to watch)."""
-    if CURRENT is None or _channel is None or _channel.at_eof or _channel.queued_bytes > QUEUE_MAX_BYTES:
+    if current() is None or _channel is None or _channel.at_eof or _channel.queued_bytes > QUEUE_MAX_BYTES:
         return None  # (requests that queue up behind a call stay in the pipe past this: back-pressure)
+    if threading.current_thread() is not threading.main_thread():
+        return None  # the main thread's loop reads the channel meanwhile
     return int(_channel.fd_in)
 
 
@@ -185,16 +205,18 @@ def read_control() -> None:
 def cancel(req_id: Any) -> None:
     """Cancel the call with this id: kill its processes now if it runs, or refuse it when it starts."""
     key = _key(req_id)
-    if CURRENT is not None and CURRENT.key == key:
-        CURRENT.cancelled = True
-        CURRENT.kill()
-        return
-    _early[key] = None
-    while len(_early) > _EARLY_MAX:
-        _early.popitem(last=False)
+    with _lock:
+        call = _running.get(key)
+        if call is None:
+            _early[key] = None
+            while len(_early) > _EARLY_MAX:
+                _early.popitem(last=False)
+            return
+        call.cancelled = True
+    call.kill()
 
 
 __all__ = [
-    "CANCEL_METHODS", "CURRENT", "Call", "attach", "begin", "cancel", "cancel_message", "cancelled", "control_fd",
+    "CANCEL_METHODS", "Call", "attach", "begin", "cancel", "cancel_message", "cancelled", "control_fd", "current",
     "end", "on_control_line", "read_control",
 ]  # fmt: skip

@@ -153,8 +153,9 @@ class Link:
                     logs.warning(f"handler.{op}", handler=text)
                 else:
                     logs.info(f"handler.{op}", handler=text)
-                if op == "progress" and calls.CURRENT is not None:  # to the caller, when it asked
-                    calls.CURRENT.report(msg.get("progress"), msg.get("total"), msg.get("message"))
+                call = calls.current()
+                if op == "progress" and call is not None:  # to the caller, when it asked
+                    call.report(msg.get("progress"), msg.get("total"), msg.get("message"))
             return True
         return self._violate(f"an unknown operation {str(op)[:40]!r}")
 
@@ -319,6 +320,10 @@ class Connectors:
         if problems:
             raise ConfigError("the connectors cannot be loaded: " + "; ".join(problems), {"problems": problems})
         self.tools = tools
+
+    @property
+    def schemas_ready(self) -> bool:
+        return all(t.get("params_schema") is not None for t in self.tools.values())
 
     def ensure_schemas(self) -> bool:
         """Fill in the params schemas (once, when tools.list first asks); True if a child ran."""

@@ -55,6 +55,7 @@ def validate_request(deserialized: Any) -> Any:
     return deserialized
 
 
+_UNPARSABLE = object()
 _CANCELLED = Error(codes.REQUEST_CANCELLED, "Request cancelled", None)
 
 
@@ -140,12 +141,11 @@ class Dispatcher:
             if not deadline.arm(kwargs.pop("deadline")):
                 return Error(codes.INVALID_PARAMS, "Invalid params", "deadline must be a number (epoch seconds)")
         try:
-            answer = self.connectors.configure(kwargs, self.catalog.names())
+            # it imports the sources in a child, if there are any
+            with self._running_code("sandbox.configure", ran=lambda: bool(self.connectors.sources)):
+                answer = self.connectors.configure(kwargs, self.catalog.names())
         except WorkerError as exc:
             return Error(exc.code, exc.message, exc.data)
-        finally:
-            if self.connectors.sources:
-                self._after_code("sandbox.configure")
         for name, info in self.connectors.tools.items():
             self.catalog.add(
                 Tool(
@@ -169,14 +169,12 @@ class Dispatcher:
 
     def _tools_list(self) -> Result:
         """Every tool with its schema; the connectors' schemas are made on first ask (a loading child)."""
-        if self._connectors is not None:  # never loaded: this run has no connectors
+        if self._connectors is not None and not self._connectors.schemas_ready:  # made by a loading child
             try:
-                ran = self._connectors.ensure_schemas()
+                with self._running_code("tools.list"):
+                    self._connectors.ensure_schemas()
             except WorkerError as exc:
-                self._after_code("tools.list")
                 return Error(exc.code, exc.message, exc.data)
-            if ran:
-                self._after_code("tools.list")
         return Success(self.catalog.describe())
 
     def _connector_handler(self, name: str) -> Callable[[Settings, Any], Any]:
@@ -197,15 +195,14 @@ class Dispatcher:
                     return _CANCELLED
                 tool = self.catalog.get(name)
                 params = tool.validate(kwargs)
-                try:
-                    if tool.in_process_timeout:
-                        with _alarm(self.settings.policy.timeouts.call_s):
-                            result = tool.handler(self.settings, params)
-                    else:
+                if tool.in_process_timeout:
+                    with _alarm(self.settings.policy.timeouts.call_s):
                         result = tool.handler(self.settings, params)
-                finally:
-                    if tool.runs_code:
-                        self._after_code(name)
+                elif tool.runs_code:
+                    with self._running_code(name):
+                        result = tool.handler(self.settings, params)
+                else:
+                    result = tool.handler(self.settings, params)
                 if calls.cancelled():
                     outcome = "cancelled"
                     return _CANCELLED
@@ -238,10 +235,27 @@ class Dispatcher:
 
         return method
 
+    @contextmanager
+    def _running_code(self, tool: str, ran: Callable[[], bool] = lambda: True) -> Iterator[None]:
+        """Around anything that may start a child: the last code call out sweeps (sweep.CodeCalls),
+        unless ``ran`` says that no child was started after all."""
+        from toolcage.worker.sweep import CODE_CALLS
+
+        CODE_CALLS.enter()
+        try:
+            yield
+        finally:
+            if CODE_CALLS.leave():
+                try:
+                    if ran():
+                        self._after_code(tool)
+                finally:
+                    CODE_CALLS.swept()
+
     def _after_code(self, tool: str) -> None:
         """Nothing survives its call (unless the policy says unsafe_background_processes): every
         other process of the sandbox is killed and what it left in IPC is removed, before the
-        answer goes out."""
+        answer goes out (with calls in flight together: before the last one's answer)."""
         from toolcage.worker import sweep
 
         if sweep.active() and not self.settings.policy.unsafe_background_processes:
@@ -255,17 +269,40 @@ class Dispatcher:
             if swept["killed"] or swept["left"] or swept["ipc_removed"]:
                 logs.info("call.swept", tool=tool, **swept)
 
-    def handle(self, line: bytes | None) -> str:
-        """One request line in, one response line out ("" when nothing must be sent)."""
+    @staticmethod
+    def parse(line: bytes | None) -> Any:
+        """The request line as JSON (``_UNPARSABLE`` when it is not)."""
+        if line is None:
+            return _UNPARSABLE
+        try:
+            return json.loads(line)
+        except ValueError:
+            return _UNPARSABLE
+
+    def concurrent(self, msg: Any) -> bool:
+        """Whether this request may run on a thread of its own beside others: a call (with an id)
+        of a tool that runs code in a child, when the policy allows more than one at a time.
+        Anything else runs on the main thread, in order."""
+        if not isinstance(msg, dict) or "id" not in msg or not isinstance(msg.get("method"), str):
+            return False
+        tool = self.catalog.find(msg["method"])
+        return tool is not None and tool.runs_code and self.concurrency() > 1
+
+    def concurrency(self) -> int:
+        return int(self.settings.policy.limits.concurrency)
+
+    def handle(self, line: bytes | None, msg: Any = None) -> str:
+        """One request line in, one response line out ("" when nothing must be sent); ``msg``: the
+        line already parsed (:meth:`parse`)."""
         if line is None:
             return json.dumps(_TOO_LONG)
+        if msg is None:
+            msg = self.parse(line)
         deserializer: Callable[[Any], Any] = json.loads
-        try:
-            msg = json.loads(line)
-        except ValueError:
+        if msg is _UNPARSABLE:
             msg = None  # jsonrpcserver answers the parse error
         else:
-            deserializer = lambda _line: msg  # noqa: E731 - parsed once, here
+            deserializer = lambda _line: msg  # noqa: E731 - parsed once
         if isinstance(msg, dict):
             cancelled_id = calls.cancel_message(msg)
             if cancelled_id is not None:  # read between calls (mid-call, the channel acts on it itself)

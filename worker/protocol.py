@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -71,6 +72,7 @@ def progress_token(params: Any) -> str | int | None:
 
 
 _CHUNK = 256 * 1024
+QUEUE_MAX_BYTES = 1 << 20  # requests read and queued; beyond it the channel is not read (back-pressure)
 _CONTROL_HINT = b"ancel"  # every control method has it (notifications/cancelled, $/cancelRequest): a cheap pre-check
 
 
@@ -86,6 +88,7 @@ class Channel:
         self._eof = False
         # a control line (a cancel) goes here the moment it is read, not behind the call it cancels
         self.on_control: Callable[[bytes], bool] | None = None
+        self._send_lock = threading.Lock()  # answers and progress come from every call's thread
 
     @classmethod
     def claim_stdio(cls) -> Channel:
@@ -149,6 +152,20 @@ class Channel:
         """Write one response line; JSON encoding guarantees it contains no raw newline."""
         data = line.encode("utf-8") + b"\n"
         view = memoryview(data)
-        while view:
-            n = os.write(self._out, view)
-            view = view[n:]
+        with self._send_lock:
+            while view:
+                n = os.write(self._out, view)
+                view = view[n:]
+
+    def pop(self) -> tuple[bool, bytes | None]:
+        """The next line read and not yet served, if any: (True, line), else (False, None)."""
+        if not self._queue:
+            return False, None
+        line = self._queue.popleft()
+        self.queued_bytes -= len(line or b"")
+        return True, line
+
+    @property
+    def readable_soon(self) -> bool:
+        """Whether reading more is allowed (not at EOF, and the lines queued are under the bound)."""
+        return not self._eof and self.queued_bytes <= QUEUE_MAX_BYTES

@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import threading
 import time
 
 _IPC_RMID = 0
@@ -153,3 +154,38 @@ def after_call() -> dict[str, int]:
     if survivors is None:
         survivors = left
     return {"killed": survivors - left, "left": left, "ipc_removed": clear_ipc()}
+
+
+class CodeCalls:
+    """Calls that run code, counted: the sweep runs when the last one in flight ends, and no call
+    starts a child while it runs. With calls running concurrently (``limits.concurrency``), what
+    one left running is killed when the sandbox next has no code call in flight, before that
+    last call's answer goes out; with one at a time, that is the end of every call, as before."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._sweeping = False
+
+    def enter(self) -> None:
+        with self._cond:
+            while self._sweeping:
+                self._cond.wait()
+            self._active += 1
+
+    def leave(self) -> bool:
+        """True for the last one out: it must sweep, then call :meth:`swept`."""
+        with self._cond:
+            self._active -= 1
+            if self._active == 0:
+                self._sweeping = True
+                return True
+            return False
+
+    def swept(self) -> None:
+        with self._cond:
+            self._sweeping = False
+            self._cond.notify_all()
+
+
+CODE_CALLS = CodeCalls()

@@ -28,7 +28,8 @@ CANCEL = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"req
 
 @pytest.fixture(autouse=True)
 def _fresh_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(calls, "CURRENT", None)
+    monkeypatch.setattr(calls, "_local", __import__("threading").local())
+    monkeypatch.setattr(calls, "_running", {})
     monkeypatch.setattr(calls, "_early", type(calls._early)())
     monkeypatch.setattr(calls, "_send", None)
     monkeypatch.setattr(calls, "_channel", None)

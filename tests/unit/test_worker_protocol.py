@@ -64,9 +64,10 @@ def test_error_codes(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
-    codes = [o["error"]["code"] for o in out]
-    assert codes == [-32600, -32600, -32600, -32601, -32602, -32602, -32602]
-    fields = {e["field"] for e in out[4]["error"]["data"]}
+    # calls of a tool that runs code answer as they end (concurrently), the others in order
+    codes = {o["id"]: o["error"]["code"] for o in out[4:]} | {"first": [o["error"]["code"] for o in out[:4]]}
+    assert codes == {"first": [-32600, -32600, -32600, -32601], 3: -32602, 4: -32602, 5: -32602}
+    fields = {e["field"] for o in out if o["id"] == 3 for e in o["error"]["data"]}
     assert fields == {"code", "cod"}
 
 
@@ -150,3 +151,63 @@ def test_baked_tool_schemas_match_the_code() -> None:
     catalog = Catalog(modules=BUILTIN)
     assert entries() == [describe_tool(catalog.get(name)) for name in BUILTIN]
     assert json.loads(json.dumps(entries())) == entries()  # survives the file round trip unchanged
+
+
+# each call marks itself started, then waits (up to 10 s) until all three have: only calls that run
+# side by side can all finish in time
+RENDEZVOUS = (
+    "touch started.$N; i=0; while [ $(ls started.* | wc -l) -lt 3 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done;"
+    " ls started.* | wc -l"
+)
+
+
+def _policy(concurrency: int) -> str:
+    return json.dumps({"name": "t", "limits": {"concurrency": concurrency}})
+
+
+def test_code_calls_run_side_by_side_and_answer_by_id(tmp_path: Path) -> None:
+    """Three run_shell calls meet while all run; a ping sent behind them is answered at once, before them."""
+    lines = [req("run_shell", {"command": RENDEZVOUS.replace("$N", str(i))}, i) for i in (1, 2, 3)]
+    out, _ = run_worker([*lines, req("ping", None, "p")], tmp_path)
+    assert out[0] == {"jsonrpc": "2.0", "result": "pong", "id": "p"}
+    assert sorted(o["id"] for o in out[1:]) == [1, 2, 3]
+    assert all(o["result"]["stdout"] == "3\n" for o in out[1:]), out
+
+
+def test_concurrency_one_serves_one_at_a_time_in_order(tmp_path: Path) -> None:
+    """limits.concurrency 1: the calls run one after another (none meets the others), answered in order."""
+    lines = [req("run_shell", {"command": RENDEZVOUS.replace("$N", str(i)).replace("100", "3")}, i) for i in (1, 2)]
+    out, _ = run_worker([*lines, req("ping", None, "p")], tmp_path, TOOLCAGE_POLICY=_policy(1))
+    assert [o["id"] for o in out] == [1, 2, "p"]
+    assert [o["result"]["stdout"] for o in out[:2]] == ["1\n", "2\n"]
+
+
+def test_calls_beyond_the_limit_wait_for_a_free_slot(tmp_path: Path) -> None:
+    """limits.concurrency 2: the third call starts only when one of the first two has ended."""
+    wait_for = "i=0; while [ ! -e {f} ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done; "
+    lines = [
+        req("run_shell", {"command": wait_for.format(f="go") + "echo a > done.a; ls"}, "a"),
+        req("run_shell", {"command": "sleep 0.3; touch go; echo b"}, "b"),
+        req("run_shell", {"command": "ls done.a go 2>/dev/null | wc -l"}, "c"),
+    ]
+    out, _ = run_worker(lines, tmp_path, TOOLCAGE_POLICY=_policy(2))
+    by_id = {o["id"]: o["result"] for o in out}
+    assert by_id["b"]["stdout"] == "b\n" and "done.a" in by_id["a"]["stdout"]
+    assert by_id["c"]["stdout"] in ("1\n", "2\n"), out  # started after b made `go` (unlimited: "0")
+
+
+def test_a_cancel_reaches_one_call_among_several(tmp_path: Path) -> None:
+    """A cancel read while three calls run kills the one it names, at once; the others end as they would."""
+    lines = [
+        req("run_shell", {"command": "sleep 30"}, "slow"),
+        req("run_shell", {"command": "sleep 0.5; echo one"}, 1),
+        req("run_shell", {"command": "sleep 0.5; echo two"}, 2),
+        json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow"}}).encode()
+        + b"\n",
+    ]
+    started = __import__("time").monotonic()
+    out, _ = run_worker(lines, tmp_path)
+    assert __import__("time").monotonic() - started < 10
+    by_id = {o["id"]: o for o in out}
+    assert by_id["slow"]["error"]["code"] == -32800
+    assert by_id[1]["result"]["stdout"] == "one\n" and by_id[2]["result"]["stdout"] == "two\n"

@@ -97,6 +97,10 @@ class Catalog:
             tool = self._loaded[name]
         return tool
 
+    def find(self, name: str) -> Tool | None:
+        """The tool of that name, or None."""
+        return self.get(name) if name in self._modules else None
+
     def describe(self) -> list[dict[str, Any]]:
         """What ``tools.list`` answers: name, description and params schema of each tool (made once;
         a connector's entry is its own ``info``, whose schema is made once by the connectors)."""

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Annotated, Any
 
@@ -42,7 +43,8 @@ _CHILD_ENV_KEEP = (
 )
 _GRACE_AFTER_EXIT_S = 0.2
 _REAP_EVERY_S = 0.25
-_LIVE_GROUPS: set[int] = set()
+_LIVE_GROUPS: set[int] = set()  # the process group (= pid) of every call's child running now
+_SPAWN_LOCK = threading.Lock()
 
 
 _SHUTTING_DOWN = False
@@ -132,26 +134,29 @@ def run_child(
     env = {**_child_env(settings), **(extra_env or {})}
     started = time.monotonic()
     proc: Any = None
-    if fast_source is not None and not pass_fds and zygote.enabled():
-        proc = zygote.spawn(fast_source, stdin is not None, env, settings.scratch)
-    try:
-        proc = proc or subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=settings.scratch,
-            env=env,
-            start_new_session=True,  # own process group: killpg reaches every descendant
-            close_fds=True,
-            pass_fds=pass_fds,
-        )
-    finally:
-        for fd in pass_fds:  # handed over: the child's now (our copy would hide the child closing its end)
-            os.close(fd)
-    pgid = proc.pid
-    _LIVE_GROUPS.add(pgid)
-    call = calls.CURRENT
+    # spawned and registered under the lock the orphan reaper takes: a child that exits at once is
+    # never reaped as an orphan by a concurrent call before it is known to be a call's own
+    with _SPAWN_LOCK:
+        if fast_source is not None and not pass_fds and zygote.enabled():
+            proc = zygote.spawn(fast_source, stdin is not None, env, settings.scratch)
+        try:
+            proc = proc or subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=settings.scratch,
+                env=env,
+                start_new_session=True,  # own process group: killpg reaches every descendant
+                close_fds=True,
+                pass_fds=pass_fds,
+            )
+        finally:
+            for fd in pass_fds:  # handed over: the child's now (our copy would hide the child closing its end)
+                os.close(fd)
+        pgid = proc.pid
+        _LIVE_GROUPS.add(pgid)
+    call = calls.current()
     if call is not None:
         call.pgid = pgid  # a cancel kills the group at once
         if call.cancelled:
@@ -190,7 +195,8 @@ def run_child(
             if as_init and now >= next_reap:
                 # orphans of this call are re-parented to us (PID 1): collect their zombies as they
                 # appear, so they do not pile up against the pids limit during a long call
-                sweep.reap(exclude=frozenset({proc.pid}))
+                with _SPAWN_LOCK:  # never another call's child (each is its group's leader)
+                    sweep.reap(exclude=frozenset(_LIVE_GROUPS | {proc.pid}))
                 next_reap = now + _REAP_EVERY_S
             if now >= deadline:
                 timed_out = reaped is None
@@ -247,7 +253,6 @@ def run_child(
         sel.close()
         raise
     _kill_group(pgid)
-    _LIVE_GROUPS.discard(pgid)
     if call is not None:
         call.pgid = None
         call.flush(final=True)  # progress never comes after the answer
@@ -260,6 +265,7 @@ def run_child(
         _, status, rusage = os.wait4(proc.pid, 0)
     else:
         status, rusage = reaped
+    _LIVE_GROUPS.discard(pgid)  # only now: until reaped, no other call's reaper may take its status
     proc.returncode = os.waitstatus_to_exitcode(status)
     for stream in (proc.stdout, proc.stderr, proc.stdin):
         if stream is not None and not stream.closed:

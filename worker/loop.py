@@ -1,0 +1,95 @@
+"""The worker's serving loop: requests in the order read, calls that run code on threads beside each other.
+
+A request for a tool that runs code in a child (``run_python``, ``run_shell``, a connector) gets a
+thread of its own, up to the policy's ``limits.concurrency`` in flight; the answers go out as
+each call ends, matched by id. Everything else (``ping``, ``tools.list``, the file tools,
+``sandbox.configure``, batches, notifications, lines that are not JSON) is served on the main
+thread, in order. With ``concurrency: 1`` every request is served on the main thread, one after
+another, as the worker always did.
+
+While calls run on their threads the main thread keeps reading the channel: a cancel acts the
+moment it is read (``worker.calls``), requests queue up to ``protocol.QUEUE_MAX_BYTES`` and wait
+for a free slot, and past that bound the channel is not read (back-pressure on the runner).
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import select
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class Loop:
+    def __init__(self, channel: Any, dispatcher: Any, idle: Callable[[], None]) -> None:
+        self.channel = channel
+        self.dispatcher = dispatcher
+        self.idle = idle
+        self.served = 0
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()  # a call's thread ended (close-on-exec, as os.pipe makes them)
+        os.set_blocking(self._wake_w, False)
+
+    def run(self) -> int:
+        """Serve until the runner closes the channel and every call has answered; the count served."""
+        channel = self.channel
+        while True:
+            got, line = channel.pop()
+            if got:
+                self._serve(line)
+                continue
+            in_flight = self._count()
+            if channel.at_eof and not in_flight:
+                return self.served
+            if not in_flight:
+                self.idle()  # logs, the zygote, the policy: only when nothing runs
+            self._wait(read=channel.readable_soon)
+
+    def _serve(self, line: bytes | None) -> None:
+        self.served += 1
+        msg = self.dispatcher.parse(line)
+        if not self.dispatcher.concurrent(msg):
+            response = self.dispatcher.handle(line, msg)
+            if response:
+                self.channel.send(response)
+            return
+        limit = self.dispatcher.concurrency()
+        while self._count() >= limit:
+            self._wait(read=self.channel.readable_soon)  # cancels are read meanwhile
+        with self._lock:
+            self._in_flight += 1
+        try:
+            _thread.start_new_thread(self._call, (line, msg))
+        except BaseException:
+            with self._lock:
+                self._in_flight -= 1
+            raise
+
+    def _call(self, line: bytes | None, msg: Any) -> None:
+        try:
+            response = self.dispatcher.handle(line, msg)
+            if response:
+                self.channel.send(response)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+            try:
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:
+                pass  # the main thread has wake-ups waiting already
+
+    def _count(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def _wait(self, read: bool) -> None:
+        """Until the channel is readable (when ``read``) or a call's thread ends."""
+        fds = [self._wake_r, self.channel.fd_in] if read else [self._wake_r]
+        ready = select.select(fds, [], [])[0]
+        if self._wake_r in ready:
+            os.read(self._wake_r, 4096)
+        if self.channel.fd_in in ready:
+            self.channel.read_some()
