@@ -156,6 +156,7 @@ class Dispatcher:
                     in_process_timeout=False,
                     runs_code=True,
                     info=functools.partial(self.connectors.describe_one, name),
+                    alone=True,
                 )
             )
             self.methods[name] = self._wrap(name)
@@ -286,7 +287,21 @@ class Dispatcher:
         if not isinstance(msg, dict) or "id" not in msg or not isinstance(msg.get("method"), str):
             return False
         tool = self.catalog.find(msg["method"])
-        return tool is not None and tool.runs_code and self.concurrency() > 1
+        return tool is not None and tool.runs_code and not tool.alone and self.concurrency() > 1
+
+    def alone(self, msg: Any) -> bool:
+        """Whether this request, served on the main thread, must first wait until no code call is in
+        flight (and the sweep has run): a connector's call (it may hold the run's secrets), and what
+        starts a connector child: ``sandbox.configure``, a ``tools.list`` that makes their schemas."""
+        if not isinstance(msg, dict) or not isinstance(msg.get("method"), str):
+            return False
+        method = msg["method"]
+        if method == "sandbox.configure":
+            return True
+        if method == "tools.list":
+            return self._connectors is not None and not self._connectors.schemas_ready
+        tool = self.catalog.find(method)
+        return tool is not None and tool.alone
 
     def concurrency(self) -> int:
         return int(self.settings.policy.limits.concurrency)

@@ -4,8 +4,10 @@ A request for a tool that runs code in a child (``run_python``, ``run_shell``, a
 thread of its own, up to the policy's ``limits.concurrency`` in flight; the answers go out as
 each call ends, matched by id. Everything else (``ping``, ``tools.list``, the file tools,
 ``sandbox.configure``, batches, notifications, lines that are not JSON) is served on the main
-thread, in order. With ``concurrency: 1`` every request is served on the main thread, one after
-another, as the worker always did.
+thread, in order; those that start a connector's child (its calls, which may hold the run's
+secrets, ``sandbox.configure``, the first ``tools.list``) first wait until no code call is in
+flight, so they run alone, after the sweep. With ``concurrency: 1`` every request is served on
+the main thread, one after another, as the worker always did.
 
 While calls run on their threads the main thread keeps reading the channel: a cancel acts the
 moment it is read (``worker.calls``), requests queue up to ``protocol.QUEUE_MAX_BYTES`` and wait
@@ -52,6 +54,9 @@ class Loop:
         self.served += 1
         msg = self.dispatcher.parse(line)
         if not self.dispatcher.concurrent(msg):
+            if self.dispatcher.alone(msg):
+                while self._count():  # until every code call has ended (the last one out swept)
+                    self._wait(read=self.channel.readable_soon)
             response = self.dispatcher.handle(line, msg)
             if response:
                 self.channel.send(response)

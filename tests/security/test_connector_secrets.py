@@ -370,6 +370,72 @@ def test_a_limit_never_cuts_an_exposed_value_in_two(engine: Any, egress_net: str
         assert any(event in ln and "[secret EXPOSED]" in ln for ln in out.stderr.splitlines()), event
 
 
+# Tool code in a call beside a connector call (concurrent calls on one sandbox): it reads every other
+# process's memory through /proc/<pid>/mem, as any same-uid process may, while the connector holds an
+# exposed secret. On 74a7bd3 the two ran side by side and the scan found the value; a connector call
+# now runs with no other code call in flight (after the sweep), so nothing of the run is there to read.
+SCAN_BESIDE = r"""
+import os, re, time, json
+pat = re.compile((b"tc" + b"secret_") + rb"[0-9a-f]{32}")
+decoy = os.fork()
+if decoy == 0:  # a sibling of ours holding the decoy: the scan must find it
+    held = [(b"tc" + b"secret_") + b"0123456789abcdef" * 2]
+    time.sleep(30)
+    os._exit(0)
+hits, scanned, end = set(), 0, time.monotonic() + DURATION
+while time.monotonic() < end:
+    for p in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
+        try:
+            maps = open(f"/proc/{p}/maps").read().splitlines()
+            fd = os.open(f"/proc/{p}/mem", os.O_RDONLY)
+        except OSError:
+            continue
+        scanned += 1
+        for line in maps:
+            f = line.split()
+            if "r" not in f[1] or (len(f) > 5 and f[5] in ("[vvar]", "[vsyscall]")):
+                continue
+            a, b = (int(x, 16) for x in f[0].split("-"))
+            try:
+                hits |= {m.group().decode()[::-1] for m in pat.finditer(os.pread(fd, b - a, a))}
+            except OSError:
+                pass
+        os.close(fd)
+    time.sleep(0.05)
+os.kill(decoy, 9)
+print(json.dumps({"scanned": scanned, "hits": sorted(hits)}))
+"""
+
+
+def test_tool_code_beside_a_connector_call_cannot_read_its_secret(engine: Any, egress_net: str, tmp_path: Path) -> None:
+    """A run_python call sent while a connector call holds an exposed secret scans every process's
+    memory: it runs only once the connector call has ended (and the sweep), and finds nothing but the
+    decoy it planted itself; the connector call first, the scan second, as sent."""
+    import asyncio
+
+    from toolcage import AsyncSandbox
+
+    pol = _policy(tmp_path, "conn-beside", exposed=True)
+
+    async def go() -> tuple[CallResult, CallResult, float]:
+        async with AsyncSandbox(
+            pol, tool="conn-beside", tools=[HOSTILE], secrets={"TOKEN": TOKEN, "EXPOSED": EXPOSED},
+            egress_network=egress_net,
+        ) as sb:  # fmt: skip
+            hold = asyncio.ensure_future(sb.call("expose_hold", {"seconds": 2.0}))
+            await asyncio.sleep(0.5)  # the connector holds the value now
+            t0 = time.monotonic()
+            scan = await sb.call("run_python", {"code": SCAN_BESIDE.replace("DURATION", "1.5")})
+            return await hold, scan, time.monotonic() - t0
+
+    held, scan, _ = asyncio.run(go())
+    assert held.ok and held.result == {"held": 2 * len(EXPOSED)}, held
+    assert scan.ok and scan.result["exit_code"] == 0, scan.result
+    seen = json.loads(scan.result["stdout"])
+    assert seen["scanned"] >= 1, seen  # it could read a process's memory: the decoy
+    assert _found(seen) == {DECOY}, f"found beside a connector call: {_found(seen)}"
+
+
 # 3. containment ----------------------------------------------------------------------------------
 
 

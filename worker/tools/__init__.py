@@ -43,6 +43,9 @@ class Tool(NamedTuple):  # a NamedTuple, not a dataclass: importing dataclasses 
     in_process_timeout: bool = True  # handlers that run no child get a SIGALRM deadline
     runs_code: bool = False  # it runs untrusted code: when the call ends, every other process is killed
     info: Callable[[], dict[str, Any]] | None = None  # what tools.list shows, when not read off ``params``
+    # it may hold the run's secrets (a connector): it runs with no other code call in flight, after the
+    # sweep, and none starts beside it (a same-uid process could read its memory through /proc)
+    alone: bool = False
 
     def validate(self, raw: dict[str, Any]) -> Any:
         if self.params is None:
