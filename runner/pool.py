@@ -354,6 +354,7 @@ class Pool:
             workspace=self.workspace,
             tool_mounts=tuple((str(src.path), src.target) for src in self.tool_sources),
             pool=self.id,
+            extra_env={"TOOLCAGE_POOLED": "1"},  # the worker readies what adoption needs while it waits
         )
         if self.audit is not None:  # on disk before the container exists (off any caller's path)
             self.audit.event(

@@ -71,6 +71,8 @@ def main() -> int:
     dispatcher = Dispatcher(settings, Catalog.from_env())
     logs.info("worker.started", non_dumpable=non_dumpable, pid=os.getpid(), init=sweep.active())
 
+    pooled = os.environ.get("TOOLCAGE_POOLED") == "1"
+
     def idle() -> None:
         # write queued log lines only when no request is waiting (see worker.logs)
         zygote = sys.modules.get("toolcage.worker.zygote")  # loaded with run_python, never at start
@@ -79,6 +81,8 @@ def main() -> int:
         if not select.select([channel.fd_in], [], [], _IDLE_FLUSH_S)[0]:
             logs.flush()
             settings.warm()  # a pooled sandbox's first request (sandbox.configure) needs the policy
+            if pooled:
+                dispatcher.warm()  # ... and the connectors' module, which takes the run's secrets
 
     from toolcage.worker.loop import Loop
 

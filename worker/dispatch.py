@@ -129,6 +129,12 @@ class Dispatcher:
             self._connectors = Connectors(self.settings)
         return self._connectors
 
+    def warm(self) -> None:
+        """While a pooled sandbox waits for its run: load what its ``sandbox.configure`` will need."""
+        if self._connectors is None:
+            with contextlib.suppress(Exception):  # the configure call reports any failure itself
+                self.connectors  # noqa: B018 - imported and made now, not on the run's path
+
     def _configure(self, *args: Any, **kwargs: Any) -> Result:
         """Once, from the runner: the run's secrets and connector sources (it imports the sources
         in a child, so it ends like a call that ran code: with the sweep), and for a pooled sandbox
