@@ -209,3 +209,40 @@ def test_no_copy_of_a_call_code_in_the_next(sandbox: Sandbox) -> None:
     )
     counts = out(sandbox, scan)
     assert counts[0] == counts[1], counts
+
+
+ENDINGS = [
+    "import sys; sys.exit(3)",
+    "import sys; sys.exit('bye')",
+    "raise SystemExit(True)",
+    "raise SystemExit(None)",
+    "import atexit; atexit.register(lambda: print('atexit ran'))",
+    "import sys; sys.stdout.write('no newline')",
+    "import sys; sys.stdout.write('buffered'); sys.stderr.write('err buffered')",
+    "f = open('left.txt', 'w'); f.write('unflushed')",
+    "class A:\n    def __del__(self):\n        print('del ran')\na = A()",
+    "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()",
+    "import logging; logging.basicConfig(); logging.getLogger().warning('logged')",
+    "import tempfile, os; d = tempfile.TemporaryDirectory(dir='.'); open('tdname', 'w').write(d.name)",
+]
+
+
+@pytest.mark.parametrize("code", ENDINGS)
+def test_a_fast_path_child_ends_as_python_c_does(sandbox: Sandbox, code: str) -> None:
+    """The fast path ends a child without the interpreter's teardown: what a program can see of its
+    end (status, SystemExit's message, atexit, threads, open files flushed, __del__ of its objects,
+    stdio flushed, temporary directories removed) is what a `python3` subprocess shows."""
+    after = "import os; print(sorted(os.listdir('.')), open('left.txt').read() if os.path.exists('left.txt') else None,"
+    after += " os.path.exists(open('tdname').read()) if os.path.exists('tdname') else None)"
+    seen = []
+    for how in ("fast", "subprocess"):
+        run(sandbox, "import os\nfor f in os.listdir('.'): os.remove(f)")
+        if how == "fast":
+            warm(sandbox)
+            res = run(sandbox, code)
+        else:
+            r = sandbox.call("run_shell", {"command": "python3 -", "stdin": code})
+            assert r.result is not None
+            res = dict(r.result)
+        seen.append((res["exit_code"], res["stdout"], res["stderr"], run(sandbox, after)["stdout"]))
+    assert seen[0] == seen[1], seen
