@@ -49,7 +49,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.calls import WINDOW, docker_exec, raw_echo, toolcage_gathered_sleeps, toolcage_pipelined
+from bench.calls import WINDOW, bench_container, docker_exec, raw_echo, toolcage_gathered_sleeps, toolcage_pipelined
 from bench.first_answer import ECHO  # the bare echo loop, the same inside the image and beside it
 from toolcage import DEFAULT_IMAGE, Cancel, Sandbox
 from toolcage.config import RunSpec, container_config
@@ -107,25 +107,7 @@ def first_answer_ms(image: str, entrypoint: list[str] | None) -> float:
     ``ping``, or a bare echo loop's line), in the hardened configuration of a run."""
     import socket as socketlib
 
-    from toolcage.docker_adapter import Engine
-
-    engine = Engine.default()
-    cfg = container_config(
-        load_policy("default"),
-        RunSpec(
-            run_id=f"bench{os.getpid()}{time.monotonic_ns() % 10**6}",
-            tool="bench",
-            image=image,
-            policy_name="default",
-            started_at="",
-            deadline=time.time() + 60,
-            owner="bench",
-            owner_started="",
-        ),
-    )
-    if entrypoint is not None:
-        cfg["Entrypoint"] = entrypoint
-    cid = engine.create(cfg, name=f"toolcage-bench-{os.getpid()}-{time.monotonic_ns()}")
+    engine, cid = bench_container(image, entrypoint)
     try:
         sock, close = engine.attach(cid)
         sock.sendall(b'{"jsonrpc": "2.0", "method": "ping", "id": 1}\n')

@@ -35,14 +35,15 @@ REQUEST = b'{"jsonrpc": "2.0", "method": "ping", "id": 1}\n'
 WINDOW = 64
 
 
-def _container(image: str, entrypoint: list[str]) -> tuple[Any, str]:
+def bench_container(image: str, entrypoint: list[str] | None) -> tuple[Any, str]:
+    """A created (not started) container in a run's hardened configuration; ``entrypoint`` replaces the worker."""
     from toolcage.docker_adapter import Engine
 
     engine = Engine.default()
     cfg = container_config(
         load_policy("default"),
         RunSpec(
-            run_id=f"benchcalls{os.getpid()}",
+            run_id=f"bench{os.getpid()}{time.monotonic_ns() % 10**6}",
             tool="bench",
             image=image,
             policy_name="default",
@@ -52,13 +53,14 @@ def _container(image: str, entrypoint: list[str]) -> tuple[Any, str]:
             owner_started="",
         ),
     )
-    cfg["Entrypoint"] = entrypoint
-    cid = engine.create(cfg, name=f"toolcage-bench-calls-{os.getpid()}-{time.monotonic_ns()}")
+    if entrypoint is not None:
+        cfg["Entrypoint"] = entrypoint
+    cid = engine.create(cfg, name=f"toolcage-bench-{os.getpid()}-{time.monotonic_ns()}")
     return engine, cid
 
 
 def raw_echo(image: str, calls: int) -> dict[str, Any]:
-    engine, cid = _container(image, ["python3", "-S", "-c", ECHO_LINES])
+    engine, cid = bench_container(image, ["python3", "-S", "-c", ECHO_LINES])
     try:
         sock, close = engine.attach(cid)
         engine.start(cid)

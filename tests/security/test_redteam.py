@@ -173,14 +173,21 @@ def test_fork_storm_subreaper_and_stopped_processes_do_not_survive_the_sweep(eng
         assert r.result["stdout"] == "alive\n"
 
 
-REACH_INIT = r"""
-import errno, glob, json, os, signal
+# tool code's "did it work": "ok", or the errno's name
+ATTEMPT = r"""
+import errno
 def attempt(f):
     try:
         f()
         return "ok"
     except OSError as e:
         return errno.errorcode[e.errno]
+"""
+
+REACH_INIT = (
+    ATTEMPT
+    + r"""
+import glob, json, os, signal
 res = {}
 for path in ["/proc/1/fd/0", "/proc/1/fd/1", "/proc/1/environ", "/proc/1/mem", "/proc/1/map_files/",
              "/proc/1/root/", "/proc/1/cwd/", "/proc/1/fdinfo/"] + sorted(glob.glob("/proc/1/task/*/fd/")):
@@ -198,6 +205,7 @@ for s in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTERM, signal.SIGHUP, signal.
 res["signals"] = "sent"
 print(json.dumps(res))
 """
+)
 
 
 def test_init_cannot_be_opened_or_signalled_from_tool_code(engine: Any) -> None:
@@ -219,15 +227,11 @@ def test_init_cannot_be_opened_or_signalled_from_tool_code(engine: Any) -> None:
 # prlimit(1, RLIMIT_NPROC, (1, 1)) left the worker unable to start a child, and every later call of
 # the run answered -32603; a nice of 19 or SCHED_IDLE starves it. The profile now limits these
 # calls to the caller itself (pid/who 0), and prlimit on others to reading.
-STEER_OTHERS = r"""
-import ctypes, errno, json, os, resource
+STEER_OTHERS = (
+    ATTEMPT
+    + r"""
+import ctypes, json, os, resource
 libc = ctypes.CDLL(None, use_errno=True)
-def attempt(f):
-    try:
-        f()
-        return "ok"
-    except OSError as e:
-        return errno.errorcode[e.errno]
 def raw(nr, *args):
     if libc.syscall(nr, *args) == -1:
         raise OSError(ctypes.get_errno(), "")
@@ -259,6 +263,7 @@ for pid in others:
         res[name] = r if res.get(name) in (None, r) else "mixed"
 print(json.dumps(res))
 """
+)
 
 
 @pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="ioprio_set's number is x86_64's")
