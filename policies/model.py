@@ -135,6 +135,9 @@ class Policy:
     # (by default every process but the worker is killed when a call ends). The protocol stream
     # stays out of their reach either way.
     unsafe_background_processes: bool = False
+    # the weakest sandbox this policy may run in, if any: "container" (runc, the host's kernel) or
+    # "gvisor" (runsc, gVisor's user-space kernel in between); a weaker one is refused before it starts
+    isolation: Literal["container", "gvisor"] | None = None
     # Named secrets and the one origin each may be sent to (values come with the run, never here)
     secrets: dict[str, SecretSpec] = field(default_factory=dict)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from toolcage.config import PROXY_SOCKET, RunSpec, container_config, worker_image
+from toolcage.config import GVISOR, PROXY_SOCKET, RunSpec, container_config, worker_image
 from toolcage.engine import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.policies import Policy
@@ -79,9 +79,11 @@ class ContainerBackend:
         egress_network: str | None,
         egress_proxy: str | None,
         ca_pem: str | None,
+        runtime: str | None = None,
         **_unused: Any,
     ) -> None:
         self.policy, self.image, self.name, self.log, self.audit = policy, image, name, log, audit
+        self.runtime = runtime
         self._engine = engine
         self.egress_network, self.egress_proxy, self.ca_pem = egress_network, egress_proxy, ca_pem
         self.container_id: str | None = None
@@ -105,6 +107,7 @@ class ContainerBackend:
         from toolcage.reaper import reap_in_background
 
         reap_in_background(self.engine, self.log, self.audit)
+        run = dataclasses.replace(run, runtime=self.runtime)  # the sandbox's and its egress proxy's
         if self.policy.network.mode == "proxy":
             from toolcage.egress import Egress, audit_decisions
 
@@ -272,8 +275,71 @@ class ProcessBackend:
                 shutil.rmtree(d, ignore_errors=True)
 
 
+def _gvisor(policy: Policy, **options: Any) -> Backend:
+    return ContainerBackend(policy, **{**options, "runtime": GVISOR})
+
+
 # each takes the options it uses and ignores the rest
-BACKENDS: dict[str, Callable[..., Backend]] = {"container": ContainerBackend, "none": ProcessBackend}
+BACKENDS: dict[str, Callable[..., Backend]] = {"container": ContainerBackend, "gvisor": _gvisor, "none": ProcessBackend}
+# how strong a wall each kind is (``isolation`` in a policy is a minimum; ``auto`` takes the strongest)
+STRENGTH = {"none": 0, "container": 1, "gvisor": 2}
+
+
+# Found under Debian's runsc (release 20221219): tool code can open every fd of the worker through
+# /proc/1/fd (gVisor's procfs ignores the worker being non-dumpable), the protocol stream included,
+# so it could read requests and forge answers; and a child that meets the memory limit takes the
+# whole sandbox down (the sentry is what the host's cgroup kills). Until both are closed the gvisor
+# kind runs only when asked for with TOOLCAGE_GVISOR_EXPERIMENTAL=1, and ``auto`` never picks it.
+GVISOR_EXPERIMENTAL_ENV = "TOOLCAGE_GVISOR_EXPERIMENTAL"
+GVISOR_GAPS = (
+    "under gVisor tool code can still open the worker's file descriptors (the protocol stream) through "
+    "/proc, and a call that meets the memory limit ends the whole run"
+)
+
+
+def gvisor_allowed() -> bool:
+    return os.environ.get(GVISOR_EXPERIMENTAL_ENV) == "1"
+
+
+def available_kinds(engine: EngineAPI | None = None) -> list[str]:
+    """The kinds ``auto`` may pick on this engine, strongest first (never ``none``): ``gvisor`` when the
+    engine has the ``runsc`` runtime registered (and, while it is experimental, it was asked for with
+    TOOLCAGE_GVISOR_EXPERIMENTAL=1), then ``container``."""
+    if engine is None:
+        from toolcage.docker_adapter import Engine
+
+        engine = Engine.default()
+    from toolcage.runtimes import gvisor_registered
+
+    return (["gvisor"] if gvisor_allowed() and gvisor_registered(engine.info()) else []) + ["container"]
+
+
+def default_kind(kind: str | None) -> str:
+    """``--sandbox`` when given, else ``$TOOLCAGE_SANDBOX``, else ``container``."""
+    return kind or os.environ.get("TOOLCAGE_SANDBOX") or "container"
+
+
+def resolve_kind(kind: str, policy: Policy, engine: EngineAPI | None = None) -> str:
+    """``--sandbox`` as given (``auto``: the strongest available), checked against the policy's
+    ``isolation`` minimum; UsageError with the fix otherwise."""
+    if kind not in BACKENDS and kind != "auto":
+        raise UsageError(f"unknown sandbox kind {kind!r}: use one of {', '.join(map(repr, [*BACKENDS, 'auto']))}")
+    if kind == "auto":
+        kind = available_kinds(engine)[0]
+    if kind == "gvisor" and not gvisor_allowed():
+        raise UsageError(
+            f"--sandbox gvisor is experimental: {GVISOR_GAPS}. Set {GVISOR_EXPERIMENTAL_ENV}=1 to use it anyway "
+            "(README: gVisor)"
+        )
+    need = policy.isolation
+    if need is not None and STRENGTH.get(kind, 1) < STRENGTH[need]:
+        hint = (
+            "register gVisor's runsc with the engine (README: gVisor) and use --sandbox gvisor or auto"
+            if need == "gvisor"
+            else "use --sandbox container"
+        )
+        raise UsageError(f"policy {policy.name!r} requires isolation {need!r}; this run would use {kind!r}: {hint}")
+    return kind
 
 
 def make_backend(kind: str, policy: Policy, **options: Any) -> Backend:

@@ -105,10 +105,12 @@ def sandbox_options(f: Any = None, *, without: tuple[str, ...] = ()) -> Any:
         click.option(
             "--sandbox",
             "sandbox",
-            type=click.Choice(["container", "none"]),
+            type=click.Choice(["container", "gvisor", "auto", "none"]),
             default="container",
+            envvar="TOOLCAGE_SANDBOX",
             show_default=True,
-            help="'none' runs the worker as a local process: NO isolation, development only.",
+            help="'gvisor': a container under gVisor's runsc; 'auto': the strongest the engine has (gvisor, "
+            "then container); 'none' runs the worker as a local process: NO isolation, development only.",
         ),
         click.option(
             "--policy", default="default", show_default=True, help="Bundled policy name or a policy file path."

@@ -25,7 +25,9 @@ def image() -> None:
 
 @image.command("build")
 @click.option(
-    "--tag", default=None, help="Image tag (default toolcage-worker:<version>; required with --requirements)."
+    "--tag",
+    default=None,
+    help="Image tag (default $TOOLCAGE_IMAGE, else toolcage-worker:<version>; required with --requirements).",
 )
 @click.option(
     "--base",
@@ -63,13 +65,14 @@ def image_build(
     image, with the packages installed in /opt/toolcage/deps (wheels downloaded on this host; the
     build is offline).
     """
-    from toolcage.sandbox import DEFAULT_IMAGE
+    from toolcage.config import worker_image
 
+    default = worker_image()  # $TOOLCAGE_IMAGE, as every run uses it, else toolcage-worker:<version>
     use_json(True)
     if requirements is None and not pip:
         if parent is not None:
             raise UsageError("--from applies only with --requirements FILE or --pip PKG")
-        _build_worker(tag or DEFAULT_IMAGE, base, force)
+        _build_worker(tag or default, base, force)
         return
     if requirements is not None and pip:
         raise UsageError("give the packages either with --requirements FILE or with --pip PKG, not both")
@@ -79,13 +82,13 @@ def image_build(
 
     # exit 2 before Docker is asked anything
     if requirements is not None:
-        spec = prepare(requirements, tag, parent, DEFAULT_IMAGE)
+        spec = prepare(requirements, tag, parent, default)
     elif not tag:
         raise UsageError(
             "--pip needs --tag NAME: the derived image gets a name of its own, the worker image keeps its."
         )
     else:
-        spec = prepare_pip(pip, tag, parent, DEFAULT_IMAGE)
+        spec = prepare_pip(pip, tag, parent, default)
     build_derived_image(spec, base, force)
 
 

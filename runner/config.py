@@ -66,6 +66,9 @@ class RunSpec:
     # a warm pool's slot (toolcage.pool): made before its run exists, its deadline is the slot's
     # longest life (idle, then one run); the run's own deadline comes over the protocol at adoption
     pool: str | None = None
+    # the engine's OCI runtime for the sandbox and its egress proxy: None is the engine's default
+    # (runc); GVISOR ("runsc") puts gVisor's user-space kernel between the code and the host's
+    runtime: str | None = None
 
 
 def worker_image() -> str:
@@ -166,6 +169,7 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         "AutoRemove": False,  # the runner removes it after reading State.OOMKilled
         "LogConfig": {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}},
     }
+    _apply_runtime(host_config, run.runtime, lim.pids)
     config: dict[str, Any] = {
         "Image": run.image,
         "User": f"{SANDBOX_UID}:{SANDBOX_UID}",
@@ -194,6 +198,26 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
     return config
 
 
+GVISOR = "runsc"
+# gVisor's sentry, its gofer and (with the ptrace platform) a stub process per address space all run
+# in the container's cgroup: on this machine kind 20 processes in the sandbox needed more than 64
+# host pids and 100 more than 512. The cgroup's limit is then only a backstop for the sentry; the
+# sandbox's own process limit is RLIMIT_NPROC, which gVisor's kernel enforces per user inside the
+# sandbox (with runc it would count every process of that uid on the host).
+GVISOR_HOST_PIDS_PER_PROCESS = 16
+GVISOR_HOST_PIDS_BASE = 256
+
+
+def _apply_runtime(host_config: dict[str, Any], runtime: str | None, pids: int) -> None:
+    if runtime is None:
+        return
+    host_config["Runtime"] = runtime
+    if runtime == GVISOR:
+        host_config["SecurityOpt"] = ["no-new-privileges", seccomp.security_opt(gvisor=True)]
+        host_config["PidsLimit"] = GVISOR_HOST_PIDS_BASE + GVISOR_HOST_PIDS_PER_PROCESS * pids
+        host_config["Ulimits"] = [*host_config["Ulimits"], {"Name": "nproc", "Soft": pids, "Hard": pids}]
+
+
 def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, upstream: str | None) -> dict[str, Any]:
     """The egress proxy's container: as hardened as the sandbox; its one network is the egress
     network, and it serves the sandbox on a Unix socket in the run's proxy volume."""
@@ -208,6 +232,7 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
     hc["PidsLimit"] = 32
     hc["NanoCpus"] = 500_000_000
     hc["Ulimits"] = [{"Name": "nofile", "Soft": 1024, "Hard": 1024}]
+    _apply_runtime(hc, run.runtime, 32)
     env = [e for e in cfg["Env"] if not e.startswith("TOOLCAGE_IN_CONTAINER=")]
     env.append(f"TOOLCAGE_PROXY_LISTEN=unix:{PROXY_SOCKET}")
     if upstream:

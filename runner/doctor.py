@@ -17,7 +17,7 @@ from toolcage.output import emit, use_json
 from toolcage.textsafe import escape
 
 
-def _checks(report: dict[str, Any], findings: list[str], probe: bool, policy_ref: str) -> None:
+def _checks(report: dict[str, Any], findings: list[str], probe: bool, policy_ref: str, sandbox: str) -> None:
     from toolcage.docker_adapter import Engine
     from toolcage.image.build import SOURCE_LABEL, source_sha256
     from toolcage.ops import daemon_security, inspect_findings
@@ -39,24 +39,39 @@ def _checks(report: dict[str, Any], findings: list[str], probe: bool, policy_ref
         report["image"] = {"tag": DEFAULT_IMAGE, "id": img.get("Id"), "current": current}
         if not current:
             findings.append(f"image {DEFAULT_IMAGE} is out of date: run `toolcage image build`")
-    sec = daemon_security(engine.info())
+    from toolcage.runtimes import backends_report
+
+    info = engine.info()
+    sec = daemon_security(info)
     report["daemon"] = sec
+    report["backends"] = backends = backends_report(version, info)
+    report["warnings"].extend(backends["warnings"])
     if not sec["seccomp"]:
         findings.append("the Docker daemon runs without seccomp")
     checked = report["containers"] = []
     for c in engine.containers(LABEL_RUN_ID, all=False):
-        info = engine.inspect(c["Id"])
-        if info is None:
+        live = engine.inspect(c["Id"])
+        if live is None:
             continue
-        problems = inspect_findings(info)
-        name = info.get("Name", "?").lstrip("/")
+        problems = inspect_findings(live)
+        name = live.get("Name", "?").lstrip("/")
         checked.append({"name": name, "findings": problems})
         findings.extend(f"{name}: {p}" for p in problems)
     if probe and img is not None:
+        from toolcage.errors import ToolcageError
         from toolcage.probes import run_all
         from toolcage.sandbox import Sandbox
 
-        with Sandbox(policy_ref, tool="doctor-probe") as sb:
+        for kind, about in backends["kinds"].items():  # does each one the engine has start a sandbox?
+            if kind != "none" and about["available"] and (kind != "gvisor" or backends["auto"] == "gvisor"):
+                try:
+                    with Sandbox(tool="doctor-backend", sandbox=kind) as sb:
+                        about["works"] = sb.call("ping").result == "pong"
+                except ToolcageError as exc:
+                    about["works"], about["error"] = False, exc.message
+                    findings.append(f"sandbox kind {kind}: {exc.message}")
+        with Sandbox(policy_ref, tool="doctor-probe", sandbox=sandbox) as sb:
+            report["probed_kind"] = sb.kind
             results = run_all(sb)
         report["probes"] = [r.__dict__ for r in results]
         findings.extend(f"probe {r.name} failed: {r.observed}" for r in results if not r.passed)
@@ -65,16 +80,25 @@ def _checks(report: dict[str, Any], findings: list[str], probe: bool, policy_ref
 @click.command()
 @click.option("--probe", is_flag=True, help="Also prove the isolation in a live sandbox under --policy.")
 @click.option("--policy", "policy_ref", default="default", show_default=True, help="Policy for --probe.")
+@click.option(
+    "--sandbox",
+    type=click.Choice(["container", "gvisor", "auto"]),
+    default="auto",
+    show_default=True,
+    help="The sandbox kind --probe proves.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def doctor(probe: bool, policy_ref: str, as_json: bool) -> None:
-    """Check the engine, the image, the daemon's security features and every live sandbox against its policy.
+def doctor(probe: bool, policy_ref: str, sandbox: str, as_json: bool) -> None:
+    """Check the engine, the sandbox kinds it offers (and which `--sandbox auto` picks), the image,
+    the daemon's security features and every live sandbox against its policy.
 
-    Exit 1 when anything is weaker than it should be (or cannot be checked).
+    Exit 1 when anything is weaker than it should be (or cannot be checked). Warnings (a runtime
+    older than the fix for a known escape) are printed and do not change the exit code.
     """
     use_json(as_json)
-    report: dict[str, Any] = {"findings": []}
+    report: dict[str, Any] = {"findings": [], "warnings": []}
     findings: list[str] = report["findings"]
-    _checks(report, findings, probe, policy_ref)
+    _checks(report, findings, probe, policy_ref, sandbox)
     if as_json:
         emit(report)
     else:
@@ -98,11 +122,25 @@ def _doctor_text(report: dict[str, Any], findings: list[str]) -> None:
             f"daemon      security: {flags}; cgroup v{escape(d['cgroup_version'])}; "
             f"storage {escape(d['storage_driver'])}"
         )
+    backends = report.get("backends")
+    if backends:
+        for kind, about in backends["kinds"].items():
+            state = "available" if about["available"] else "not available"
+            if "works" in about:
+                state += ", works" if about["works"] else f", FAILS: {escape(about.get('error'))}"
+            runtime = (
+                f" (runtime {escape(about['runtime'])}{' ' + escape(about['version']) if about.get('version') else ''})"
+            )
+            note = f"  ({escape(about['note'])})" if about.get("note") else ""
+            pick = "  <- --sandbox auto" if kind == backends["auto"] else note
+            click.echo(f"sandbox     {kind:<10}{state}{runtime if about['runtime'] else ''}{pick}")
     for c in report.get("containers", []):
         verdict = "as locked down as its policy" if not c["findings"] else "WEAKER"
         click.echo(f"container   {escape(c['name'])}: {verdict}")
     for r in report.get("probes", []):
         click.echo(f"probe       {'PASS' if r['passed'] else 'FAIL'}  {escape(r['name']):<28} {escape(r['what'])}")
+    for w in report.get("warnings", []):
+        click.echo(f"WARNING     {escape(w)}")
     for f in findings:
         click.echo(f"FINDING     {escape(f)}")
 

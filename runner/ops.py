@@ -12,6 +12,9 @@ from typing import Any
 
 from toolcage import seccomp
 from toolcage.config import (
+    GVISOR,
+    GVISOR_HOST_PIDS_BASE,
+    GVISOR_HOST_PIDS_PER_PROCESS,
     LABEL_OWNER,
     LABEL_POLICY,
     LABEL_POLICY_SHA256,
@@ -63,7 +66,7 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
         weak("security profiles", sec, "confined")
     if cfg.get("User") != f"{SANDBOX_UID}:{SANDBOX_UID}":
         weak("user", cfg.get("User"), f"{SANDBOX_UID}:{SANDBOX_UID}")
-    if not seccomp.is_ours(sec):
+    if not seccomp.is_ours(sec, gvisor=hc.get("Runtime") == GVISOR):
         weak("seccomp", "Docker's default or another profile", "toolcage's profile (toolcage.seccomp)")
     if hc.get("Init"):
         weak("init", "docker-init (it holds the protocol stream in a dumpable process)", "the worker as PID 1")
@@ -78,7 +81,13 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
     if role == "sandbox":
         lim = policy.limits
         pids = hc.get("PidsLimit")
-        if not pids or pids <= 0 or pids > lim.pids:
+        if hc.get("Runtime") == GVISOR:  # the process limit is RLIMIT_NPROC in gVisor's kernel (config.GVISOR)
+            nproc = [u for u in hc.get("Ulimits") or [] if u.get("Name") == "nproc"]
+            if not nproc or nproc[0].get("Hard", 0) > lim.pids:
+                weak("nproc (gVisor's process limit)", nproc, lim.pids)
+            if not pids or pids <= 0 or pids > GVISOR_HOST_PIDS_BASE + GVISOR_HOST_PIDS_PER_PROCESS * lim.pids:
+                weak("pids limit (gVisor's host backstop)", pids, "a limit")
+        elif not pids or pids <= 0 or pids > lim.pids:
             weak("pids limit", pids, lim.pids)
         if not hc.get("Memory") or hc["Memory"] > lim.memory:
             weak("memory", hc.get("Memory"), lim.memory)

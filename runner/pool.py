@@ -31,7 +31,7 @@ from typing import Any
 from toolcage import audit as audit_mod
 from toolcage import connectors, logs, ownership, removal
 from toolcage.audit import Audit
-from toolcage.backends import Backend, ExitStatus, make_backend
+from toolcage.backends import Backend, ExitStatus, default_kind, make_backend, resolve_kind
 from toolcage.config import RunSpec, container_name
 from toolcage.engine import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
@@ -153,7 +153,7 @@ class Pool:
         idle_s: float | None = None,
         parallel: int | None = None,
         tool: str = "pool",
-        sandbox: str = "container",
+        sandbox: str | None = None,
         image: str | None = None,
         run_timeout: float | None = None,
         engine: EngineAPI | None = None,
@@ -174,7 +174,7 @@ class Pool:
         self.parallel = max(1, min(parallel or min(size, 2), size))
         self.workspace = validate_workspace(workspace) if workspace is not None else None
         self.tool_sources = connectors.tool_sources([tools] if isinstance(tools, str | os.PathLike) else tools)
-        self.tool, self.kind = tool, sandbox
+        self.tool, self.kind = tool, resolve_kind(default_kind(sandbox), self.policy, engine)
         self.image = image or os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)
         self.id = token_hex(4)
         self.log = logs.get_logger(pool=self.id)
@@ -190,7 +190,7 @@ class Pool:
             "egress_proxy": egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY"),
             "ca_pem": Sandbox._read_ca(ca_file),
         }
-        if self.workspace is not None and sandbox == "container" and not readable_by_sandbox(self.workspace):
+        if self.workspace is not None and self.kind != "none" and not readable_by_sandbox(self.workspace):
             self.log.warning("workspace.unreadable", workspace=str(self.workspace))
         self._cond = threading.Condition()
         self._ready: collections.deque[_Slot] = collections.deque()

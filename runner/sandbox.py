@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from toolcage import __version__, connectors, logs, ownership, records, removal
 from toolcage import audit as audit_mod
 from toolcage.audit import Audit
-from toolcage.backends import Backend, make_backend
+from toolcage.backends import Backend, default_kind, make_backend, resolve_kind
 from toolcage.config import RunSpec, container_name
 from toolcage.engine import EngineAPI
 from toolcage.errors import (
@@ -97,7 +97,7 @@ class Sandbox:
         *,
         workspace: str | os.PathLike[str] | None = None,
         tool: str = "session",
-        sandbox: str = "container",
+        sandbox: str | None = None,
         image: str | None = None,
         keep: bool = False,
         run_timeout: float | None = None,
@@ -126,7 +126,8 @@ class Sandbox:
         self._secrets = connectors.secret_store(self.policy, secrets)
         self.connector_tools: list[str] = []
         self.tool = tool
-        self.kind = sandbox
+        # auto: the strongest the engine has; a policy's isolation minimum is checked here, before anything starts
+        self.kind: str = pool.kind if pool is not None else resolve_kind(default_kind(sandbox), self.policy, engine)
         self.image = pool.image if pool is not None else image or os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)
         self.keep = keep
         self.run_id = token_hex(4)
@@ -141,7 +142,7 @@ class Sandbox:
             NotAdopted()
             if pool is not None
             else make_backend(
-                sandbox,
+                self.kind,
                 self.policy,
                 engine=engine,
                 image=self.image,

@@ -138,8 +138,13 @@ CLONE_NAMESPACE_FLAGS = 0x7E020000
 
 
 @cache
-def profile() -> dict[str, Any]:
-    """The profile as Docker's seccomp JSON (``SecurityOpt: seccomp=<json>``)."""
+def profile(gvisor: bool = False) -> dict[str, Any]:
+    """The profile as Docker's seccomp JSON (``SecurityOpt: seccomp=<json>``).
+
+    ``gvisor``: the variant for gVisor's runsc (run with ``--oci-seccomp``, which applies it inside
+    gVisor's kernel). There ``clone3`` is allowed: runsc's seccomp (Debian's 2022 release) answers
+    EPERM whatever ``errnoRet`` says, so glibc would not fall back to ``clone`` and no thread could
+    start; the namespaces ``clone3`` could ask for are gVisor's own, not the host kernel's."""
     overlap = (set(ALLOWED) & set(DENIED)) | (set(ALLOWED) & set(SELF_ONLY)) | (set(DENIED) & set(SELF_ONLY))
     assert not overlap, overlap
     rules: list[dict[str, Any]] = [{"names": sorted(ALLOWED), "action": "SCMP_ACT_ALLOW"}]
@@ -158,7 +163,10 @@ def profile() -> dict[str, Any]:
             "args": [{"index": 0, "value": CLONE_NAMESPACE_FLAGS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}],
         }
     )
-    rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS})
+    if gvisor:
+        rules.append({"names": ["clone3"], "action": "SCMP_ACT_ALLOW"})
+    else:
+        rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS})
     # explicit, so the denial is visible in the profile and in `docker inspect`
     rules.append({"names": sorted(n for n in DENIED if n != "clone3"), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM})
     return {
@@ -181,25 +189,25 @@ def profile_json() -> str:
 
 
 @cache
-def compact_json() -> str:
-    return json.dumps(profile(), sort_keys=True, separators=(",", ":"))
+def compact_json(gvisor: bool = False) -> str:
+    return json.dumps(profile(gvisor), sort_keys=True, separators=(",", ":"))
 
 
 def sha256() -> str:
     return hashlib.sha256(compact_json().encode()).hexdigest()
 
 
-def security_opt() -> str:
+def security_opt(gvisor: bool = False) -> str:
     """The ``SecurityOpt`` entry that applies the profile (the engine takes the JSON itself)."""
-    return "seccomp=" + compact_json()
+    return "seccomp=" + compact_json(gvisor)
 
 
-def is_ours(security_opts: list[str]) -> bool:
-    """Whether a container's ``HostConfig.SecurityOpt`` carries exactly this profile."""
+def is_ours(security_opts: list[str], gvisor: bool = False) -> bool:
+    """Whether a container's ``HostConfig.SecurityOpt`` carries exactly this profile (its gVisor variant)."""
     for opt in security_opts:
         if opt.startswith(("seccomp=", "seccomp:")):
             try:
-                return bool(json.loads(opt[len("seccomp=") :]) == profile())
+                return bool(json.loads(opt[len("seccomp=") :]) == profile(gvisor))
             except ValueError:
                 return False
     return False

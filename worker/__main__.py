@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import _thread
 import os
-import select
 import sys
 
 _IDLE_FLUSH_S = 0.05
@@ -45,7 +44,7 @@ def main() -> int:
         os.write(2, b'{"event": "worker.refused", "level": "error", "reason": "cannot make the worker non-dumpable"}\n')
         return 70
 
-    from toolcage.worker.protocol import Channel
+    from toolcage.worker.protocol import Channel, readable
 
     channel = Channel.claim_stdio()  # before anything can print
 
@@ -78,7 +77,7 @@ def main() -> int:
         zygote = sys.modules.get("toolcage.worker.zygote")  # loaded with run_python, never at start
         if zygote is not None:
             zygote.warm()  # (re)start the fork server a run_python call asked for
-        if not select.select([channel.fd_in], [], [], _IDLE_FLUSH_S)[0]:
+        if not readable([channel.fd_in], _IDLE_FLUSH_S):
             logs.flush()
             settings.warm()  # a pooled sandbox's first request (sandbox.configure) needs the policy
             if pooled:

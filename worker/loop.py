@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import _thread
 import os
-import select
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from toolcage.worker.protocol import readable
 
 
 class Loop:
@@ -93,7 +94,7 @@ class Loop:
     def _wait(self, read: bool) -> None:
         """Until the channel is readable (when ``read``) or a call's thread ends."""
         fds = [self._wake_r, self.channel.fd_in] if read else [self._wake_r]
-        ready = select.select(fds, [], [])[0]
+        ready = readable(fds, None)
         if self._wake_r in ready:
             os.read(self._wake_r, 4096)
         if self.channel.fd_in in ready:

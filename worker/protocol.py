@@ -9,6 +9,7 @@ nothing but :class:`Channel` can ever write a response or read a request.
 from __future__ import annotations
 
 import os
+import select
 import sys
 import threading
 from collections import deque
@@ -61,6 +62,15 @@ def valid_request(obj: Any) -> bool:
     if "params" in obj and not isinstance(obj["params"], list | dict):
         return False
     return "id" not in obj or obj["id"] is None or type(obj["id"]) in (str, int, float)
+
+
+def readable(fds: list[int], timeout_s: float | None) -> list[int]:
+    """Which of ``fds`` are readable (or closed), waiting up to ``timeout_s`` (None: forever). poll(2),
+    not select(2): no FD_SETSIZE limit, and gVisor's seccomp (runsc --oci-seccomp) refuses select."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(None if timeout_s is None else timeout_s * 1000)]
 
 
 def progress_token(params: Any) -> str | int | None:

@@ -25,7 +25,6 @@ import fcntl
 import os
 import platform
 import resource
-import select
 import signal
 import socket
 import subprocess
@@ -33,6 +32,7 @@ import sys
 from typing import Any
 
 from toolcage.worker import sweep
+from toolcage.worker.protocol import readable
 
 _READY_S = 5.0  # the zygote's own start-up
 _REPLY_S = 1.0  # one fork; a zygote that does not answer in time is discarded (stopped?)
@@ -95,7 +95,7 @@ class Zygote:
                 sweep.EXEMPT.discard(self.pid)  # reaped just now: the pid is no longer ours
             return False
         if not self.ready:
-            if not select.select([self.sock], [], [], _READY_S)[0] or self.sock.recv(16) != b"R":
+            if not readable([self.sock.fileno()], _READY_S) or self.sock.recv(16) != b"R":
                 return False
             self.ready = True
         return untouched(self.pid)
@@ -126,7 +126,7 @@ class Zygote:
             err_r, err_w = os.pipe()
             fds += [out_r, out_w, err_r, err_w]
             socket.send_fds(self.sock, [b"F"], [code_r, in_r, out_w, err_w])
-            if not select.select([self.sock], [], [], _REPLY_S)[0]:
+            if not readable([self.sock.fileno()], _REPLY_S):
                 return None
             reply = self.sock.recv(16)
             if len(reply) != 8:

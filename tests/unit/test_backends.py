@@ -56,8 +56,8 @@ def test_unknown_backend_is_a_usage_error() -> None:
     """--sandbox with a name no backend has is refused before anything starts, listing the names."""
     from toolcage import UsageError
 
-    with pytest.raises(UsageError, match="'container', 'none'"):
-        Sandbox(sandbox="gvisor", audit=False)
+    with pytest.raises(UsageError, match="'container', 'gvisor', 'none', 'auto'"):
+        Sandbox(sandbox="firecracker", audit=False)
 
 
 def test_sandbox_does_not_branch_on_its_backend() -> None:
@@ -66,3 +66,76 @@ def test_sandbox_does_not_branch_on_its_backend() -> None:
     assert "kind ==" not in source and "isinstance(self._transport" not in source
     assert "ProcessTransport" not in source and "DockerAttachTransport" not in source
     assert sys.modules["toolcage.sandbox"] is sandbox_mod
+
+
+class _Info:
+    def __init__(self, runtimes: dict[str, Any]) -> None:
+        self.runtimes = runtimes
+
+    def info(self) -> dict[str, Any]:
+        return {"Runtimes": self.runtimes}
+
+
+def test_auto_takes_the_strongest_kind_the_engine_has_and_isolation_is_a_minimum(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """auto: gvisor when the engine has runsc registered, else container (never none); a policy's
+    isolation refuses a weaker kind with the fix in the message."""
+    from toolcage import UsageError
+    from toolcage.backends import resolve_kind
+    from toolcage.policies import Policy
+
+    monkeypatch.setenv("TOOLCAGE_GVISOR_EXPERIMENTAL", "1")  # the kind is experimental (GVISOR_GAPS)
+    plain, strict = Policy(), Policy(name="strict", isolation="gvisor")
+    with_runsc, without = _Info({"runc": {}, "runsc": {"path": "/usr/bin/runsc"}}), _Info({"runc": {}})
+    assert resolve_kind("auto", plain, with_runsc) == "gvisor"  # type: ignore[arg-type]
+    assert resolve_kind("auto", plain, without) == "container"  # type: ignore[arg-type]
+    assert resolve_kind("none", plain) == "none" and resolve_kind("container", plain) == "container"
+    assert resolve_kind("auto", strict, with_runsc) == "gvisor"  # type: ignore[arg-type]
+    for kind, engine in (("container", None), ("none", None), ("auto", without)):
+        with pytest.raises(UsageError, match=r"requires isolation 'gvisor'.*runsc"):
+            resolve_kind(kind, strict, engine)  # type: ignore[arg-type]
+
+
+def test_gvisor_runtime_in_the_container_config() -> None:
+    """Under runsc the sandbox and its egress proxy name the runtime; the process limit moves to
+    RLIMIT_NPROC (enforced per user inside gVisor) and the cgroup's pids limit is the sentry's backstop."""
+    from tests.unit._helpers import run_spec
+    from toolcage.config import container_config, proxy_container_config
+    from toolcage.policies import load_policy
+
+    policy = load_policy("connector-http")
+    plain = container_config(policy, run_spec())["HostConfig"]
+    assert "Runtime" not in plain and plain["PidsLimit"] == policy.limits.pids
+    assert [u["Name"] for u in plain["Ulimits"]] == ["nofile"]
+    spec = run_spec(proxy_volume="toolcage-sock-x", runtime="runsc")
+    for hc, pids in ((container_config(policy, spec)["HostConfig"], policy.limits.pids),
+                     (proxy_container_config(policy, spec, "net", None)["HostConfig"], 32)):  # fmt: skip
+        assert hc["Runtime"] == "runsc" and hc["PidsLimit"] > 8 * pids
+        assert {"Name": "nproc", "Soft": pids, "Hard": pids} in hc["Ulimits"]
+
+
+def test_runc_versions_with_known_escapes_are_named_with_their_fix() -> None:
+    """doctor's warnings: runc older than 1.1.12 (CVE-2024-21626) and than 1.2.8 (the 2025 masked-path races)."""
+    from toolcage.runtimes import backends_report, runc_warnings
+
+    assert len(runc_warnings("1.1.5+ds1")) == 2 and "1.1.12" in runc_warnings("1.1.5")[0]
+    assert ["1.2.8" in w for w in runc_warnings("1.1.12")] == [True]
+    assert runc_warnings("1.2.8") == runc_warnings("1.3.3") == runc_warnings(None) == []
+    report = backends_report(
+        {"Components": [{"Name": "runc", "Version": "1.1.5+ds1"}]}, {"Runtimes": {"runc": {}}, "DefaultRuntime": "runc"}
+    )
+    assert report["auto"] == "container" and not report["kinds"]["gvisor"]["available"]
+    assert report["kinds"]["container"]["version"] == "1.1.5+ds1" and len(report["warnings"]) == 2
+
+
+def test_gvisor_is_experimental_until_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without TOOLCAGE_GVISOR_EXPERIMENTAL=1: gvisor refused with the gaps named, auto never picks it."""
+    from toolcage import UsageError
+    from toolcage.backends import resolve_kind
+    from toolcage.policies import Policy
+
+    monkeypatch.delenv("TOOLCAGE_GVISOR_EXPERIMENTAL", raising=False)
+    with pytest.raises(UsageError, match="experimental"):
+        resolve_kind("gvisor", Policy())
+    assert resolve_kind("auto", Policy(), _Info({"runsc": {}})) == "container"  # type: ignore[arg-type]

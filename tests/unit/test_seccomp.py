@@ -90,3 +90,19 @@ def test_process_controls_only_on_the_caller() -> None:
     assert entries("ioprio_set") == [[(0, 1), (1, 0)], [(0, 2), (1, 0)]]
     for name in ("sched_setaffinity", "sched_setattr", "sched_setparam", "sched_setscheduler"):
         assert entries(name) == [[(0, 0)]]
+
+
+def test_the_gvisor_variant_differs_only_in_clone3() -> None:
+    """runsc's seccomp answers EPERM whatever errnoRet says, so its variant allows clone3 (glibc would not
+    fall back to clone and no thread could start); every other rule is the same."""
+
+    def without_clone3(p: dict) -> list:
+        return [r for r in p["syscalls"] if r["names"] != ["clone3"]]
+
+    plain, gvisor = seccomp.profile(), seccomp.profile(gvisor=True)
+    assert without_clone3(plain) == without_clone3(gvisor)
+    assert [r for r in gvisor["syscalls"] if r["names"] == ["clone3"]] == [
+        {"names": ["clone3"], "action": "SCMP_ACT_ALLOW"}
+    ]
+    assert seccomp.is_ours([seccomp.security_opt(gvisor=True)], gvisor=True)
+    assert not seccomp.is_ours([seccomp.security_opt(gvisor=True)])
