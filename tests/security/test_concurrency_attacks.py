@@ -7,7 +7,6 @@ process may read its memory (and the exposed secret it holds) through /proc/<pid
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -25,7 +24,7 @@ from tests.security.test_connector_secrets import (
     _policy,
     egress_net,  # noqa: F401 - a fixture
 )
-from toolcage import AsyncSandbox, CallResult, Sandbox
+from toolcage import CallResult, Sandbox
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -64,3 +63,145 @@ def test_a_batch_cannot_run_a_connector_call_beside_a_code_call(egress_net: str,
         seen = json.loads(got["scan"].result["stdout"])
         assert seen["scanned"] >= 1, seen
         assert EXPOSED not in _found(seen), "the scan read the exposed secret beside a batched connector call"
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. Tool code plants a module in /scratch that a process the worker starts later imports: the
+#    connector's handler child (`python3 -m`, cwd /scratch: sys.path[0] is /scratch) or the run_python
+#    zygote (`python3 -c`, started while the worker is idle: sys.path[0] is '' = /scratch). Either runs
+#    the tool code's payload outside any code call, where a connector's call is "alone".
+
+# a stdlib module both import at start, shadowed: the payload runs, then the real module is loaded
+SHADOW = r"""
+import os as _os, sys as _sys
+def _payload():
+    PAYLOAD
+try:
+    _payload()
+except BaseException:
+    pass
+_here = _sys.modules.pop(__name__)
+_saved = list(_sys.path)
+_sys.path[:] = [p for p in _sys.path if p not in ("", "/scratch")]
+try:
+    import importlib as _il
+    _sys.modules[__name__] = _il.import_module(__name__)
+finally:
+    _sys.path[:] = _saved
+"""
+
+# in the handler child: ask the worker for the exposed secret on the child's own link
+ASK_SECRET = r"""
+    cmd = open("/proc/self/cmdline", "rb").read()
+    if b"handler_host" not in cmd:
+        return
+    import socket
+    s = socket.socket(fileno=_os.dup(int(_os.environ["TOOLCAGE_HANDLER_FD"])))
+    s.sendall(b'{"op": "secret", "name": "EXPOSED"}\n')
+    buf = b""
+    while not buf.endswith(b"\n"):
+        buf += s.recv(4096)
+    s.detach()
+    with open("/scratch/stolen", "w") as f:
+        f.write(buf.decode()[::-1])
+"""
+
+PLANT = "import sys\nopen(sys.argv[0] if False else {path!r}, 'w').write({src!r})\n"
+
+
+def test_a_module_planted_in_scratch_never_runs_in_a_connector_child(egress_net: str, tmp_path: Path) -> None:  # noqa: F811
+    """The handler child imports nothing from /scratch: a planted json.py does not run in it."""
+    shadow = SHADOW.replace("    PAYLOAD", ASK_SECRET)
+    with _conn_sandbox(tmp_path, egress_net, "conc-plant-handler") as sb:
+        assert _py(sb, PLANT.format(path="/scratch/json.py", src=shadow)).ok
+        held = sb.call("expose_hold", {"seconds": 0.1})
+        assert held.ok, held
+        seen = _py(sb, "import os\nprint(open('/scratch/stolen').read() if os.path.exists('/scratch/stolen') else '')")
+        stolen = seen.result["stdout"].strip()[::-1]
+        assert EXPOSED not in stolen, "tool code's module ran in the connector's child and read its secret"
+        assert not stolen, f"tool code's module ran in the connector's child: {stolen!r}"
+
+
+# in the zygote: a daemon that scans every process's memory for a while (beside whatever runs next)
+ZYGOTE_SCAN = r"""
+    if b"The zygote: a ready" not in open("/proc/self/cmdline", "rb").read():
+        return
+    if _os.fork():
+        return
+    _os.setsid()
+    if _os.fork():
+        _os._exit(0)
+    _os.closerange(3, 1024)
+    import re, time
+    pat = re.compile((b"tc" + b"secret_") + rb"[0-9a-f]{32}")
+    hits, end = set(), time.monotonic() + 8
+    while time.monotonic() < end:
+        for p in [p for p in _os.listdir("/proc") if p.isdigit() and int(p) != _os.getpid()]:
+            try:
+                maps = open(f"/proc/{p}/maps").read().splitlines()
+                fd = _os.open(f"/proc/{p}/mem", _os.O_RDONLY)
+            except OSError:
+                continue
+            for line in maps:
+                f = line.split()
+                if "r" not in f[1] or (len(f) > 5 and f[5] in ("[vvar]", "[vsyscall]")):
+                    continue
+                a, b = (int(x, 16) for x in f[0].split("-"))
+                try:
+                    hits |= {m.group().decode()[::-1] for m in pat.finditer(_os.pread(fd, b - a, a))}
+                except OSError:
+                    pass
+            _os.close(fd)
+        with open("/scratch/zhits", "w") as out:
+            out.write(" ".join(sorted(hits)))
+        time.sleep(0.05)
+    _os._exit(0)
+"""
+
+
+USER_SITE = "/scratch/.local/lib/python3.11/site-packages"
+KILL_ZYGOTE = r"""
+import os, signal
+for p in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        c = open(f"/proc/{p}/cmdline", "rb").read()
+    except OSError:
+        continue
+    if b"The zygote: a ready" in c and int(p) != os.getpid():
+        try:
+            os.kill(int(p), signal.SIGKILL)
+        except OSError:
+            pass
+"""
+
+
+@pytest.mark.parametrize("where", ["typing.py", "usercustomize.py", "pth"])
+def test_a_module_planted_in_scratch_never_runs_in_the_zygote(
+    egress_net: str,  # noqa: F811
+    tmp_path: Path,
+    where: str,
+) -> None:
+    """The zygote, started while the worker is idle, runs nothing from /scratch: a planted typing.py
+    (its cwd is first on its path), usercustomize.py or .pth file (HOME is /scratch: site runs the user
+    site-packages) does not give tool code a process outside any call, beside a connector's call."""
+    plain = "import os as _os, sys as _sys\ndef _payload():\n" + ZYGOTE_SCAN + "\n_payload()\n"
+    plants = {
+        "typing.py": [("/scratch/typing.py", SHADOW.replace("    PAYLOAD", ZYGOTE_SCAN))],
+        "usercustomize.py": [(f"{USER_SITE}/usercustomize.py", plain)],
+        "pth": [(f"{USER_SITE}/zz_payload.py", plain), (f"{USER_SITE}/zz.pth", "import zz_payload\n")],
+    }[where]
+    with _conn_sandbox(tmp_path, egress_net, "conc-plant-zygote") as sb:
+        assert _py(sb, f"import os\nos.makedirs({USER_SITE!r}, exist_ok=True)").ok
+        for path, src in plants:
+            assert _py(sb, PLANT.format(path=path, src=src)).ok
+        # kill the zygote (any child may): the next call finds it dead, and the worker starts a new one
+        # when it is next idle, which now sees the plant
+        assert _py(sb, KILL_ZYGOTE).ok
+        assert _py(sb, "pass").ok
+        time.sleep(1.0)  # idle: the worker starts its zygote
+        held = sb.call("expose_hold", {"seconds": 2.0})
+        assert held.ok, held
+        seen = _py(sb, "import os\nprint(open('/scratch/zhits').read() if os.path.exists('/scratch/zhits') else '-')")
+        hits = {h[::-1] for h in seen.result["stdout"].split()}
+        assert EXPOSED not in hits, "planted code ran in the zygote and read a connector call's secret"
+        assert seen.result["stdout"].strip() == "-", f"planted code ran in the zygote: {seen.result['stdout']!r}"
