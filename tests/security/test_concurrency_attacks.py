@@ -7,6 +7,7 @@ process may read its memory (and the exposed secret it holds) through /proc/<pid
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -24,7 +25,7 @@ from tests.security.test_connector_secrets import (
     _policy,
     egress_net,  # noqa: F401 - a fixture
 )
-from toolcage import CallResult, Sandbox
+from toolcage import AsyncSandbox, CallResult, Sandbox
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -205,3 +206,42 @@ def test_a_module_planted_in_scratch_never_runs_in_the_zygote(
         hits = {h[::-1] for h in seen.result["stdout"].split()}
         assert EXPOSED not in hits, "planted code ran in the zygote and read a connector call's secret"
         assert seen.result["stdout"].strip() == "-", f"planted code ran in the zygote: {seen.result['stdout']!r}"
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. AsyncSandbox: a task cancelled while its request line (over 64 KiB) is still being written on an
+#    executor thread. The line goes out anyway; the call must be cancelled in the worker and its
+#    answer taken, never left in the queue of answers to forwarded lines (64 of those stop the reader).
+
+PAD = "\n#" + "x" * 80_000  # over session._INLINE_SEND: written from a thread
+
+
+def test_cancelling_a_call_while_its_long_request_is_sent_cancels_it(engine: Any) -> None:
+    async def go() -> tuple[CallResult, int, int, CallResult]:
+        async with AsyncSandbox(tool="conc-async-cancel", audit=False) as sb:
+            code = "import time\ntime.sleep(1.5)\nopen('/scratch/ran', 'w').write('1')" + PAD
+            task = asyncio.ensure_future(sb.call("run_python", {"code": code}))
+            await asyncio.sleep(0)  # it runs up to the thread that writes its line
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(2.5)
+            ran = await sb.call("run_python", {"code": "import os; print(os.path.exists('/scratch/ran'))"})
+            for _ in range(70):  # more than the queue of forwarded answers holds
+                t = asyncio.ensure_future(sb.call("run_python", {"code": "pass" + PAD}))
+                await asyncio.sleep(0)
+                t.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await t
+            await asyncio.sleep(2.0)
+            session = sb._sync._session
+            assert session is not None
+            left, owed = session.parser.messages.qsize(), session.parser.outstanding()
+            after = await sb.call("ping", timeout=10)
+            return ran, left, owed, after
+
+    ran, left, owed, after = asyncio.run(go())
+    assert owed == 0, f"{owed} answers still owed for requests that were never sent (the idle timeout never fires)"
+    assert ran.ok and ran.result["stdout"].strip() == "False", "the cancelled call ran to its end"
+    assert left == 0, f"{left} answers of cancelled calls left in the forwarded queue"
+    assert after.ok, after
