@@ -245,3 +245,72 @@ def test_cancelling_a_call_while_its_long_request_is_sent_cancels_it(engine: Any
     assert ran.ok and ran.result["stdout"].strip() == "False", "the cancelled call ran to its end"
     assert left == 0, f"{left} answers of cancelled calls left in the forwarded queue"
     assert after.ok, after
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. (defence pinned) A code call leaves a scanning daemon behind while another code call is still in
+#    flight (so no sweep yet), and a connector call is sent meanwhile: it waits for the last code call
+#    to end, and the sweep then kills the daemon before the connector's child starts.
+
+DAEMON_SCAN = (
+    "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork():\n        os._exit(0)\n"
+    + "    def _payload():\n"
+    + ZYGOTE_SCAN.replace(
+        '    if b"The zygote: a ready" not in open("/proc/self/cmdline", "rb").read():\n        return\n', ""
+    )
+    .replace("    if _os.fork():\n        return\n    _os.setsid()\n    if _os.fork():\n        _os._exit(0)\n", "")
+    .replace("\n    ", "\n        ")
+    + "\n    import os as _os\n    _payload()\n"
+)
+
+
+def test_a_daemon_left_while_calls_are_in_flight_is_gone_before_a_connector_call(
+    egress_net: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    pol = _policy(tmp_path, "conc-daemon", exposed=True)
+
+    async def go() -> tuple[CallResult, CallResult, CallResult]:
+        async with AsyncSandbox(
+            pol, tool="conc-daemon", tools=[HOSTILE], secrets=SECRETS, egress_network=egress_net
+        ) as sb:
+            long = asyncio.ensure_future(sb.call("run_shell", {"command": "sleep 2"}))
+            await asyncio.sleep(0.3)
+            left = await sb.call("run_python", {"code": DAEMON_SCAN})  # ends; the daemon lives on (a call is in flight)
+            held = await sb.call("expose_hold", {"seconds": 1.5})  # waits for `long`, then the sweep
+            await long
+            seen = await sb.call(
+                "run_python", {"code": "import os\nprint(open('zhits').read() if os.path.exists('zhits') else '-')"}
+            )
+            return left, held, seen
+
+    left, held, seen = asyncio.run(go())
+    assert left.ok and held.ok, (left, held)
+    hits = {h[::-1] for h in seen.result["stdout"].split()}
+    assert seen.result["stdout"].strip() != "-", "the daemon never ran: this would prove nothing"
+    assert EXPOSED not in hits, "a daemon left by a call read the secret of a connector call"
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. `toolcage serve` marks the end of its input with a ping of a fixed id; a client request with that
+#    very id had its answer swallowed, and its answer made serve close the worker's stdin early.
+
+
+def test_serve_answers_a_request_whatever_its_id(engine: Any) -> None:
+    import io
+    import os
+
+    from toolcage.bridge import bridge
+
+    r, w = os.pipe()
+    out = io.BytesIO()
+    with Sandbox(tool="conc-serve-drain", audit=False) as sb, os.fdopen(r, "rb") as infile:
+        t = threading.Thread(target=bridge, args=(sb, infile, out), daemon=True)
+        t.start()
+        os.write(w, b'{"jsonrpc": "2.0", "method": "ping", "id": "toolcage.serve.drain"}\n')
+        time.sleep(1.0)
+        os.write(w, b'{"jsonrpc": "2.0", "method": "ping", "id": "after"}\n')
+        os.close(w)
+        t.join(30)
+    ids = [json.loads(line).get("id") for line in out.getvalue().splitlines()]
+    assert ids == ["toolcage.serve.drain", "after"], ids
