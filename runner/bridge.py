@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from toolcage.results import without_meta
 from toolcage.sandbox import Sandbox
 
 MAX_REQUEST_LINE = 16 * 1024 * 1024
-DRAIN_ID = "toolcage.serve.drain"
+DRAIN_ID = "toolcage.serve.drain"  # and 64 random bits: a client's request may carry any id
 SANDBOX_ENDED = -32004  # the runner's answer for a request the sandbox will never answer
 
 
@@ -89,7 +90,7 @@ def _lines(fd: int) -> Iterator[bytes]:
         yield bytes(buf) + b"\n"
 
 
-def _pump_requests(sb: Sandbox, infile: BinaryIO, pending: _Pending) -> None:
+def _pump_requests(sb: Sandbox, infile: BinaryIO, pending: _Pending, drain_id: str) -> None:
     try:
         for line in _lines(infile.fileno()):
             pending.saw_request(line)
@@ -100,7 +101,7 @@ def _pump_requests(sb: Sandbox, infile: BinaryIO, pending: _Pending) -> None:
     # to the worker, which then kills what it runs. Ask for a marker answer instead; once it is
     # back and no other answer is owed (calls that run code may still be running beside it, and
     # answer later), every request has been answered.
-    sb.forward((json.dumps({"jsonrpc": "2.0", "method": "ping", "id": DRAIN_ID}) + "\n").encode())
+    sb.forward((json.dumps({"jsonrpc": "2.0", "method": "ping", "id": drain_id}) + "\n").encode())
 
 
 def _write(outfile: BinaryIO, msg: Any) -> None:
@@ -120,7 +121,12 @@ def _answer_unanswered(outfile: BinaryIO, pending: _Pending, exc: SandboxError) 
 def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
     """Run until stdin EOF has been answered and the worker exited; raise the SandboxError that ended it otherwise."""
     pending = _Pending()
-    t = threading.Thread(target=_pump_requests, args=(sb, infile, pending), name="toolcage-serve-stdin", daemon=True)
+    # unguessable: a client request with the marker's id would have its answer swallowed, and make serve
+    # close the worker's stdin while the client still writes
+    drain_id = f"{DRAIN_ID}.{secrets.token_hex(8)}"
+    t = threading.Thread(
+        target=_pump_requests, args=(sb, infile, pending, drain_id), name="toolcage-serve-stdin", daemon=True
+    )
     t.start()
     drained = False
     try:
@@ -128,7 +134,7 @@ def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
             msg = sb.next_forwarded()
             if msg is None:
                 return  # every request answered, the worker exited cleanly
-            if isinstance(msg, dict) and msg.get("id") == DRAIN_ID:
+            if isinstance(msg, dict) and msg.get("id") == drain_id:
                 drained = True
             else:
                 _write(outfile, without_meta(msg))

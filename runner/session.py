@@ -229,7 +229,28 @@ class Session:
             if len(line) <= _INLINE_SEND:  # takes the socket's buffer at once (the worker reads ahead)
                 self._send(line, until)
             else:
-                await loop.run_in_executor(None, self._send, line, until)
+                # the answer is expected already: the line must go out whatever happens to this task (a
+                # cancelled executor job would leave an answer owed forever), and a task cancelled while
+                # it is written cancels the call once it is out (else it runs on and its answer is nobody's)
+                state = {"out": False, "cancel": False}
+
+                def send_long() -> None:
+                    self._send(line, until)
+                    with self._lock:
+                        state["out"], cancel = True, state["cancel"]
+                    if cancel:
+                        self._cancel_sent(req_id, key, slot)
+
+                try:
+                    await asyncio.shield(loop.run_in_executor(None, send_long))
+                except asyncio.CancelledError:
+                    keep = True
+                    slot.notify = lambda: self._drop_slot(key)
+                    with self._lock:
+                        state["cancel"], out = True, state["out"]
+                    if out:
+                        self._cancel_sent(req_id, key, slot)
+                    raise
             sent = True
             try:
                 await asyncio.wait_for(answered, max(until - time.monotonic(), 0))
@@ -247,6 +268,14 @@ class Session:
             if not keep:
                 self._drop_slot(key)
             self.last_activity = time.monotonic()
+
+    def _cancel_sent(self, req_id: str, key: str, slot: _Slot) -> None:
+        """A call whose task was cancelled while its line was written: it is out now, cancel it (its
+        -32800, or the answer that beat the cancel, takes the slot away: ``slot.notify``)."""
+        if slot.event.is_set():
+            self._drop_slot(key)
+        else:
+            self._cancel(req_id, "cancelled by the caller")
 
     def _drop_slot(self, key: str) -> None:
         with self._lock:

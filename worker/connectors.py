@@ -56,7 +56,9 @@ class WithMeta:
 
 
 def handler_argv() -> list[str]:
-    return [sys.executable, *(["-S"] if sys.flags.no_site else []), "-m", "toolcage.worker.handler_host"]
+    # -P: `-m` would put the working directory (/scratch, written by tool code) first on sys.path, so a
+    # planted json.py or toolcage/ would run in the child that holds the call's params and secrets
+    return [sys.executable, "-P", *(["-S"] if sys.flags.no_site else []), "-m", "toolcage.worker.handler_host"]
 
 
 def handler_env() -> dict[str, str]:

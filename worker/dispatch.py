@@ -298,7 +298,11 @@ class Dispatcher:
     def alone(self, msg: Any) -> bool:
         """Whether this request, served on the main thread, must first wait until no code call is in
         flight (and the sweep has run): a connector's call (it may hold the run's secrets), and what
-        starts a connector child: ``sandbox.configure``, a ``tools.list`` that makes their schemas."""
+        starts a connector child: ``sandbox.configure``, a ``tools.list`` that makes their schemas.
+        A batch is served on the main thread as one request: it waits when any of its requests must
+        (else a connector's call in a batch would run beside the code calls in flight)."""
+        if isinstance(msg, list):
+            return any(self.alone(m) for m in msg)
         if not isinstance(msg, dict) or not isinstance(msg.get("method"), str):
             return False
         method = msg["method"]

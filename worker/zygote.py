@@ -235,10 +235,24 @@ def warm() -> None:
     if _wanted is None or _current is not None:
         return
     env, cwd = _wanted
+    if _user_site(env):
+        return  # its .pth files and usercustomize would run in the zygote: the subprocess path serves
     try:
         _current = Zygote(env, cwd)
     except OSError:
         _current = None
+
+
+def _user_site(env: dict[str, str]) -> bool:
+    """Whether a ``python3`` with this env runs a user site-packages directory at start (``site``: its
+    ``.pth`` files and ``usercustomize``). HOME is /scratch, where tool code writes: what it plants
+    there must never run in the zygote, which lives outside any call (beside a connector's call)."""
+    base = env.get("PYTHONUSERBASE") or os.path.join(env.get("HOME") or "/nonexistent", ".local")
+    site_dir = os.path.join(base, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+    try:
+        return os.path.isdir(site_dir)
+    except (OSError, ValueError):
+        return True
 
 
 def discard() -> None:

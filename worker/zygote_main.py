@@ -16,9 +16,16 @@ to the worker, which waits for it, kills its process group and sweeps as for any
 """
 
 import sys
-from typing import Any
 
-import __main__
+# Threat: tool code planting a module in /scratch (typing.py, socket.py) for the zygote to import. The
+# zygote starts while the worker is idle, outside any call: a planted module would run there, beside a
+# connector's call (which runs "alone") and past every sweep. Its own imports never look in its working
+# directory; a fork gets '' back first on its path, as `python3 -c` has it.
+_PATH0 = sys.path.pop(0) if sys.path and sys.path[0] == "" else None
+
+from typing import Any  # noqa: E402
+
+import __main__  # noqa: E402
 
 # what a fresh `python3 -c` __main__ holds (its dunders), before this file adds to it
 _PRISTINE = {k: v for k, v in __main__.__dict__.items() if k.startswith("__") and k != "__main__"}
@@ -49,6 +56,9 @@ for _s in _SIGNALS:
 _CTL = 3  # fd
 _ctl = socket.socket(fileno=_CTL)
 _MAXFD = os.sysconf("SC_OPEN_MAX")
+if _PATH0 is not None:
+    sys.path.insert(0, _PATH0)  # (nothing is imported from here on in the zygote itself)
+del _PATH0
 
 
 def _child(fds: list[int], pid_r: int, pid_w: int) -> None:
