@@ -69,10 +69,10 @@ class Loop:
             self._in_flight += 1
         try:
             _thread.start_new_thread(self._call, (line, msg))
-        except BaseException:
-            with self._lock:
-                self._in_flight -= 1
-            raise
+        except RuntimeError:
+            # no thread to be had (tool code filled the pids limit): served here instead, like any
+            # request with concurrency 1 (its own child will likely fail to start, and say so)
+            self._call(line, msg)
 
     def _call(self, line: bytes | None, msg: Any) -> None:
         try:
