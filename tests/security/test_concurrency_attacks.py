@@ -343,6 +343,7 @@ def test_a_pids_limit_filled_by_one_call_does_not_crash_the_worker(engine: Any) 
     """A call fills the pids limit while a second code call arrives: on b319cf5 the worker could not
     start the second call's thread and exited (every call in flight ended WorkerCrashed); now the
     call is served on the main thread, and the sandbox goes on."""
+
     async def go() -> tuple[CallResult, CallResult, CallResult]:
         async with AsyncSandbox(tool="conc-pids", audit=False) as sb:
             bomb = asyncio.ensure_future(sb.call("run_python", {"code": PID_BOMB}))
