@@ -35,6 +35,9 @@ CHILD_DEADLINE_MARGIN_S = 2.0  # container start-up on a loaded host; the rest o
 def _on_signal(signum: int, frame: Any) -> None:
     # unwinds through `with Sandbox`, so the container is removed before the process exits
     signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
+    from toolcage import removal
+
+    removal.stop_helper()  # interrupted, the container is removed before the process exits
     say(f"{signal.Signals(signum).name}: removing the sandbox")
     raise SystemExit(128 + signum)
 
@@ -261,6 +264,10 @@ def run(tool: str, params: str | None, **opts: Any) -> None:
     """
     use_json(True)
     parsed = _prepared_call(tool, params, opts)
+    if _Command.own_process and opts["sandbox"] == "container" and not opts["keep"]:
+        from toolcage import removal
+
+        removal.start_helper()  # the container is removed after this process exits, not before
     sb = _sandbox(tool, opts)
     _collect_from_here()
     try:
@@ -420,7 +427,7 @@ def _structlog_without_rich() -> None:
 
 class _Command:
     # set by main(): this process is the command itself, not a test or a program calling cli(), so
-    # what is process-wide (the garbage collector) is the command's to decide
+    # what is process-wide (the garbage collector, a forked helper) is the command's to decide
     own_process = False
 
 
