@@ -129,7 +129,8 @@ def test_bundled_cache_is_current() -> None:
 
     from toolcage.policies import bundled
 
-    assert json.loads(bundled.CACHE.read_text(encoding="utf-8")) == bundled.compute()
+    stale = "policies/bundled.json is not what the bundled *.yaml say: run `python -m toolcage.policies.bundled`"
+    assert json.loads(bundled.CACHE.read_text(encoding="utf-8")) == bundled.compute(), stale
 
 
 @pytest.mark.parametrize("name", ["connector-http", "default", "mcp-session"])
@@ -143,7 +144,8 @@ def test_cached_bundled_policy_equals_pydantic(name: str) -> None:
     assert name in bundled_policy_names()  # the parameters name every bundled file
     assert len(bundled_policy_names()) == 3
     path = bundled.HERE / f"{name}.yaml"
-    assert bundled.cached_data(name, path.read_bytes()) is not None  # the cache is what loads it
+    # the cache is what loads it (else: `python -m toolcage.policies.bundled`, see test_bundled_cache_is_current)
+    assert bundled.cached_data(name, path.read_bytes()) is not None, f"{name}.yaml is not in bundled.json"
     slow = validate_policy(yaml.safe_load(path.read_text(encoding="utf-8")), repr(str(path)))
     fast = load_policy(name)
     assert fast == slow
@@ -176,4 +178,4 @@ def test_bundled_policy_loads_without_yaml_or_pydantic() -> None:
         "print(sorted(m for m in ('yaml', 'pydantic') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert out.strip() == "[]", "a stale bundled.json? see test_bundled_cache_is_current"
