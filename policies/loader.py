@@ -53,8 +53,6 @@ def validate_policy(data: Any, source: str = "(data)") -> Policy:
 
 def load_policy(name_or_path: str | Path = "default") -> Policy:
     """Load a bundled policy by name (``default``) or a YAML/JSON file by path."""
-    import yaml  # only the host side loads YAML; the worker gets canonical JSON
-
     text = str(name_or_path)
     path = Path(text).expanduser()
     looks_like_path = "/" in text or text.endswith((".yaml", ".yml", ".json")) or path.exists()
@@ -63,6 +61,11 @@ def load_policy(name_or_path: str | Path = "default") -> Policy:
         if not path.is_file():
             known = ", ".join(bundled_policy_names())
             raise PolicyError(f"unknown policy {text!r}: bundled policies are {known}, or give a file path")
+        cached = _from_cache(text, path)
+        if cached is not None:
+            return cached
+    import yaml  # only the host side loads YAML; the worker gets canonical JSON
+
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -74,6 +77,23 @@ def load_policy(name_or_path: str | Path = "default") -> Policy:
     except yaml.YAMLError as exc:
         raise PolicyError(f"policy file {path} is not valid YAML: {exc}") from None
     return validate_policy(data, repr(str(path)))
+
+
+def _from_cache(name: str, path: Path) -> Policy | None:
+    """A bundled policy whose file is byte for byte the one parsed ahead of time (policies.bundled),
+    built without YAML or pydantic; None sends it down the ordinary path."""
+    from toolcage.policies import bundled
+
+    try:
+        data = bundled.cached_data(name, path.read_bytes())
+    except OSError:
+        return None  # the ordinary path says what is wrong
+    if data is None:
+        return None
+    try:
+        return build(Policy, data)  # type: ignore[no-any-return]
+    except BuildError:
+        return None  # pydantic says what is wrong, in its words
 
 
 def policy_from_json(text: str) -> Policy:

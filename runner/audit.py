@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -113,7 +112,8 @@ class AuditFile:
 class Audit:
     """Write audit events. ``event`` writes and fsyncs before returning; ``event_later`` queues
     the record for a writer thread (per-call records: an fsync per call would halve the
-    call rate), and ``drain`` waits until every queued record is on disk."""
+    call rate), and ``drain`` writes whatever is queued now. Records reach the file in the
+    order they were given: whoever writes takes everything queued so far, under one lock."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path).expanduser() if path else default_path()
@@ -127,53 +127,56 @@ class Audit:
                 lambda _l, _m, ev: ev,
             ],
         ).bind()  # a concrete bound logger: the lazy proxy would re-bind on every record
-        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
-        self._lock = threading.Lock()
+        self._pending: list[tuple[str, dict[str, Any]]] = []  # queued by event_later, not yet taken
+        self._cond = threading.Condition()  # guards _pending and _thread
+        self._lock = threading.Lock()  # one writer at a time: taking and writing are one step
         self._thread: threading.Thread | None = None
 
     def event(self, event: str, /, **fields: Any) -> None:
-        self.drain()  # keep the file in event order
-        with self._lock:
-            self._log.info(event, **fields)
+        # the queued records go first, in the same write and fsync (a close no longer waits out the
+        # writer's batch window)
+        self._write((event, fields))
 
     def event_later(self, event: str, /, **fields: Any) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._writer, name="toolcage-audit", daemon=True)
-            self._thread.start()
-        self._queue.put((event, fields))
+        with self._cond:
+            self._pending.append((event, fields))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._writer, name="toolcage-audit", daemon=True)
+                self._thread.start()
+            self._cond.notify()
 
     def _writer(self) -> None:
         while True:
-            items = [self._queue.get()]
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._pending))
             # gather for a moment, then write everything queued under one lock and one fsync: fewer
             # wake-ups of this thread mean less GIL contention with the calls being made meanwhile
             time.sleep(BATCH_WINDOW_S)
-            while True:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            self._write()
+
+    def _write(self, last: tuple[str, dict[str, Any]] | None = None) -> None:
+        """Everything queued so far, then ``last``: chained, appended and fsynced at once."""
+        with self._lock:
+            with self._cond:
+                items, self._pending = self._pending, []
+            if last is not None:
+                items.append(last)
+            if not items:
+                return
+            self._file.batch = []
             try:
-                with self._lock:
-                    self._file.batch = []
-                    try:
-                        for item in items:
-                            if item is not None:
-                                fields = item[1]
-                                if "_params" in fields:  # digested here, off the caller's thread
-                                    fields.update(param_digest(fields.pop("_params")))
-                                self._log.info(item[0], **fields)
-                        batch = self._file.batch
-                    finally:
-                        self._file.batch = None
-                    self._file.commit(batch)
+                for event, fields in items:
+                    if "_params" in fields:  # digested here, off the caller's thread when queued
+                        fields.update(param_digest(fields.pop("_params")))
+                    self._log.info(event, **fields)
+                batch = self._file.batch
             finally:
-                for _ in items:
-                    self._queue.task_done()
+                self._file.batch = None
+            self._file.commit(batch)
 
     def drain(self) -> None:
-        if self._thread is not None:
-            self._queue.join()
+        """Write what is queued now (returns once it is on disk)."""
+        self._write()
 
 
 _SHARED: dict[Path, Audit] = {}

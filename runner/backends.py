@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from toolcage import removal
 from toolcage.config import GVISOR, PROXY_SOCKET, RunSpec, container_config, worker_image
 from toolcage.engine import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
@@ -176,7 +177,7 @@ class ContainerBackend:
                 self.log.warning("run.kept", container=self.name)
             return
         if self._egress is None:
-            if self.container_id is not None:
+            if self.container_id is not None and not removal.hand_off(self.container_id):
                 self.engine.remove(self.container_id)
             return
         # the sandbox goes while the proxy is stopped and drained; the volume and network after both

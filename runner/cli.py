@@ -10,6 +10,7 @@ tool reported an error, 2 usage or policy error, 3 sandbox failure (timeout, mem
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import signal
 import sys
@@ -34,6 +35,9 @@ CHILD_DEADLINE_MARGIN_S = 2.0  # container start-up on a loaded host; the rest o
 def _on_signal(signum: int, frame: Any) -> None:
     # unwinds through `with Sandbox`, so the container is removed before the process exits
     signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
+    from toolcage import removal
+
+    removal.stop_helper()  # interrupted, the container is removed before the process exits
     say(f"{signal.Signals(signum).name}: removing the sandbox")
     raise SystemExit(128 + signum)
 
@@ -179,8 +183,11 @@ def sandbox_options(f: Any = None, *, without: tuple[str, ...] = ()) -> Any:
 
 @click.group(cls=ToolcageGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="toolcage")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """toolcage: run tool handlers you did not write in a hardened, per-run Docker sandbox."""
+    if ctx.invoked_subcommand != "run":
+        gc.enable()  # main() turned it off; `run` turns it back on once it has what it imports
 
 
 def _sandbox(tool: str, opts: dict[str, Any]) -> Any:
@@ -259,7 +266,12 @@ def run(tool: str, params: str | None, **opts: Any) -> None:
     """
     use_json(True)
     parsed = _prepared_call(tool, params, opts)
+    if _Command.own_process and opts["sandbox"] == "container" and not opts["keep"]:
+        from toolcage import removal
+
+        removal.start_helper()  # the container is removed after this process exits, not before
     sb = _sandbox(tool, opts)
+    _collect_from_here()
     try:
         with sb:
             if opts["tools"]:
@@ -392,11 +404,13 @@ def policy_test(policy_ref: str, url: str, method: str, resolve: tuple[str, ...]
     sys.exit(0 if d.allowed else 1)
 
 
-from toolcage import cli_image, cli_mcp, cli_ops  # noqa: E402  (register image build, mcp serve; audit, ps, gc, doctor)
-
-cli_image.register(cli)
-cli_mcp.register(cli)
-cli_ops.register(cli)
+# the other commands live in modules of their own, imported when one of their commands is asked
+# for (or for --help): `toolcage run` does not pay for them
+cli.lazy_commands.update(
+    image="toolcage.cli_image",  # image build
+    mcp="toolcage.cli_mcp",  # mcp serve, mcp wrap
+    **dict.fromkeys(("audit", "ps", "gc", "doctor"), "toolcage.cli_ops"),
+)
 
 
 def _structlog_without_rich() -> None:
@@ -413,7 +427,26 @@ def _structlog_without_rich() -> None:
         del sys.modules["rich"]
 
 
+class _Command:
+    # set by main(): this process is the command itself, not a test or a program calling cli(), so
+    # what is process-wide (the garbage collector, a forked helper) is the command's to decide
+    own_process = False
+
+
+def _collect_from_here() -> None:
+    """The garbage collector back on (main() turned it off), for the objects made from now on only:
+    what the command imported lives as long as the process, and without this every collection,
+    the last at exit (about 35 ms) among them, walks it all again."""
+    if _Command.own_process and not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
 def main() -> None:
+    _Command.own_process = True
+    # no collections while the command imports (about 10 ms of them): what it imports lives as long
+    # as the process; each command turns the collector back on (`run` once it has imported what it needs)
+    gc.disable()
     _structlog_without_rich()
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)

@@ -90,7 +90,24 @@ def report(exc: BaseException, argv: list[str]) -> int:
 
 
 class ToolcageGroup(click.Group):
-    """The top-level group: runs a command and translates whatever it raised, once."""
+    """The top-level group: runs a command and translates whatever it raised, once. Commands
+    named in ``lazy_commands`` (name -> module) come from their module's ``register(group)``,
+    called the first time one of them is needed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands: dict[str, str] = {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = self.lazy_commands.get(cmd_name)
+        if cmd_name not in self.commands and module is not None:
+            import importlib
+
+            importlib.import_module(module).register(self)
+        return super().get_command(ctx, cmd_name)
 
     def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:  # type: ignore[override]
         argv = list(sys.argv[1:] if args is None else args)

@@ -6,6 +6,8 @@ import json
 import multiprocessing
 from pathlib import Path
 
+import pytest
+
 from toolcage.audit import Audit, param_digest, read, verify
 
 
@@ -114,3 +116,23 @@ def test_log_level_never_filters_audit(tmp_path: Path) -> None:
         assert [r["event"] for r in read(log)] == ["run.started"]
     finally:
         structlog.reset_defaults()
+
+
+def test_event_writes_queued_records_first_without_waiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """event() writes the queued records ahead of its own, in one go: it does not wait out the
+    writer's batch window (a run's close came 15-20 ms later for it)."""
+    import time
+
+    from toolcage import audit as audit_mod
+
+    monkeypatch.setattr(audit_mod, "BATCH_WINDOW_S", 30.0)  # the writer thread sleeps through the test
+    log = tmp_path / "audit.jsonl"
+    a = Audit(log)
+    a.event("run.started", run_id="x")
+    a.event_later("run.call", run_id="x", _params={"code": "pass"})
+    a.event_later("run.call", run_id="x", i=2)
+    t0 = time.monotonic()
+    a.event("run.finished", run_id="x")
+    assert time.monotonic() - t0 < 5.0
+    assert [r["event"] for r in read(log)] == ["run.started", "run.call", "run.call", "run.finished"]
+    assert verify(log) == []

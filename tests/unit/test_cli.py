@@ -121,3 +121,22 @@ def test_docker_unreachable_is_one_sentence_exit_3(monkeypatch: object) -> None:
     assert out.returncode == 3
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Cannot reach the Docker engine" in lines[0] and "Traceback" not in out.stderr
+
+
+def test_commands_of_other_modules_load_when_asked_for() -> None:
+    """Importing the command loads none of the other commands' modules (`toolcage run` does not pay for
+    them), yet --help lists every command and each one runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, toolcage.cli; "
+        "print(sorted(m for m in ('toolcage.cli_image', 'toolcage.cli_mcp', 'toolcage.cli_ops', 'docker', "
+        "'yaml', 'pydantic') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    listed = CliRunner().invoke(cli, ["--help"]).output.split("Commands:")[1].split()
+    for name in ("audit", "doctor", "gc", "image", "mcp", "policy", "ps", "run", "serve", "tools"):
+        assert name in listed
+        assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0, name

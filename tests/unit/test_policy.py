@@ -120,3 +120,62 @@ def test_validator_messages_lose_pydantic_prefix() -> None:
     with pytest.raises(PolicyError) as info:
         validate_policy({"version": 1, "name": "x", "limits": {"memory": "12q"}})
     assert "limits.memory: not a size" in str(info.value) and "Value error" not in str(info.value)
+
+
+def test_bundled_cache_is_current() -> None:
+    """bundled.json holds every bundled policy file's data under that file's hash (after editing a
+    bundled *.yaml, run `python -m toolcage.policies.bundled`)."""
+    import json
+
+    from toolcage.policies import bundled
+
+    stale = "policies/bundled.json is not what the bundled *.yaml say: run `python -m toolcage.policies.bundled`"
+    assert json.loads(bundled.CACHE.read_text(encoding="utf-8")) == bundled.compute(), stale
+
+
+@pytest.mark.parametrize("name", ["connector-http", "default", "mcp-session"])
+def test_cached_bundled_policy_equals_pydantic(name: str) -> None:
+    """A bundled policy loaded from the cache (typed.build, no YAML, no pydantic) equals the
+    same file through YAML and pydantic, hash included."""
+    import yaml
+
+    from toolcage.policies import bundled, bundled_policy_names
+
+    assert name in bundled_policy_names()  # the parameters name every bundled file
+    assert len(bundled_policy_names()) == 3
+    path = bundled.HERE / f"{name}.yaml"
+    # the cache is what loads it (else: `python -m toolcage.policies.bundled`, see test_bundled_cache_is_current)
+    assert bundled.cached_data(name, path.read_bytes()) is not None, f"{name}.yaml is not in bundled.json"
+    slow = validate_policy(yaml.safe_load(path.read_text(encoding="utf-8")), repr(str(path)))
+    fast = load_policy(name)
+    assert fast == slow
+    assert fast.sha256() == slow.sha256()
+
+
+def test_bundled_cache_misses_on_other_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bundled file that is not byte for byte the cached one goes through YAML and pydantic:
+    an edit takes effect, right or wrong."""
+    from toolcage.policies import bundled, loader
+
+    src = bundled.HERE / "default.yaml"
+    assert bundled.cached_data("default", src.read_bytes() + b"\n# edited\n") is None
+    edited = tmp_path / "default.yaml"
+    edited.write_text(src.read_text(encoding="utf-8").replace("pids: 64", "pids: 65"), encoding="utf-8")
+    monkeypatch.setattr(loader, "_BUNDLED", tmp_path)
+    assert load_policy("default").limits.pids == 65
+    edited.write_text(src.read_text(encoding="utf-8").replace("pids: 64", 'pids: "64"'), encoding="utf-8")
+    with pytest.raises(PolicyError, match=r"limits\.pids"):
+        load_policy("default")
+
+
+def test_bundled_policy_loads_without_yaml_or_pydantic() -> None:
+    """Loading a bundled policy imports neither YAML nor pydantic (the `toolcage run` start-up)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from toolcage.policies import load_policy; p = load_policy('default'); "
+        "print(sorted(m for m in ('yaml', 'pydantic') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", "a stale bundled.json? see test_bundled_cache_is_current"
