@@ -3,7 +3,7 @@
 jsonrpcserver answers an unexpected exception with ``str(exc)`` in the error data; every
 handler is wrapped here so that never happens: the exception is logged on stderr with an
 error id and the caller gets -32603 with that id only. Its core pipeline is loaded
-without the package ``__init__`` (see ``worker._lean``), with a request validator that
+without the package ``__init__`` (nor oslash's; see ``worker._lean``), with a request validator that
 implements jsonrpcserver's own request schema in plain Python.
 """
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from toolcage.worker.connectors import Connectors
 
 _lean.bare_package("jsonrpcserver")
+_lean.bare_package("oslash")  # its __init__ imports every monad it has (~35 ms here); the pipeline needs Either
 from jsonrpcserver.dispatcher import dispatch_to_response_pure  # noqa: E402
 from jsonrpcserver.response import serialize_error, serialize_success  # noqa: E402
 from jsonrpcserver.result import Error, Result, Success  # noqa: E402
