@@ -123,11 +123,12 @@ class ContainerBackend:
                 env["TOOLCAGE_CA_PEM"] = self.ca_pem
             run = dataclasses.replace(run, proxy_volume=volume, extra_env=env)
             # the proxy and the sandbox start at the same time: each start is mostly the engine's waiting
-            mounted = threading.Event()
+            # (the proxy's, on its bridge network, the longer); the worker connects to the proxy's socket
+            # only when tool code opens a connection, and waits for it then (worker.relay)
             egress = self._egress
-            proxy = _Background(lambda: egress.launch(started=mounted.set), "toolcage-egress-launch")
+            proxy = _Background(egress.launch, "toolcage-egress-launch")
             try:
-                transport = self._start_sandbox(run, parser, before_start=lambda: proxy.wait_for(mounted))
+                transport = self._start_sandbox(run, parser)
             except BaseException:
                 with contextlib.suppress(BaseException):
                     proxy.join()  # its container is known before the caller's clean-up removes everything
@@ -140,19 +141,11 @@ class ContainerBackend:
             return transport
         return self._start_sandbox(run, parser)
 
-    def _start_sandbox(
-        self, run: RunSpec, parser: StreamParser, before_start: Callable[[], None] | None = None
-    ) -> Transport:
+    def _start_sandbox(self, run: RunSpec, parser: StreamParser) -> Transport:
         self.container_id = self.engine.create(container_config(self.policy, run), self.name)
         sock, closer = self.engine.attach(self.container_id)
         transport = DockerAttachTransport(sock, parser, closer)
         transport.start()  # attached and reading before the worker's first byte
-        if before_start is not None:
-            try:
-                before_start()
-            except BaseException:
-                transport.close()
-                raise
         self.engine.start(self.container_id)
         return transport
 
@@ -207,15 +200,6 @@ class _Background:
         self._done.wait()
         if self._error is not None:
             raise self._error
-
-    def wait_for(self, event: threading.Event) -> None:
-        """Until ``event`` is set, or the function ended without setting it (then what it raised)."""
-        while not event.wait(0.01):
-            if self._done.is_set():
-                if not event.is_set():
-                    self.join()
-                    raise RuntimeError(f"{self._fn!r} ended without a signal")
-                return
 
 
 class ProcessBackend:

@@ -194,8 +194,22 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         # network.mode proxy: still no network interface but lo. The egress proxy's Unix socket
         # is the only way out; the worker relays 127.0.0.1:3128 to it. (A Docker "internal"
         # network was tried first: its bridge still routes to the host's own addresses.)
-        mounts.append({"Type": "volume", "Source": run.proxy_volume, "Target": PROXY_DIR, "ReadOnly": True})
+        mounts.append(_proxy_volume_mount(run.proxy_volume, read_only=True))
     return config
+
+
+def _proxy_volume_mount(volume: str, read_only: bool) -> dict[str, Any]:
+    """The run's proxy socket volume. NoCopy: Docker would otherwise copy the image's directory at the
+    mount point (root's, 0755) onto the empty volume at its first mount, and the proxy (the sandbox
+    user) could not make its socket there: the tmpfs keeps the owner and mode it was made with, so
+    the sandbox and its proxy can start in either order, or at once."""
+    return {
+        "Type": "volume",
+        "Source": volume,
+        "Target": PROXY_DIR,
+        "ReadOnly": read_only,
+        "VolumeOptions": {"NoCopy": True},
+    }
 
 
 GVISOR = "runsc"
@@ -227,7 +241,7 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
     )
     hc = cfg["HostConfig"]
     hc["NetworkMode"] = egress_network
-    hc["Mounts"] = [{"Type": "volume", "Source": run.proxy_volume, "Target": PROXY_DIR, "ReadOnly": False}]
+    hc["Mounts"] = [_proxy_volume_mount(run.proxy_volume, read_only=False)]
     hc["Memory"] = hc["MemorySwap"] = 128 * 1024**2
     hc["PidsLimit"] = 32
     hc["NanoCpus"] = 500_000_000

@@ -195,11 +195,9 @@ class Egress:
         }
         return self.volume, env
 
-    def launch(self, started: Callable[[], None] | None = None) -> None:
-        """Create, attach and start the proxy, and wait until it listens (the sandbox can start once
-        ``started`` is called: its worker connects to the proxy's socket only when tool code opens a
-        connection). The proxy must start first: the first container to start mounts the volume, and
-        only the proxy mounts it writable (with the sandbox first, the proxy could not make its socket)."""
+    def launch(self) -> None:
+        """Create, attach and start the proxy, and wait until it listens. The sandbox may start at the
+        same time (the volume is mounted without copy-up: config._proxy_volume_mount)."""
         run = dataclasses.replace(self.run, proxy_volume=self.volume, image=self.proxy_image)
         cfg = proxy_container_config(self.policy, run, self.egress, self.upstream)
         self.proxy_id = self.engine.create(cfg, self.proxy_name)
@@ -208,8 +206,6 @@ class Egress:
         self._transport = DockerAttachTransport(sock, self._stream, closer)
         self._transport.start()
         self.engine.start(self.proxy_id)
-        if started is not None:
-            started()
         self._wait_ready()
         self.log.info("egress.up", egress=self.egress, proxy=self.proxy_name, volume=self.volume)
 
