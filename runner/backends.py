@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from toolcage import removal
+from toolcage import hostpaths, removal
 from toolcage.config import GVISOR, PROXY_SOCKET, RunSpec, container_config, worker_image
 from toolcage.engine import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
@@ -109,6 +109,7 @@ class ContainerBackend:
 
         reap_in_background(self.engine, self.log, self.audit)
         run = dataclasses.replace(run, runtime=self.runtime)  # the sandbox's and its egress proxy's
+        run = hostpaths.map_run(run, self.engine)  # a runner in a container: mount sources as the host names them
         if self.policy.network.mode == "proxy":
             from toolcage.egress import Egress, audit_decisions
 
