@@ -108,7 +108,7 @@ class ContainerBackend:
         from toolcage.reaper import reap_in_background
 
         reap_in_background(self.engine, self.log, self.audit)
-        run = dataclasses.replace(run, runtime=self.runtime)  # the sandbox's and its egress proxy's
+        run = dataclasses.replace(run, runtime=self.runtime, engine_flavor=engine_flavor(self.engine))
         run = hostpaths.map_run(run, self.engine)  # a runner in a container: mount sources as the host names them
         if self.policy.network.mode == "proxy":
             from toolcage.egress import Egress, audit_decisions
@@ -259,6 +259,21 @@ class ProcessBackend:
         finally:
             for d in self._tmpdirs:
                 shutil.rmtree(d, ignore_errors=True)
+
+
+def engine_flavor(engine: Any) -> str:
+    """``podman`` when the engine is Podman's Docker-compatible service, else ``docker`` (asked once per engine)."""
+    flavor = getattr(engine, "_toolcage_flavor", None)
+    if flavor is None:
+        try:
+            components = engine.ping().get("Components") or []
+        except Exception:
+            components = []
+        podman = any("podman" in str(c.get("Name", "")).lower() for c in components)
+        flavor = "podman" if podman else "docker"
+        with contextlib.suppress(AttributeError):
+            engine._toolcage_flavor = flavor
+    return str(flavor)
 
 
 def _gvisor(policy: Policy, **options: Any) -> Backend:

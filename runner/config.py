@@ -69,6 +69,8 @@ class RunSpec:
     # the engine's OCI runtime for the sandbox and its egress proxy: None is the engine's default
     # (runc); GVISOR ("runsc") puts gVisor's user-space kernel between the code and the host's
     runtime: str | None = None
+    # "podman" when the engine is Podman's Docker-compatible service (see _apply_podman)
+    engine_flavor: str = "docker"
 
 
 def worker_image() -> str:
@@ -170,6 +172,8 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         "LogConfig": {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}},
     }
     _apply_runtime(host_config, run.runtime, lim.pids)
+    if run.engine_flavor == "podman":
+        _apply_podman(host_config)
     config: dict[str, Any] = {
         "Image": run.image,
         "User": f"{SANDBOX_UID}:{SANDBOX_UID}",
@@ -232,6 +236,31 @@ def _apply_runtime(host_config: dict[str, Any], runtime: str | None, pids: int) 
         host_config["Ulimits"] = [*host_config["Ulimits"], {"Name": "nproc", "Soft": pids, "Hard": pids}]
 
 
+# The knobs Podman's Docker-compatible API (4.3) takes differently; each stopped a sandbox there.
+PODMAN_NPROC = 4096  # its own default nproc is one runc cannot set with every capability dropped
+
+
+def _apply_podman(host_config: dict[str, Any]) -> None:
+    """- ``seccomp=<json>`` is read as a *path* on the service's host: the profile shipped with this
+    installation instead (the same bytes, ``runner/seccomp.json``; a local service only);
+    - tmpfs ``uid=``/``gid=`` are refused: ``U`` gives the tmpfs to the container's user instead;
+    - an explicit ``nproc`` (per host uid, a backstop: the pids cgroup is each sandbox's limit)."""
+    from toolcage.seccomp import SHIPPED
+
+    host_config["SecurityOpt"] = [
+        f"seccomp={SHIPPED}" if o.startswith("seccomp=") else o for o in host_config["SecurityOpt"]
+    ]
+    host_config["Tmpfs"] = {
+        target: ",".join([o for o in opts.split(",") if not o.startswith(("uid=", "gid="))] + ["U"])
+        for target, opts in (host_config.get("Tmpfs") or {}).items()
+    }
+    if not any(u["Name"] == "nproc" for u in host_config["Ulimits"]):
+        host_config["Ulimits"] = [
+            *host_config["Ulimits"],
+            {"Name": "nproc", "Soft": PODMAN_NPROC, "Hard": PODMAN_NPROC},
+        ]
+
+
 def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, upstream: str | None) -> dict[str, Any]:
     """The egress proxy's container: as hardened as the sandbox; its one network is the egress
     network, and it serves the sandbox on a Unix socket in the run's proxy volume."""
@@ -247,6 +276,8 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
     hc["NanoCpus"] = 500_000_000
     hc["Ulimits"] = [{"Name": "nofile", "Soft": 1024, "Hard": 1024}]
     _apply_runtime(hc, run.runtime, 32)
+    if run.engine_flavor == "podman":
+        _apply_podman(hc)
     env = [e for e in cfg["Env"] if not e.startswith("TOOLCAGE_IN_CONTAINER=")]
     env.append(f"TOOLCAGE_PROXY_LISTEN=unix:{PROXY_SOCKET}")
     if upstream:

@@ -32,6 +32,33 @@ def _env(info: dict[str, Any]) -> dict[str, str]:
     return dict(e.split("=", 1) for e in (info.get("Config", {}).get("Env") or []) if "=" in e)
 
 
+# the capabilities an engine grants a container by default (Docker's and Podman's): a CapDrop that
+# names them all (Podman's inspect lists them instead of ALL) leaves none
+DEFAULT_CAPS = frozenset(
+    [
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "MKNOD",
+        "NET_BIND_SERVICE",
+        "NET_RAW",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    ]
+)
+
+
+def _ulimit_name(u: dict[str, Any]) -> str:
+    """``nofile`` (Docker) and ``RLIMIT_NOFILE`` (Podman's inspect) alike."""
+    return str(u.get("Name", "")).lower().removeprefix("rlimit_")
+
+
 def inspect_findings(info: dict[str, Any]) -> list[str]:
     """Every knob of a live toolcage container that is weaker than its policy says (empty: as locked down)."""
     hc = info.get("HostConfig", {})
@@ -53,7 +80,8 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
         weak("privileged", True, False)
     if not hc.get("ReadonlyRootfs"):
         weak("read-only root fs", hc.get("ReadonlyRootfs"), True)
-    if "ALL" not in (hc.get("CapDrop") or []):
+    dropped = {c.upper().removeprefix("CAP_") for c in hc.get("CapDrop") or []}
+    if "ALL" not in dropped and not dropped >= DEFAULT_CAPS:  # Podman lists every default it dropped
         weak("cap_drop", hc.get("CapDrop"), ["ALL"])
     if hc.get("CapAdd"):
         weak("cap_add", hc.get("CapAdd"), None)
@@ -82,7 +110,7 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
         lim = policy.limits
         pids = hc.get("PidsLimit")
         if hc.get("Runtime") == GVISOR:  # the process limit is RLIMIT_NPROC in gVisor's kernel (config.GVISOR)
-            nproc = [u for u in hc.get("Ulimits") or [] if u.get("Name") == "nproc"]
+            nproc = [u for u in hc.get("Ulimits") or [] if _ulimit_name(u) == "nproc"]
             if not nproc or nproc[0].get("Hard", 0) > lim.pids:
                 weak("nproc (gVisor's process limit)", nproc, lim.pids)
             if not pids or pids <= 0 or pids > GVISOR_HOST_PIDS_BASE + GVISOR_HOST_PIDS_PER_PROCESS * lim.pids:
@@ -95,7 +123,7 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
             weak("memory+swap", hc.get("MemorySwap"), hc.get("Memory"))
         if not hc.get("NanoCpus") or hc["NanoCpus"] > int(lim.cpus * 1e9):
             weak("cpus", (hc.get("NanoCpus") or 0) / 1e9, lim.cpus)
-        nofile = [u for u in hc.get("Ulimits") or [] if u.get("Name") == "nofile"]
+        nofile = [u for u in hc.get("Ulimits") or [] if _ulimit_name(u) == "nofile"]
         if not nofile or nofile[0].get("Hard", 0) > lim.nofile:
             weak("nofile", nofile, lim.nofile)
         if not (cfg.get("NetworkDisabled") or hc.get("NetworkMode") == "none"):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from functools import cache
 from typing import Any
 
@@ -182,6 +183,9 @@ def _arg(index: int, value: int, op: str) -> dict[str, Any]:
     return {"index": index, "value": value, "valueTwo": 0, "op": op}
 
 
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seccomp.json")  # profile_json(), as a file
+
+
 @cache
 def profile_json() -> str:
     """Canonical JSON of the profile: what the runner sends and what the shipped file holds."""
@@ -206,8 +210,15 @@ def is_ours(security_opts: list[str], gvisor: bool = False) -> bool:
     """Whether a container's ``HostConfig.SecurityOpt`` carries exactly this profile (its gVisor variant)."""
     for opt in security_opts:
         if opt.startswith(("seccomp=", "seccomp:")):
+            value = opt[len("seccomp=") :]
+            if value == SHIPPED and not gvisor:  # Podman takes the profile as a path (config._apply_podman)
+                try:
+                    with open(SHIPPED, encoding="utf-8") as f:
+                        return bool(json.load(f) == profile())
+                except (OSError, ValueError):
+                    return False
             try:
-                return bool(json.loads(opt[len("seccomp=") :]) == profile(gvisor))
+                return bool(json.loads(value) == profile(gvisor))
             except ValueError:
                 return False
     return False
