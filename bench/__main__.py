@@ -21,6 +21,9 @@ Measures, on the same image with the same hardening flags (derived from
      config; ``tools.list`` and a warm ``run_python`` ``pass`` on an open sandbox; the idle
      sandbox's memory in its cgroup, after its first answer and after a ``run_python`` call
      (which starts the zygote).
+  10. under gVisor (when the engine has runsc registered), beside runc in the same run: plain
+     ``docker run --runtime runsc`` and toolcage's cold ``ping`` and ``run_python`` (interleaved
+     with the runc measures), the RPC round trip and a warm ``run_python`` ``pass``. Reported, no goal.
   9. calls beside their floors (``bench/calls.py``): a raw attached echo loop (round trip,
      sequential and pipelined calls/s), ``docker exec`` into a running container, pings
      pipelined on one ``AsyncSandbox``, and three 1-second calls gathered on one.
@@ -205,6 +208,34 @@ def measure_pool(policy: str, image: str, n: int, size: int = 2) -> tuple[dict[s
     return out, statistics.median(mems) if mems else 0.0
 
 
+def gvisor_available() -> bool:
+    """runsc registered with the engine; the bench then measures gVisor too (it is experimental)."""
+    from toolcage.runtimes import gvisor_registered
+
+    out = subprocess.run(["docker", "info", "--format", "{{json .}}"], capture_output=True, text=True)
+    if out.returncode != 0 or not gvisor_registered(json.loads(out.stdout)):
+        return False
+    os.environ.setdefault("TOOLCAGE_GVISOR_EXPERIMENTAL", "1")
+    return True
+
+
+def warm_calls(image: str, sandbox: str, calls: int, children: int) -> dict[str, list[float]]:
+    """On one open sandbox of kind ``sandbox``: ping round trips and warm ``run_python`` ``pass`` calls."""
+    out: dict[str, list[float]] = {f"{sandbox}_rpc_round_trip": [], f"{sandbox}_warm_run_python_pass": []}
+    with Sandbox(image=image, tool="bench", sandbox=sandbox, audit=False) as sb:
+        for _ in range(100):
+            sb.call("ping")
+        for _ in range(calls):
+            out[f"{sandbox}_rpc_round_trip"].append(timed(lambda: sb.call("ping")))
+        for _ in range(5):  # the first child, then the zygote
+            sb.call("run_python", {"code": "pass"})
+        time.sleep(0.5)
+        for _ in range(children):
+            out[f"{sandbox}_warm_run_python_pass"].append(timed(lambda: sb.call("run_python", {"code": "pass"})))
+    print(f"\r{sandbox} warm: done", file=sys.stderr, flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20, help="cold runs per measure (after 1 warm-up)")
@@ -253,6 +284,20 @@ def main() -> int:
         cmd = [sys.executable, "-m", "toolcage.cli", "run", "run_python", "--params", '{"code": "pass"}']
         subprocess.run([*cmd, "--image", args.image], check=True, stdout=subprocess.DEVNULL)
 
+    gvisor = gvisor_available()
+    plain_runsc_cmd = [*plain_cmd[:3], "--runtime", "runsc", *plain_cmd[3:]]
+
+    def plain_runsc() -> None:
+        subprocess.run(plain_runsc_cmd, check=True, stdout=subprocess.DEVNULL)
+
+    def gvisor_cold_ping() -> None:
+        with Sandbox(image=args.image, tool="bench", sandbox="gvisor") as sb:
+            sb.call("ping")
+
+    def gvisor_cold_tool() -> None:
+        with Sandbox(image=args.image, tool="bench", sandbox="gvisor") as sb:
+            assert sb.call("run_python", {"code": "pass"}).ok
+
     measures = {
         "plain_docker_run": plain,
         "toolcage_run_cli": cli_run,
@@ -261,6 +306,14 @@ def main() -> int:
         "toolcage_cold_connector": cold_connector,
         "toolcage_cold_proxy_ping": cold_proxy_ping,
     }
+    if gvisor:
+        measures.update(
+            {
+                "plain_docker_run_runsc": plain_runsc,
+                "gvisor_cold_ping": gvisor_cold_ping,
+                "gvisor_cold_run_python": gvisor_cold_tool,
+            }
+        )
     samples: dict[str, list[float]] = {k: [] for k in measures}
     for fn in measures.values():
         fn()  # warm-up, discarded
@@ -362,7 +415,10 @@ def main() -> int:
         time.sleep(1.0)
         memory["idle_after_run_python"] = cgroup_memory(sb.container_id or "")
 
+    gvisor_warm = warm_calls(args.image, "gvisor", args.calls // 4, max(args.runs * 2, 20)) if gvisor else {}
+
     stats = {k: summary(v) for k, v in samples.items()}
+    stats.update({k: summary(v) for k, v in gvisor_warm.items()})
     stats.update({k: summary(v) for k, v in pool_samples.items()})
     stats.update({k: summary(v) for k, v in first.items()})
     stats["tools_list"] = summary(tools_list_ms)
@@ -385,6 +441,17 @@ def main() -> int:
         "pool_call_vs_plain": stats["pool_call_fresh_container"]["p50"] / base,
         "pool_proxy_call_vs_plain": stats["pool_proxy_call_fresh_container"]["p50"] / base,
     }
+    if gvisor:
+        p50 = {k: v["p50"] for k, v in stats.items()}
+        ratios.update(
+            {
+                "gvisor_cold_ping_vs_runc_cold_ping": p50["gvisor_cold_ping"] / p50["toolcage_cold_ping"],
+                "gvisor_cold_ping_vs_plain_runsc": p50["gvisor_cold_ping"] / p50["plain_docker_run_runsc"],
+                "plain_runsc_vs_plain_runc": p50["plain_docker_run_runsc"] / base,
+                "gvisor_rpc_vs_runc_rpc": p50["gvisor_rpc_round_trip"] / p50["rpc_round_trip_no_audit"],
+                "gvisor_warm_run_python_vs_runc": p50["gvisor_warm_run_python_pass"] / p50["warm_run_python_pass"],
+            }
+        )
     goals = {
         "cold run <= 0.7x plain docker run (ping)": ratios["cold_ping_vs_plain"] <= 0.7,
         "cold run <= 0.7x plain docker run (run_python)": ratios["cold_run_python_vs_plain"] <= 0.7,

@@ -104,11 +104,21 @@ class ContainerBackend:
         except ToolcageError:
             return None  # start() reports the engine or the image as missing, with the fix
 
+    def _proxy_runtime(self) -> str | None:
+        """The egress proxy's runtime: the sandbox's, unless runsc has no network stack to give it."""
+        if self.runtime != GVISOR or self.policy.network.mode != "proxy":
+            return self.runtime
+        from toolcage.runtimes import gvisor_networked
+
+        return GVISOR if gvisor_networked(self.engine.info()) else None
+
     def start(self, run: RunSpec, parser: StreamParser) -> Transport:
         from toolcage.reaper import reap_in_background
 
         reap_in_background(self.engine, self.log, self.audit)
-        run = dataclasses.replace(run, runtime=self.runtime, engine_flavor=engine_flavor(self.engine))
+        run = dataclasses.replace(
+            run, runtime=self.runtime, proxy_runtime=self._proxy_runtime(), engine_flavor=engine_flavor(self.engine)
+        )
         run = hostpaths.map_run(run, self.engine)  # a runner in a container: mount sources as the host names them
         if self.policy.network.mode == "proxy":
             from toolcage.egress import Egress, audit_decisions
@@ -286,15 +296,17 @@ BACKENDS: dict[str, Callable[..., Backend]] = {"container": ContainerBackend, "g
 STRENGTH = {"none": 0, "container": 1, "gvisor": 2}
 
 
-# Found under Debian's runsc (release 20221219): tool code can open every fd of the worker through
-# /proc/1/fd (gVisor's procfs ignores the worker being non-dumpable), the protocol stream included,
-# so it could read requests and forge answers; and a child that meets the memory limit takes the
-# whole sandbox down (the sentry is what the host's cgroup kills). Until both are closed the gvisor
-# kind runs only when asked for with TOOLCAGE_GVISOR_EXPERIMENTAL=1, and ``auto`` never picks it.
+# Found under Debian's runsc (releases 20221219 and 20240729): tool code can open every fd of the worker
+# through /proc/1/fd, and read its environ and maps (gVisor's procfs ignores the worker being
+# non-dumpable), the protocol stream included, so it could read requests and forge answers; it can
+# stop or kill the worker (gVisor delivers SIGSTOP/SIGKILL to a namespace's init); and a child that
+# meets the memory limit takes the whole sandbox down (the sentry is what the host's cgroup kills).
+# Until these are closed the gvisor kind runs only when asked for with TOOLCAGE_GVISOR_EXPERIMENTAL=1,
+# and ``auto`` never picks it. The tests that meet them: tests/conftest.py GVISOR_KNOWN.
 GVISOR_EXPERIMENTAL_ENV = "TOOLCAGE_GVISOR_EXPERIMENTAL"
 GVISOR_GAPS = (
     "under gVisor tool code can still open the worker's file descriptors (the protocol stream) through "
-    "/proc, and a call that meets the memory limit ends the whole run"
+    "/proc and stop or kill the worker, and a call that meets the memory limit ends the whole run"
 )
 
 

@@ -266,7 +266,7 @@ def run(tool: str, params: str | None, **opts: Any) -> None:
     """
     use_json(True)
     parsed = _prepared_call(tool, params, opts)
-    if _Command.own_process and opts["sandbox"] == "container" and not opts["keep"]:
+    if _Command.own_process and opts["sandbox"] != "none" and not opts["keep"]:
         from toolcage import removal
 
         removal.start_helper()  # the container is removed after this process exits, not before

@@ -55,7 +55,7 @@ def _wrap_command() -> Any:
     from toolcage.cli import sandbox_options
 
     # no connectors, no SafeFetch CA; an --image and a --secret of its own
-    shared: Callable[[Any], Any] = sandbox_options(without=("sandbox", "tools", "ca_file", "image", "secret"))
+    shared: Callable[[Any], Any] = sandbox_options(without=("tools", "ca_file", "image", "secret"))
 
     @mcp.command("wrap", context_settings={"allow_interspersed_args": False})
     @shared
@@ -112,6 +112,10 @@ def _wrap_command() -> Any:
             raise UsageError("give --allow-tool or --deny-tool, not both")
         if image and pip:
             raise UsageError("give --image REF or --pip PKG, not both (--pip builds the image)")
+        if opts["sandbox"] == "none":
+            from toolcage.mcp_wrap import WRAP_NEEDS_A_CONTAINER
+
+            raise UsageError(WRAP_NEEDS_A_CONTAINER)
         policy = _policy(opts)  # a bad policy or --timeout fails here, before anything starts
         if pip:
             from toolcage.image.derived import pip_requirements
@@ -125,7 +129,7 @@ def _wrap_command() -> Any:
         server = McpWrap(
             policy, list(command), image=ref, workspace=opts["workspace"], secrets=secrets, tool_filter=tool_filter,
             keep=opts["keep"], egress_network=opts["egress_network"], egress_proxy=opts["egress_proxy"],
-            audit=opts["audit_log"], engine=engine,
+            audit=opts["audit_log"], engine=engine, sandbox=opts["sandbox"],
         )  # fmt: skip
         sys.exit(server.run())
 

@@ -69,6 +69,9 @@ class RunSpec:
     # the engine's OCI runtime for the sandbox and its egress proxy: None is the engine's default
     # (runc); GVISOR ("runsc") puts gVisor's user-space kernel between the code and the host's
     runtime: str | None = None
+    # the egress proxy's: the same as runtime, but for a runsc registered without a network stack of
+    # its own (--network=none), where the proxy runs under the engine's default (ContainerBackend)
+    proxy_runtime: str | None = None
     # "podman" when the engine is Podman's Docker-compatible service (see _apply_podman)
     engine_flavor: str = "docker"
 
@@ -224,6 +227,7 @@ GVISOR = "runsc"
 # sandbox (with runc it would count every process of that uid on the host).
 GVISOR_HOST_PIDS_PER_PROCESS = 16
 GVISOR_HOST_PIDS_BASE = 256
+READONLY_TMPFS = "ro,nosuid,nodev,noexec,size=4k"  # an empty, read-only dir over one a runtime would add
 
 
 def _apply_runtime(host_config: dict[str, Any], runtime: str | None, pids: int) -> None:
@@ -234,6 +238,9 @@ def _apply_runtime(host_config: dict[str, Any], runtime: str | None, pids: int) 
         host_config["SecurityOpt"] = ["no-new-privileges", seccomp.security_opt(gvisor=True)]
         host_config["PidsLimit"] = GVISOR_HOST_PIDS_BASE + GVISOR_HOST_PIDS_PER_PROCESS * pids
         host_config["Ulimits"] = [*host_config["Ulimits"], {"Name": "nproc", "Soft": pids, "Hard": pids}]
+        # runsc puts a writable tmpfs of its own at /tmp unless the spec mounts something there: an
+        # empty read-only one keeps /tmp as read-only as it is under runc
+        host_config["Tmpfs"] = {**(host_config.get("Tmpfs") or {}), "/tmp": READONLY_TMPFS}
 
 
 # The knobs Podman's Docker-compatible API (4.3) takes differently; each stopped a sandbox there.
@@ -241,9 +248,11 @@ PODMAN_NPROC = 4096  # its own default nproc is one runc cannot set with every c
 
 
 def _apply_podman(host_config: dict[str, Any]) -> None:
-    """- ``seccomp=<json>`` is read as a *path* on the service's host: the profile shipped with this
+    """Idempotent (the proxy's config is the sandbox's, changed, then applied again):
+    - ``seccomp=<json>`` is read as a *path* on the service's host: the profile shipped with this
     installation instead (the same bytes, ``runner/seccomp.json``; a local service only);
     - tmpfs ``uid=``/``gid=`` are refused: ``U`` gives the tmpfs to the container's user instead;
+    - a read-only root gets writable tmpfs at /tmp and /var/tmp: read-only ones are mounted there;
     - an explicit ``nproc`` (per host uid, a backstop: the pids cgroup is each sandbox's limit)."""
     from toolcage.seccomp import SHIPPED
 
@@ -251,9 +260,14 @@ def _apply_podman(host_config: dict[str, Any]) -> None:
         f"seccomp={SHIPPED}" if o.startswith("seccomp=") else o for o in host_config["SecurityOpt"]
     ]
     host_config["Tmpfs"] = {
-        target: ",".join([o for o in opts.split(",") if not o.startswith(("uid=", "gid="))] + ["U"])
+        target: opts
+        if opts == READONLY_TMPFS
+        else ",".join([o for o in opts.split(",") if not o.startswith(("uid=", "gid=")) and o != "U"] + ["U"])
         for target, opts in (host_config.get("Tmpfs") or {}).items()
     }
+    # with a read-only root Podman mounts writable tmpfs of its own at /tmp and /var/tmp (read-only-tmpfs,
+    # mode 1777, no size): empty read-only ones keep them as read-only as under Docker
+    host_config["Tmpfs"].update({"/tmp": READONLY_TMPFS, "/var/tmp": READONLY_TMPFS})
     if not any(u["Name"] == "nproc" for u in host_config["Ulimits"]):
         host_config["Ulimits"] = [
             *host_config["Ulimits"],
@@ -266,7 +280,10 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
     network, and it serves the sandbox on a Unix socket in the run's proxy volume."""
     assert run.proxy_volume is not None
     cfg = container_config(
-        policy, dataclasses.replace(run, workspace=None, proxy_volume=None, tool_mounts=(), entrypoint=())
+        policy,
+        dataclasses.replace(
+            run, runtime=run.proxy_runtime, workspace=None, proxy_volume=None, tool_mounts=(), entrypoint=()
+        ),
     )
     hc = cfg["HostConfig"]
     hc["NetworkMode"] = egress_network
@@ -275,7 +292,7 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
     hc["PidsLimit"] = 32
     hc["NanoCpus"] = 500_000_000
     hc["Ulimits"] = [{"Name": "nofile", "Soft": 1024, "Hard": 1024}]
-    _apply_runtime(hc, run.runtime, 32)
+    _apply_runtime(hc, run.proxy_runtime, 32)
     if run.engine_flavor == "podman":
         _apply_podman(hc)
     env = [e for e in cfg["Env"] if not e.startswith("TOOLCAGE_IN_CONTAINER=")]

@@ -134,11 +134,19 @@ def _doctor_text(report: dict[str, Any], findings: list[str]) -> None:
             note = f"  ({escape(about['note'])})" if about.get("note") else ""
             pick = "  <- --sandbox auto" if kind == backends["auto"] else note
             click.echo(f"sandbox     {kind:<10}{state}{runtime if about['runtime'] else ''}{pick}")
+            proxy_rt = about.get("egress_proxy_runtime")
+            if about["available"] and proxy_rt and proxy_rt != about["runtime"]:
+                click.echo(
+                    f"{'':<22}its egress proxy runs under {escape(proxy_rt)} "
+                    "(runsc is registered with --network=none: no network stack to give it)"
+                )
     for c in report.get("containers", []):
         verdict = "as locked down as its policy" if not c["findings"] else "WEAKER"
         click.echo(f"container   {escape(c['name'])}: {verdict}")
     for r in report.get("probes", []):
         click.echo(f"probe       {'PASS' if r['passed'] else 'FAIL'}  {escape(r['name']):<28} {escape(r['what'])}")
+        if r.get("note"):
+            click.echo(f"{'':<18}{'':<28} ({escape(r['note'])})")
     for w in report.get("warnings", []):
         click.echo(f"WARNING     {escape(w)}")
     for f in findings:

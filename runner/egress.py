@@ -175,8 +175,12 @@ class Egress:
         t = threading.Thread(target=network, name="toolcage-egress-network", daemon=True)
         t.start()
         try:
+            # Podman 4.3 reads a tmpfs volume's size= as a quota and refuses it ("Filesystem does not support
+            # Project Quota"): there the volume has no size of its own. Only the proxy writes to it (a socket),
+            # and what a tmpfs holds is charged to the memory limit of the container that wrote it.
+            size = "" if self.run.engine_flavor == "podman" else "size=1m,"
             self.engine.create_tmpfs_volume(
-                self.volume, lab, f"size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec"
+                self.volume, lab, f"{size}uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec"
             )
             self._volume_made = True
         finally:

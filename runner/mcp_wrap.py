@@ -26,7 +26,7 @@ from typing import Any, TextIO
 from toolcage import audit as audit_mod
 from toolcage import logs, ownership, records
 from toolcage.audit import Audit
-from toolcage.backends import make_backend
+from toolcage.backends import default_kind, make_backend, resolve_kind
 from toolcage.config import RunSpec, container_name
 from toolcage.engine import EngineAPI
 from toolcage.errors import UsageError
@@ -108,6 +108,11 @@ class _ServerStream(StreamParser):
         self._wrap._server_eof()
 
 
+WRAP_NEEDS_A_CONTAINER = (
+    "toolcage mcp wrap runs a third-party server: it needs a container (--sandbox container, gvisor or auto)"
+)
+
+
 class McpWrap:
     """One wrapped server for one MCP session: start it, relay until either side ends, remove it."""
 
@@ -128,6 +133,7 @@ class McpWrap:
         stdin_fd: int = 0,
         stdout_fd: int = 1,
         err: TextIO | None = None,
+        sandbox: str | None = None,
     ) -> None:
         if not argv:
             raise UsageError(
@@ -143,8 +149,12 @@ class McpWrap:
         self.audit: Audit | None = (
             None if audit is False else audit if isinstance(audit, Audit) else audit_mod.shared(audit)
         )
+        # a container of either kind: the server is third-party code (never "none", which runs on the host)
+        self.kind = resolve_kind(default_kind(sandbox), policy, engine)
+        if self.kind == "none":
+            raise UsageError(WRAP_NEEDS_A_CONTAINER)
         self._backend = make_backend(
-            "container", policy, engine=engine, image=image, name=self.name, log=self.log, audit=self.audit,
+            self.kind, policy, engine=engine, image=image, name=self.name, log=self.log, audit=self.audit,
             workspace=str(self.workspace) if self.workspace else None, egress_network=egress_network,
             egress_proxy=egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY"),
             ca_pem=None,
@@ -226,7 +236,7 @@ class McpWrap:
         self.audit.event(
             "run.started", run_id=self.run_id, name=self.name, tool=TOOL_LABEL, image=self.image,
             image_id=self._backend.image_id(), owner=ownership.owner()[0], network=self.policy.network.mode,
-            kind="container", policy=self.policy.name, policy_sha256=self.policy.sha256(),
+            kind=self.kind, policy=self.policy.name, policy_sha256=self.policy.sha256(),
             workspace=str(self.workspace) if self.workspace else None, command=self._command(),
             secrets=self.secrets.names(), deny_tools=sorted(self.filter.deny),
             allow_tools=sorted(self.filter.allow) if self.filter.allow is not None else None,

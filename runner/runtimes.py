@@ -52,6 +52,14 @@ def gvisor_registered(info: dict[str, Any]) -> bool:
     return "runsc" in (info.get("Runtimes") or {})
 
 
+def gvisor_networked(info: dict[str, Any]) -> bool:
+    """Whether runsc is registered with a network stack of its own, so a container with a network (the
+    egress proxy) can run under it. Registered with ``--network=none`` it cannot: the egress proxy
+    of a gVisor sandbox then runs under the engine's default runtime."""
+    args = ((info.get("Runtimes") or {}).get("runsc") or {}).get("runtimeArgs") or []
+    return gvisor_registered(info) and "--network=none" not in args
+
+
 def backends_report(engine_version: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
     """Each sandbox kind: whether the engine has it, its runtime and version; which ``auto`` picks."""
     runtimes = info.get("Runtimes") or {}
@@ -61,6 +69,7 @@ def backends_report(engine_version: dict[str, Any], info: dict[str, Any]) -> dic
             "available": gvisor_registered(info),
             "runtime": "runsc",
             "path": (runtimes.get("runsc") or {}).get("path"),
+            "egress_proxy_runtime": "runsc" if gvisor_networked(info) else (info.get("DefaultRuntime") or "runc"),
         },
         "container": {"available": True, "runtime": info.get("DefaultRuntime") or "runc", "version": runc},
         "none": {"available": True, "runtime": None, "note": "no isolation: never picked by auto"},

@@ -48,6 +48,8 @@ def start_upstream(
         "PidsLimit": 32,
         "SecurityOpt": ["no-new-privileges"],
         "Tmpfs": {"/tmp": "size=1m"},
+        # explicit: Podman's default nofile and nproc are ones runc cannot set with every capability dropped
+        "Ulimits": [{"Name": "nofile", "Soft": 1024, "Hard": 1024}, {"Name": "nproc", "Soft": 4096, "Hard": 4096}],
     }
     if sysctls:
         host_config["Sysctls"] = sysctls

@@ -4,6 +4,7 @@ no container of the command's, no helper process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -89,11 +90,15 @@ def test_the_command_forks_its_removal_helper(engine: Any, tmp_path: Path) -> No
     seen: list[tuple[int, int, int]] = []  # helper pid, its parent, its session
 
     def look(cid: str) -> None:
-        for pid in _processes_with(marker):
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            ppid, sid = int(stat[1]), int(stat[3])
-            if sid == pid:  # the helper leads a session of its own; the command does not
-                seen.append((pid, ppid, sid))
+        deadline = time.monotonic() + 10  # the container exists: the helper comes once it has started (gVisor: later)
+        while not seen and time.monotonic() < deadline:
+            for pid in _processes_with(marker):
+                with contextlib.suppress(OSError):
+                    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    ppid, sid = int(stat[1]), int(stat[3])
+                    if sid == pid:  # the helper leads a session of its own; the command does not
+                        seen.append((pid, ppid, sid))
+            time.sleep(0.05)
 
     params = {"code": "import time; time.sleep(2)"}
     code, doc = _run(engine, tmp_path, ["run_python", "--params", json.dumps(params)], during=look, marker=marker)

@@ -255,7 +255,7 @@ print(json.dumps({
     "direct_to_host": connect(HOST_IP, HOST_PORT),
     "dns_external": dns("exfil-probe.invalid"),
     "dns_upstream_alias": dns("api.allowed.test"),
-    "interfaces": sorted(os.listdir("/sys/class/net")),
+    "interfaces": sorted(name for _, name in socket.if_nameindex()),  # the kernel's list (gVisor has no /sys/class/net)
 }))
 """
 
@@ -289,9 +289,10 @@ def test_raw_code_cannot_bypass(engine: Any, upstream: dict[str, Any], allow_api
     # CONNECT is a TLS tunnel: it counts as https, which this policy does not allow
     assert out["tunnel_allowed"][0].startswith("HTTP/1.1 403") and "scheme https" in out["tunnel_allowed"][0]
     # no interface but lo: every address outside the sandbox is unreachable at once (ENETUNREACH)
-    assert out["direct_to_upstream"] == "OSError:101"
-    assert out["direct_to_metadata"] == "OSError:101"
-    assert out["direct_to_host"] == "OSError:101"
+    unreachable = ("OSError:101", "OSError:113")  # ENETUNREACH; gVisor's netstack: EHOSTUNREACH
+    assert out["direct_to_upstream"] in unreachable
+    assert out["direct_to_metadata"] in unreachable
+    assert out["direct_to_host"] in unreachable
     assert out["dns_external"] == "failed" and out["dns_upstream_alias"] == "failed"
     assert out["interfaces"] == ["lo"]
     assert_run_gone(engine, sb.run_id)
@@ -316,7 +317,7 @@ def test_mode_none_reaches_nothing(engine: Any) -> None:
     """With network mode none, http_fetch is refused and raw code has no interface but lo."""
     with Sandbox() as sb:
         r = fetch(sb, "http://api.allowed.test:8080/ok")
-        ifs = sb.call("run_python", {"code": "import os; print(sorted(os.listdir('/sys/class/net')))"})
+        ifs = sb.call("run_python", {"code": "import socket; print(sorted(n for _, n in socket.if_nameindex()))"})
     assert r.error is not None and "network.mode: none" in r.error["data"]["reason"]
     assert ifs.result["stdout"].strip() == "['lo']"
 

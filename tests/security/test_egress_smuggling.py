@@ -270,6 +270,11 @@ def outcome(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
                     "PidsLimit": 64,
                     "SecurityOpt": ["no-new-privileges"],
                     "Tmpfs": {"/tmp": "size=1m"},
+                    # explicit: Podman's default nofile and nproc are ones runc cannot set with every capability dropped
+                    "Ulimits": [
+                        {"Name": "nofile", "Soft": 1024, "Hard": 1024},
+                        {"Name": "nproc", "Soft": 4096, "Hard": 4096},
+                    ],
                 },
                 "NetworkingConfig": {"EndpointsConfig": {net: {"Aliases": ["api.allowed.test", "other.test"]}}},
             },

@@ -108,11 +108,32 @@ def test_gvisor_runtime_in_the_container_config() -> None:
     plain = container_config(policy, run_spec())["HostConfig"]
     assert "Runtime" not in plain and plain["PidsLimit"] == policy.limits.pids
     assert [u["Name"] for u in plain["Ulimits"]] == ["nofile"]
-    spec = run_spec(proxy_volume="toolcage-sock-x", runtime="runsc")
+    spec = run_spec(proxy_volume="toolcage-sock-x", runtime="runsc", proxy_runtime="runsc")
     for hc, pids in ((container_config(policy, spec)["HostConfig"], policy.limits.pids),
                      (proxy_container_config(policy, spec, "net", None)["HostConfig"], 32)):  # fmt: skip
         assert hc["Runtime"] == "runsc" and hc["PidsLimit"] > 8 * pids
         assert {"Name": "nproc", "Soft": pids, "Hard": pids} in hc["Ulimits"]
+        assert hc["Tmpfs"]["/tmp"].startswith("ro,")  # not runsc's own writable /tmp
+    assert "/tmp" not in plain["Tmpfs"]
+
+
+def test_gvisor_without_a_network_stack_runs_the_egress_proxy_under_runc() -> None:
+    """runsc registered with --network=none cannot give the egress proxy its network: the proxy then
+    runs under the engine's default runtime (doctor says so), the sandbox still under runsc."""
+    from tests.unit._helpers import run_spec
+    from toolcage.config import container_config, proxy_container_config
+    from toolcage.policies import load_policy
+    from toolcage.runtimes import backends_report, gvisor_networked
+
+    none = {"Runtimes": {"runc": {}, "runsc": {"runtimeArgs": ["--network=none", "--platform=ptrace"]}}}
+    netted = {"Runtimes": {"runc": {}, "runsc": {"runtimeArgs": ["--platform=ptrace"]}}}
+    assert not gvisor_networked(none) and gvisor_networked(netted) and not gvisor_networked({"Runtimes": {}})
+    assert backends_report({}, none)["kinds"]["gvisor"]["egress_proxy_runtime"] == "runc"
+    policy = load_policy("connector-http")
+    spec = run_spec(proxy_volume="toolcage-sock-x", runtime="runsc", proxy_runtime=None)
+    assert container_config(policy, spec)["HostConfig"]["Runtime"] == "runsc"
+    proxy = proxy_container_config(policy, spec, "net", None)["HostConfig"]
+    assert "Runtime" not in proxy and proxy["PidsLimit"] == 32 and proxy["CapDrop"] == ["ALL"]
 
 
 def test_runc_versions_with_known_escapes_are_named_with_their_fix() -> None:
@@ -139,3 +160,27 @@ def test_gvisor_is_experimental_until_asked_for(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(UsageError, match="experimental"):
         resolve_kind("gvisor", Policy())
     assert resolve_kind("auto", Policy(), _Info({"runsc": {}})) == "container"  # type: ignore[arg-type]
+
+
+def test_podman_knobs_applied_once_to_the_sandbox_and_its_proxy() -> None:
+    """Podman's compat API: seccomp by the shipped file's path, tmpfs owned through U (once: the proxy's
+    config is the sandbox's applied again), an explicit nproc."""
+    from tests.unit._helpers import run_spec
+    from toolcage.config import PODMAN_NPROC, READONLY_TMPFS, container_config, proxy_container_config
+    from toolcage.policies import load_policy
+    from toolcage.seccomp import SHIPPED
+
+    policy = load_policy("connector-http")
+    spec = run_spec(proxy_volume="toolcage-sock-x", engine_flavor="podman")
+    for hc in (
+        container_config(policy, spec)["HostConfig"],
+        proxy_container_config(policy, spec, "n", None)["HostConfig"],
+    ):
+        assert f"seccomp={SHIPPED}" in hc["SecurityOpt"]
+        assert hc["Tmpfs"]["/tmp"] == hc["Tmpfs"]["/var/tmp"] == READONLY_TMPFS  # not Podman's writable ones
+        for target, opts in hc["Tmpfs"].items():
+            if target not in ("/tmp", "/var/tmp"):
+                assert opts.split(",").count("U") == 1 and "uid=" not in opts, opts
+        assert [u for u in hc["Ulimits"] if u["Name"] == "nproc"] == [
+            {"Name": "nproc", "Soft": PODMAN_NPROC, "Hard": PODMAN_NPROC}
+        ]
