@@ -209,14 +209,11 @@ def measure_pool(policy: str, image: str, n: int, size: int = 2) -> tuple[dict[s
 
 
 def gvisor_available() -> bool:
-    """runsc registered with the engine; the bench then measures gVisor too (it is experimental)."""
+    """runsc registered with the engine; the bench then measures gVisor too."""
     from toolcage.runtimes import gvisor_registered
 
     out = subprocess.run(["docker", "info", "--format", "{{json .}}"], capture_output=True, text=True)
-    if out.returncode != 0 or not gvisor_registered(json.loads(out.stdout)):
-        return False
-    os.environ.setdefault("TOOLCAGE_GVISOR_EXPERIMENTAL", "1")
-    return True
+    return out.returncode == 0 and gvisor_registered(json.loads(out.stdout))
 
 
 def warm_calls(image: str, sandbox: str, calls: int, children: int) -> dict[str, list[float]]:

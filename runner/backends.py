@@ -296,35 +296,16 @@ BACKENDS: dict[str, Callable[..., Backend]] = {"container": ContainerBackend, "g
 STRENGTH = {"none": 0, "container": 1, "gvisor": 2}
 
 
-# Found under Debian's runsc (releases 20221219 and 20240729): tool code can open every fd of the worker
-# through /proc/1/fd, and read its environ and maps (gVisor's procfs ignores the worker being
-# non-dumpable), the protocol stream included, so it could read requests and forge answers; it can
-# stop or kill the worker (gVisor delivers SIGSTOP/SIGKILL to a namespace's init); and a child that
-# meets the memory limit takes the whole sandbox down (the sentry is what the host's cgroup kills).
-# Until these are closed the gvisor kind runs only when asked for with TOOLCAGE_GVISOR_EXPERIMENTAL=1,
-# and ``auto`` never picks it. The tests that meet them: tests/conftest.py GVISOR_KNOWN.
-GVISOR_EXPERIMENTAL_ENV = "TOOLCAGE_GVISOR_EXPERIMENTAL"
-GVISOR_GAPS = (
-    "under gVisor tool code can still open the worker's file descriptors (the protocol stream) through "
-    "/proc and stop or kill the worker, and a call that meets the memory limit ends the whole run"
-)
-
-
-def gvisor_allowed() -> bool:
-    return os.environ.get(GVISOR_EXPERIMENTAL_ENV) == "1"
-
-
 def available_kinds(engine: EngineAPI | None = None) -> list[str]:
     """The kinds ``auto`` may pick on this engine, strongest first (never ``none``): ``gvisor`` when the
-    engine has the ``runsc`` runtime registered (and, while it is experimental, it was asked for with
-    TOOLCAGE_GVISOR_EXPERIMENTAL=1), then ``container``."""
+    engine has the ``runsc`` runtime registered, then ``container``."""
     if engine is None:
         from toolcage.docker_adapter import Engine
 
         engine = Engine.default()
     from toolcage.runtimes import gvisor_registered
 
-    return (["gvisor"] if gvisor_allowed() and gvisor_registered(engine.info()) else []) + ["container"]
+    return (["gvisor"] if gvisor_registered(engine.info()) else []) + ["container"]
 
 
 def default_kind(kind: str | None) -> str:
@@ -339,11 +320,6 @@ def resolve_kind(kind: str, policy: Policy, engine: EngineAPI | None = None) -> 
         raise UsageError(f"unknown sandbox kind {kind!r}: use one of {', '.join(map(repr, [*BACKENDS, 'auto']))}")
     if kind == "auto":
         kind = available_kinds(engine)[0]
-    if kind == "gvisor" and not gvisor_allowed():
-        raise UsageError(
-            f"--sandbox gvisor is experimental: {GVISOR_GAPS}. Set {GVISOR_EXPERIMENTAL_ENV}=1 to use it anyway "
-            "(README: gVisor)"
-        )
     need = policy.isolation
     if need is not None and STRENGTH.get(kind, 1) < STRENGTH[need]:
         hint = (

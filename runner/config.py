@@ -144,6 +144,10 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         "TOOLCAGE_IN_CONTAINER": "1",
         "TOOLCAGE_WATCH_RUNNER": "1",
     }
+    if run.runtime == GVISOR:
+        # tool code starts in namespaces of its own, where gVisor's procfs and signals would let it
+        # reach the worker (toolcage.worker.namespaces)
+        reserved["TOOLCAGE_TOOL_NAMESPACES"] = "1"
     # Threat: extra_env carrying a looser policy (or no deadline) to the worker while the
     # labels and HostConfig say otherwise. The policy's own values always win.
     env = {**run.extra_env, **reserved}

@@ -15,6 +15,7 @@ from typing import Any
 from toolcage.errors import SandboxOOM
 from toolcage.policies import codes
 
+NO_WORKER = "no worker process visible"
 TRY = """
 import json, os, errno
 def attempt(fn):
@@ -23,7 +24,22 @@ def attempt(fn):
         return "succeeded"
     except OSError as e:
         return errno.errorcode.get(e.errno, str(e.errno))
-"""
+NO_WORKER = "@NO_WORKER@"
+def worker_pids(main=False):
+    # the worker and its zygote (main: the worker alone), as this process sees them (none in a PID
+    # namespace of its own)
+    found = []
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) != os.getpid():
+            try:
+                argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")
+            except OSError:
+                continue
+            ours = any(a.startswith(b"toolcage.worker") for a in argv)
+            if ours and (not main or argv[3:4] == [b"toolcage.worker"]):
+                found.append(int(p))
+    return sorted(found)
+""".replace("@NO_WORKER@", NO_WORKER)
 
 # (name, what it shows, python code printing one JSON object, expected values; a tuple means "one of")
 CODE_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
@@ -115,8 +131,8 @@ CODE_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
         "unshare_userns_denied",
         "new user namespaces are refused",
         "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nrc = libc.unshare(0x10000000)\n"
-        "print(json.dumps({'rc': rc, 'errno': errno.errorcode[ctypes.get_errno()]}))",
-        {"rc": -1, "errno": "EPERM"},
+        "print(json.dumps({'r': 'succeeded' if rc == 0 else errno.errorcode[ctypes.get_errno()]}))",
+        {"r": "EPERM"},
     ),
     (
         "chown_denied",
@@ -155,39 +171,47 @@ CODE_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     (
         "worker_is_init",
         "the worker itself is PID 1 of the sandbox's own PID namespace (no docker-init holding the stream)",
-        "print(json.dumps({'init': open('/proc/1/cmdline').read().split('\\0')[:4]}))",
+        "print(json.dumps({'init': 'the call itself' if os.getpid() == 1 else "
+        "open('/proc/1/cmdline').read().split('\\0')[:4]}))",
         {"init": ["python3", "-S", "-m", "toolcage.worker"]},
     ),
     (
         "init_fds_not_openable",
-        "tool code cannot open PID 1's stdio (the protocol stream), environment or memory through /proc",
-        "res = set()\nfor fd in (0, 1, 2):\n    for mode in ('rb', 'wb'):\n"
-        "        res.add(attempt(lambda: open(f'/proc/1/fd/{fd}', mode)))\n"
-        "for f in ('environ', 'mem', 'maps'):\n    res.add(attempt(lambda: open(f'/proc/1/{f}', 'rb').read(1)))\n"
-        "print(json.dumps({'r': sorted(res)}))",
+        "tool code cannot open the worker's stdio (the protocol stream), environment or memory through /proc",
+        "res = set()\nfor w in worker_pids():\n    for fd in (0, 1, 2):\n        for mode in ('rb', 'wb'):\n"
+        "            res.add(attempt(lambda: open(f'/proc/{w}/fd/{fd}', mode)))\n"
+        "    for f in ('environ', 'mem', 'maps'):\n"
+        "        res.add(attempt(lambda: open(f'/proc/{w}/{f}', 'rb').read(1)))\n"
+        "print(json.dumps({'r': sorted(res) or [NO_WORKER]}))",
         {"r": ["EACCES"]},
     ),
     (
         "ptrace_init_denied",
-        "tool code cannot ptrace PID 1 (the worker)",
-        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nrc = libc.ptrace(16, 1, 0, 0)\n"
-        "print(json.dumps({'rc': rc, 'errno': errno.errorcode[ctypes.get_errno()]}))",
-        {"rc": -1, "errno": "EPERM"},
+        "tool code cannot ptrace the worker",
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nres = set()\nfor w in worker_pids() or [1]:\n"
+        "    rc = libc.ptrace(16, w, 0, 0)\n    res.add(errno.errorcode[ctypes.get_errno()] if rc else 'succeeded')\n"
+        "print(json.dumps({'r': sorted(res)}))",
+        {"r": ["EPERM"]},
     ),
     (
         "worker_fds_not_openable",
-        "tool code cannot open the worker's file descriptors or memory",
-        "p = os.getppid()\nres = set()\nfor fd in range(0, 12):\n"
-        "    res.add(attempt(lambda: open(f'/proc/{p}/fd/{fd}', 'wb')))\n"
-        "res.add(attempt(lambda: open(f'/proc/{p}/mem', 'rb')))\nprint(json.dumps({'r': sorted(res)}))",
+        "tool code cannot open any file descriptor or the memory of the worker",
+        "res = set()\nfor w in worker_pids():\n    for fd in range(0, 12):\n"
+        "        res.add(attempt(lambda: open(f'/proc/{w}/fd/{fd}', 'wb')))\n"
+        "    res.add(attempt(lambda: open(f'/proc/{w}/mem', 'rb')))\n"
+        "print(json.dumps({'r': sorted(res) or [NO_WORKER]}))",
         {"r": ["EACCES"]},
     ),
     (
-        "ptrace_worker_denied",
-        "tool code cannot ptrace the worker",
-        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nrc = libc.ptrace(16, os.getppid(), 0, 0)\n"
-        "print(json.dumps({'rc': rc, 'errno': errno.errorcode[ctypes.get_errno()]}))",
-        {"rc": -1, "errno": "EPERM"},
+        "signals_to_worker_refused",
+        "tool code cannot stop or kill the worker (PID 1 of the sandbox)",
+        "import signal, time\nres = set()\nfor w in worker_pids(main=True):\n"
+        "    res.add(attempt(lambda: os.kill(w, signal.SIGSTOP)))\n    time.sleep(0.2)\n"
+        "    state = open(f'/proc/{w}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+        "    res.add('stopped' if state in 'Tt' else 'running')\n    os.kill(w, signal.SIGCONT)\n"
+        "print(json.dumps({'r': sorted(res) or [NO_WORKER]}))",
+        # the kernel lets the signal be sent (no error) and drops it, as for any namespace's init
+        {"r": ["running", "succeeded"]},
     ),
     (
         "openat2_allowed",
@@ -245,8 +269,12 @@ for _name, _what, _call in SECCOMP_CASES:
     )
 
 
+_OWN_PIDNS = (
+    "tool code runs in a PID namespace of its own (worker.namespaces), where gVisor's procfs and signals "
+    "would reach the worker: it has no pid there to open or signal"
+)
 # Where gVisor's kernel answers with another errno but the same wall holds: (what it answers, why).
-# Only these; any other difference under gVisor is a failure. The fd probes are not here: that is a gap.
+# Only these; any other difference under gVisor is a failure.
 GVISOR_ANSWERS: dict[str, tuple[dict[str, Any], str]] = {
     "write_root_fs": (
         {"r": ("EROFS", "EACCES")},
@@ -262,6 +290,14 @@ GVISOR_ANSWERS: dict[str, tuple[dict[str, Any], str]] = {
         "gVisor's netstack has no route: EHOSTUNREACH",
     ),
     "proc_sys_read_only": ({"r": ("EROFS", "EACCES")}, "gVisor's /proc/sys refuses writes by mode (EACCES)"),
+    "worker_is_init": (
+        {"init": "the call itself"},
+        "tool code runs as PID 1 of a PID namespace of its own (worker.namespaces): the worker has no pid there",
+    ),
+    "chown_denied": ({"r": "EINVAL"}, "uid 0 has no mapping in the tool's user namespace (worker.namespaces)"),
+    "init_fds_not_openable": ({"r": [NO_WORKER]}, _OWN_PIDNS),
+    "worker_fds_not_openable": ({"r": [NO_WORKER]}, _OWN_PIDNS),
+    "signals_to_worker_refused": ({"r": [NO_WORKER]}, _OWN_PIDNS),
     "openat2_allowed": (
         {"r": ("succeeded", "ENOSYS", "EPERM")},
         "no openat2 under gVisor: the file tools resolve beneath their root component by component (O_NOFOLLOW)",

@@ -74,9 +74,5 @@ def backends_report(engine_version: dict[str, Any], info: dict[str, Any]) -> dic
         "container": {"available": True, "runtime": info.get("DefaultRuntime") or "runc", "version": runc},
         "none": {"available": True, "runtime": None, "note": "no isolation: never picked by auto"},
     }
-    from toolcage.backends import GVISOR_GAPS, gvisor_allowed
-
-    if kinds["gvisor"]["available"] and not gvisor_allowed():
-        kinds["gvisor"]["note"] = f"experimental, not picked by auto: {GVISOR_GAPS}"
-    auto = "gvisor" if kinds["gvisor"]["available"] and gvisor_allowed() else "container"
+    auto = "gvisor" if kinds["gvisor"]["available"] else "container"
     return {"kinds": kinds, "auto": auto, "warnings": runc_warnings(runc)}

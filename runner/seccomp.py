@@ -132,6 +132,13 @@ SELF_ONLY: dict[str, list[list[tuple[int, int]]]] = {
 
 # socket(2) families tool code may open: no raw, packet, crypto (AF_ALG), vsock, bluetooth, ...
 SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
+# and of the IP families only streams and datagrams (ICMP "ping" sockets are datagrams): never SOCK_RAW.
+# Threat: a raw socket forging packets on the sandbox's loopback (its egress relay). With no
+# CAP_NET_RAW the kernel refuses one; under gVisor a process that makes a user namespace with
+# clone3 (allowed there, see profile()) holds CAP_NET_RAW in it, and gVisor granted the socket.
+IP_FAMILIES = ("AF_INET", "AF_INET6")
+IP_SOCKET_TYPES = {"SOCK_STREAM": 1, "SOCK_DGRAM": 2}
+SOCK_TYPE_MASK = 0xF  # SOCK_NONBLOCK and SOCK_CLOEXEC are flags above it
 # personality(2): only the default Linux persona, and the query form
 PERSONAS = {"PER_LINUX": 0, "query": 0xFFFFFFFF}
 # clone(2) flags that create namespaces: CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
@@ -142,6 +149,10 @@ CLONE_NAMESPACE_FLAGS = 0x7E020000
 # to list (no /proc/sysvipc, no /dev/mqueue; SHM_INFO/MSG_INFO and *_STAT by index do not work there),
 # so the sweep after a call could not clear them and a call could leave data for the next one.
 GVISOR_UNLISTABLE_IPC = ("mq_open", "msgget", "semget", "shmget")
+# Allowed under gVisor only: the worker starts tool code in user, PID and mount namespaces of its own
+# (toolcage.worker.namespaces, through unshare(1)), since gVisor's procfs would show it the worker's
+# descriptors. These namespaces are the sentry's; the host kernel's surface does not grow.
+GVISOR_NAMESPACES = ("mount", "unshare")
 
 
 @cache
@@ -152,14 +163,21 @@ def profile(gvisor: bool = False) -> dict[str, Any]:
     gVisor's kernel). There ``clone3`` is allowed: runsc's seccomp (Debian's 2022 release) answers
     EPERM whatever ``errnoRet`` says, so glibc would not fall back to ``clone`` and no thread could
     start; the namespaces ``clone3`` could ask for are gVisor's own, not the host kernel's. And
-    ``GVISOR_UNLISTABLE_IPC`` is refused."""
+    ``GVISOR_UNLISTABLE_IPC`` is refused, ``GVISOR_NAMESPACES`` allowed."""
     overlap = (set(ALLOWED) & set(DENIED)) | (set(ALLOWED) & set(SELF_ONLY)) | (set(DENIED) & set(SELF_ONLY))
     assert not overlap, overlap
-    allowed = set(ALLOWED) - set(GVISOR_UNLISTABLE_IPC) if gvisor else set(ALLOWED)
-    denied = set(DENIED) | set(GVISOR_UNLISTABLE_IPC) if gvisor else set(DENIED)
+    allowed = (set(ALLOWED) - set(GVISOR_UNLISTABLE_IPC)) | set(GVISOR_NAMESPACES) if gvisor else set(ALLOWED)
+    denied = (set(DENIED) | set(GVISOR_UNLISTABLE_IPC)) - set(GVISOR_NAMESPACES) if gvisor else set(DENIED)
     rules: list[dict[str, Any]] = [{"names": sorted(allowed), "action": "SCMP_ACT_ALLOW"}]
-    for value in SOCKET_FAMILIES.values():
-        rules.append({"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [_arg(0, value, "SCMP_CMP_EQ")]})
+    for family, value in SOCKET_FAMILIES.items():
+        if family not in IP_FAMILIES:
+            rules.append({"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [_arg(0, value, "SCMP_CMP_EQ")]})
+            continue
+        for sock_type in IP_SOCKET_TYPES.values():
+            kind = {"index": 1, "value": SOCK_TYPE_MASK, "valueTwo": sock_type, "op": "SCMP_CMP_MASKED_EQ"}
+            rules.append(
+                {"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [_arg(0, value, "SCMP_CMP_EQ"), kind]}
+            )
     for value in PERSONAS.values():
         rules.append({"names": ["personality"], "action": "SCMP_ACT_ALLOW", "args": [_arg(0, value, "SCMP_CMP_EQ")]})
     for name, entries in SELF_ONLY.items():

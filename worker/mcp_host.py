@@ -112,7 +112,7 @@ def _exit_code(status: int) -> int:
 
 
 def main() -> int:
-    from toolcage.worker import hardening, sweep
+    from toolcage.worker import hardening, namespaces, sweep
 
     in_container = os.environ.get("TOOLCAGE_IN_CONTAINER") == "1"
     # Threat: the server reading this process's memory (the config line held the secrets) through ptrace or /proc.
@@ -144,7 +144,7 @@ def main() -> int:
     cwd = SCRATCH if os.path.isdir(SCRATCH) else None
     try:
         proc = subprocess.Popen(
-            cfg["argv"],
+            namespaces.wrap(cfg["argv"]),  # under gVisor: in namespaces of its own (worker.namespaces)
             stdin=0,
             stdout=1,
             stderr=2,

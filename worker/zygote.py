@@ -32,7 +32,7 @@ import subprocess
 import sys
 from typing import Any
 
-from toolcage.worker import sweep
+from toolcage.worker import namespaces, sweep
 from toolcage.worker.protocol import readable
 
 _READY_S = 5.0  # the zygote's own start-up
@@ -62,6 +62,9 @@ class Zygote:
             source = f.read()
         # its end of the socket keeps its number in the zygote (pass_fds): the program is told which
         source = source.replace("_CTL = 3  # fd", f"_CTL = {theirs.fileno()}  # fd", 1)
+        if namespaces.enabled():  # each fork enters namespaces of its own, as nsinit does for a subprocess
+            with open(namespaces.NSINIT, encoding="utf-8") as f:
+                source = source.replace("_NAMESPACES = None  # nsinit", f"_NAMESPACES = {f.read()!r}", 1)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", source],

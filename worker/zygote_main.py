@@ -56,6 +56,14 @@ for _s in _SIGNALS:
 _CTL = 3  # fd
 _ctl = socket.socket(fileno=_CTL)
 _MAXFD = os.sysconf("SC_OPEN_MAX")
+# Under gVisor the worker puts worker/nsinit.py's text here (worker.namespaces): each fork then enters
+# user, PID and mount namespaces of its own before the call's code runs, as a subprocess child would.
+_NAMESPACES = None  # nsinit
+_enter: Any = None
+if _NAMESPACES is not None:
+    _nsinit: dict[str, Any] = {"__name__": "toolcage_nsinit"}
+    exec(compile(_NAMESPACES, "nsinit.py", "exec"), _nsinit)  # noqa: S102 - the worker's own file
+    _enter = _nsinit["enter"]
 if _PATH0 is not None:
     sys.path.insert(0, _PATH0)  # (nothing is imported from here on in the zygote itself)
 del _PATH0
@@ -87,7 +95,9 @@ def _child(fds: list[int], pid_r: int, pid_w: int) -> None:
             chunks.append(b)
         os.close(keep)
         source = b"".join(chunks).decode("utf-8", "surrogateescape")
-        _libc.prctl(4, 1, 0, 0, 0)  # dumpable again, as after an exec
+        _libc.prctl(4, 1, 0, 0, 0)  # dumpable again, as after an exec (and so it may write its uid_map)
+        if _enter is not None:
+            _enter(_libc)  # from here on: PID 1 of namespaces of its own (this process waits outside)
         code = compile(source, "<string>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError):  # as `python3 -c` reports it: no traceback of ours
         _finish_with(sys.exc_info(), skip=None)

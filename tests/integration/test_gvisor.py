@@ -1,6 +1,5 @@
 """gVisor (runsc) as a sandbox kind, on the real engine: `--sandbox gvisor`, `auto`, and a policy's
-`isolation: gvisor` minimum. The kind is experimental (toolcage.backends.GVISOR_GAPS): these tests
-opt in with TOOLCAGE_GVISOR_EXPERIMENTAL=1, and the last one pins the gap that keeps it so.
+`isolation: gvisor` minimum, and the wall gVisor's own procfs would leave open (worker.namespaces).
 
 Needs the engine to have runsc registered (README: gVisor; `.ci/run` registers it). Without it
 these tests skip, saying so, unless TOOLCAGE_REQUIRE_GVISOR=1 (set by CI), when they fail.
@@ -23,8 +22,7 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 @pytest.fixture
-def gvisor(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TOOLCAGE_GVISOR_EXPERIMENTAL", "1")
+def gvisor(engine: Any) -> None:
     if "gvisor" not in available_kinds(engine):
         message = "the engine has no runsc runtime registered (README: gVisor)"
         if os.environ.get("TOOLCAGE_REQUIRE_GVISOR") == "1":
@@ -91,33 +89,29 @@ def test_isolation_gvisor_in_a_policy_refuses_runc_and_auto_picks_gvisor(tmp_pat
         assert sb.call("ping").result == "pong"
 
 
-def test_gvisor_is_refused_unless_asked_for_and_auto_stays_on_runc(
-    engine: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Without TOOLCAGE_GVISOR_EXPERIMENTAL=1, --sandbox gvisor is refused naming the gaps, and auto picks container."""
-    monkeypatch.delenv("TOOLCAGE_GVISOR_EXPERIMENTAL", raising=False)
-    with pytest.raises(UsageError, match=r"experimental.*protocol stream"):
-        Sandbox(sandbox="gvisor", audit=False)
-    assert available_kinds(engine)[0] == "container"
-
-
 OPEN_WORKER_FDS = r"""
 import json, os
 ok = []
-for fd in os.listdir("/proc/1/fd"):
+for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()] + ["1"]:
     try:
-        os.close(os.open(f"/proc/1/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK))
-        ok.append(int(fd))
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        pass
-print(json.dumps(sorted(ok)))
+        continue
+    for fd in fds:
+        try:
+            os.close(os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK))
+            ok.append(f"{pid}/{fd}")
+        except OSError:
+            pass
+print(json.dumps({"pid": os.getpid(), "opened": [o for o in ok if not o.startswith(f"{os.getpid()}/")]}))
 """
 
 
 @pytest.mark.usefixtures("gvisor")
-@pytest.mark.xfail(strict=True, reason="Debian's runsc 20221219 lets tool code open the worker's fds (GVISOR_GAPS)")
 def test_the_worker_fds_are_out_of_reach_under_gvisor() -> None:
-    """The gap that keeps gvisor experimental: tool code opening the worker's fds (the protocol stream)."""
+    """gVisor's procfs ignores that the worker is non-dumpable, so tool code runs in a PID namespace of
+    its own (worker.namespaces): it is PID 1 there, and no other process's descriptor opens."""
     with Sandbox(sandbox="gvisor", audit=False) as sb:
-        opened = json.loads(sb.call("run_python", {"code": OPEN_WORKER_FDS}).result["stdout"])
-    assert opened == [], f"tool code opened the worker's fds {opened}"
+        seen = json.loads(sb.call("run_python", {"code": OPEN_WORKER_FDS}).result["stdout"])
+        assert sb.call("ping").result == "pong"
+    assert seen == {"pid": 1, "opened": []}, seen

@@ -146,7 +146,11 @@ def test_worker_crash_reports_stderr_tail(engine: Any) -> None:
         sb.call("ping")
         time.sleep(0.3)  # the worker writes its log lines when idle
         # tool code cannot kill the worker: it is the namespace's init, which ignores signals it has no handler for
-        kill_init = "import os, signal\nfor s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT): os.kill(1, s)\n"
+        # (under gVisor PID 1 is the call itself, in a PID namespace of its own: nothing names the worker)
+        kill_init = (
+            "import os, signal\nif b'toolcage.worker' in open('/proc/1/cmdline', 'rb').read():\n"
+            "    for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT): os.kill(1, s)\n"
+        )
         r = py(sb, kill_init + "print('x')")
         assert r.result["stdout"] == "x\n" and sb.call("ping").result == "pong"
         assert sb.container_id is not None

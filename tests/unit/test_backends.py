@@ -85,7 +85,6 @@ def test_auto_takes_the_strongest_kind_the_engine_has_and_isolation_is_a_minimum
     from toolcage.backends import resolve_kind
     from toolcage.policies import Policy
 
-    monkeypatch.setenv("TOOLCAGE_GVISOR_EXPERIMENTAL", "1")  # the kind is experimental (GVISOR_GAPS)
     plain, strict = Policy(), Policy(name="strict", isolation="gvisor")
     with_runsc, without = _Info({"runc": {}, "runsc": {"path": "/usr/bin/runsc"}}), _Info({"runc": {}})
     assert resolve_kind("auto", plain, with_runsc) == "gvisor"  # type: ignore[arg-type]
@@ -148,18 +147,6 @@ def test_runc_versions_with_known_escapes_are_named_with_their_fix() -> None:
     )
     assert report["auto"] == "container" and not report["kinds"]["gvisor"]["available"]
     assert report["kinds"]["container"]["version"] == "1.1.5+ds1" and len(report["warnings"]) == 2
-
-
-def test_gvisor_is_experimental_until_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without TOOLCAGE_GVISOR_EXPERIMENTAL=1: gvisor refused with the gaps named, auto never picks it."""
-    from toolcage import UsageError
-    from toolcage.backends import resolve_kind
-    from toolcage.policies import Policy
-
-    monkeypatch.delenv("TOOLCAGE_GVISOR_EXPERIMENTAL", raising=False)
-    with pytest.raises(UsageError, match="experimental"):
-        resolve_kind("gvisor", Policy())
-    assert resolve_kind("auto", Policy(), _Info({"runsc": {}})) == "container"  # type: ignore[arg-type]
 
 
 def test_podman_knobs_applied_once_to_the_sandbox_and_its_proxy() -> None:

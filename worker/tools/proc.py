@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 from annotated_types import Gt
 
-from toolcage.worker import calls, cgroup, sweep, zygote
+from toolcage.worker import calls, cgroup, namespaces, sweep, zygote
 from toolcage.worker.errors import BadParams, ToolError
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Tool
@@ -141,7 +141,8 @@ def run_child(
             proc = zygote.spawn(fast_source, stdin is not None, env, settings.scratch)
         try:
             proc = proc or subprocess.Popen(
-                argv,
+                # under gVisor: in namespaces of its own (worker.namespaces)
+                namespaces.wrap(argv, keep=settings.policy.unsafe_background_processes),
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -1,0 +1,169 @@
+"""Tool code against the namespaces it runs in (gVisor: worker.namespaces) and against the worker.
+
+Under gVisor tool code starts in user, PID and mount namespaces of its own, made by nsinit, whose
+seccomp profile must allow unshare and mount for that. These attacks try to use them: a nested
+user namespace in which tool code is root, then remounts, bind mounts and unmounts meant to write
+the workspace or the image, or to uncover the sandbox's own /proc and with it the worker. Found
+while building it: gVisor does not lock a read-only mount inherited into a new user namespace, and
+with unshare and mount allowed to tool code the remount wrote to the host's workspace; nsinit now
+stacks a filter that refuses them. And clone3 (which gVisor's variant must allow) still makes a
+user namespace: gVisor granted a raw socket from the capability held there (the profile now
+refuses raw IP sockets to everyone). Run by both passes of the suite.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolcage import Sandbox
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+NESTED = r"""
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+def res(rc):
+    return "succeeded" if rc == 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+def write(path):
+    try:
+        with open(path, "w") as f:
+            f.write("planted")
+        return "written"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, "?")
+uid, gid = os.getuid(), os.getgid()
+out["unshare"] = res(libc.unshare(0x10000000 | 0x20000))  # CLONE_NEWUSER | CLONE_NEWNS
+if out["unshare"] == "succeeded":
+    for name, line in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        try:
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(line)
+        except OSError as e:
+            out[name] = errno.errorcode.get(e.errno, "?")
+    out["uid_inside"] = os.getuid()
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 0x4000
+out["remount_workspace_rw"] = res(libc.mount(None, b"/workspace", None, MS_REMOUNT | MS_BIND, None))
+out["workspace"] = write("/workspace/planted")
+os.makedirs("/scratch/ws", exist_ok=True)
+out["bind_workspace"] = res(libc.mount(b"/workspace", b"/scratch/ws", None, MS_BIND | MS_REC, None))
+out["remount_bind_rw"] = res(libc.mount(None, b"/scratch/ws", None, MS_REMOUNT | MS_BIND, None))
+out["workspace_through_bind"] = write("/scratch/ws/planted2")
+out["remount_root_rw"] = res(libc.mount(None, b"/", None, MS_REMOUNT | MS_BIND, None))
+out["image"] = write("/etc/planted")
+out["umount_proc"] = res(libc.umount2(b"/proc", 2))  # MNT_DETACH: uncover the sandbox's own /proc
+out["mount_proc"] = res(libc.mount(b"proc", b"/proc", b"proc", 0, None))
+opened = []
+for p in os.listdir("/proc"):
+    if not p.isdigit() or int(p) == os.getpid():
+        continue
+    try:
+        argv = open(f"/proc/{p}/cmdline", "rb").read()
+    except OSError:
+        continue
+    if b"toolcage.worker" in argv:
+        for fd in range(0, 8):
+            try:
+                os.close(os.open(f"/proc/{p}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK))
+                opened.append(f"{p}/{fd}")
+            except OSError:
+                pass
+out["worker_fds_opened"] = opened
+print(json.dumps(out))
+"""
+
+
+def test_nested_namespaces_write_nothing_and_uncover_no_worker(tmp_path: Path) -> None:
+    """Root in a nested user namespace: the workspace, the image and the worker's fds stay out of reach."""
+    (tmp_path / "kept.txt").write_text("original")
+    tmp_path.chmod(0o777)  # writable to anyone on the host: only the mount can refuse
+    with Sandbox(workspace=tmp_path) as sb:
+        r = sb.call("run_python", {"code": NESTED, "timeout_s": 30})
+        assert r.status == "ok", r.result
+        seen = json.loads(r.result["stdout"].strip().splitlines()[-1])
+        assert seen["worker_fds_opened"] == [], seen
+        assert seen["workspace"] == "EROFS" and seen["image"] in ("EROFS", "EACCES"), seen
+        if seen["bind_workspace"] == "succeeded":  # else /scratch/ws is a directory of scratch
+            assert seen["workspace_through_bind"] == "EROFS", seen
+        # refused by the profile under runc, by nsinit's stacked filter under gVisor
+        for step in ("unshare", "remount_workspace_rw", "bind_workspace", "remount_root_rw", "umount_proc"):
+            assert seen[step] == "EPERM", (step, seen)
+        assert sb.call("ping").result == "pong"  # the worker answers as before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.txt"]
+    assert (tmp_path / "kept.txt").read_text() == "original"
+
+
+STOP_EVERYTHING = r"""
+import os, signal, json
+sent = []
+for p in os.listdir("/proc"):
+    if p.isdigit() and int(p) != os.getpid():
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            try:
+                os.kill(int(p), sig)
+                sent.append(f"{p}:{sig.name}")
+            except OSError:
+                pass
+for sig in (signal.SIGSTOP, signal.SIGKILL):
+    try:
+        os.kill(-1, sig)
+        sent.append(f"-1:{sig.name}")
+    except OSError:
+        pass
+print(json.dumps(sent))
+"""
+
+
+def test_signals_from_tool_code_never_stop_the_worker() -> None:
+    """SIGSTOP and SIGKILL to every pid tool code can name, and to -1, leave the run answering."""
+    with Sandbox() as sb:
+        sb.call("run_python", {"code": "pass"})  # a zygote to hit too, where there is one
+        r = sb.call("run_python", {"code": STOP_EVERYTHING, "timeout_s": 10})
+        assert r.status == "ok", r.result
+        for _ in range(3):
+            assert sb.call("ping").result == "pong"
+            after = sb.call("run_python", {"code": "print(6 * 7)"})
+            assert after.status == "ok" and after.result["stdout"] == "42\n", after.result
+
+
+CLONE3_RAW = r"""
+import ctypes, errno, json, os, socket, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+r, w = os.pipe()
+args = struct.pack("QQQQQQQQ", 0x10000000, 0, 0, 0, 17, 0, 0, 0)  # clone3(CLONE_NEWUSER), SIGCHLD
+pid = libc.syscall(435, ctypes.create_string_buffer(args), len(args))
+if pid == 0:
+    out = {}
+    for name, fam, typ in (("raw", socket.AF_INET, socket.SOCK_RAW), ("raw6", socket.AF_INET6, socket.SOCK_RAW),
+                           ("packet", 17, socket.SOCK_RAW)):
+        try:
+            socket.socket(fam, typ, 1 if fam != 17 else 0).close()
+            out[name] = "opened"
+        except OSError as e:
+            out[name] = errno.errorcode.get(e.errno, "?")
+    os.write(w, json.dumps(out).encode())
+    os._exit(0)
+os.close(w)
+clone3 = "succeeded" if pid > 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+if pid > 0:
+    os.waitpid(pid, 0)
+print(json.dumps({"clone3": clone3, "inside": json.loads(os.read(r, 4096) or b"{}")}))
+"""
+
+
+def test_a_user_namespace_from_clone3_gets_no_raw_socket() -> None:
+    """clone3(CLONE_NEWUSER): ENOSYS under runc; under gVisor it works, and the capabilities held in
+    there open no raw or packet socket (gVisor granted one before the profile refused the type)."""
+    with Sandbox() as sb:
+        r = sb.call("run_python", {"code": CLONE3_RAW, "timeout_s": 30})
+        assert r.status == "ok", r.result
+        seen = json.loads(r.result["stdout"].strip().splitlines()[-1])
+        if sb.kind == "gvisor":
+            assert seen["clone3"] == "succeeded", seen  # the premise: there, a user namespace is made
+            assert seen["inside"] == {"raw": "EPERM", "raw6": "EPERM", "packet": "EPERM"}, seen
+        else:
+            assert seen == {"clone3": "ENOSYS", "inside": {}}, seen

@@ -1,0 +1,222 @@
+"""``python3 -I -S nsinit.py [--keep] -- ARGV``: start ARGV in user, PID and mount namespaces of its own (gVisor).
+
+Used by ``worker.namespaces`` (read its docstring for why). Stand-alone on purpose: it runs
+with ``-I`` (no PYTHONPATH, no user site, no script directory from scratch), imports only the
+standard library, and keeps nothing of the worker's.
+
+Steps, each fatal if it fails (exit 126 with the reason on stderr, and ARGV never runs):
+1. ``unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID)``, then the identity map of the
+   caller's uid and gid (the tool keeps its uid; scratch's files keep their owner).
+2. fork: the child is PID 1 of the new PID namespace. This process waits for it and ends as it
+   ended (its exit status, or killed by the same signal), so the worker sees the tool's own end.
+3. in the child: every mount private, a new /proc (it shows this namespace only), the capability
+   bounding set emptied, and a seccomp filter stacked on the container's that refuses mount,
+   umount2, unshare, setns and the rest of the mount API. Threat: tool code, root in a user
+   namespace it makes itself, remounting the read-only workspace or unmounting the /proc it was
+   given. gVisor does not lock a read-only mount inherited into a new user namespace, so only
+   refusing the calls holds (tests/security/test_tool_namespaces.py). Every capability is dropped
+   (capset), then ARGV is exec'd.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import struct
+import sys
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 24, 22, 2
+EXIT_NOT_ISOLATED = 126
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+# (audit arch, {syscall: number}) per machine; what the stacked filter refuses with EPERM
+_MOUNT_API = ("open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr")
+ARCHES = {
+    "x86_64": (
+        0xC000003E,
+        {"mount": 165, "umount2": 166, "unshare": 272, "setns": 308, "pivot_root": 155, "chroot": 161}
+        | dict(zip(_MOUNT_API, (428, 429, 430, 431, 432, 433, 442), strict=True)),
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {"mount": 40, "umount2": 39, "unshare": 97, "setns": 268, "pivot_root": 41, "chroot": 51}
+        | dict(zip(_MOUNT_API, (428, 429, 430, 431, 432, 433, 442), strict=True)),
+    ),
+}
+_X32_BIT = 0x40000000
+_RET_ALLOW, _RET_ERRNO_EPERM = 0x7FFF0000, 0x00050000 | 1
+_LD_ABS_W, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
+
+
+def filter_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """The stacked seccomp filter, as classic BPF (code, jt, jf, k): refuse ``ARCHES[machine]``'s
+    calls, any other architecture and the x32 numbers; allow the rest (the container's own
+    profile still decides everything else)."""
+    arch, numbers = ARCHES[machine]
+    nrs = sorted(numbers.values())
+    n = len(nrs)
+    # layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4.. jeq each; allow; deny
+    allow = 4 + n
+    deny = allow + 1
+    prog = [(_LD_ABS_W, 0, 0, 4), (_JEQ_K, 0, deny - 2, arch), (_LD_ABS_W, 0, 0, 0), (_JGE_K, deny - 4, 0, _X32_BIT)]
+    for i, nr in enumerate(nrs):
+        here = 4 + i
+        prog.append((_JEQ_K, deny - here - 1, 0, nr))
+    prog += [(_RET_K, 0, 0, _RET_ALLOW), (_RET_K, 0, 0, _RET_ERRNO_EPERM)]
+    return prog
+
+
+def _fail(libc: ctypes.CDLL, step: str) -> None:
+    err = ctypes.get_errno()
+    os.write(2, f"toolcage: the call could not be isolated ({step}: {os.strerror(err)})\n".encode())
+    os._exit(EXIT_NOT_ISOLATED)
+
+
+def enter(libc: ctypes.CDLL, keep: bool = False) -> None:
+    """Steps 1 to 3 in this process: returns in PID 1 of the new namespaces, ready to run the tool;
+    the process that called it stays outside, waits, and ends as the tool ends (never returns).
+    Also used by the zygote's fork (worker/zygote_main.py), in place of an exec of this file.
+
+    ``keep`` (the policy's ``unsafe_background_processes``): what the tool leaves running in the
+    background must outlive its call, which a PID namespace's end would not allow. PID 1 then stays
+    (``_keeper``) and the tool returns from here as PID 2; the call ends when the tool does."""
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID) != 0:
+        _fail(libc, "unshare")
+    for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        try:
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if name != "setgroups":  # gVisor refuses it, and needs it not
+                ctypes.set_errno(exc.errno or 0)
+                _fail(libc, f"writing {name}")
+    told_r, told_w = os.pipe() if keep else (-1, -1)
+    pid = os.fork()
+    if pid != 0:
+        if keep:
+            os.close(told_w)
+            _relay(pid, _read_status(told_r))
+        _relay(pid)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        _fail(libc, "prctl(PR_SET_PDEATHSIG)")
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        _fail(libc, "mount --make-rprivate /")
+    if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+        _fail(libc, "mount proc")
+    cap = 0
+    while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+    if cap == 0:
+        _fail(libc, "prctl(PR_CAPBSET_DROP)")
+    prog = filter_program(os.uname().machine)  # not platform: it imports re, ~10 ms here
+    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = SockFprog(len(prog), ctypes.addressof(buf))
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        _fail(libc, "seccomp")
+    # and no capability left in the namespace: an exec would drop them (the uid is not 0 there), but
+    # the zygote's fork runs the call without one; gVisor granted a raw socket on such a capability
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice (64 bits), all zero
+    if libc.capset(header, data) != 0:
+        _fail(libc, "capset")
+    if keep:
+        os.close(told_r)
+        _keeper(libc, told_w)
+
+
+def _keeper(libc: ctypes.CDLL, told_w: int) -> None:
+    """PID 1 that outlives the tool: fork it (returns there, as PID 2), wait for it, tell the outside
+    how it ended, then stay, reaping, while anything it left runs. The end of the tool ends its own
+    process group, as the worker's kill of a call's group does under runc; a process that left the
+    group (setsid, as a daemon does) lives on, as there."""
+    os.setsid()  # out of the call's process group: the worker's kill at the call's end must miss it
+    tool = os.fork()
+    if tool == 0:
+        os.close(told_w)
+        os.setsid()  # the tool's own group, ended with it
+        return
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # the call's pipes: the worker reads them until every holder has closed them
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == tool:
+            break
+    try:
+        os.killpg(tool, signal.SIGKILL)
+    except OSError:
+        pass
+    libc.prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)  # the outside process ends now: this one stays
+    os.write(told_w, status.to_bytes(4, "little"))
+    os.close(told_w)
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
+
+
+def _read_status(fd: int) -> int | None:
+    """The tool's wait status as its keeper tells it; None if the keeper died first."""
+    data = b""
+    while len(data) < 4:
+        try:
+            chunk = os.read(fd, 4 - len(data))
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        data += chunk
+    return int.from_bytes(data, "little")
+
+
+def _relay(pid: int, status: int | None = None) -> None:
+    """Wait for the tool (PID 1 inside) and end as it ended (``status``: as its keeper told it, which
+    stays). Nothing else to do: the worker kills this process group at a timeout or cancel, and
+    PID 1 inside dies with this process (PDEATHSIG), and with it the namespace."""
+    while status is None:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)  # Python ignores SIGPIPE, for one
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def main(args: list[str]) -> None:
+    keep = args[:1] == ["--keep"]
+    args = args[1:] if keep else args
+    if args[:1] != ["--"] or len(args) < 2:
+        os.write(2, b"usage: nsinit.py [--keep] -- ARGV\n")
+        os._exit(2)
+    argv = args[1:]
+    enter(ctypes.CDLL(None, use_errno=True), keep)
+    try:
+        os.execvp(argv[0], argv)  # noqa: S606 - the call's own program, as subprocess would start it
+    except OSError as exc:
+        # as subprocess reports it: the program could not be started
+        os.write(2, f"toolcage: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+
+if __name__ == "__main__":  # (embedded in the zygote it has another name)
+    main(sys.argv[1:])
