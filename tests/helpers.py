@@ -134,3 +134,8 @@ def wrap_session(args: list[str], body: Any, env: dict[str, str] | None = None, 
             anyio.run(main)
         code = code_file.read_text().strip() if code_file.exists() else ""
         return WrapRun(err_file.read_text(), int(code) if code else None)
+
+
+# where Docker's runsc keeps its containers' state (`runsc --root RUNSC_ROOT ps <id>` lists a gVisor
+# sandbox's processes, which live in gVisor's kernel, not the host's)
+RUNSC_ROOT = "/var/run/docker/runtime-runc/moby"

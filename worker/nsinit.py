@@ -106,6 +106,10 @@ def enter(libc: ctypes.CDLL, keep: bool = False) -> None:
         _relay(pid)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         _fail(libc, "prctl(PR_SET_PDEATHSIG)")
+    # a session and process group of its own, as a subprocess child has (the outside one's ids mean
+    # nothing in here); the worker's kill of the call's group ends the outside process, and this one
+    # dies with it (PDEATHSIG), and everything in the namespace with this one
+    os.setsid()
     if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         _fail(libc, "mount --make-rprivate /")
     if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
@@ -141,8 +145,7 @@ def _keeper(libc: ctypes.CDLL, told_w: int) -> None:
     how it ended, then stay, reaping, while anything it left runs. The end of the tool ends its own
     process group, as the worker's kill of a call's group does under runc; a process that left the
     group (setsid, as a daemon does) lives on, as there."""
-    os.setsid()  # out of the call's process group: the worker's kill at the call's end must miss it
-    tool = os.fork()
+    tool = os.fork()  # (enter made this one a session of its own: the worker's kill at the call's end misses it)
     if tool == 0:
         os.close(told_w)
         os.setsid()  # the tool's own group, ended with it

@@ -270,10 +270,13 @@ def test_a_daemon_left_while_calls_are_in_flight_is_gone_before_a_connector_call
 ) -> None:
     pol = _policy(tmp_path, "conc-daemon", exposed=True)
 
+    kind = []
+
     async def go() -> tuple[CallResult, CallResult, CallResult]:
         async with AsyncSandbox(
             pol, tool="conc-daemon", tools=[HOSTILE], secrets=SECRETS, egress_network=egress_net
         ) as sb:
+            kind.append(sb._sync.kind)
             long = asyncio.ensure_future(sb.call("run_shell", {"command": "sleep 2"}))
             await asyncio.sleep(0.3)
             left = await sb.call("run_python", {"code": DAEMON_SCAN})  # ends; the daemon lives on (a call is in flight)
@@ -287,7 +290,11 @@ def test_a_daemon_left_while_calls_are_in_flight_is_gone_before_a_connector_call
     left, held, seen = asyncio.run(go())
     assert left.ok and held.ok, (left, held)
     hits = {h[::-1] for h in seen.result["stdout"].split()}
-    assert seen.result["stdout"].strip() != "-", "the daemon never ran: this would prove nothing"
+    if kind == ["gvisor"]:
+        # there the daemon ends with its call's PID namespace, before any other call starts
+        assert seen.result["stdout"].strip() in ("-", ""), seen.result
+    else:
+        assert seen.result["stdout"].strip() != "-", "the daemon never ran: this would prove nothing"
     assert EXPOSED not in hits, "a daemon left by a call read the secret of a connector call"
 
 
