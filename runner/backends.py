@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from toolcage import hostpaths, removal
 from toolcage.config import GVISOR, PROXY_SOCKET, RunSpec, container_config, worker_image
 from toolcage.engine import EngineAPI
-from toolcage.errors import ToolcageError, UsageError
+from toolcage.errors import SandboxError, ToolcageError, UsageError
 from toolcage.policies import Policy
 from toolcage.transport import DockerAttachTransport, ProcessTransport, StreamParser, Transport
 
@@ -272,7 +272,8 @@ class ProcessBackend:
 
 
 def engine_flavor(engine: Any) -> str:
-    """``podman`` when the engine is Podman's Docker-compatible service, else ``docker`` (asked once per engine)."""
+    """``podman`` when the engine is Podman's Docker-compatible service, else ``docker`` (asked once per
+    engine). Refuses (SandboxError, with the fix) an engine that cannot enforce the limits."""
     flavor = getattr(engine, "_toolcage_flavor", None)
     if flavor is None:
         try:
@@ -281,6 +282,12 @@ def engine_flavor(engine: Any) -> str:
             components = []
         podman = any("podman" in str(c.get("Name", "")).lower() for c in components)
         flavor = "podman" if podman else "docker"
+        if podman:  # (a rootless Docker says so itself: create's warnings, toolcage.docker_adapter)
+            from toolcage.runtimes import limits_problem
+
+            problem = limits_problem(engine.info())
+            if problem:
+                raise SandboxError(f"this engine cannot hold a sandbox: {problem}")
         with contextlib.suppress(AttributeError):
             engine._toolcage_flavor = flavor
     return str(flavor)
@@ -320,6 +327,19 @@ def resolve_kind(kind: str, policy: Policy, engine: EngineAPI | None = None) -> 
         raise UsageError(f"unknown sandbox kind {kind!r}: use one of {', '.join(map(repr, [*BACKENDS, 'auto']))}")
     if kind == "auto":
         kind = available_kinds(engine)[0]
+    elif kind == "gvisor":
+        if engine is None:
+            from toolcage.docker_adapter import Engine
+
+            engine = Engine.default()
+        from toolcage.runtimes import gvisor_problem
+
+        problem = gvisor_problem(engine.info())
+        if problem:
+            raise UsageError(
+                f"--sandbox gvisor: {problem}. Register runsc as the README's gVisor section shows "
+                "(`.ci/register-runsc` does it), or use --sandbox container"
+            )
     need = policy.isolation
     if need is not None and STRENGTH.get(kind, 1) < STRENGTH[need]:
         hint = (

@@ -128,7 +128,14 @@ class Engine:
     # containers ---------------------------------------------------------------------
     def create(self, config: dict[str, Any], name: str) -> str:
         image = config.get("Image")
-        return str(_call(self.api.create_container_from_config, config, name=name, image=image)["Id"])
+        made = _call(self.api.create_container_from_config, config, name=name, image=image)
+        # Docker creates the container and only warns when the kernel or a rootless set-up cannot apply
+        # a limit ("... Limitation discarded."): a sandbox without its limits is not made at all
+        dropped = [w for w in made.get("Warnings") or [] if "discarded" in str(w).lower()]
+        if dropped:
+            _call(self.api.remove_container, made["Id"], force=True, on_missing=None)
+            raise SandboxError(f"the engine cannot enforce this sandbox's limits: {'; '.join(map(str, dropped))}")
+        return str(made["Id"])
 
     def attach(self, cid: str) -> tuple[socket.socket, Callable[[], None]]:
         """A raw, bidirectional socket on the container's stdin/stdout/stderr (multiplexed),

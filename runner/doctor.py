@@ -31,6 +31,7 @@ def _checks(report: dict[str, Any], findings: list[str], probe: bool, policy_ref
         findings.append(f"engine: {exc.message}")
         return
     report["engine"] = {"ok": True, "version": version.get("Version"), "api": version.get("ApiVersion")}
+    report["engines"] = _engines()
     img = engine.image(DEFAULT_IMAGE)
     if img is None:
         findings.append(f"image {DEFAULT_IMAGE} is missing: run `toolcage image build`")
@@ -77,6 +78,30 @@ def _checks(report: dict[str, Any], findings: list[str], probe: bool, policy_ref
         findings.extend(f"probe {r.name} failed: {r.observed}" for r in results if not r.passed)
 
 
+def _engines() -> list[dict[str, Any]]:
+    """Every engine endpoint found on this host (DOCKER_HOST's, then rootful and rootless Docker and
+    Podman), each with what it is and which sandbox kinds it can serve: the one flag to change
+    (DOCKER_HOST) and what the others would give."""
+    import os
+
+    from toolcage.docker_adapter import Engine
+    from toolcage.errors import ToolcageError
+    from toolcage.runtimes import engine_sockets, engine_summary
+
+    out: list[dict[str, Any]] = []
+    for i, url in enumerate(engine_sockets(dict(os.environ), os.getuid())):
+        if url.startswith("unix://") and not os.path.exists(url[len("unix://") :]):
+            continue
+        row: dict[str, Any] = {"url": url, "in_use": i == 0}
+        try:
+            eng = Engine(base_url=url, timeout=5)
+            row.update(engine_summary(eng.ping(), eng.info()), ok=True)
+        except ToolcageError as exc:
+            row.update(ok=False, error=exc.message)
+        out.append(row)
+    return out
+
+
 @click.command()
 @click.option("--probe", is_flag=True, help="Also prove the isolation in a live sandbox under --policy.")
 @click.option("--policy", "policy_ref", default="default", show_default=True, help="Policy for --probe.")
@@ -116,6 +141,15 @@ def _doctor_text(report: dict[str, Any], findings: list[str]) -> None:
         im = report.get("image")
         state = ("current" if im["current"] else "OUT OF DATE") if im else ""
         click.echo(f"image       {escape(im['tag'])} {state}" if im else "image       missing")
+        for e in report.get("engines", []):
+            mark = "engine*" if e["in_use"] else "engine "
+            if not e["ok"]:
+                click.echo(f"{mark}     {escape(e['url'])}  not answering: {escape(e.get('error'))}")
+                continue
+            mode = "rootless" if e["rootless"] else "rootful" + (", userns-remap" if e["userns"] else "")
+            line = f"{mark}     {escape(e['url'])}  {escape(e['flavor'])} {escape(e['version'])} ({mode}); kinds: "
+            line += ", ".join(e["kinds"])
+            click.echo(line + (f"  (gvisor: {escape(e['gvisor_problem'])})" if e["gvisor_problem"] else ""))
         d = report["daemon"]
         flags = ", ".join(k for k in ("seccomp", "apparmor", "selinux", "userns", "rootless") if d[k]) or "none"
         click.echo(

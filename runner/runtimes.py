@@ -47,17 +47,40 @@ def component_version(engine_version: dict[str, Any], name: str) -> str | None:
     return None
 
 
+# runsc flags the gvisor kind's walls depend on: without --oci-seccomp toolcage's seccomp profile is not
+# applied inside gVisor (ptrace, io_uring, raw sockets open there); without --overlay2=none runsc
+# lays a writable memory overlay on the read-only root. Podman, for one, lists a runsc it found on
+# the PATH with none of them (and kata and krun that are not installed).
+GVISOR_REQUIRED_ARGS = ("--oci-seccomp", "--overlay2=none")
+
+
+def gvisor_problem(info: dict[str, Any]) -> str | None:
+    """Why the engine's runsc cannot serve the gvisor kind (``docker info``'s Runtimes), or None."""
+    runtimes = info.get("Runtimes") or {}
+    if "runsc" not in runtimes:
+        return "the engine has no runsc runtime registered"
+    args = (runtimes.get("runsc") or {}).get("runtimeArgs") or []
+    missing = [a for a in GVISOR_REQUIRED_ARGS if a not in args]
+    if missing:
+        return (
+            f"the engine's runsc runtime is registered without {' and '.join(missing)} (its runtimeArgs: "
+            f"{' '.join(args) or 'none'}): toolcage's seccomp profile and read-only root would not hold there"
+        )
+    return None
+
+
 def gvisor_registered(info: dict[str, Any]) -> bool:
-    """Whether the engine has gVisor's runsc registered as a runtime (``docker info``'s Runtimes)."""
-    return "runsc" in (info.get("Runtimes") or {})
+    """Whether the engine has gVisor's runsc registered as a runtime, with the flags the kind needs."""
+    return gvisor_problem(info) is None
 
 
 def gvisor_networked(info: dict[str, Any]) -> bool:
     """Whether runsc is registered with a network stack of its own, so a container with a network (the
     egress proxy) can run under it. Registered with ``--network=none`` it cannot: the egress proxy
     of a gVisor sandbox then runs under the engine's default runtime."""
-    args = ((info.get("Runtimes") or {}).get("runsc") or {}).get("runtimeArgs") or []
-    return gvisor_registered(info) and "--network=none" not in args
+    runtimes = info.get("Runtimes") or {}
+    args = (runtimes.get("runsc") or {}).get("runtimeArgs") or []
+    return "runsc" in runtimes and "--network=none" not in args
 
 
 def backends_report(engine_version: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
@@ -74,5 +97,60 @@ def backends_report(engine_version: dict[str, Any], info: dict[str, Any]) -> dic
         "container": {"available": True, "runtime": info.get("DefaultRuntime") or "runc", "version": runc},
         "none": {"available": True, "runtime": None, "note": "no isolation: never picked by auto"},
     }
+    problem = gvisor_problem(info)
+    if problem and "runsc" in (info.get("Runtimes") or {}):
+        kinds["gvisor"]["note"] = f"not usable: {problem}"
     auto = "gvisor" if kinds["gvisor"]["available"] else "container"
     return {"kinds": kinds, "auto": auto, "warnings": runc_warnings(runc)}
+
+
+def engine_sockets(environ: dict[str, str], uid: int) -> list[str]:
+    """The engine endpoints ``doctor`` looks at: DOCKER_HOST's (the one in use) first, then the
+    well-known sockets of rootful and rootless Docker and Podman."""
+    runtime_dir = environ.get("XDG_RUNTIME_DIR") or f"/run/user/{uid}"
+    found = [environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"]
+    for path in (
+        "/var/run/docker.sock",
+        "/run/podman/podman.sock",
+        f"{runtime_dir}/docker.sock",
+        f"{runtime_dir}/podman/podman.sock",
+    ):
+        url = f"unix://{path}"
+        if url not in found:
+            found.append(url)
+    return found
+
+
+def engine_summary(version: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """One engine as doctor lists it: which it is, whether it runs rootless or remaps users, and the
+    sandbox kinds it can serve (gvisor only with runsc registered as the kind needs)."""
+    podman = any("podman" in str(c.get("Name", "")).lower() for c in version.get("Components") or [])
+    opts = " ".join(info.get("SecurityOptions") or [])
+    problem = gvisor_problem(info)
+    return {
+        "flavor": "podman" if podman else "docker",
+        "version": version.get("Version"),
+        "rootless": rootless(info),
+        "userns": "name=userns" in opts,
+        "kinds": [] if limits_problem(info) else (["gvisor"] if problem is None else []) + ["container"],
+        "gvisor_problem": problem,
+        "limits_problem": limits_problem(info),
+    }
+
+
+def rootless(info: dict[str, Any]) -> bool:
+    """Docker says so in SecurityOptions (name=rootless); Podman's compatible service in ``Rootless``."""
+    return info.get("Rootless") is True or "name=rootless" in " ".join(info.get("SecurityOptions") or [])
+
+
+def limits_problem(info: dict[str, Any]) -> str | None:
+    """Why the engine cannot enforce a sandbox's memory and pids limits, or None. Rootless on cgroup v1
+    there is no cgroup the engine may delegate: rootless Podman (seen on this machine kind, 4.3.1)
+    creates the container and silently drops --memory and --pids-limit."""
+    if rootless(info) and str(info.get("CgroupVersion")) == "1":
+        return (
+            "the engine runs rootless on cgroup v1, where it cannot enforce the memory and pids limits (it "
+            "ignores them): use a rootful engine, or a host with cgroup v2 delegating the memory and pids "
+            "controllers to the user"
+        )
+    return None

@@ -78,11 +78,32 @@ def _fail(libc: ctypes.CDLL, step: str) -> None:
 def enter(libc: ctypes.CDLL, keep: bool = False) -> None:
     """Steps 1 to 3 in this process: returns in PID 1 of the new namespaces, ready to run the tool;
     the process that called it stays outside, waits, and ends as the tool ends (never returns).
-    Also used by the zygote's fork (worker/zygote_main.py), in place of an exec of this file.
 
     ``keep`` (the policy's ``unsafe_background_processes``): what the tool leaves running in the
     background must outlive its call, which a PID namespace's end would not allow. PID 1 then stays
     (``_keeper``) and the tool returns from here as PID 2; the call ends when the tool does."""
+    unshare(libc)
+    told_r, told_w = os.pipe() if keep else (-1, -1)
+    pid = os.fork()
+    if pid != 0:
+        if keep:
+            os.close(told_w)
+            _relay(pid, _read_status(told_r))
+        _relay(pid)
+    # the worker's kill of the call's group ends the outside process; this one dies with it, and
+    # everything in the namespace with this one
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        _fail(libc, "prctl(PR_SET_PDEATHSIG)")
+    become_init(libc)
+    if keep:
+        os.close(told_r)
+        _keeper(libc, told_w)
+
+
+def unshare(libc: ctypes.CDLL) -> None:
+    """Step 1: new user, mount and PID namespaces (the next child of this process is PID 1 of the
+    new one) and the identity map of the caller's uid and gid. The zygote's middle process calls it
+    before it forks the call's process, which so becomes PID 1 with no process of ours in between."""
     uid, gid = os.getuid(), os.getgid()
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID) != 0:
         _fail(libc, "unshare")
@@ -97,19 +118,12 @@ def enter(libc: ctypes.CDLL, keep: bool = False) -> None:
             if name != "setgroups":  # gVisor refuses it, and needs it not
                 ctypes.set_errno(exc.errno or 0)
                 _fail(libc, f"writing {name}")
-    told_r, told_w = os.pipe() if keep else (-1, -1)
-    pid = os.fork()
-    if pid != 0:
-        if keep:
-            os.close(told_w)
-            _relay(pid, _read_status(told_r))
-        _relay(pid)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        _fail(libc, "prctl(PR_SET_PDEATHSIG)")
-    # a session and process group of its own, as a subprocess child has (the outside one's ids mean
-    # nothing in here); the worker's kill of the call's group ends the outside process, and this one
-    # dies with it (PDEATHSIG), and everything in the namespace with this one
-    os.setsid()
+
+
+def become_init(libc: ctypes.CDLL) -> None:
+    """Step 3, in PID 1 of the new namespaces: its own session, /proc, no capability, the filter."""
+    if os.getsid(0) != os.getpid():
+        os.setsid()  # a session and process group of its own, as a subprocess child has
     if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         _fail(libc, "mount --make-rprivate /")
     if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
@@ -135,9 +149,6 @@ def enter(libc: ctypes.CDLL, keep: bool = False) -> None:
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice (64 bits), all zero
     if libc.capset(header, data) != 0:
         _fail(libc, "capset")
-    if keep:
-        os.close(told_r)
-        _keeper(libc, told_w)
 
 
 def _keeper(libc: ctypes.CDLL, told_w: int) -> None:
@@ -145,7 +156,7 @@ def _keeper(libc: ctypes.CDLL, told_w: int) -> None:
     how it ended, then stay, reaping, while anything it left runs. The end of the tool ends its own
     process group, as the worker's kill of a call's group does under runc; a process that left the
     group (setsid, as a daemon does) lives on, as there."""
-    tool = os.fork()  # (enter made this one a session of its own: the worker's kill at the call's end misses it)
+    tool = os.fork()  # (become_init made this one a session of its own: the worker's kill at the call's end misses it)
     if tool == 0:
         os.close(told_w)
         os.setsid()  # the tool's own group, ended with it

@@ -59,18 +59,21 @@ _MAXFD = os.sysconf("SC_OPEN_MAX")
 # Under gVisor the worker puts worker/nsinit.py's text here (worker.namespaces): each fork then enters
 # user, PID and mount namespaces of its own before the call's code runs, as a subprocess child would.
 _NAMESPACES = None  # nsinit
-_enter: Any = None
+_unshare: Any = None
+_become_init: Any = None
 if _NAMESPACES is not None:
     _nsinit: dict[str, Any] = {"__name__": "toolcage_nsinit"}
     exec(compile(_NAMESPACES, "nsinit.py", "exec"), _nsinit)  # noqa: S102 - the worker's own file
-    _enter = _nsinit["enter"]
+    _unshare, _become_init = _nsinit["unshare"], _nsinit["become_init"]
 if _PATH0 is not None:
     sys.path.insert(0, _PATH0)  # (nothing is imported from here on in the zygote itself)
 del _PATH0
 
 
-def _child(fds: list[int], pid_r: int, pid_w: int) -> None:
-    """In the forked child: become what ``python3 -c code`` is, then run the code. Never returns."""
+def _child(fds: list[int], pid_r: int, pid_w: int, argv_mode: bool = False) -> None:
+    """In the forked child: become what ``python3 -c code`` is, then run the code. Never returns.
+    ``argv_mode`` (only with namespaces, where a subprocess would pay a launcher's interpreter start):
+    the pipe carries an argv (NUL-separated) to exec in the namespaces, as ``subprocess`` would start it."""
     code_r, stdin_fd, out_w, err_w = fds
     try:
         _ctl.detach()  # its fd is closed below; the object must not close that number again later
@@ -96,8 +99,10 @@ def _child(fds: list[int], pid_r: int, pid_w: int) -> None:
         os.close(keep)
         source = b"".join(chunks).decode("utf-8", "surrogateescape")
         _libc.prctl(4, 1, 0, 0, 0)  # dumpable again, as after an exec (and so it may write its uid_map)
-        if _enter is not None:
-            _enter(_libc)  # from here on: PID 1 of namespaces of its own (this process waits outside)
+        if argv_mode:
+            _exec(source.split("\0"))
+        if _become_init is not None:
+            _become_init(_libc)  # PID 1 of namespaces of its own (the middle process made them)
         code = compile(source, "<string>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError):  # as `python3 -c` reports it: no traceback of ours
         _finish_with(sys.exc_info(), skip=None)
@@ -124,6 +129,25 @@ def _child(fds: list[int], pid_r: int, pid_w: int) -> None:
     except SystemExit as exc:
         end(exc.code)
     end(None)
+
+
+def _exec(argv: list[str]) -> None:
+    """Exec ``argv`` in namespaces of its own, with every signal at its default (as ``subprocess``
+    leaves them: an ignored signal would stay ignored across the exec). Never returns."""
+    if _become_init is None or not argv or not argv[0]:
+        os._exit(70)
+    for s in _SIGNALS:
+        if s not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(s, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+    _become_init(_libc)
+    try:
+        os.execvp(argv[0], argv)  # noqa: S606 - the call's own program, as subprocess would start it
+    except OSError as exc:
+        os.write(2, f"toolcage: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 
 def _end(code: Any, sys: Any = sys, os: Any = os, gc: Any = gc, atexit: Any = atexit) -> None:
@@ -200,12 +224,15 @@ def _serve() -> None:
         except OSError:
             mid = -1
         if mid == 0:
+            if _unshare is not None:  # the call's process, forked next, is PID 1 of new namespaces
+                _libc.prctl(4, 1, 0, 0, 0)  # dumpable: it writes its own uid_map (it exits at once)
+                _unshare(_libc)
             try:
                 pid = os.fork()
             except OSError:
                 os._exit(1)
             if pid == 0:
-                _child(fds, pid_r, pid_w)
+                _child(fds, pid_r, pid_w, argv_mode=msg == b"X")
             os.write(pid_w, pid.to_bytes(8, "little"))
             os._exit(0)
         os.close(pid_w)

@@ -86,7 +86,8 @@ def test_auto_takes_the_strongest_kind_the_engine_has_and_isolation_is_a_minimum
     from toolcage.policies import Policy
 
     plain, strict = Policy(), Policy(name="strict", isolation="gvisor")
-    with_runsc, without = _Info({"runc": {}, "runsc": {"path": "/usr/bin/runsc"}}), _Info({"runc": {}})
+    args = ["--network=none", "--oci-seccomp", "--overlay2=none"]
+    with_runsc, without = _Info({"runc": {}, "runsc": {"path": "/usr/bin/runsc", "runtimeArgs": args}}), _Info({})
     assert resolve_kind("auto", plain, with_runsc) == "gvisor"  # type: ignore[arg-type]
     assert resolve_kind("auto", plain, without) == "container"  # type: ignore[arg-type]
     assert resolve_kind("none", plain) == "none" and resolve_kind("container", plain) == "container"
@@ -94,6 +95,29 @@ def test_auto_takes_the_strongest_kind_the_engine_has_and_isolation_is_a_minimum
     for kind, engine in (("container", None), ("none", None), ("auto", without)):
         with pytest.raises(UsageError, match=r"requires isolation 'gvisor'.*runsc"):
             resolve_kind(kind, strict, engine)  # type: ignore[arg-type]
+
+
+def test_a_runsc_without_the_flags_the_kind_needs_is_not_gvisor() -> None:
+    """Podman lists a runsc found on the PATH with no runtimeArgs: without --oci-seccomp toolcage's profile
+    would not apply inside gVisor. auto passes it over; --sandbox gvisor is refused naming the flag; doctor
+    says why it is not usable."""
+    from toolcage import UsageError
+    from toolcage.backends import resolve_kind
+    from toolcage.policies import Policy
+    from toolcage.runtimes import backends_report
+
+    bare = _Info({"runc": {}, "runsc": {"path": "/usr/bin/runsc"}})
+    no_overlay = _Info({"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--oci-seccomp"]}})
+    assert resolve_kind("auto", Policy(), bare) == "container"  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"without --oci-seccomp and --overlay2=none.*register-runsc"):
+        resolve_kind("gvisor", Policy(), bare)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"without --overlay2=none \(its runtimeArgs: --oci-seccomp\)"):
+        resolve_kind("gvisor", Policy(), no_overlay)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"no runsc runtime registered"):
+        resolve_kind("gvisor", Policy(), _Info({"runc": {}}))  # type: ignore[arg-type]
+    report = backends_report({}, bare.info())
+    assert report["auto"] == "container" and not report["kinds"]["gvisor"]["available"]
+    assert "not usable" in report["kinds"]["gvisor"]["note"]
 
 
 def test_gvisor_runtime_in_the_container_config() -> None:
@@ -171,3 +195,40 @@ def test_podman_knobs_applied_once_to_the_sandbox_and_its_proxy() -> None:
         assert [u for u in hc["Ulimits"] if u["Name"] == "nproc"] == [
             {"Name": "nproc", "Soft": PODMAN_NPROC, "Hard": PODMAN_NPROC}
         ]
+
+
+def test_doctor_lists_every_engine_with_its_mode_and_kinds() -> None:
+    """DOCKER_HOST's engine first, then rootful and rootless Docker and Podman sockets; each summarised as
+    docker or podman, rootless or rootful (userns-remap), and the kinds it can serve."""
+    from toolcage.runtimes import engine_sockets, engine_summary
+
+    socks = engine_sockets({"DOCKER_HOST": "unix:///run/podman/podman.sock", "XDG_RUNTIME_DIR": "/run/user/1000"}, 1000)
+    assert socks == [
+        "unix:///run/podman/podman.sock",
+        "unix:///var/run/docker.sock",
+        "unix:///run/user/1000/docker.sock",
+        "unix:///run/user/1000/podman/podman.sock",
+    ]
+    assert engine_sockets({}, 0)[0] == "unix:///var/run/docker.sock" and len(engine_sockets({}, 0)) == 4
+    podman = engine_summary(
+        {"Version": "4.3.1", "Components": [{"Name": "Podman Engine"}]},
+        {"SecurityOptions": ["name=seccomp,profile=default", "name=rootless"], "Runtimes": {"runsc": {}}},
+    )
+    assert podman["flavor"] == "podman" and podman["rootless"] and podman["kinds"] == ["container"]
+    assert "--oci-seccomp" in podman["gvisor_problem"]
+    args = {"runtimeArgs": ["--oci-seccomp", "--overlay2=none"]}
+    docker = engine_summary({"Version": "28.2.2"}, {"SecurityOptions": ["name=userns"], "Runtimes": {"runsc": args}})
+    assert docker == {
+        "flavor": "docker",
+        "version": "28.2.2",
+        "rootless": False,
+        "userns": True,
+        "kinds": ["gvisor", "container"],
+        "gvisor_problem": None,
+        "limits_problem": None,
+    }
+    # rootless on cgroup v1 (Podman says so in `Rootless`): no kind, the limits would not hold there
+    v1 = engine_summary({"Components": [{"Name": "Podman Engine"}]}, {"Rootless": True, "CgroupVersion": "1"})
+    assert v1["rootless"] and v1["kinds"] == [] and "cgroup v1" in v1["limits_problem"]
+    v2 = engine_summary({"Components": [{"Name": "Podman Engine"}]}, {"Rootless": True, "CgroupVersion": "2"})
+    assert v2["kinds"] == ["container"] and v2["limits_problem"] is None

@@ -139,6 +139,8 @@ def run_child(
     with _SPAWN_LOCK:
         if fast_source is not None and not pass_fds and zygote.enabled():
             proc = zygote.spawn(fast_source, stdin is not None, env, settings.scratch)
+        elif not pass_fds and zygote.enabled():  # under gVisor only: an exec from a fork of the zygote
+            proc = zygote.spawn_argv(argv, stdin is not None, env, settings.scratch)
         try:
             proc = proc or subprocess.Popen(
                 # under gVisor: in namespaces of its own (worker.namespaces)
