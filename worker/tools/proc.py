@@ -139,7 +139,9 @@ def run_child(
     with _SPAWN_LOCK:
         if fast_source is not None and not pass_fds and zygote.enabled():
             proc = zygote.spawn(fast_source, stdin is not None, env, settings.scratch)
-        elif not pass_fds and zygote.enabled():  # under gVisor only: an exec from a fork of the zygote
+        elif not pass_fds and not settings.policy.unsafe_background_processes and zygote.enabled():
+            # under gVisor only: an exec from a fork of the zygote (never where processes outlive their
+            # call: that takes nsinit's keeper, and an earlier call's process could tamper with the zygote)
             proc = zygote.spawn_argv(argv, stdin is not None, env, settings.scratch)
         try:
             proc = proc or subprocess.Popen(
