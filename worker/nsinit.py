@@ -46,26 +46,39 @@ ARCHES = {
         | dict(zip(_MOUNT_API, (428, 429, 430, 431, 432, 433, 442), strict=True)),
     ),
 }
+# clone3 answers ENOSYS, so glibc falls back to clone, whose namespace flags the container's profile
+# refuses: with clone3 a call made a user namespace of its own, and gVisor honours the capabilities
+# held there beyond it (CAP_NET_ADMIN over the sandbox's network namespace: loopback deleted for later
+# calls; RLIMIT_NPROC not applied: enough processes crashed the sandbox). The container's profile
+# cannot refuse clone3 (runsc's OCI seccomp answers EPERM whatever errno it asks for, and no thread
+# could start); a filter a process installs itself gets the errno it asks for.
+CLONE3 = 435  # the same on x86_64 and aarch64
 _X32_BIT = 0x40000000
-_RET_ALLOW, _RET_ERRNO_EPERM = 0x7FFF0000, 0x00050000 | 1
+_RET_ALLOW, _RET_ERRNO_EPERM, _RET_ERRNO_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
 _LD_ABS_W, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
 
 
 def filter_program(machine: str) -> list[tuple[int, int, int, int]]:
     """The stacked seccomp filter, as classic BPF (code, jt, jf, k): refuse ``ARCHES[machine]``'s
-    calls, any other architecture and the x32 numbers; allow the rest (the container's own
-    profile still decides everything else)."""
+    calls, any other architecture and the x32 numbers (EPERM), answer clone3 ENOSYS; allow the rest
+    (the container's own profile still decides everything else)."""
     arch, numbers = ARCHES[machine]
     nrs = sorted(numbers.values())
     n = len(nrs)
-    # layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4.. jeq each; allow; deny
-    allow = 4 + n
-    deny = allow + 1
-    prog = [(_LD_ABS_W, 0, 0, 4), (_JEQ_K, 0, deny - 2, arch), (_LD_ABS_W, 0, 0, 0), (_JGE_K, deny - 4, 0, _X32_BIT)]
+    # layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4 jeq clone3; 5.. jeq each; allow; deny; enosys
+    allow = 5 + n
+    deny, enosys = allow + 1, allow + 2
+    prog = [
+        (_LD_ABS_W, 0, 0, 4),
+        (_JEQ_K, 0, deny - 2, arch),
+        (_LD_ABS_W, 0, 0, 0),
+        (_JGE_K, deny - 4, 0, _X32_BIT),
+        (_JEQ_K, enosys - 5, 0, CLONE3),
+    ]
     for i, nr in enumerate(nrs):
-        here = 4 + i
+        here = 5 + i
         prog.append((_JEQ_K, deny - here - 1, 0, nr))
-    prog += [(_RET_K, 0, 0, _RET_ALLOW), (_RET_K, 0, 0, _RET_ERRNO_EPERM)]
+    prog += [(_RET_K, 0, 0, _RET_ALLOW), (_RET_K, 0, 0, _RET_ERRNO_EPERM), (_RET_K, 0, 0, _RET_ERRNO_ENOSYS)]
     return prog
 
 

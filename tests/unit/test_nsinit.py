@@ -8,7 +8,7 @@ import pytest
 
 from toolcage.worker import namespaces, nsinit
 
-ALLOW, EPERM = 0x7FFF0000, 0x00050001
+ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050001, 0x00050026
 
 
 def run_bpf(prog: list[tuple[int, int, int, int]], nr: int, arch: int) -> int:
@@ -34,13 +34,15 @@ def run_bpf(prog: list[tuple[int, int, int, int]], nr: int, arch: int) -> int:
 
 @pytest.mark.parametrize("machine", sorted(nsinit.ARCHES))
 def test_the_stacked_filter_refuses_mount_and_namespace_calls_only(machine: str) -> None:
-    """Each listed call answers EPERM, x32 numbers and a foreign architecture too; everything else is allowed."""
+    """Each listed call answers EPERM, x32 numbers and a foreign architecture too, clone3 ENOSYS; the rest is
+    allowed."""
     arch, numbers = nsinit.ARCHES[machine]
     prog = nsinit.filter_program(machine)
     assert {"mount", "umount2", "unshare", "setns", "fsmount", "move_mount", "open_tree"} <= set(numbers)
     for name, nr in numbers.items():
         assert run_bpf(prog, nr, arch) == EPERM, name
-    refused = set(numbers.values())
+    assert run_bpf(prog, nsinit.CLONE3, arch) == ENOSYS  # glibc falls back to clone, whose flags are checked
+    refused = set(numbers.values()) | {nsinit.CLONE3}
     for nr in range(0, 460):
         if nr not in refused:
             assert run_bpf(prog, nr, arch) == ALLOW, nr
