@@ -6,6 +6,7 @@ Swapping the Docker client (or adding Podman) touches this file only.
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ def _translate(exc: Exception, image: str | None = None) -> SandboxError:
 
 
 _RAISE: Any = object()
+_REMOVE_TRIES = 6  # sleeps 0.1 + 0.2 + ... + 0.5 s between them
 
 
 def _call(fn: Callable[..., Any], *args: Any, on_missing: Any = _RAISE, image: str | None = None, **kw: Any) -> Any:
@@ -177,16 +179,24 @@ class Engine:
             raise _translate(exc) from exc
 
     def remove(self, cid: str) -> None:
-        try:
-            self.api.remove_container(cid, force=True, v=True)
-        except docker.errors.NotFound:
-            return  # already gone: the goal is reached
-        except docker.errors.APIError as exc:
-            if exc.status_code == _CONFLICT:
-                return  # with force=True, 409 means another removal of it is already in progress
-            raise _translate(exc) from exc
-        except Exception as exc:
-            raise _translate(exc) from exc
+        # Podman's service sometimes answers 500 ("could not be stopped: sending SIGKILL") for a
+        # container whose process has just exited; a moment later the removal goes through (seen in
+        # CI: tests/integration/test_podman.py). A 5xx is tried again, for about 2 s in all.
+        for attempt in range(_REMOVE_TRIES):
+            try:
+                self.api.remove_container(cid, force=True, v=True)
+                return
+            except docker.errors.NotFound:
+                return  # already gone: the goal is reached
+            except docker.errors.APIError as exc:
+                if exc.status_code == _CONFLICT:
+                    return  # with force=True, 409 means another removal of it is already in progress
+                if exc.is_server_error() and attempt + 1 < _REMOVE_TRIES:
+                    time.sleep(0.1 * (attempt + 1))
+                    continue
+                raise _translate(exc) from exc
+            except Exception as exc:
+                raise _translate(exc) from exc
 
     def containers(self, label: str, all: bool = True) -> list[dict[str, Any]]:
         return list(_call(self.api.containers, all=all, filters={"label": label}))

@@ -43,15 +43,20 @@ def test_api_error_keeps_its_http_status() -> None:
 
 
 class _Api:
-    def __init__(self, exc: Exception) -> None:
+    def __init__(self, exc: Exception, times: int = 1_000) -> None:
         self.exc = exc
+        self.times = times  # how many calls fail before one succeeds
+        self.calls = 0
 
     def remove_container(self, *a: Any, **k: Any) -> None:
-        raise self.exc
+        self.calls += 1
+        if self.calls <= self.times:
+            raise self.exc
 
 
 def test_remove_treats_409_as_done_and_other_errors_as_errors() -> None:
-    """remove(): 404 and 409 (removal already in progress) reach the goal; a 500 is reported."""
+    """remove(): 404 and 409 (removal already in progress) reach the goal; a 500 is tried again for about
+    2 s (Podman, a container whose process has just exited), then reported."""
     engine = Engine.__new__(Engine)
     for status in (404, 409):
         cls = docker.errors.NotFound if status == 404 else docker.errors.APIError
@@ -64,3 +69,13 @@ def test_remove_treats_409_as_done_and_other_errors_as_errors() -> None:
         assert exc.details["http_status"] == 500
     else:
         raise AssertionError("a 500 was swallowed")
+
+
+def test_remove_tries_a_5xx_again_until_it_goes_through(monkeypatch: Any) -> None:
+    """Podman's 'could not be stopped: sending SIGKILL' (500) for a container that just exited: the
+    next try removes it."""
+    monkeypatch.setattr("toolcage.docker_adapter.time.sleep", lambda s: None)
+    engine = Engine.__new__(Engine)
+    engine.api = _Api(docker.errors.APIError("x", response=_response(500), explanation="sending SIGKILL"), times=2)
+    engine.remove("c")
+    assert engine.api.calls == 3
