@@ -235,8 +235,20 @@ def main(args: list[str]) -> None:
     if args[:1] != ["--"] or len(args) < 2:
         os.write(2, b"usage: nsinit.py [--keep] -- ARGV\n")
         os._exit(2)
-    argv = args[1:]
     enter(ctypes.CDLL(None, use_errno=True), keep)
+    exec_tool(args[1:])
+
+
+def exec_tool(argv: list[str]) -> None:
+    """Exec the call's program as ``subprocess`` would start it: every signal at its default (this
+    interpreter ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across an exec:
+    `yes | head -1` then saw EPIPE instead of dying of SIGPIPE). Also the zygote's. Never returns."""
+    for s in signal.valid_signals():
+        if s not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(s, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
     try:
         os.execvp(argv[0], argv)  # noqa: S606 - the call's own program, as subprocess would start it
     except OSError as exc:

@@ -61,10 +61,11 @@ _MAXFD = os.sysconf("SC_OPEN_MAX")
 _NAMESPACES = None  # nsinit
 _unshare: Any = None
 _become_init: Any = None
+_exec_tool: Any = None
 if _NAMESPACES is not None:
     _nsinit: dict[str, Any] = {"__name__": "toolcage_nsinit"}
     exec(compile(_NAMESPACES, "nsinit.py", "exec"), _nsinit)  # noqa: S102 - the worker's own file
-    _unshare, _become_init = _nsinit["unshare"], _nsinit["become_init"]
+    _unshare, _become_init, _exec_tool = _nsinit["unshare"], _nsinit["become_init"], _nsinit["exec_tool"]
 if _PATH0 is not None:
     sys.path.insert(0, _PATH0)  # (nothing is imported from here on in the zygote itself)
 del _PATH0
@@ -132,22 +133,11 @@ def _child(fds: list[int], pid_r: int, pid_w: int, argv_mode: bool = False) -> N
 
 
 def _exec(argv: list[str]) -> None:
-    """Exec ``argv`` in namespaces of its own, with every signal at its default (as ``subprocess``
-    leaves them: an ignored signal would stay ignored across the exec). Never returns."""
+    """Exec ``argv`` in namespaces of its own, as nsinit does for a subprocess. Never returns."""
     if _become_init is None or not argv or not argv[0]:
         os._exit(70)
-    for s in _SIGNALS:
-        if s not in (signal.SIGKILL, signal.SIGSTOP):
-            try:
-                signal.signal(s, signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass
     _become_init(_libc)
-    try:
-        os.execvp(argv[0], argv)  # noqa: S606 - the call's own program, as subprocess would start it
-    except OSError as exc:
-        os.write(2, f"toolcage: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
-        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+    _exec_tool(argv)
 
 
 def _end(code: Any, sys: Any = sys, os: Any = os, gc: Any = gc, atexit: Any = atexit) -> None:

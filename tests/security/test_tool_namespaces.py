@@ -188,3 +188,20 @@ def test_nothing_left_in_dev_shm_reaches_the_next_call() -> None:
         assert sb.call("run_shell", {"command": SHM_LEFT}).result["stdout"] == "made\n"
         r = sb.call("run_shell", {"command": "ls -A /dev/shm; cat /scratch/kept.txt"})
         assert r.result["stdout"] == "kept", r.result
+
+
+@pytest.mark.parametrize("unsafe", [False, True], ids=["zygote_fork", "nsinit"])
+def test_a_program_starts_with_every_signal_at_its_default(unsafe: bool) -> None:
+    """What a call's program starts with, whichever way it was started (under gVisor: a fork of the
+    zygote, or nsinit for unsafe_background_processes): no signal ignored. nsinit's interpreter
+    ignores SIGPIPE, and an exec kept that: `kill -PIPE` did not end a shell, `yes` saw EPIPE."""
+    import dataclasses
+
+    from toolcage import load_policy
+
+    policy = dataclasses.replace(load_policy("default"), unsafe_background_processes=unsafe)
+    with Sandbox(policy) as sb:
+        sb.call("run_python", {"code": "pass"})  # the zygote is up, where it is used
+        r = sb.call("run_shell", {"command": "sh -c 'kill -PIPE $$'; echo $?; yes | head -c1"})
+        assert r.result["stdout"] == "141\ny", r.result
+        assert "Broken pipe" not in r.result["stderr"], r.result
