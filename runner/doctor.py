@@ -148,8 +148,12 @@ def _doctor_text(report: dict[str, Any], findings: list[str]) -> None:
                 continue
             mode = "rootless" if e["rootless"] else "rootful" + (", userns-remap" if e["userns"] else "")
             line = f"{mark}     {escape(e['url'])}  {escape(e['flavor'])} {escape(e['version'])} ({mode}); kinds: "
-            line += ", ".join(e["kinds"])
-            click.echo(line + (f"  (gvisor: {escape(e['gvisor_problem'])})" if e["gvisor_problem"] else ""))
+            line += ", ".join(e["kinds"]) or "none"
+            if e["limits_problem"]:
+                line += f"  ({escape(e['limits_problem'])})"
+            elif e["gvisor_problem"]:
+                line += f"  (gvisor: {escape(e['gvisor_problem'])})"
+            click.echo(line)
         d = report["daemon"]
         flags = ", ".join(k for k in ("seccomp", "apparmor", "selinux", "userns", "rootless") if d[k]) or "none"
         click.echo(

@@ -54,12 +54,17 @@ def component_version(engine_version: dict[str, Any], name: str) -> str | None:
 GVISOR_REQUIRED_ARGS = ("--oci-seccomp", "--overlay2=none")
 
 
-def gvisor_problem(info: dict[str, Any]) -> str | None:
-    """Why the engine's runsc cannot serve the gvisor kind (``docker info``'s Runtimes), or None."""
+def _runsc_args(info: dict[str, Any]) -> list[str] | None:
+    """runsc's runtimeArgs as the engine has it registered (``docker info``'s Runtimes); None: not at all."""
     runtimes = info.get("Runtimes") or {}
-    if "runsc" not in runtimes:
+    return list((runtimes.get("runsc") or {}).get("runtimeArgs") or []) if "runsc" in runtimes else None
+
+
+def gvisor_problem(info: dict[str, Any]) -> str | None:
+    """Why the engine's runsc cannot serve the gvisor kind, or None."""
+    args = _runsc_args(info)
+    if args is None:
         return "the engine has no runsc runtime registered"
-    args = (runtimes.get("runsc") or {}).get("runtimeArgs") or []
     missing = [a for a in GVISOR_REQUIRED_ARGS if a not in args]
     if missing:
         return (
@@ -78,9 +83,8 @@ def gvisor_networked(info: dict[str, Any]) -> bool:
     """Whether runsc is registered with a network stack of its own, so a container with a network (the
     egress proxy) can run under it. Registered with ``--network=none`` it cannot: the egress proxy
     of a gVisor sandbox then runs under the engine's default runtime."""
-    runtimes = info.get("Runtimes") or {}
-    args = (runtimes.get("runsc") or {}).get("runtimeArgs") or []
-    return "runsc" in runtimes and "--network=none" not in args
+    args = _runsc_args(info)
+    return args is not None and "--network=none" not in args
 
 
 def backends_report(engine_version: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
@@ -98,7 +102,7 @@ def backends_report(engine_version: dict[str, Any], info: dict[str, Any]) -> dic
         "none": {"available": True, "runtime": None, "note": "no isolation: never picked by auto"},
     }
     problem = gvisor_problem(info)
-    if problem and "runsc" in (info.get("Runtimes") or {}):
+    if problem and _runsc_args(info) is not None:
         kinds["gvisor"]["note"] = f"not usable: {problem}"
     auto = "gvisor" if kinds["gvisor"]["available"] else "container"
     return {"kinds": kinds, "auto": auto, "warnings": runc_warnings(runc)}
@@ -125,16 +129,15 @@ def engine_summary(version: dict[str, Any], info: dict[str, Any]) -> dict[str, A
     """One engine as doctor lists it: which it is, whether it runs rootless or remaps users, and the
     sandbox kinds it can serve (gvisor only with runsc registered as the kind needs)."""
     podman = any("podman" in str(c.get("Name", "")).lower() for c in version.get("Components") or [])
-    opts = " ".join(info.get("SecurityOptions") or [])
-    problem = gvisor_problem(info)
+    problem, limits = gvisor_problem(info), limits_problem(info)
     return {
         "flavor": "podman" if podman else "docker",
         "version": version.get("Version"),
         "rootless": rootless(info),
-        "userns": "name=userns" in opts,
-        "kinds": [] if limits_problem(info) else (["gvisor"] if problem is None else []) + ["container"],
+        "userns": "name=userns" in " ".join(info.get("SecurityOptions") or []),
+        "kinds": [] if limits else (["gvisor"] if problem is None else []) + ["container"],
         "gvisor_problem": problem,
-        "limits_problem": limits_problem(info),
+        "limits_problem": limits,
     }
 
 

@@ -150,8 +150,9 @@ CLONE_NAMESPACE_FLAGS = 0x7E020000
 # so the sweep after a call could not clear them and a call could leave data for the next one.
 GVISOR_UNLISTABLE_IPC = ("mq_open", "msgget", "semget", "shmget")
 # Allowed under gVisor only: the worker starts tool code in user, PID and mount namespaces of its own
-# (toolcage.worker.namespaces, through unshare(1)), since gVisor's procfs would show it the worker's
-# descriptors. These namespaces are the sentry's; the host kernel's surface does not grow.
+# (toolcage.worker.namespaces, through worker/nsinit.py), since gVisor's procfs would show it the
+# worker's descriptors. These namespaces are the sentry's; the host kernel's surface does not grow.
+# nsinit takes both calls (and clone3's namespaces) away from tool code again with a filter of its own.
 GVISOR_NAMESPACES = ("mount", "unshare")
 
 
@@ -162,7 +163,7 @@ def profile(gvisor: bool = False) -> dict[str, Any]:
     ``gvisor``: the variant for gVisor's runsc (run with ``--oci-seccomp``, which applies it inside
     gVisor's kernel). There ``clone3`` is allowed: runsc's seccomp (Debian's 2022 release) answers
     EPERM whatever ``errnoRet`` says, so glibc would not fall back to ``clone`` and no thread could
-    start; the namespaces ``clone3`` could ask for are gVisor's own, not the host kernel's. And
+    start (tool code gets ENOSYS for it from nsinit's stacked filter, worker/nsinit.py). And
     ``GVISOR_UNLISTABLE_IPC`` is refused, ``GVISOR_NAMESPACES`` allowed."""
     overlap = (set(ALLOWED) & set(DENIED)) | (set(ALLOWED) & set(SELF_ONLY)) | (set(DENIED) & set(SELF_ONLY))
     assert not overlap, overlap
