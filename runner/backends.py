@@ -36,10 +36,12 @@ LOCAL_WORKER_ARGV = [sys.executable, "-m", "toolcage.worker"]
 
 @dataclass(frozen=True)
 class ExitStatus:
-    """How the worker ended. ``oom_killed``: the worker itself was killed by the memory limit."""
+    """How the worker ended. ``oom_killed``: the worker itself was killed by the memory limit;
+    ``removed``: its container is gone, removed by someone other than its run."""
 
     exit_code: int | None
     oom_killed: bool = False
+    removed: bool = False
 
 
 class Backend(Protocol):
@@ -169,7 +171,10 @@ class ContainerBackend:
         if self.container_id is None:
             return ExitStatus(None)
         code = self.engine.wait(self.container_id, timeout=timeout)
-        state = (self.engine.inspect(self.container_id) or {}).get("State", {})
+        info = self.engine.inspect(self.container_id)
+        if info is None:  # the run has not removed it yet: someone else did (toolcage.reaper.removed_by)
+            return ExitStatus(code, removed=True)
+        state = info.get("State", {})
         code = state.get("ExitCode", code)
         # State.OOMKilled is set when *any* process of the container met the limit (a call's child
         # too, which the worker survives and reports per call): only a SIGKILLed worker is the victim

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolcage import seccomp
+from toolcage import ownership, seccomp
 from toolcage.policies import Policy
 
 SANDBOX_UID = 65532
@@ -34,6 +34,8 @@ LABEL_STARTED_AT = f"{LABEL_PREFIX}started_at"
 LABEL_DEADLINE = f"{LABEL_PREFIX}deadline"
 LABEL_OWNER = f"{LABEL_PREFIX}owner"
 LABEL_OWNER_STARTED = f"{LABEL_PREFIX}owner_started"
+# where the owner's pid and start time mean one process (boot, PID and time namespaces: toolcage.ownership)
+LABEL_OWNER_NS = f"{LABEL_PREFIX}owner_ns"
 LABEL_ROLE = f"{LABEL_PREFIX}role"
 # "1" on every object of a run started with keep=True (`--keep`): the user's until they remove it.
 # Labels cannot change after create, so this is decided at creation; the reaper never touches
@@ -74,6 +76,8 @@ class RunSpec:
     proxy_runtime: str | None = None
     # "podman" when the engine is Podman's Docker-compatible service (see _apply_podman)
     engine_flavor: str = "docker"
+    # the namespace the owner's pid means a process in (ownership.namespace_key), of the process that made the spec
+    owner_ns: str = field(default_factory=ownership.namespace_key)
 
 
 def worker_image() -> str:
@@ -102,6 +106,7 @@ def labels(policy: Policy, run: RunSpec) -> dict[str, str]:
         LABEL_DEADLINE: f"{run.deadline:.3f}",
         LABEL_OWNER: run.owner,
         LABEL_OWNER_STARTED: run.owner_started,
+        LABEL_OWNER_NS: run.owner_ns,
         LABEL_ROLE: "sandbox",
     }
     if run.keep:

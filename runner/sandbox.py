@@ -445,6 +445,11 @@ class Sandbox:
         status = self._backend.exit_status(EXIT_WAIT_S)
         if self._dead is not None:  # the watchdog or the parser saw it first
             return self._dead
+        if status.removed:
+            from toolcage.reaper import removed_message
+
+            msg, details = removed_message(getattr(self.audit, "path", None), self.container_id or "")
+            return WorkerCrashed(msg, exit_code=status.exit_code, **details)
         if clean_ok and status.exit_code == 0:
             return None  # a child's OOM kill along the way was that call's status, not the run's
         if status.oom_killed:

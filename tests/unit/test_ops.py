@@ -69,21 +69,24 @@ def test_rw_mount_and_socket_found() -> None:
 
 
 def test_orphan_rules() -> None:
-    """Dead owner, reused pid and passed deadline make an orphan; a live owner before the deadline does not."""
-    host = socket.gethostname()
-    from toolcage.ownership import process_start_ticks
+    """Dead owner and reused pid make an orphan in the reaper's own namespace; a live owner never does,
+    past its deadline too; an owner in another namespace is judged by the deadline alone."""
+    from toolcage.ownership import namespace_key, process_start_ticks
 
+    here = namespace_key()
     me = {
-        "toolcage.owner": f"{host}:{os.getpid()}",
+        "toolcage.owner": f"{socket.gethostname()}:{os.getpid()}",
         "toolcage.owner_started": process_start_ticks(os.getpid()),
+        "toolcage.owner_ns": here,
         "toolcage.deadline": "9999999999",
     }
-    assert orphan_reason(me, 0, host) is None
-    dead = {**me, "toolcage.owner": f"{host}:999999"}
-    assert "gone" in (orphan_reason(dead, 0, host) or "")
+    assert orphan_reason(me, 0, here) is None
+    dead = {**me, "toolcage.owner": f"{socket.gethostname()}:999999"}
+    assert "gone" in (orphan_reason(dead, 0, here) or "")
     reused = {**me, "toolcage.owner_started": "1"}
-    assert "another process" in (orphan_reason(reused, 0, host) or "")
+    assert "another process" in (orphan_reason(reused, 0, here) or "")
     late = {**me, "toolcage.deadline": "100"}
-    assert "deadline" in (orphan_reason(late, 200, host) or "")
-    other_host = {**me, "toolcage.owner": "elsewhere:1"}
-    assert orphan_reason(other_host, 0, host) is None
+    assert orphan_reason(late, 200, here) is None  # its owner lives
+    elsewhere = {**dead, "toolcage.owner_ns": "other-boot/1/-"}
+    assert orphan_reason(elsewhere, 0, here) is None
+    assert "deadline" in (orphan_reason({**elsewhere, "toolcage.deadline": "100"}, 200, here) or "")
