@@ -42,6 +42,7 @@ from toolcage.workspace import readable_by_sandbox, validate_workspace
 READY_WAIT_S = 30.0  # a slot's worker must answer its first ping within this
 SLOT_GRACE_S = 10.0  # on top of idle_s + run_s in a slot's deadline label: the pool's own checks come first
 FAIL_BACKOFF_S = (0.5, 5.0)
+ADOPT_MARGIN_S = 1.0  # a slot is handed out only with run_s + this much of its life left (see _has_a_run_left)
 # a replacement starts this long after its slot was taken, not at once: starting a container keeps
 # both cores of a small host busy (dockerd, runc), and the run that just adopted a slot would wait
 # behind it for its first answers. Every slot waiting when the run began is still there to take.
@@ -57,6 +58,7 @@ class _Slot:
         self.created = time.monotonic()
         self.created_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self.image_id: str | None = None
+        self.deadline = float("inf")  # epoch seconds: when its container, worker and proxy stop (set when made)
         self.session: Session | None = None
         self.retired = False
 
@@ -252,6 +254,8 @@ class Pool:
                 while True:
                     if self._closed:
                         raise UsageError("the pool is closed")
+                    while self._ready and not self._has_a_run_left(self._ready[0]):
+                        self._retire(self._ready.popleft(), "expired")
                     if self._ready:
                         slot = self._ready.popleft()
                         self.adopted += 1
@@ -266,6 +270,12 @@ class Pool:
                     self._cond.wait(min(left, 0.5))
             finally:
                 self._waiting -= 1
+
+    def _has_a_run_left(self, slot: _Slot) -> bool:
+        """Can the slot still give a whole run_s from now? Its container, worker and proxy stop at the
+        deadline fixed when it was made (idle_s + run_s ahead); one that waited past its idle time (its
+        expiry late behind busy fillers) would otherwise cut its run short of what a fresh sandbox gets."""
+        return slot.deadline - time.time() >= self.policy.timeouts.run_s + ADOPT_MARGIN_S
 
     # filling -----------------------------------------------------------------------------
     def _wanted(self, now: float) -> bool:
@@ -356,6 +366,7 @@ class Pool:
             pool=self.id,
             extra_env={"TOOLCAGE_POOLED": "1"},  # the worker readies what adoption needs while it waits
         )
+        slot.deadline = spec.deadline
         if self.audit is not None:  # on disk before the container exists (off any caller's path)
             self.audit.event(
                 "pool.slot_created", run_id=run_id, name=name, pool=self.id, tool=self.tool, image=self.image,

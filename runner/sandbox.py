@@ -162,6 +162,7 @@ class Sandbox:
         self._configure_answer: Callable[[], dict[str, Any] | Ended] | None = None  # pooled: still to read
         self._expired: Expiry | None = None
         self._audited = False
+        self._start_called = False
         self._closed = False
         self._running = False  # set once start() succeeded
         self._input_closed = False
@@ -219,6 +220,17 @@ class Sandbox:
         self.close()
 
     def start(self) -> Sandbox:
+        with self._lock:
+            if self._closed and not self._start_called:
+                raise UsageError("this sandbox was closed before it started: make a new one")
+            # a Sandbox is one run: a second start() would adopt a second slot (orphaning the first) or
+            # create a second container under the first one's name
+            if self._start_called:
+                raise UsageError(
+                    "this sandbox was already started: a Sandbox is one run; make a new one for another run"
+                    " (Sandbox(...), pool.sandbox())"
+                )
+            self._start_called = True
         if self._pool is not None:
             return self._adopt(self._pool)
         self._started = time.monotonic()
