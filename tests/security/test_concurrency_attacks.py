@@ -361,3 +361,72 @@ def test_a_pids_limit_filled_by_one_call_does_not_crash_the_worker(engine: Any) 
     bomb, _other, ping = asyncio.run(go())
     assert bomb.result is not None and int(bomb.result["stdout"]) > 0, bomb
     assert ping.ok, ping
+
+
+# --------------------------------------------------------------------------------------------------
+# 8. Calls in flight side by side in one run: under runc they share one uid and one PID namespace, so
+#    one call can open another's /proc/<pid>/fd/1 and write into its output (issue 21). The seccomp
+#    profile denies the user namespace that a PID namespace per call would need, so this is a
+#    documented limit (README "Concurrent calls", docs/security.md): calls of one run must trust each
+#    other. One call at a time (limits.concurrency: 1), or a sandbox per snippet (a pool), closes it;
+#    under gVisor each call is PID 1 of its own namespace and finds nothing to write to.
+
+_FORGER = r"""
+import os, time
+me = os.getpid()
+hits = 0
+until = time.monotonic() + 3
+while time.monotonic() < until and not hits:
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == me:
+            continue
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                if b"VICTIM" not in f.read():
+                    continue
+            fd = os.open(f"/proc/{p}/fd/1", os.O_WRONLY)
+            os.write(fd, b"FORGED\n")
+            os.close(fd)
+            hits += 1
+        except OSError:
+            pass
+    time.sleep(0.05)
+print("hits", hits)
+"""
+
+
+def _victim_stdout_beside_a_forger(policy: Path | str) -> str:
+    """A victim call and a forger call in flight at once on one sandbox (when the policy lets them):
+    what the victim's stdout holds."""
+    victim = "import subprocess; subprocess.run(['python3', '-c', 'import time; time.sleep(2.5)', 'VICTIM'])"
+    out: dict[str, CallResult] = {}
+    with Sandbox(policy) as sb:
+
+        def call(name: str, code: str) -> None:
+            out[name] = sb.call("run_python", {"code": code, "timeout_s": 15})
+
+        first = threading.Thread(target=call, args=("victim", victim))
+        first.start()
+        time.sleep(0.5)
+        call("forger", _FORGER)
+        first.join(30)
+    r = out["victim"]
+    assert r.result is not None, r
+    return str(r.result["stdout"])
+
+
+def test_calls_side_by_side_can_write_each_others_output_under_runc_only(engine: Any) -> None:
+    """The documented limit, pinned: under runc a call in flight can write another's stdout through
+    /proc/<pid>/fd/1 (calls of one run must trust each other); under gVisor it finds nothing to open."""
+    import os
+
+    forged = "FORGED" in _victim_stdout_beside_a_forger("default")
+    assert forged is (os.environ.get("TOOLCAGE_SANDBOX") != "gvisor")
+
+
+def test_one_call_at_a_time_leaves_no_call_to_write_into(engine: Any, tmp_path: Path) -> None:
+    """With limits.concurrency: 1 (the documented way to keep snippets apart in one run) the forger
+    runs after the victim ended, and every process of the victim was killed in between."""
+    pol = tmp_path / "one.yaml"
+    pol.write_text("limits:\n  concurrency: 1\n")
+    assert "FORGED" not in _victim_stdout_beside_a_forger(pol)
