@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import NoReturn
 
 from toolcage.errors import WorkspaceError
 
@@ -111,6 +112,38 @@ def validate_workspace(raw: str | os.PathLike[str], what: str = "workspace", fil
             "reach a host process or device through the read-only mount; move it out of the workspace"
         )
     return path
+
+
+def check_host_path(host: str, local: str, what: str = "workspace") -> None:
+    """The refusals above, again on the path the engine's host will mount (a runner in a container
+    checked its own view, where the host's /etc can be /data/hostetc). The runner cannot look at
+    the host, so only the name is checked: the refused trees and exact directories, a home
+    directory itself (/root, /home/NAME), a home's secrets anywhere in it, the engine sockets."""
+    path = PurePosixPath(os.path.normpath(host))
+
+    def refuse(why: str) -> NoReturn:
+        raise WorkspaceError(f"refusing to mount {what} {local!r} (on the engine's host: {str(path)!r}): {why}")
+
+    for tree in (PurePosixPath(t) for t in _FORBIDDEN_TREES):
+        # /root/<project> is a root user's project, as on the host; /root itself is a home (below)
+        if tree == PurePosixPath("/root") and path != tree:
+            continue
+        if path == tree or tree in path.parents:
+            refuse(f"it is inside {tree}, which holds host secrets")
+        if path in tree.parents:
+            refuse(f"it contains {tree}, which holds host secrets")
+    if str(path) in _FORBIDDEN_EXACT:
+        refuse("too broad, shared with the whole host; mount a project directory instead")
+    if path.parent == PurePosixPath("/home"):
+        refuse("it is a home directory; mount a project directory")
+    parts = path.parts
+    for secret in _HOME_SECRETS:
+        names = tuple(secret.split("/"))
+        if any(parts[i : i + len(names)] == names for i in range(len(parts))):
+            refuse(f"it is or is inside a {secret} directory")
+    for sock in _SOCKETS:
+        if path == PurePosixPath(sock) or path in PurePosixPath(sock).parents:
+            refuse(f"it contains the container engine socket {sock}")
 
 
 _SPECIAL = (
