@@ -22,8 +22,10 @@ from typing import Any, Literal
 
 import jsonrpcclient
 
+from toolcage.errors import BadToolCall
 from toolcage.policies import codes
 from toolcage.transport import EOF_MARK, Broken, StreamParser, Transport, id_key
+from toolcage.worker.protocol import MAX_REQUEST_BYTES
 
 _INLINE_SEND = 64 * 1024  # request lines up to this are written from the event loop itself
 CANCEL_SEND_S = 1.0  # a cancel that the worker does not take in this time is dropped (its call times out as usual)
@@ -31,6 +33,32 @@ CANCEL_SEND_S = 1.0  # a cancel that the worker does not take in this time is dr
 
 def _cancelled_answer(req_id: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "error": {"code": codes.REQUEST_CANCELLED, "message": "Request cancelled"}, "id": req_id}
+
+
+def encode_request(req_id: str, method: str, params: dict[str, Any] | None) -> bytes:
+    """One request line, refused on the host when the worker could not take it.
+
+    Threat: a request over the worker's line limit (``MAX_REQUEST_BYTES``, the constant the worker's
+    reader uses) is answered with id null, which the runner cannot tie to any call: the stream
+    breaks and the sandbox is killed, with a misleading error. It is a params error instead,
+    before anything is sent, and the sandbox goes on."""
+    line = json.dumps(jsonrpcclient.request(method, params=params or None, id=req_id))  # ASCII: len is bytes
+    if len(line) > MAX_REQUEST_BYTES:
+        raise BadToolCall(
+            f"the request for {method} is {len(line) / (1 << 20):.1f} MiB; a request may be at most"
+            f" {MAX_REQUEST_BYTES >> 20} MiB (the worker's line limit). Pass large data as a file instead"
+            " (--workspace, or write it to /scratch in pieces)",
+            tool=method,
+            request_bytes=len(line),
+            limit_bytes=MAX_REQUEST_BYTES,
+        )
+    return (line + "\n").encode()
+
+
+def check_request_size(method: str, params: dict[str, Any] | None) -> None:
+    """BadToolCall if a call with these params would be over the line limit (``precheck``: before a
+    container starts), with room for the id and the progress token the runner adds."""
+    encode_request("0" * 16, method, {**(params or {}), "_meta": {"progressToken": "0" * 16}})
 
 
 @dataclass(frozen=True)
@@ -196,11 +224,13 @@ class Session:
     def _request_line(
         self, req_id: str, method: str, params: dict[str, Any] | None, on_progress: OnProgress | None
     ) -> bytes:
-        """The request's line, its answer (and progress, when asked for) expected before it is sent."""
+        """The request's line, its answer (and progress, when asked for) expected before it is sent; a
+        line over the worker's limit raises BadToolCall before anything is expected or sent."""
         if on_progress is not None:  # MCP's convention; the worker takes _meta out of the params
             params = {**(params or {}), "_meta": {"progressToken": req_id}}
+        line = encode_request(req_id, method, params)
         self.parser.expect(req_id, req_id if on_progress else None)  # before sending: the answer may come at once
-        return (json.dumps(jsonrpcclient.request(method, params=params or None, id=req_id)) + "\n").encode()
+        return line
 
     async def request_async(
         self, method: str, params: dict[str, Any] | None, until: float, *, on_progress: OnProgress | None = None
@@ -291,13 +321,14 @@ class Session:
         runs after the configuration, and nobody waits a round trip for an answer that says nothing new."""
         req_id = secrets.token_hex(8)
         key, slot = id_key(req_id), _Slot()
+        line = encode_request(req_id, method, params)
         with self._lock:
             if self._end is not None:
                 end = self._end
                 return lambda: end
             self._slots[key] = slot
         self.parser.expect(req_id)
-        self._send((json.dumps(jsonrpcclient.request(method, params=params or None, id=req_id)) + "\n").encode(), until)
+        self._send(line, until)
 
         def wait() -> dict[str, Any] | Ended:
             try:

@@ -138,3 +138,34 @@ def test_serve_expectations_follow_the_workers_rules() -> None:
     assert not parser.broken and len(drain(parser)) == 3
     parser.stdout(b'{"jsonrpc": "2.0", "result": "pong", "id": 5}\n')
     assert parser.broken
+
+
+def test_a_request_over_the_workers_line_limit_is_refused_before_sending() -> None:
+    """Session.request over MAX_REQUEST_BYTES raises BadToolCall: nothing sent, no answer expected."""
+    import time
+
+    import pytest
+
+    from toolcage.errors import BadToolCall
+    from toolcage.session import Session
+    from toolcage.worker.protocol import MAX_REQUEST_BYTES
+
+    sent: list[bytes] = []
+
+    class Recorder:
+        def send(self, data: bytes, until: float | None = None) -> None:
+            sent.append(data)
+
+        def close_stdin(self) -> None: ...
+
+        def close(self) -> None: ...
+
+    session = Session(max_line=1 << 20)
+    session.connect(Recorder())
+    with pytest.raises(BadToolCall) as info:
+        session.request("run_python", {"code": "#" * MAX_REQUEST_BYTES}, time.monotonic() + 1)
+    assert info.value.exit_code == 2 and info.value.details["limit_bytes"] == MAX_REQUEST_BYTES
+    assert sent == [] and session.parser.outstanding() == 0
+    with pytest.raises(BadToolCall):
+        session.send_now("run_python", {"code": "#" * MAX_REQUEST_BYTES}, time.monotonic() + 1)
+    assert sent == [] and session.parser.outstanding() == 0
