@@ -7,6 +7,7 @@ the ``status`` that says how the run ended.
     │   ├── BadToolCall (exit 2)           unknown tool or bad params, found on the host (precheck)
     │   └── RequirementsError (exit 2)     `image build --requirements`: a file or package it cannot use
     ├── NotFound (exit 1)                  what was asked for is not there (`audit --run ID`)
+    ├── AuditError (exit 3)                the audit log cannot be written (disk full) or read back
     └── SandboxError (exit 3)              the sandbox, not the tool, failed
         ├── DockerUnavailable              the engine cannot be reached     status "crashed"
         ├── ImageMissing                   the worker image is not there    status "image_missing"
@@ -68,6 +69,12 @@ class NotFound(ToolcageError):
     exit_code = 1
     status = "error"
     reason = "not_found"
+
+
+class AuditError(ToolcageError):
+    """The audit log could not be written (disk full, read-only) or its end cannot be trusted."""
+
+    reason = "audit"
 
 
 class SandboxError(ToolcageError):

@@ -136,3 +136,59 @@ def test_event_writes_queued_records_first_without_waiting(tmp_path: Path, monke
     assert time.monotonic() - t0 < 5.0
     assert [r["event"] for r in read(log)] == ["run.started", "run.call", "run.call", "run.finished"]
     assert verify(log) == []
+
+
+def test_a_forged_repair_does_not_hide_a_torn_line(tmp_path: Path) -> None:
+    """A torn line is accepted only with the audit.repaired record that names its exact bytes."""
+    log = tmp_path / "audit.jsonl"
+    write(log, 2)
+    with open(log, "ab") as f:
+        f.write(b'{"event":"run.call","i":')  # torn
+    write(log, 1)  # repairs it
+    assert verify(log) == []
+    assert [r["event"] for r in read(log)] == ["run.call", "run.call", "audit.repaired", "run.call"]
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[2] = b'{"event":"run.call","i":9}x\n'  # other torn bytes under the same repair record
+    log.write_bytes(b"".join(lines))
+    assert verify(log) == ["line 3: not JSON"]
+
+
+def test_a_whole_last_record_without_its_newline_is_not_a_tear(tmp_path: Path) -> None:
+    """A last record missing only its newline gets one; no repair record, the chain goes on."""
+    log = tmp_path / "audit.jsonl"
+    write(log, 2)
+    log.write_bytes(log.read_bytes().rstrip(b"\n"))
+    write(log, 1)
+    assert [r["seq"] for r in read(log)] == [1, 2, 3] and verify(log) == []
+
+
+def test_records_wait_while_the_log_cannot_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While appends fail, queued records are kept (up to RETAIN_MAX, the rest counted in audit.lost) and
+    written in order once appends work again; event() raises AuditError and drops only its own record."""
+    from toolcage import audit as audit_mod
+    from toolcage.audit_file import AuditFile
+    from toolcage.errors import AuditError
+
+    monkeypatch.setattr(audit_mod, "RETAIN_MAX", 5)
+    real = AuditFile.commit
+    broken = {"on": True}
+
+    def commit(self: AuditFile, records: list[dict[str, object]]) -> None:
+        if broken["on"]:
+            raise AuditError("could not write the audit log: No space left on device")
+        real(self, records)
+
+    monkeypatch.setattr(AuditFile, "commit", commit)
+    log = tmp_path / "audit.jsonl"
+    a = Audit(log)
+    for i in range(8):
+        a._pending.append(("run.call", {"run_id": "r", "i": i}))  # queued, as event_later does, minus the thread
+    with pytest.raises(AuditError):
+        a.event("run.finished", run_id="r")
+    broken["on"] = False
+    a.drain()
+    recs = list(read(log))
+    assert [r.get("i") for r in recs if r["event"] == "run.call"] == [0, 1, 2, 3, 4]
+    assert [(r["event"], r.get("count")) for r in recs[5:]] == [("audit.lost", 3)]
+    assert recs[5]["events"] == {"run.call": 3}
+    assert verify(log) == []
