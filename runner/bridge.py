@@ -3,7 +3,10 @@
 Every response is parsed (bounded) by the sandbox's stream parser and re-serialised, so
 a compromised worker cannot write arbitrary bytes to the caller's stdout. When the run
 ends early (deadline, idle timeout, crash, interrupt), every request still pending gets
-a JSON-RPC error (``SANDBOX_ENDED``) saying why, so a client never waits for nothing.
+a JSON-RPC error (``SANDBOX_ENDED``) saying why, so a client never waits for nothing. A request
+that reuses the progress token of one still in flight is answered -32602 here and never sent:
+the stream parser lets progress through by token, so the first answer would close the token
+for both, and the other's next progress would break the stream and kill the sandbox.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from typing import Any, BinaryIO
 from toolcage.errors import SandboxError
 from toolcage.results import without_meta
 from toolcage.sandbox import Sandbox
+from toolcage.transport import id_key
+from toolcage.worker.protocol import progress_token
 
 MAX_REQUEST_LINE = 16 * 1024 * 1024
 DRAIN_ID = "toolcage.serve.drain"  # and 64 random bits: a client's request may carry any id
 SANDBOX_ENDED = -32004  # the runner's answer for a request the sandbox will never answer
+INVALID_PARAMS = -32602
 
 
 class _Pending:
@@ -31,16 +37,29 @@ class _Pending:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.calls: dict[str, tuple[Any, str, Any, float]] = {}
+        self.tokens: dict[str, str] = {}  # progress token -> the call (its key in ``calls``) that holds it
 
-    def saw_request(self, line: bytes) -> None:
+    def saw_request(self, line: bytes) -> dict[str, Any] | None:
+        """Note the line's requests; the error to answer instead of sending it, when it reuses a
+        progress token still in use (only a single request registers one: a batch gets no progress)."""
         try:
             msg = json.loads(line)
         except ValueError:
-            return
+            return None
+        if isinstance(msg, dict) and msg.get("id") is not None and isinstance(msg.get("method"), str):
+            token = progress_token(msg.get("params"))
+            if token is not None:
+                with self.lock:
+                    holder = self.tokens.get(id_key(token))
+                    if holder is not None:
+                        why = f"progress token {token!r} is in use by request {holder[:40]}, still in progress"
+                        return {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": INVALID_PARAMS, "message": why}}
+                    self.tokens[id_key(token)] = json.dumps(msg["id"])
         for req in msg if isinstance(msg, list) else [msg]:
             if isinstance(req, dict) and req.get("id") is not None and isinstance(req.get("method"), str):
                 with self.lock:
                     self.calls[json.dumps(req["id"])] = (req["id"], req["method"], req.get("params"), time.monotonic())
+        return None
 
     def answered(self, sb: Sandbox, msg: Any) -> None:
         for resp in msg if isinstance(msg, list) else [msg]:
@@ -48,6 +67,10 @@ class _Pending:
                 continue
             with self.lock:
                 seen = self.calls.pop(json.dumps(resp.get("id")), None)
+                if seen is not None:
+                    token = progress_token(seen[2])
+                    if token is not None and self.tokens.get(id_key(token)) == json.dumps(resp.get("id")):
+                        del self.tokens[id_key(token)]
             if seen is None:
                 continue
             _, method, params, t0 = seen
@@ -57,6 +80,7 @@ class _Pending:
         with self.lock:
             ids = [req_id for req_id, *_ in self.calls.values()]
             self.calls.clear()
+            self.tokens.clear()
         return ids
 
 
@@ -90,10 +114,13 @@ def _lines(fd: int) -> Iterator[bytes]:
         yield bytes(buf) + b"\n"
 
 
-def _pump_requests(sb: Sandbox, infile: BinaryIO, pending: _Pending, drain_id: str) -> None:
+def _pump_requests(sb: Sandbox, infile: BinaryIO, outfile: _Out, pending: _Pending, drain_id: str) -> None:
     try:
         for line in _lines(infile.fileno()):
-            pending.saw_request(line)
+            refusal = pending.saw_request(line)
+            if refusal is not None:
+                outfile.write(refusal)
+                continue
             sb.forward(line)
     except (OSError, SandboxError):
         return  # the run is over; the main loop reports why
@@ -104,28 +131,35 @@ def _pump_requests(sb: Sandbox, infile: BinaryIO, pending: _Pending, drain_id: s
     sb.forward((json.dumps({"jsonrpc": "2.0", "method": "ping", "id": drain_id}) + "\n").encode())
 
 
-def _write(outfile: BinaryIO, msg: Any) -> None:
-    outfile.write(json.dumps(msg).encode() + b"\n")
-    outfile.flush()
+class _Out:
+    """Our stdout, one whole line at a time: the answers (main loop) and the refusals (stdin thread)."""
+
+    def __init__(self, outfile: BinaryIO) -> None:
+        self._file, self._lock = outfile, threading.Lock()
+
+    def write(self, msg: Any) -> None:
+        with self._lock:
+            self._file.write(json.dumps(msg).encode() + b"\n")
+            self._file.flush()
 
 
-def _answer_unanswered(outfile: BinaryIO, pending: _Pending, exc: SandboxError) -> None:
+def _answer_unanswered(outfile: _Out, pending: _Pending, exc: SandboxError) -> None:
     error = {"code": SANDBOX_ENDED, "message": exc.message, "data": {"status": exc.status, "reason": exc.reason}}
     for req_id in pending.unanswered():
         try:
-            _write(outfile, {"jsonrpc": "2.0", "error": error, "id": req_id})
+            outfile.write({"jsonrpc": "2.0", "error": error, "id": req_id})
         except OSError:
             return  # nobody reads our stdout any more
 
 
-def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
+def bridge(sb: Sandbox, infile: BinaryIO, stdout: BinaryIO) -> None:
     """Run until stdin EOF has been answered and the worker exited; raise the SandboxError that ended it otherwise."""
-    pending = _Pending()
+    pending, outfile = _Pending(), _Out(stdout)
     # unguessable: a client request with the marker's id would have its answer swallowed, and make serve
     # close the worker's stdin while the client still writes
     drain_id = f"{DRAIN_ID}.{secrets.token_hex(8)}"
     t = threading.Thread(
-        target=_pump_requests, args=(sb, infile, pending, drain_id), name="toolcage-serve-stdin", daemon=True
+        target=_pump_requests, args=(sb, infile, outfile, pending, drain_id), name="toolcage-serve-stdin", daemon=True
     )
     t.start()
     drained = False
@@ -137,8 +171,8 @@ def bridge(sb: Sandbox, infile: BinaryIO, outfile: BinaryIO) -> None:
             if isinstance(msg, dict) and msg.get("id") == drain_id:
                 drained = True
             else:
-                _write(outfile, without_meta(msg))
-                pending.answered(sb, msg)
+                pending.answered(sb, msg)  # first: once the client has the answer, its token is free again
+                outfile.write(without_meta(msg))
             if drained and not sb.answers_owed():
                 drained = False
                 sb.usage()  # for run.finished, while the worker still listens

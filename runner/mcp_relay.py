@@ -4,7 +4,12 @@ Threat: the wrapped server is hostile. It may answer requests nobody made (to fo
 for a call the client makes later), offer or run tools the user filtered out, or send
 garbage. So every message is parsed as JSON-RPC; a response reaches the client only if it
 answers a request the client made and is still waiting on; a denied tool is removed from
-``tools/list`` and a ``tools/call`` naming it is refused here, never sent to the server.
+``tools/list`` and a ``tools/call`` naming it is refused here, never sent to the server. A client
+notification passes only if its method is a notification's (``notifications/...``): a lax server
+would run ``tools/call`` sent without an id, around the filter and unaudited.
+The relay also keeps the idle clock: only the client's requests (from when they are sent until
+they are answered or cancelled) and its answers to the server's requests are activity, never what
+the server sends by itself (a server that chatters must not keep a forgotten run alive).
 The caller (``toolcage.mcp_wrap``) does the I/O, outside any lock, from what :class:`Actions` says.
 """
 
@@ -90,6 +95,7 @@ class Actions:
     to_client: list[dict[str, Any]] = field(default_factory=list)
     notes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
+    dropped: list[dict[str, Any]] = field(default_factory=list)  # client notifications dropped: audited
 
     def note(self, event: str, **fields: Any) -> Actions:
         self.notes.append((event, fields))
@@ -124,6 +130,17 @@ def _kind(msg: Any) -> str:
     return "invalid"
 
 
+def _dropped_notification(msg: dict[str, Any]) -> dict[str, Any]:
+    """What the audit log says of a client notification that was dropped (arguments only as size and digest)."""
+    params = msg.get("params")
+    out: dict[str, Any] = {"method": str(msg["method"])[:200], "reason": "a request method sent as a notification"}
+    if msg["method"] == "tools/call" and isinstance(params, dict):
+        name = params.get("name")
+        out["tool"] = name[:200] if isinstance(name, str) else None
+        out["arguments"] = params.get("arguments")
+    return out
+
+
 def _outcome(pending: Pending, msg: dict[str, Any]) -> tuple[str, int | None]:
     err = msg.get("error")
     if err is not None:
@@ -143,6 +160,16 @@ class Relay:
         self._pending: dict[str, tuple[Any, Pending]] = {}  # id key -> (the id as sent, the request)
         self._server_requests: OrderedDict[str, None] = OrderedDict()
         self._epitaph: dict[str, Any] | None = None  # the server is gone: why (every later request gets it)
+        self._active_at = clock()  # the client's last activity (see the module docstring)
+
+    def touch(self) -> None:
+        """Restart the idle clock: the client's input is being read from now on."""
+        with self._lock:
+            self._active_at = self._clock()
+
+    def last_activity(self) -> float:
+        with self._lock:
+            return self._active_at
 
     # client -> server ---------------------------------------------------------------------
     def from_client(self, line: bytes) -> Actions:
@@ -162,13 +189,20 @@ class Relay:
                 if key not in self._server_requests:
                     return out.note("mcp.client_answer_dropped", reason="answers no request of the server")
                 del self._server_requests[key]
+                self._active_at = self._clock()
                 out.to_server.append(_line(msg))
                 return out
             if kind == "notification":
+                if not msg["method"].startswith("notifications/"):
+                    # a request method without an id (tools/call of a denied tool): a lax server runs it,
+                    # and no answer would ever say so; it is dropped, logged and audited
+                    out.dropped.append(_dropped_notification(msg))
+                    return out.note("mcp.client_notification_dropped", method=msg["method"][:200])
                 if msg["method"] == "notifications/cancelled" and isinstance(msg.get("params"), dict):
                     self._cancel(msg["params"].get("requestId"), out)
                 out.to_server.append(_line(msg))
                 return out
+            self._active_at = self._clock()  # any request, even one refused here
             return self._request(msg, out)
 
     def _request(self, msg: dict[str, Any], out: Actions) -> Actions:
@@ -199,6 +233,8 @@ class Relay:
         if not isinstance(req_id, str | int) or isinstance(req_id, bool):
             return
         entry = self._pending.pop(id_key(req_id), None)
+        if entry is not None:
+            self._active_at = self._clock()  # the request's end: idle time starts now, not when it was sent
         if entry is not None and entry[1].tool is not None:
             p = entry[1]
             out.calls.append(Call(p.tool or "", p.arguments, "interrupted", -32800, self._ms(p)))
@@ -230,6 +266,7 @@ class Relay:
                     # a forged or late answer: never forwarded, or it could stand in for a call made later
                     return out.note("mcp.server_answer_dropped", reason="answers no pending request of the client")
                 req_id, pending = entry
+                self._active_at = self._clock()  # the request's end: idle time starts now, not when it was sent
                 msg = {**msg, "id": req_id}  # the id exactly as the client sent it (1 and 1.0 are one key)
                 out.to_client.append(self._answer(pending, msg, out))
         return out

@@ -140,6 +140,7 @@ class McpCage:
         self._start_lock = threading.Lock()
         self._fresh: set[Sandbox] = set()  # --fresh-per-call: the sandboxes of the calls in flight
         self._closing = False
+        self._tokens: set[str | int] = set()  # progress tokens of the calls in flight (the event loop's only)
 
     def start(self) -> None:
         """Before serving: start the session's sandbox (or one short-lived one) and read the tools.
@@ -229,9 +230,23 @@ class McpCage:
         # only the listed tools: the worker's own methods (tools.list, sandbox.usage) are not MCP tools
         if params.name not in {t["name"] for t in self.tools}:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
+        token = progress_token_from_params(ctx.params)  # None: the client did not ask for progress
+        if token is not None and token in self._tokens:
+            # MCP: a token is unique among active requests; the client could not tell two calls' progress apart
+            raise MCPError(types.INVALID_PARAMS, f"progress token {token!r} is in use by a call still in progress")
+        if token is not None:
+            self._tokens.add(token)
+        try:
+            return await self._call_tool(ctx, params, token)
+        finally:
+            if token is not None:
+                self._tokens.discard(token)
+
+    async def _call_tool(
+        self, ctx: Any, params: types.CallToolRequestParams, token: str | int | None
+    ) -> types.CallToolResult:
         cancel = Cancel()
         progress_in, progress_out = anyio.create_memory_object_stream[dict[str, Any]](PROGRESS_QUEUE)
-        token = progress_token_from_params(ctx.params)  # None: the client did not ask for progress
         on_progress = _progress_sink(progress_in) if token is not None else None
 
         async def relay_progress() -> None:

@@ -54,6 +54,7 @@ STDERR_BURST = 500.0
 STDERR_LINE_SHOWN = 2000  # characters of one line (after redaction)
 NOTE_FIRST = 20  # notes of one kind shown in full; then one in NOTE_EVERY
 NOTE_EVERY = 1000
+AUDIT_DROPS_FIRST = 100  # dropped client notifications audited one by one; then one in NOTE_EVERY, with a count
 EXIT_OK, EXIT_FAILED = 0, 3
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
@@ -169,8 +170,8 @@ class McpWrap:
         self.ended: tuple[str, str] | None = None  # (status, reason) of an early end
         self.exit_code = EXIT_OK
         self._client_closed_at: float | None = None
-        self._last_activity = time.monotonic()
         self._calls = 0
+        self._drops = 0  # client notifications dropped (a request method without an id)
         self._notes: dict[str, int] = {}
         self._tokens, self._tokens_at, self._stderr_dropped = STDERR_BURST, time.monotonic(), 0
 
@@ -187,8 +188,11 @@ class McpWrap:
             config = json.dumps({"argv": self.argv, "env": self.secrets.wire()}) + "\n"
             self._transport.send(config.encode(), time.monotonic() + START_TIMEOUT_S)
             self.log.info("run.started", container_id=self._backend.container_id, command=self._command())
+            # the idle clock starts now that the client is read: the start-up (image, egress proxy, a
+            # loaded host) must not count as idle, or a short idle_s ends the run before its first request
+            self.relay.touch()
             watchdog = Watchdog(
-                started + t.run_s, t.idle_s, self.relay.busy, lambda: self._last_activity, self._on_expire
+                started + t.run_s, t.idle_s, self.relay.busy, self.relay.last_activity, self._on_expire
             ).start()
             threading.Thread(target=self._read_client, name="toolcage-mcp-client", daemon=True).start()
             killed = False
@@ -323,7 +327,6 @@ class McpWrap:
                 if line is None:
                     self._to_client(error(None, -32600, f"Invalid Request: a line over {MAX_LINE} bytes"))
                 elif line.strip():
-                    self._last_activity = time.monotonic()
                     self._perform(self.relay.from_client(line))
         self._client_closed()
 
@@ -337,8 +340,7 @@ class McpWrap:
 
     # server -> client ----------------------------------------------------------------------
     def _from_server(self, line: bytes) -> None:
-        self._last_activity = time.monotonic()
-        self._perform(self.relay.from_server(line))
+        self._perform(self.relay.from_server(line))  # never activity by itself: see toolcage.mcp_relay
 
     def _perform(self, acts: Actions) -> None:
         for data in acts.to_server:
@@ -356,6 +358,8 @@ class McpWrap:
             self._note(event, fields)
         for call in acts.calls:
             self._audit_call(call)
+        for dropped in acts.dropped:
+            self._audit_drop(dropped)
 
     def _to_client(self, msg: dict[str, Any]) -> None:
         """One message on our stdout: re-serialised (ASCII JSON), with every secret value redacted."""
@@ -374,6 +378,19 @@ class McpWrap:
         params = call.arguments if isinstance(call.arguments, dict) else {"arguments": call.arguments}
         result = CallResult(call.status, call.tool, self.run_id, error=err, wall_ms=call.wall_ms)
         records.audit_call(self.audit, self.run_id, params, result)
+
+    def _audit_drop(self, dropped: dict[str, Any]) -> None:
+        """``mcp.notification_dropped``: the first AUDIT_DROPS_FIRST, then one in NOTE_EVERY with the count
+        so far (a client that floods them cannot fill the disk)."""
+        self._drops += 1
+        n = self._drops
+        if self.audit is None or (n > AUDIT_DROPS_FIRST and n % NOTE_EVERY != 0):
+            return
+        args = dropped.pop("arguments", None)
+        params = args if isinstance(args, dict) else {"arguments": args}
+        extra = {"_params": params} if "tool" in dropped else {}  # arguments only as size and digest
+        fields = self.secrets.redact(dropped)
+        self.audit.event_later("mcp.notification_dropped", run_id=self.run_id, count=n, **fields, **extra)
 
     # what we say on stderr -----------------------------------------------------------------
     def _say(self, message: str) -> None:

@@ -8,6 +8,7 @@ import ipaddress
 import json
 import re
 import secrets
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
 from tests.helpers import MCP_FETCH, PROBE, PROBE_DIR, WRAP_LABEL, wrap_image, wrap_session
+from toolcage import audit as audit_mod
 
 PROBE_IMAGE = "toolcage-test-mcp-fetch:1"  # mcp-server-fetch's image: it holds the mcp SDK the probe imports
 
@@ -144,3 +146,165 @@ def test_a_failing_server_ends_with_a_clear_error(
     assert run.exit_code == 3, run.stderr[-2000:]
     assert re.search(says, run.stderr)
     assert failed["seconds"] < 30, (err.message, run.stderr[-3000:])
+
+
+RAW = ["python3", "/workspace/raw_server.py"]  # tests/fixtures/mcp_wrap/raw_server.py: runs on the worker image
+INIT = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw-test", "version": "1"}}
+
+
+class RawWrap:
+    """`toolcage mcp wrap ARGS` driven by hand, line by line: for messages the official client will not send."""
+
+    def __init__(self, args: list[str]) -> None:
+        import queue
+        import sys
+        import threading
+
+        from tests.helpers import ROOT
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "toolcage.cli", "mcp", "wrap", *args],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.err = bytearray()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.err += line
+
+    def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def answer(self, req_id: Any, timeout: float = 60) -> dict[str, Any]:
+        """The answer to ``req_id`` (messages before it are skipped); fails on EOF or after ``timeout``."""
+        end = time.monotonic() + timeout
+        while True:
+            msg = self.lines.get(timeout=max(0.01, end - time.monotonic()))
+            assert msg is not None, f"mcp wrap ended before answering {req_id}: {self.stderr[-3000:]}"
+            if msg.get("id") == req_id and "method" not in msg:
+                return msg
+
+    def request(self, req_id: Any, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.send({"jsonrpc": "2.0", "id": req_id, "method": method, **({"params": params} if params else {})})
+        return self.answer(req_id)
+
+    def initialize(self) -> None:
+        assert "result" in self.request(0, "initialize", INIT), self.stderr
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    @property
+    def stderr(self) -> str:
+        return self.err.decode("utf-8", "replace")
+
+    def close(self, timeout: float = 30) -> int:
+        """Close its stdin and wait for it to exit (SIGTERM after ``timeout``, so it still removes its run)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            code = self.proc.wait(30)
+        time.sleep(0.2)  # the readers take the last lines
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return code
+
+
+def raw_args(*extra: str) -> list[str]:
+    return ["--workspace", str(PROBE_DIR), *extra, "--", *RAW]
+
+
+def test_a_denied_tool_sent_as_a_notification_never_reaches_the_server(tmp_path: Path) -> None:
+    """--deny-tool mark, and the client sends `tools/call mark` as a notification (no id), which a lax
+    server runs: the relay drops it (a client notification whose method is a request method), logs and
+    audits it; the server never ran it, and the session goes on."""
+    log = tmp_path / "audit.jsonl"
+    w = RawWrap(raw_args("--audit-log", str(log), "--deny-tool", "mark"))
+    try:
+        w.initialize()
+        call = {"name": "mark", "arguments": {"by": "notification"}}
+        w.send({"jsonrpc": "2.0", "method": "tools/call", "params": call})
+        w.send({"jsonrpc": "2.0", "method": "tools/call", "params": {**call, "name": "marked"}})  # any request method
+        listed = w.request(1, "tools/list")
+        assert {t["name"] for t in listed["result"]["tools"]} == {"marked", "ask_roots"}
+        marked = w.request(2, "tools/call", {"name": "marked", "arguments": {}})
+        assert json.loads(marked["result"]["content"][0]["text"]) == [], (marked, w.stderr[-2000:])
+    finally:
+        code = w.close()
+    assert code == 0, w.stderr[-3000:]
+    assert "raw: ran mark\n" not in w.stderr and w.stderr.count("raw: ran marked\n") == 1, w.stderr[-3000:]
+    assert "mcp.client_notification_dropped" in w.stderr, w.stderr[-3000:]
+    records = list(audit_mod.read(log))
+    dropped = [r for r in records if r["event"] == "mcp.notification_dropped"]
+    assert [(r["method"], r.get("tool")) for r in dropped] == [("tools/call", "mark"), ("tools/call", "marked")]
+    assert audit_mod.verify(log) == []
+
+
+@pytest.fixture
+def idle_policy(tmp_path: Path) -> Path:
+    path = tmp_path / "idle.yaml"
+    path.write_text(yaml.safe_dump({"name": "idle", "timeouts": {"idle_s": 3, "call_s": 20, "run_s": 60}}))
+    return path
+
+
+def test_a_chatty_server_does_not_keep_the_run_alive(idle_policy: Path) -> None:
+    """A wrapped server that sends a notification every 0.3 s: only the client's requests (and its answers to
+    the server's requests) count as activity, so timeouts.idle_s (3 s) still ends the run once the client
+    is silent; an answer to the server's roots/list in between counts as activity."""
+    w = RawWrap(["--policy", str(idle_policy), "--workspace", str(PROBE_DIR), "--", *RAW, "--chatty", "0.3"])
+    try:
+        w.initialize()
+        w.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "ask_roots", "arguments": {}}})
+        end = time.monotonic() + 30
+        while True:  # the server's roots/list, among its chatter
+            msg = w.lines.get(timeout=max(0.01, end - time.monotonic()))
+            assert msg is not None, w.stderr[-3000:]
+            if msg.get("method") == "roots/list":
+                break
+        time.sleep(2)  # the client thinks (the server's request is pending: nothing owed by the server)
+        t_answer = time.monotonic()
+        w.send({"jsonrpc": "2.0", "id": msg["id"], "result": {"roots": []}})
+        assert "result" in w.answer(1), w.stderr[-3000:]
+        try:
+            code: int | None = w.proc.wait(15)  # the client says nothing more, the server chatters on
+        except subprocess.TimeoutExpired:
+            code = None
+        waited = time.monotonic() - t_answer
+    finally:
+        w.close()
+    assert code == 3, w.stderr[-3000:]
+    assert "no request for 3s (timeouts.idle_s)" in w.stderr, w.stderr[-3000:]
+    assert 2.5 < waited < 8, waited
+
+
+def test_idle_starts_when_the_client_can_be_read(tmp_path: Path) -> None:
+    """A timeouts.idle_s shorter than the run's start-up (the egress proxy's start takes about 0.6 s here,
+    more on a loaded host): the idle clock starts once the client's stdin is being read, so the initialize
+    request sent at once is answered, and so is the next."""
+    policy = tmp_path / "short-idle.yaml"
+    network = {"mode": "proxy", "allow": [{"host": "allowed.test", "schemes": ["http"], "ports": [8080]}]}
+    doc = {"name": "short-idle", "network": network, "timeouts": {"idle_s": 0.3, "run_s": 60}}
+    policy.write_text(yaml.safe_dump(doc))
+    w = RawWrap(["--policy", str(policy), *raw_args()])
+    try:
+        w.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT})  # before the container is up
+        first = w.answer(0)
+        w.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        listed = w.request(1, "tools/list")
+    finally:
+        w.close()
+    assert "result" in first and "result" in listed, (first, w.stderr[-3000:])

@@ -86,6 +86,61 @@ def test_notifications_and_server_requests_pass_both_ways() -> None:
     assert r.from_client(line({"jsonrpc": "2.0", "id": "s1", "result": {}})).to_server == []
 
 
+@pytest.mark.parametrize("method", ["tools/call", "resources/read", "prompts/get", "ping", "x"])
+def test_a_request_method_without_an_id_is_dropped(method: str) -> None:
+    """A client notification whose method is not a notification's (a denied tools/call without an id, which
+    a lax server would run unanswered) is never sent: dropped, noted and handed over for the audit log."""
+    r = Relay(ToolFilter(deny=frozenset({"mark"})), Clock())
+    params = {"name": "mark", "arguments": {"a": 1}}
+    acts = r.from_client(line({"jsonrpc": "2.0", "method": method, "params": params}))
+    assert acts.to_server == [] and acts.to_client == []
+    assert acts.notes == [("mcp.client_notification_dropped", {"method": method})]
+    expected = {"method": method, "reason": "a request method sent as a notification"}
+    if method == "tools/call":
+        expected.update(tool="mark", arguments={"a": 1})
+    assert acts.dropped == [expected]
+
+
+def test_notifications_of_the_client_still_pass() -> None:
+    """notifications/initialized, /cancelled, /roots/list_changed reach the server as they are."""
+    r = Relay(ToolFilter(deny=frozenset({"mark"})), Clock())
+    for method in ("notifications/initialized", "notifications/cancelled", "notifications/roots/list_changed"):
+        acts = r.from_client(line({"jsonrpc": "2.0", "method": method, "params": {}}))
+        assert len(acts.to_server) == 1 and acts.dropped == [], method
+
+
+def test_only_the_clients_requests_and_answers_are_activity() -> None:
+    """The idle clock moves when the client sends a request (even a refused one), when one is answered or
+    cancelled, and when the client answers a server request; never for what the server sends by itself."""
+    clock = Clock()
+    r = Relay(ToolFilter(deny=frozenset({"mark"})), clock)
+    start = r.last_activity()
+    clock.t += 5
+    r.from_server(line({"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "tick"}}))
+    r.from_server(req("s1", "roots/list"))
+    r.from_server(ok(99, {"forged": True}))
+    r.from_client(line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+    r.from_client(line({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "x"}}))
+    r.from_client(line({"jsonrpc": "2.0", "id": "nobody", "result": {}}))
+    assert r.last_activity() == start
+    for step in (
+        lambda: r.from_client(line({"jsonrpc": "2.0", "id": "s1", "result": {"roots": []}})),
+        lambda: r.from_client(call(1, "mark")),  # refused here: still a request
+        lambda: r.from_client(call(2, "ok")),
+        lambda: r.from_server(ok(2, {"content": []})),  # answered: idle starts now, not when it was sent
+        lambda: r.from_client(call(3, "ok")),
+        lambda: r.from_client(
+            line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3}})
+        ),
+    ):
+        clock.t += 1
+        step()
+        assert r.last_activity() == clock.t
+    clock.t += 1
+    r.touch()
+    assert r.last_activity() == clock.t
+
+
 @pytest.mark.parametrize(
     ("flt", "offered"),
     [

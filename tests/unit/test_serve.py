@@ -181,3 +181,27 @@ def test_serve_streams_progress_and_cancels(tmp_path: Path) -> None:
     proc.stdout.close()
     if proc.stderr is not None:
         proc.stderr.close()
+
+
+def test_serve_refuses_a_progress_token_still_in_use() -> None:
+    """toolcage serve's bookkeeping: a request reusing an in-flight request's progress token gets -32602 (not
+    sent), the token is free again once that request is answered, and a batch registers no token."""
+    from toolcage.bridge import _Pending
+
+    def req(rid: Any, token: Any) -> bytes:
+        params = {"code": "", "_meta": {"progressToken": token}}
+        return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "run_python", "params": params}).encode()
+
+    class Sb:
+        def record_forwarded(self, *args: Any) -> None:
+            pass
+
+    p = _Pending()
+    assert p.saw_request(req(1, "t")) is None
+    refused = p.saw_request(req(2, "t"))
+    assert refused is not None and refused["id"] == 2 and refused["error"]["code"] == -32602
+    assert "'t'" in refused["error"]["message"] and "2" not in p.calls
+    assert p.saw_request(req(3, 1)) is None and p.saw_request(req(4, "1")) is None  # 1 and "1" differ
+    p.answered(Sb(), {"jsonrpc": "2.0", "id": 1, "result": {}})  # type: ignore[arg-type]
+    assert p.saw_request(req(5, "t")) is None
+    assert p.saw_request(b"[" + req(6, "b") + b"," + req(7, "b") + b"]") is None
