@@ -236,7 +236,21 @@ GVISOR = "runsc"
 # sandbox (with runc it would count every process of that uid on the host).
 GVISOR_HOST_PIDS_PER_PROCESS = 16
 GVISOR_HOST_PIDS_BASE = 256
+# The sentry, its gofer and stubs take host memory beside the sandbox's own pages (~20 MiB, and ~0.5 MiB
+# more per process in the sandbox, measured here), all charged to the container's cgroup, whose limit
+# kills the sentry: the whole sandbox. So that cgroup gets this headroom over the policy's memory, and
+# the policy's memory is kept inside, per call, by the worker's memory guard (toolcage.worker.memguard).
+# Bounded: at most 64 MiB + 1 GiB more than the policy's memory.
+GVISOR_MEMORY_HEADROOM_BASE = 64 * 1024**2
+GVISOR_MEMORY_HEADROOM_PER_PROCESS = 1024**2
+GVISOR_MEMORY_HEADROOM_PROCESSES = 1024  # past this many, the headroom grows no more
 READONLY_TMPFS = "ro,nosuid,nodev,noexec,size=4k"  # an empty, read-only dir over one a runtime would add
+
+
+def gvisor_memory_headroom(pids: int) -> int:
+    """What a gVisor container's host memory limit adds to the policy's memory, for gVisor's own kernel."""
+    processes = min(pids, GVISOR_MEMORY_HEADROOM_PROCESSES)
+    return GVISOR_MEMORY_HEADROOM_BASE + GVISOR_MEMORY_HEADROOM_PER_PROCESS * processes
 
 
 def _apply_runtime(host_config: dict[str, Any], runtime: str | None, pids: int) -> None:
@@ -246,6 +260,7 @@ def _apply_runtime(host_config: dict[str, Any], runtime: str | None, pids: int) 
     if runtime == GVISOR:
         host_config["SecurityOpt"] = ["no-new-privileges", seccomp.security_opt(gvisor=True)]
         host_config["PidsLimit"] = GVISOR_HOST_PIDS_BASE + GVISOR_HOST_PIDS_PER_PROCESS * pids
+        host_config["Memory"] = host_config["MemorySwap"] = host_config["Memory"] + gvisor_memory_headroom(pids)
         host_config["Ulimits"] = [*host_config["Ulimits"], {"Name": "nproc", "Soft": pids, "Hard": pids}]
         # runsc puts a writable tmpfs of its own at /tmp unless the spec mounts something there: an
         # empty read-only one keeps /tmp as read-only as it is under runc

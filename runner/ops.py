@@ -23,6 +23,7 @@ from toolcage.config import (
     LABEL_STARTED_AT,
     LABEL_TOOL,
     SANDBOX_UID,
+    gvisor_memory_headroom,
 )
 from toolcage.engine import EngineAPI
 from toolcage.policies import PolicyError, policy_from_json
@@ -117,8 +118,10 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
                 weak("pids limit (gVisor's host backstop)", pids, "a limit")
         elif not pids or pids <= 0 or pids > lim.pids:
             weak("pids limit", pids, lim.pids)
-        if not hc.get("Memory") or hc["Memory"] > lim.memory:
-            weak("memory", hc.get("Memory"), lim.memory)
+        # under gVisor the host's limit adds a headroom for gVisor's kernel (config.gvisor_memory_headroom)
+        memory = lim.memory + (gvisor_memory_headroom(lim.pids) if hc.get("Runtime") == GVISOR else 0)
+        if not hc.get("Memory") or hc["Memory"] > memory:
+            weak("memory", hc.get("Memory"), memory)
         if hc.get("MemorySwap") not in (hc.get("Memory"),):
             weak("memory+swap", hc.get("MemorySwap"), hc.get("Memory"))
         if not hc.get("NanoCpus") or hc["NanoCpus"] > int(lim.cpus * 1e9):

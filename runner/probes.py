@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from toolcage.errors import SandboxOOM
 from toolcage.policies import codes
 
 NO_WORKER = "no worker process visible"
@@ -305,13 +304,6 @@ GVISOR_ANSWERS: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
-SANDBOX_OOM = "sandbox_oom_killed"
-GVISOR_SANDBOX_OOM = (
-    "under gVisor the host's memory limit kills the sandbox's kernel (the sentry), so the whole sandbox "
-    "ends as oom_killed, not the one call"
-)
-
-
 def expected_for(name: str, expected: dict[str, Any], kind: str) -> tuple[dict[str, Any], str]:
     """The answers that prove ``name`` under sandbox ``kind``, and why they differ from runc's ("" if not)."""
     if kind == "gvisor" and name in GVISOR_ANSWERS:
@@ -346,13 +338,9 @@ def _limit_probes(sb: Any) -> list[tuple[str, str, Callable[[], tuple[bool, Any]
     mem = policy.limits.memory
 
     def memory() -> tuple[bool, Any]:
+        # the call ends, not the sandbox: under gVisor too (the worker's memory guard, worker.memguard)
         code = f"b = bytearray({mem + 64 * 1024 * 1024})\nb[::4096] = b'x' * len(b[::4096])"
-        try:
-            r = sb.call("run_python", {"code": code, "timeout_s": 30})
-        except SandboxOOM:
-            if getattr(sb, "kind", "") != "gvisor":
-                raise
-            return True, SANDBOX_OOM  # the host's limit held; under gVisor it ends the whole sandbox
+        r = sb.call("run_python", {"code": code, "timeout_s": 30})
         return r.status == "oom_killed", r.status
 
     def pids() -> tuple[bool, Any]:
@@ -389,7 +377,6 @@ def _limit_probes(sb: Any) -> list[tuple[str, str, Callable[[], tuple[bool, Any]
     ]
     if policy.network.mode == "proxy":
         probes.append(("egress_refuses_smuggling", "the egress proxy refuses a bare-LF request head (400)", smuggling))
-    # last: under gVisor it ends the sandbox
     probes.append(("memory_limit_fires", f"allocating past {mem} bytes ends as oom_killed", memory))
     return probes
 
@@ -406,6 +393,5 @@ def run_all(sb: Any) -> list[ProbeResult]:
             ok, observed = fn()
         except Exception as exc:  # a sandbox failure is a failed probe, with its reason
             ok, observed = False, f"{type(exc).__name__}: {exc}"
-        note = GVISOR_SANDBOX_OOM if observed == SANDBOX_OOM else ""
-        results.append(ProbeResult(name, what, ok, observed, note))
+        results.append(ProbeResult(name, what, ok, observed))
     return results

@@ -11,7 +11,7 @@ import resource
 import sys
 from typing import Any
 
-from toolcage.worker import cgroup
+from toolcage.worker import cgroup, memguard
 
 
 def _zygote_pid() -> int | None:
@@ -26,7 +26,8 @@ def usage() -> dict[str, Any]:
         cpu = cgroup.cpu_usage_ns()
         return {
             "cpu_ms": round(cpu / 1e6, 3) if cpu is not None else None,
-            "peak_memory_bytes": cgroup.peak_memory(),
+            # gVisor's cgroupfs keeps no peak: the highest usage its memory guard saw
+            "peak_memory_bytes": cgroup.peak_memory() or memguard.peak(),
             "oom_kills": cgroup.oom_kills(),
             "source": "cgroup",
             "zygote_pid": _zygote_pid(),

@@ -115,3 +115,40 @@ def test_the_worker_fds_are_out_of_reach_under_gvisor() -> None:
         seen = json.loads(sb.call("run_python", {"code": OPEN_WORKER_FDS}).result["stdout"])
         assert sb.call("ping").result == "pong"
     assert seen == {"pid": 1, "opened": []}, seen
+
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
+BOMB = "b = []\nwhile True: b.append(bytearray(16 * 1024 * 1024))"
+# several processes of one call, each allocating: the call as a whole goes past the limit
+FORKED_BOMB = (
+    "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        break\n"
+    "b = []\nwhile True:\n    b.append(bytearray(4 * 1024 * 1024)); time.sleep(0.01)"
+)
+SLEEPER = "import time; time.sleep(4); print('slept')"
+
+
+@pytest.mark.usefixtures("gvisor")
+@pytest.mark.parametrize(
+    ("tool", "params"),
+    [
+        ("run_python", {"code": BOMB}),  # a fork of the zygote
+        ("run_shell", {"command": f"exec python3 -c '{BOMB}'"}),  # a subprocess through nsinit
+        ("run_python", {"code": FORKED_BOMB}),
+    ],
+    ids=["zygote", "nsinit", "forked"],
+)
+def test_a_memory_bomb_under_gvisor_ends_its_call_not_the_sandbox(
+    engine: Any, tool: str, params: dict[str, Any]
+) -> None:
+    """Under gVisor a call past the policy's memory ends as oom_killed while a call beside it and the sandbox
+    live on, and the host's limit still bounds the container (it ended the whole run: SandboxOOM)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Sandbox(FIX / "good-small.yaml", sandbox="gvisor", audit=False) as sb, ThreadPoolExecutor(1) as pool:
+        beside = pool.submit(sb.call, "run_python", {"code": SLEEPER})
+        r = sb.call(tool, {**params, "timeout_s": 15})
+        assert r.status == "oom_killed" and r.result["oom_killed"] and r.result["signal"] == "SIGKILL", r
+        assert beside.result().result["stdout"] == "slept\n"
+        assert sb.call("run_python", {"code": "print('alive')"}).result["stdout"] == "alive\n"
+        limit = engine.inspect(sb.container_id)["HostConfig"]["Memory"]
+    assert 128 * 2**20 < limit <= 128 * 2**20 + 256 * 2**20, limit  # the policy's 128 MiB and a bounded headroom

@@ -474,6 +474,7 @@ class Abuse:
     params: dict[str, Any]
     status: str
     code: int | None  # the error code, None for a result
+    gvisor: tuple[str, int] | None = None  # also clear under gVisor: that status and error code
 
 
 ABUSES = [
@@ -482,8 +483,9 @@ ABUSES = [
     Abuse("hang_past_call_timeout", "hang", {}, "timeout", -32003),
     Abuse("flood_100mib_stdout_and_stderr", "flood", {"mib": 100}, "ok", None),
     Abuse("log_and_progress_spam", "spam_log", {"lines": 20000}, "ok", None),
-    # last: under gVisor each ends the sandbox (conftest.GVISOR_KNOWN)
-    Abuse("fork_bomb", "fork_bomb", {}, "ok", None),
+    # under gVisor a forked interpreter costs more (gVisor copies a written page's 2 MiB around it), and the
+    # 64 of them meet the 256 MiB before the process limit about half the time: then the guard ends the call
+    Abuse("fork_bomb", "fork_bomb", {}, "ok", None, gvisor=("oom_killed", -32022)),
     Abuse("memory_to_the_limit", "eat_memory", {}, "oom_killed", -32022),
 ]
 
@@ -493,8 +495,8 @@ def test_handler_abuse_ends_its_call_and_nothing_else(contained: Sandbox, abuse:
     """Each abuse ends its call with a clear status; then ping and a connector call work, and no process is left."""
     r = contained.call(abuse.tool, abuse.params)
     _assert_clean(r)
-    assert r.status == abuse.status, r
-    assert (r.error or {}).get("code") == abuse.code, r
+    seen = (r.status, (r.error or {}).get("code"))
+    assert seen == (abuse.status, abuse.code) or (contained.kind == "gvisor" and seen == abuse.gvisor), r
     assert contained.call("ping").result == "pong"
     assert contained.call("hello", {"name": abuse.name}).result == {"hello": abuse.name}
     assert contained.call("census").result == {"others": {}}

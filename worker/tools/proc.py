@@ -3,7 +3,8 @@
 Threats handled here: output floods (kept up to the policy's cap per stream, the rest
 drained and dropped), runaway children and their descendants (own process group,
 SIGKILL at the deadline and again when the call ends), a memory bomb (reported as
-``oom_killed`` from the cgroup's own counter, not guessed from exit 137).
+``oom_killed`` from the cgroup's own counter, not guessed from exit 137; under gVisor from the
+memory guard that kills it, ``worker.memguard``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Annotated, Any
 
 from annotated_types import Gt
 
-from toolcage.worker import calls, cgroup, namespaces, sweep, zygote
+from toolcage.worker import calls, cgroup, memguard, namespaces, sweep, zygote
 from toolcage.worker.errors import BadParams, ToolError
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Tool
@@ -131,6 +132,7 @@ def run_child(
     if _SHUTTING_DOWN:
         raise ToolError("the run is over (its runner went away or its deadline passed)")
     oom_before = cgroup.oom_kills()
+    guarded = memguard.enabled()
     env = {**_child_env(settings), **(extra_env or {})}
     started = time.monotonic()
     proc: Any = None
@@ -161,6 +163,8 @@ def run_child(
                 os.close(fd)
         pgid = proc.pid
         _LIVE_GROUPS.add(pgid)
+        if guarded:
+            memguard.watch(pgid, settings.policy.limits.memory)  # under gVisor: past the limit, this call ends
     call = calls.current()
     if call is not None:
         call.pgid = pgid  # a cancel kills the group at once
@@ -249,6 +253,7 @@ def run_child(
         # whatever went wrong in the worker, the call's processes must not outlive it
         _kill_group(pgid)
         _LIVE_GROUPS.discard(pgid)
+        memguard.release(pgid)
         if call is not None:
             call.pgid = None
         for stream in (proc.stdout, proc.stderr, proc.stdin):
@@ -271,13 +276,15 @@ def run_child(
     else:
         status, rusage = reaped
     _LIVE_GROUPS.discard(pgid)  # only now: until reaped, no other call's reaper may take its status
+    guard_killed = memguard.release(pgid)
     proc.returncode = os.waitstatus_to_exitcode(status)
     for stream in (proc.stdout, proc.stderr, proc.stdin):
         if stream is not None and not stream.closed:
             stream.close()
     exit_code = proc.returncode
     killed_by = -exit_code if exit_code < 0 else None
-    oom_killed = killed_by == signal.SIGKILL and not timed_out and cgroup.oom_kills() > oom_before
+    # the kernel's OOM killer (runc), or under gVisor the memory guard, which stands in for it
+    oom_killed = killed_by == signal.SIGKILL and not timed_out and (cgroup.oom_kills() > oom_before or guard_killed)
     return {
         "stdout": out["stdout"].decode("utf-8", errors="replace"),
         "stderr": out["stderr"].decode("utf-8", errors="replace"),
