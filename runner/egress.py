@@ -14,6 +14,11 @@ before it starts and hands each decision to a callback as it arrives (the Sandbo
 it to the audit log at once), instead of reading the container's size-capped json-file
 log at teardown, which a flood of denied requests could rotate away and which a killed
 runner or ``--keep`` never read.
+
+Threat: a sandbox growing the runner or the host's disk by flooding its proxy with refused
+requests. Nothing here grows with the flood: the last KEEP_DECISIONS decisions are kept (for
+debugging), the log has the first LOG_REFUSALS refusals and then one in LOG_EVERY, and the
+audit log folds a run's refusals into counts after the first ones (``toolcage.records``).
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from toolcage import records
 from toolcage.config import LABEL_PREFIX, PROXY_PORT, SANDBOX_UID, RunSpec, labels, proxy_container_config
 from toolcage.engine import EngineAPI
 from toolcage.errors import SandboxError, UsageError
@@ -34,6 +41,8 @@ READY_TIMEOUT_S = 15.0
 DRAIN_TIMEOUT_S = 5.0
 MAX_LINE = 64 * 1024  # the proxy cuts its fields to 512 chars; anything longer is not one of its records
 MAX_FIELD = 512
+KEEP_DECISIONS = 256  # the last decisions, kept for debugging and tests (the audit log has them all)
+LOG_REFUSALS, LOG_EVERY = 100, 1000  # refusals logged one by one, then one in LOG_EVERY (with the count)
 OnRecord = Callable[[dict[str, Any]], None]
 
 
@@ -83,8 +92,14 @@ def audit_decisions(audit: Any, run_id: str) -> OnRecord | None:
     def write(rec: dict[str, Any]) -> None:
         event = rec.get("event")
         if event == "egress.dropped":
-            audit.event_later("egress.dropped", run_id=run_id, source="proxy", count=rec.get("count"))
+            count = rec.get("count")
+            if records.admit_dropped(audit, run_id, count if isinstance(count, int) and count > 0 else 0):
+                audit.event_later("egress.dropped", run_id=run_id, source="proxy", count=count)
         elif event in ("egress.allowed", "egress.denied"):
+            if event == "egress.denied" and not records.admit_refusal(
+                audit, run_id, "proxy", rec.get("reason"), rec.get("target")
+            ):
+                return  # counted: in the run's next egress.refusals_folded
             audit.event_later(
                 "egress.decision",
                 run_id=run_id,
@@ -131,7 +146,8 @@ class Egress:
         self._ready = threading.Event()
         self._stream = DecisionStream(self._on_record)
         self._transport: DockerAttachTransport | None = None
-        self.decisions: list[dict[str, Any]] = []
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=KEEP_DECISIONS)
+        self._refusals = 0
 
     def _on_record(self, rec: dict[str, Any]) -> None:
         """Runs on the attach reader thread, once per line the proxy writes."""
@@ -141,8 +157,12 @@ class Egress:
         if not event.startswith("egress."):
             return
         self.decisions.append(rec)
-        fields = {k: v for k, v in rec.items() if k not in ("event", "timestamp", "run_id")}
-        self.log.info(event, **fields)
+        if event == "egress.denied":
+            self._refusals += 1
+        n = self._refusals
+        if event != "egress.denied" or n <= LOG_REFUSALS or n % LOG_EVERY == 0:
+            fields = {k: v for k, v in rec.items() if k not in ("event", "timestamp", "run_id")}
+            self.log.info(event, **fields, **({"count": n} if n > LOG_REFUSALS and event == "egress.denied" else {}))
         if self.on_decision is not None:
             try:
                 self.on_decision(rec)
@@ -235,6 +255,7 @@ class Egress:
                 self.engine.remove(self.proxy_id)
             if self._transport is not None:
                 self._transport.close()
+            records.flush_refusals(self.run.run_id)  # the counts since the last flush, now
         finally:
             if before_volume is not None:
                 before_volume()

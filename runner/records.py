@@ -1,17 +1,34 @@
-"""What the audit log says about a run's calls, in one place: ``run.call`` and the SafeFetch decisions a result carries.
+"""What the audit log says about a run's calls, in one place: ``run.call``, the SafeFetch decisions a result
+carries, and how a run's refused egress is folded into counts.
 
 The Sandbox hands over results; only this module knows where ``http_fetch`` puts its
 decisions (``result.decisions``, or ``error.data`` of an egress denial, -32010).
+
+Threat: a sandbox filling the host's disk through the audit log. Every refused request was an
+fsynced record (a flood wrote 3.3 MB per 10 s, about 12 GB in an 8-hour session). A run's first
+REFUSALS_RECORDED refusals (proxy and SafeFetch together) are records of their own; after that
+they are counted per (source, reason, target origin) and written as ``egress.refusals_folded``
+every FOLD_FLUSH_S and at the run's end, each saying how many it folds. Memory stays bounded
+too: at most FOLD_KEYS keys per record (the rest in ``other``) and FOLD_RUNS runs per process.
 """
 
 from __future__ import annotations
 
+import atexit
+import threading
+from collections import OrderedDict
 from typing import Any
+from urllib.parse import urlsplit
 
 from toolcage.results import CallResult
 
 EGRESS_DENIED = -32010
 UNAUDITED = frozenset({"sandbox.usage"})  # the runner's own bookkeeping, not a call of the user's
+REFUSALS_RECORDED = 100  # a run's refused egress decisions written one by one; after them, counted
+FOLD_FLUSH_S = 10.0  # how often the counts are written while a flood lasts
+FOLD_KEYS = 64  # distinct (source, reason, target) counted per folded record; beyond, in "other"
+FOLD_RUNS = 1024  # runs whose counts one process keeps (the least recent is flushed and let go)
+KEY_CHARS = 200
 
 
 def safefetch_decisions(r: CallResult) -> list[dict[str, Any]]:
@@ -48,6 +65,9 @@ def audit_call(audit: Any, run_id: str, params: dict[str, Any] | None, r: CallRe
         **({"secrets_sent": secrets_sent(r)} if r.meta is not None else {}),
     )
     for d in safefetch_decisions(r):
+        refused = d.get("allowed") is not True
+        if refused and not admit_refusal(audit, run_id, "safefetch", d.get("reason"), d.get("url")):
+            continue  # counted: in the run's next egress.refusals_folded
         audit.event_later(
             "egress.decision",
             run_id=run_id,
@@ -57,3 +77,133 @@ def audit_call(audit: Any, run_id: str, params: dict[str, Any] | None, r: CallRe
             method=d.get("method"),
             reason=d.get("reason"),
         )
+
+
+def _origin(target: Any) -> str:
+    """What a refusal is counted under: the target's origin (a flood varies paths), cut to KEY_CHARS."""
+    text = str(target)
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return text[:KEY_CHARS]
+    return (f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else text)[:KEY_CHARS]
+
+
+class _Refusals:
+    """One run's refused egress: the first REFUSALS_RECORDED admitted as records, the rest counted."""
+
+    def __init__(self, audit: Any, run_id: str) -> None:
+        self.audit, self.run_id = audit, run_id
+        self._lock = threading.Lock()
+        self.recorded = 0
+        self.total = 0  # folded so far in this run
+        self._counts: dict[tuple[str, str, str], int] = {}
+        self._other = 0
+        self._dropped = 0  # decisions the proxy could not report (its queue was full)
+        self._folded = 0  # since the last flush
+        self._timer: threading.Timer | None = None
+
+    def admit(self, source: str, reason: Any, target: Any) -> bool:
+        with self._lock:
+            if self.recorded < REFUSALS_RECORDED:
+                self.recorded += 1
+                return True
+            key = (source, str(reason)[:KEY_CHARS], _origin(target))
+            if key in self._counts or len(self._counts) < FOLD_KEYS:
+                self._counts[key] = self._counts.get(key, 0) + 1
+            else:
+                self._other += 1
+            self._folded += 1
+            self._arm()
+            return False
+
+    def admit_dropped(self, count: int) -> bool:
+        with self._lock:
+            if self.recorded < REFUSALS_RECORDED:
+                return True
+            self._dropped += count
+            self._arm()
+            return False
+
+    def _arm(self) -> None:
+        """The next flush, FOLD_FLUSH_S from the first count after the last one (lock held)."""
+        if self._timer is None:
+            self._timer = threading.Timer(FOLD_FLUSH_S, self.flush)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def flush(self) -> None:
+        """Write what was counted since the last flush as one ``egress.refusals_folded`` (nothing: no record)."""
+        with self._lock:
+            if self._timer is not None and self._timer is not threading.current_thread():
+                self._timer.cancel()
+            self._timer = None
+            if not self._folded and not self._dropped:
+                return
+            counts, other, dropped, folded = self._counts, self._other, self._dropped, self._folded
+            self._counts, self._other, self._dropped, self._folded = {}, 0, 0, 0
+            self.total += folded
+            total = self.total
+        self.audit.event_later(
+            "egress.refusals_folded",
+            run_id=self.run_id,
+            folded=folded,
+            folded_total=total,
+            recorded=REFUSALS_RECORDED,
+            counts=[
+                {"source": k[0], "reason": k[1], "target": k[2], "count": n}
+                for k, n in sorted(counts.items(), key=lambda kv: -kv[1])
+            ],
+            other=other,
+            proxy_dropped=dropped,
+        )
+
+
+_RUNS: OrderedDict[str, _Refusals] = OrderedDict()
+_RUNS_LOCK = threading.Lock()
+
+
+def _refusals(audit: Any, run_id: str) -> _Refusals:
+    evicted: list[_Refusals] = []
+    with _RUNS_LOCK:
+        entry = _RUNS.get(run_id)
+        if entry is None:
+            entry = _RUNS[run_id] = _Refusals(audit, run_id)
+            while len(_RUNS) > FOLD_RUNS:
+                evicted.append(_RUNS.popitem(last=False)[1])
+        else:
+            _RUNS.move_to_end(run_id)
+    for old in evicted:
+        old.flush()
+    return entry
+
+
+def admit_refusal(audit: Any, run_id: str, source: str, reason: Any, target: Any) -> bool:
+    """True: write this refused decision as its own record; False: it was counted instead."""
+    return _refusals(audit, run_id).admit(source, reason, target)
+
+
+def admit_dropped(audit: Any, run_id: str, count: int) -> bool:
+    """The proxy's ``egress.dropped``: True to write it, False once the run's refusals are counted."""
+    return _refusals(audit, run_id).admit_dropped(count)
+
+
+def flush_refusals(run_id: str) -> None:
+    """The run ends (or its proxy is down): write its counts now rather than at the next FOLD_FLUSH_S."""
+    with _RUNS_LOCK:
+        entry = _RUNS.get(run_id)
+    if entry is not None:
+        entry.flush()
+
+
+@atexit.register
+def _flush_all() -> None:
+    """At exit the timers (daemon threads) are gone: write every run's counts, and wait for them."""
+    with _RUNS_LOCK:
+        entries = list(_RUNS.values())
+    for entry in entries:
+        entry.flush()
+    for audit in {id(e.audit): e.audit for e in entries}.values():
+        drain = getattr(audit, "drain", None)  # any object with event_later will do as an audit
+        if drain is not None:
+            drain()

@@ -630,6 +630,7 @@ class Sandbox:
         )
         self.log.info("run.finished", **self.summary.to_dict())
         if self.audit is not None and self._audited:
+            records.flush_refusals(self.run_id)  # the refused egress counted since the last flush, before the end
             # pooled: queued like its run.started (on disk within the writer's batch window)
             record = self.audit.event_later if self._pool is not None else self.audit.event
             record(

@@ -103,3 +103,49 @@ def test_audit_callback_writes_decisions_and_drops() -> None:
         },
     )
     assert calls[1] == ("egress.dropped", {"run_id": "run1", "source": "proxy", "count": 7}) and len(calls) == 2
+
+
+def test_a_runs_refusals_are_folded_into_counts_after_the_first_ones() -> None:
+    """Proxy and SafeFetch refusals share one budget per run: the first REFUSALS_RECORDED are records,
+    the rest counts per (source, reason, origin), flushed as egress.refusals_folded; allowed ones stay
+    records; the distinct keys per record are capped (the rest in ``other``)."""
+    from toolcage import records
+    from toolcage.results import CallResult
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    class FakeAudit:
+        def event_later(self, event: str, /, **fields: Any) -> None:
+            calls.append((event, fields))
+
+        def drain(self) -> None: ...
+
+    audit = FakeAudit()
+    write = audit_decisions(audit, "fold1")
+    assert write is not None
+    for i in range(records.REFUSALS_RECORDED - 1):
+        write({"event": "egress.denied", "target": f"http://x.test/{i}", "reason": "x.test is not in the allowlist"})
+    denied = {"allowed": False, "url": "http://y.test/a", "reason": "y.test is not in the allowlist"}
+    r = CallResult("ok", "http_fetch", "fold1", result={"decisions": [denied, denied]})
+    records.audit_call(audit, "fold1", {}, r)  # the 100th is a record, the 101st is counted
+    for i in range(500):
+        write({"event": "egress.denied", "target": f"http://x.test/{i}", "reason": "x.test is not in the allowlist"})
+    for i in range(records.FOLD_KEYS + 10):
+        write({"event": "egress.denied", "target": f"http://h{i}.test/", "reason": "r"})
+    write({"event": "egress.allowed", "target": "http://ok.test/", "reason": "allowed"})
+    write({"event": "egress.dropped", "count": 3})
+    records.flush_refusals("fold1")
+    singles = [f for e, f in calls if e == "egress.decision" and f["allowed"] is False]
+    assert len(singles) == records.REFUSALS_RECORDED
+    assert [f["target"] for e, f in calls if e == "egress.decision" and f["allowed"]] == ["http://ok.test/"]
+    (folded,) = [f for e, f in calls if e == "egress.refusals_folded"]
+    assert folded["folded"] == 1 + 500 + records.FOLD_KEYS + 10 and folded["proxy_dropped"] == 3
+    assert folded["counts"][0] == {
+        "source": "proxy", "reason": "x.test is not in the allowlist", "target": "http://x.test", "count": 500
+    }  # fmt: skip
+    from_safefetch = {"source": "safefetch", "reason": "y.test is not in the allowlist", "target": "http://y.test"}
+    assert {**from_safefetch, "count": 1} in folded["counts"]
+    assert len(folded["counts"]) == records.FOLD_KEYS and folded["other"] == 12
+    assert sum(c["count"] for c in folded["counts"]) + folded["other"] == folded["folded"]
+    records.flush_refusals("fold1")  # nothing new: no record
+    assert sum(1 for e, _ in calls if e == "egress.refusals_folded") == 1
