@@ -152,3 +152,18 @@ def test_a_memory_bomb_under_gvisor_ends_its_call_not_the_sandbox(
         assert sb.call("run_python", {"code": "print('alive')"}).result["stdout"] == "alive\n"
         limit = engine.inspect(sb.container_id)["HostConfig"]["Memory"]
     assert 128 * 2**20 < limit <= 128 * 2**20 + 256 * 2**20, limit  # the policy's 128 MiB and a bounded headroom
+
+
+# one system call that commits 1 GiB at once: nothing between its start and its end for the guard to see
+POPULATE = "import mmap\nm = mmap.mmap(-1, 1 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x8000)"
+
+
+@pytest.mark.usefixtures("gvisor")
+def test_memory_committed_in_one_system_call_under_gvisor_meets_the_hosts_limit(engine: Any) -> None:
+    """The known limit of the guard: a call that commits past the headroom in one system call (mmap with
+    MAP_POPULATE) is not seen in time; the host's limit then ends the whole run (SandboxOOM) and holds."""
+    from toolcage import SandboxOOM
+
+    with Sandbox(FIX / "good-small.yaml", sandbox="gvisor", audit=False) as sb, pytest.raises(SandboxOOM):
+        sb.call("run_python", {"code": POPULATE, "timeout_s": 15})
+    assert sb.summary is not None and sb.summary.status == "oom_killed"
