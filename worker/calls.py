@@ -88,7 +88,10 @@ class Call:
         """A connector's ``ctx.progress``: checked (finite numbers, a bounded string) and sent."""
         if not _number(progress) or (total is not None and not _number(total)):
             return
-        text = message[:_MESSAGE_MAX] if isinstance(message, str) else None
+        from toolcage.worker.secrets import STORE
+
+        # redacted before the cut: a cut through an exposed value would leave a part that no longer matches
+        text = STORE.clip(message, _MESSAGE_MAX) if isinstance(message, str) else None
         self._notify(float(progress), None if total is None else float(total), text)
 
     def output(self, stream: str, chunk: bytes, room: int) -> None:

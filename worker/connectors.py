@@ -212,7 +212,7 @@ class Link:
                     "status": r.status,
                     "reason": STORE.redact_text(r.reason),
                     "headers": [[STORE.redact_text(k), STORE.redact_text(v)] for k, v in r.headers],
-                    "body": base64.b64encode(STORE.redact_bytes(r.body)).decode(),
+                    "body": base64.b64encode(r.body).decode(),  # redacted by SafeFetch, before its cut
                     "url": STORE.redact_text(r.url),  # a redirect's Location may carry it too
                     "truncated": r.truncated,
                 }

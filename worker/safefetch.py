@@ -16,6 +16,14 @@ outright (EgressDenied, reason ``downgrade``), since it would send the request i
 Secrets (``auth=NAME``): the worker adds the secret's header itself, on hops to the origin
 the policy binds it to (worker.secrets); a first hop elsewhere is refused, and once a
 redirect leaves that origin the header is never sent again in that fetch.
+
+Threat: a handler that makes the bound host echo the secret back in a form of its choosing.
+So SafeFetch, not the handler, decides the transport of a fetch that carries a secret or goes
+to a secret's origin (the host may have kept the value from an earlier request): a handler's
+Accept-Encoding, Range, If-Range, Accept-Charset or A-IM is refused there, ``identity`` is
+asked for, and an answer in any other content or transfer coding is refused unread. And the
+body is redacted before it is cut to the output cap: SafeFetch reads ``lookahead`` bytes past
+the cap, so a value that starts before the cut is removed whole (worker.redaction).
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ _FORBIDDEN_HEADERS = {
     "trailer",
 }
 _CREDENTIALS = {"authorization", "cookie", "proxy-authorization"}
+# headers with which a handler would choose the form of the answer (a coding, a range, a charset, a delta):
+# where a secret is sent, that choice is SafeFetch's
+_TRANSPORT_HEADERS = {"accept-encoding", "range", "if-range", "accept-charset", "a-im"}
 
 
 @dataclass
@@ -157,6 +168,7 @@ class SafeFetch:
         decisions: list[dict[str, Any]] = []
         if auth is not None and self.secrets is None:
             raise EgressDenied(f"no secret named {auth} in this run", {"secret": auth, "reason": "unknown_secret"})
+        guarded = False  # once a hop carried a secret or went to a secret's origin, for the rest of the fetch
         for hop in range(MAX_REDIRECTS + 1):
             d = self._decide(url, method)
             decisions.append({"url": url, "method": method, **d.to_dict()})
@@ -165,12 +177,15 @@ class SafeFetch:
                 raise FetchFailed("timed out", {"url": url})
             t = d.target
             assert t is not None
-            send = hdrs
+            if not guarded and (auth is not None or (self.secrets is not None and self.secrets.binds(t))):
+                guarded = True
+                _refuse_transport_headers(hdrs)
+            send = {**hdrs, "Accept-Encoding": "identity"} if guarded else hdrs
             if auth is not None:
                 # first hop: refused unless it goes to the bound origin; later hops: only while
                 # every redirect so far stayed on that origin (auth is cleared when one leaves it)
                 name, value = self.secrets.header_for(auth, t)
-                send = {k: v for k, v in hdrs.items() if k.lower() != name.lower()}
+                send = {k: v for k, v in send.items() if k.lower() != name.lower()}
                 send[name] = value
                 origin = f"{t.scheme}://{t.host}:{t.port}"
                 # on the client, not the result: kept even if a later hop fails, the audit needs it
@@ -183,8 +198,12 @@ class SafeFetch:
                 path = url if (self.proxy and t.scheme == "http") else _origin_form(url)
                 conn.request(method, path, body=body, headers=send)
                 resp = conn.getresponse()
-                data = resp.read(self.max_bytes + 1) if method != "HEAD" else b""
                 status, reason, rheaders = resp.status, resp.reason, resp.getheaders()
+                if guarded:
+                    _refuse_codings(rheaders, url)
+                # past the cap, what shows a value that starts before it whole (redacted below, then cut)
+                extra = self.secrets.lookahead if self.secrets is not None else 0
+                data = resp.read(self.max_bytes + extra + 1) if method != "HEAD" else b""
             except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
                 text = str(exc)
                 if "Tunnel connection failed: 403" in text:
@@ -216,10 +235,32 @@ class SafeFetch:
                     method, body = "GET", None
                 url = new_url
                 continue
-            return FetchResult(
-                status, reason, rheaders, data[: self.max_bytes], len(data) > self.max_bytes, url, decisions
-            )
+            body = self.secrets.cut_bytes(data, self.max_bytes) if self.secrets is not None else data[: self.max_bytes]
+            return FetchResult(status, reason, rheaders, body, len(data) > self.max_bytes, url, decisions)
         raise FetchFailed(f"more than {MAX_REDIRECTS} redirects", {"url": url})
+
+
+def _refuse_transport_headers(headers: dict[str, str]) -> None:
+    bad = sorted(k for k in headers if k.lower() in _TRANSPORT_HEADERS)
+    if bad:
+        raise EgressDenied(
+            f"headers not allowed on a fetch that carries a secret or goes to its origin: {', '.join(bad)} "
+            "(SafeFetch decides the transport there, so that the answer can be redacted)",
+            {"headers": bad, "reason": "transport_header"},
+        )
+
+
+def _refuse_codings(headers: list[tuple[str, str]], url: str) -> None:
+    """An answer SafeFetch did not ask for (it asked for identity): unread, since it cannot be redacted."""
+    for key, value in headers:
+        k, v = key.lower(), value.strip().lower()
+        if (k == "content-encoding" and v not in ("", "identity")) or (k == "transfer-encoding" and v != "chunked"):
+            shown = value if len(value) <= 40 else "(a long value)"  # whole or not at all: a cut one could hold a part
+            raise FetchFailed(
+                f"the answer from {url} came in {key}: {shown}, which SafeFetch did not ask for; on a fetch that "
+                "carries a secret or goes to its origin only a plain body is read (it could not be redacted)",
+                {"url": url, "reason": "content_coding", "header": key},
+            )
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

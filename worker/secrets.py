@@ -11,7 +11,6 @@ receives. What the bound host itself does with the value is outside the sandbox.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ from toolcage.worker.errors import BadParams, EgressDenied
 if TYPE_CHECKING:  # annotations only: the worker redacts every answer, and must not load the model for it
     from toolcage.policies.decide import Target
     from toolcage.policies.secrets import SecretSpec
+    from toolcage.worker.redaction import Redactor
 
 MIN_SECRET_LEN = 8  # shorter values would redact ordinary text; refused before the run starts
 # Threat: a value no header can carry (a trailing newline from a file or an env var) made http.client
@@ -33,7 +33,7 @@ class SecretStore:
     def __init__(self) -> None:
         self._values: dict[str, str] = {}
         self._specs: dict[str, SecretSpec] = {}
-        self._needles: list[tuple[str, str]] = []  # (text to find, replacement), longest first
+        self._redactor: Redactor | None = None  # made with the values (a run without secrets never loads it)
 
     def __bool__(self) -> bool:
         return bool(self._values)
@@ -79,12 +79,9 @@ class SecretStore:
             )
         self._values = dict(values)
         self._specs = dict(specs)
-        needles = []
-        for name, value in values.items():
-            mark = f"[secret {name}]"
-            for form in {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}:
-                needles.append((form, mark))
-        self._needles = sorted(needles, key=lambda n: -len(n[0]))
+        from toolcage.worker.redaction import Redactor
+
+        self._redactor = Redactor(self._values)
 
     # sending --------------------------------------------------------------------------------
     def _spec(self, name: str) -> SecretSpec:
@@ -115,11 +112,20 @@ class SecretStore:
         return self._values[name]
 
     # redaction --------------------------------------------------------------------------------
+    def binds(self, target: Target) -> bool:
+        """Whether a secret of this run is bound to ``target``'s origin (its transport is SafeFetch's there)."""
+        return any(
+            (target.scheme, target.host, target.port) == (s.send_to.scheme, s.send_to.host, s.send_to.effective_port)
+            for s in self._specs.values()
+        )
+
+    @property
+    def lookahead(self) -> int:
+        """Bytes past a cut that :meth:`cut_bytes` needs to see a value starting before it whole."""
+        return self._redactor.lookahead if self._redactor is not None else 0
+
     def redact_text(self, text: str) -> str:
-        for needle, mark in self._needles:
-            if needle in text:
-                text = text.replace(needle, mark)
-        return text
+        return self._redactor.text(text) if self._redactor is not None else text
 
     def clip(self, text: str, limit: int, *, tail: bool = False) -> str:
         """``text`` redacted, then cut to its first (or last) ``limit`` characters. In this order: a cut
@@ -128,15 +134,16 @@ class SecretStore:
         return text[-limit:] if tail else text[:limit]
 
     def redact_bytes(self, data: bytes) -> bytes:
-        for needle, mark in self._needles:
-            raw = needle.encode("utf-8", errors="surrogatepass")
-            if raw in data:
-                data = data.replace(raw, mark.encode())
-        return data
+        return self._redactor.data(data) if self._redactor is not None else data
+
+    def cut_bytes(self, data: bytes, limit: int) -> bytes:
+        """``data[:limit]`` redacted, a value that starts before ``limit`` removed whole (``data`` holds
+        :attr:`lookahead` bytes past ``limit``, or all there is)."""
+        return self._redactor.cut(data, limit) if self._redactor is not None else data[:limit]
 
     def redact(self, obj: Any) -> Any:
         """Every string in a JSON-like value (keys too), with each secret's value replaced."""
-        if not self._needles:
+        if not self._redactor:  # None, or no values
             return obj
         if isinstance(obj, str):
             return self.redact_text(obj)

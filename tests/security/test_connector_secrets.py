@@ -353,21 +353,25 @@ def test_cli_run_vv_never_prints_a_secret(engine: Any, egress_net: str, tmp_path
     assert warned and "[secret EXPOSED]" in warned[0], out.stderr[-3000:]  # the handler's own log line
 
 
-STRADDLES = ["message", "raise", "traceback", "log", "stdout", "stderr"]
+STRADDLES = ["message", "raise", "traceback", "log", "stdout", "stderr", "progress"]
 
 
 def test_a_limit_never_cuts_an_exposed_value_in_two(engine: Any, egress_net: str, tmp_path: Path) -> None:
     """An exposed value placed across each length limit (error message, the child's message and traceback,
-    log line, stdout and stderr tails) is redacted before the cut: no half of it reaches `serve -vv`."""
+    log line, stdout and stderr tails, progress message) is redacted before the cut: no half of it reaches
+    `serve -vv`."""
     pol = _policy(tmp_path, "conn-straddle", exposed=True)
-    calls = [("expose", {})] + [("expose_straddle", {"where": w}) for w in STRADDLES]
+    # with a progress token (one per request: the calls may run side by side), so that progress is sent
+    calls = [("expose", {})] + [("expose_straddle", {"where": w, "_meta": {"progressToken": w}}) for w in STRADDLES]
     lines = "".join(
         json.dumps({"jsonrpc": "2.0", "method": m, "params": p, "id": i}) + "\n" for i, (m, p) in enumerate(calls)
     )
     tools = ("--tools", str(HOSTILE), "--policy", str(pol), "--egress-network", egress_net)
     out = _cli("serve", *tools, *SECRET_ARGS, "-vv", env=SECRET_ENV, stdin=lines)
     assert out.returncode == 0, out.stderr[-3000:]
-    answers = {a["id"]: a for a in map(json.loads, out.stdout.splitlines())}
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    answers = {a["id"]: a for a in lines if "id" in a}
+    progress = [n["params"] for n in lines if n.get("method") == "notifications/progress"]
     assert sorted(answers) == list(range(len(calls))), out.stdout[-3000:]
     half = len(EXPOSED) // 2
     leaks = {
@@ -381,6 +385,7 @@ def test_a_limit_never_cuts_an_exposed_value_in_two(engine: Any, egress_net: str
     for i in (1, 2, 3):
         assert answers[i]["error"]["code"] in (-32001, -32020), answers[i]
     assert "[secret EXPOSED]" in answers[3]["error"]["data"]["traceback"]
+    assert any("[secret EXPOSED]" in p.get("message", "") for p in progress), progress
     for event in ("handler.says", "handler.long", "handler.output"):
         assert any(event in ln and "[secret EXPOSED]" in ln for ln in out.stderr.splitlines()), event
 

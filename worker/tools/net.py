@@ -42,7 +42,10 @@ def http_fetch(settings: Settings, p: HttpFetchParams) -> dict[str, Any]:
         )
     except ValueError:
         raise BadParams("body is not valid base64") from None
-    fetcher = SafeFetch(settings.policy, proxy=proxy_from_env(), on_decision=log_decision)
+    from toolcage.worker.secrets import STORE
+
+    # with the run's secrets: a body is redacted before its cut, and a secret's origin gets SafeFetch's transport
+    fetcher = SafeFetch(settings.policy, proxy=proxy_from_env(), on_decision=log_decision, secrets=STORE)
     timeout = min(p.timeout_s or settings.policy.timeouts.call_s, settings.policy.timeouts.run_s)
     r = fetcher.fetch(p.url, p.method, p.headers or {}, body, timeout)
     try:
