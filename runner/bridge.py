@@ -23,9 +23,9 @@ from toolcage.errors import SandboxError
 from toolcage.results import without_meta
 from toolcage.sandbox import Sandbox
 from toolcage.transport import id_key
-from toolcage.worker.protocol import progress_token
+from toolcage.worker.protocol import MAX_REQUEST_BYTES, progress_token
 
-MAX_REQUEST_LINE = 16 * 1024 * 1024
+MAX_REQUEST_LINE = MAX_REQUEST_BYTES  # the worker's own line limit: one constant for both ends
 DRAIN_ID = "toolcage.serve.drain"  # and 64 random bits: a client's request may carry any id
 SANDBOX_ENDED = -32004  # the runner's answer for a request the sandbox will never answer
 INVALID_PARAMS = -32602
