@@ -83,9 +83,11 @@ class ContainerBackend:
         egress_proxy: str | None,
         ca_pem: str | None,
         runtime: str | None = None,
+        redact: Any = None,  # the run's secrets out of the proxy's records (a pooled slot's: its owner's, late)
         **_unused: Any,
     ) -> None:
         self.policy, self.image, self.name, self.log, self.audit = policy, image, name, log, audit
+        self.redact = redact
         self.runtime = runtime
         self._engine = engine
         self.egress_network, self.egress_proxy, self.ca_pem = egress_network, egress_proxy, ca_pem
@@ -128,7 +130,7 @@ class ContainerBackend:
             self._egress = Egress(
                 self.engine, self.policy, run, self.egress_network, self.egress_proxy, self.log,
                 on_decision=audit_decisions(self.audit, run.run_id),  # written as they happen, not at close
-                proxy_image=worker_image(),
+                proxy_image=worker_image(), redact=self.redact,
             )  # fmt: skip
             volume, env = self._egress.prepare()
             env["TOOLCAGE_PROXY_SOCKET"] = PROXY_SOCKET

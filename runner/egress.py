@@ -63,9 +63,10 @@ class DecisionStream(StreamParser):
     A StreamParser, so DockerAttachTransport demultiplexes Docker's frames for it; stderr
     keeps its bounded tail for error messages."""
 
-    def __init__(self, on_record: OnRecord) -> None:
+    def __init__(self, on_record: OnRecord, redact: Callable[[Any], Any] | None = None) -> None:
         super().__init__(MAX_LINE)
         self._on_record = on_record
+        self._redact_record = redact or (lambda rec: rec)
         self.ended = threading.Event()
 
     def stdout(self, data: bytes) -> None:
@@ -77,6 +78,9 @@ class DecisionStream(StreamParser):
             except ValueError:
                 continue
             if isinstance(rec, dict) and isinstance(rec.get("event"), str):
+                # the run's secrets redacted before the cut: over http the proxy sees whole URLs, and a bound
+                # host's redirect can carry the value it got (the proxy, which holds none, cuts at 512 itself)
+                rec = self._redact_record(rec)
                 self._on_record({k: _clip(v) for k, v in rec.items() if isinstance(k, str)})
 
     def eof(self) -> None:
@@ -126,6 +130,7 @@ class Egress:
         log: Any,
         on_decision: OnRecord | None = None,
         proxy_image: str | None = None,
+        redact: Callable[[Any], Any] | None = None,
     ) -> None:
         self.engine = engine
         # the proxy enforces the allowlist, so it runs from the worker image itself, never from the
@@ -144,7 +149,7 @@ class Egress:
         self._networks: list[str] = []
         self._volume_made = False
         self._ready = threading.Event()
-        self._stream = DecisionStream(self._on_record)
+        self._stream = DecisionStream(self._on_record, redact)
         self._transport: DockerAttachTransport | None = None
         self.decisions: deque[dict[str, Any]] = deque(maxlen=KEEP_DECISIONS)
         self._refusals = 0

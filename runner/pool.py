@@ -339,8 +339,14 @@ class Pool:
         run_id = token_hex(4)
         name = container_name(self.tool, run_id)
         log = logs.get_logger(run_id=run_id, name=name, pool=self.id)
-        backend = make_backend(self.kind, self.policy, name=name, log=log, **self._backend_options)
+        made: list[_Slot] = []
+
+        def redact(rec: Any) -> Any:  # the proxy's records, with the adopting run's secrets (slot.redact)
+            return made[0].redact(rec) if made else rec
+
+        backend = make_backend(self.kind, self.policy, name=name, log=log, redact=redact, **self._backend_options)
         slot = _Slot(self, run_id, name, backend)
+        made.append(slot)
         slot.image_id = backend.image_id()
         session = Session(
             max_line=16 * self.policy.limits.output_cap + (1 << 20),

@@ -153,6 +153,7 @@ class Sandbox:
                 egress_network=egress_network,
                 egress_proxy=egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY"),
                 ca_pem=self._read_ca(ca_file),
+                redact=self._secrets.redact if self._secrets else None,  # the proxy's records, before their cut
             )
         )
         self._session: Session | None = None

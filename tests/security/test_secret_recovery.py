@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -53,6 +54,12 @@ class H(http.server.BaseHTTPRequestHandler):
             body = quote(body, safe="").encode()
         elif u.path == "/utf16" or "utf-16" in self.headers.get("Accept-Charset", ""):
             body, headers = body.decode().encode("utf-16-le"), [("Content-Type", "text/plain; charset=utf-16le")]
+        if u.path == "/to-self":  # the bound host puts what it got into a redirect on its own origin
+            self.send_response(302)
+            self.send_header("Location", "/echo?pad=" + quote(self.headers.get("Authorization", "")))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         rng = self.headers.get("Range", "")
         if rng.startswith("bytes=") and u.path == "/echo":
             a, _, b = rng[6:].partition("-")
@@ -111,7 +118,8 @@ def bound(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
             assert time.monotonic() < deadline, engine.logs(cid)
             time.sleep(0.05)
         subnet = engine.network(net)["IPAM"]["Config"][0]["Subnet"]
-        yield {"network": net, "subnet": subnet, "ca_file": ca_file}
+        audit = tmp_path_factory.mktemp("audit") / "audit.jsonl"
+        yield {"network": net, "subnet": subnet, "ca_file": ca_file, "audit": audit}
     finally:
         if cid is not None:
             engine.remove(cid)
@@ -146,6 +154,7 @@ def attacker(bound: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
         secrets={"TOKEN": TOKEN, "PLAIN": PLAIN},
         egress_network=bound["network"],
         ca_file=bound["ca_file"],
+        audit=bound["audit"],
     ) as sb:
         yield sb
 
@@ -243,3 +252,14 @@ def test_a_confirmed_guess_is_an_oracle_for_whole_values_only(attacker: Sandbox)
         assert not got["confirmed"], got
         shown[label] = _unreversed(got["shown"])
     assert shown == {"prefix": TOKEN[:20], "other": other[:20]}, shown  # the handler's own text, as it sent it
+
+
+def test_a_value_the_bound_host_puts_in_a_url_stays_out_of_the_audit(attacker: Sandbox, bound: dict[str, Any]) -> None:
+    """Over http the egress proxy sees whole URLs: a bound host that redirects to a URL carrying the value it
+    got leaves neither that value in the audit log's proxy records nor in what the handler receives."""
+    got = _ok(attacker.call("echo_forms", {"url": f"{HTTP}/to-self", "auth": "PLAIN"}))
+    assert got["status"] == 200 and got["hits"] == [] and "raw" in got["marked"], got
+    time.sleep(1)  # the proxy's records reach the audit log within its batch window
+    text = bound["audit"].read_text()
+    assert "/echo?pad=" in text, "the proxy's record of the redirected hop is not in the audit log"
+    assert PLAIN not in text and quote(PLAIN) not in text, "the value is in the audit log"
