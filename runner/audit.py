@@ -132,12 +132,15 @@ class Audit:
                     self._file.commit(records[done : done + CHUNK])
                     done += CHUNK
             except AuditError as exc:
-                self._failing = True
                 self._retain([r for r in records[done:] if r is not own])
-                logs.get_logger().error(
-                    "audit.write_failed", path=str(self.path), error=exc.message, retained=len(self._retained)
-                )
+                if not self._failing:  # once per outage, not once per retry
+                    logs.get_logger().error(
+                        "audit.write_failed", path=str(self.path), error=exc.message, retained=len(self._retained)
+                    )
+                self._failing = True
                 raise
+            if self._failing:
+                logs.get_logger().warning("audit.write_resumed", path=str(self.path), written=len(records))
             self._failing = False
 
     def _make(self, items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
