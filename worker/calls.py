@@ -161,7 +161,10 @@ def cancelled() -> bool:
 
 def cancel_message(msg: Any) -> Any:
     """The id a cancel notification names, or None if ``msg`` is not one."""
-    if not isinstance(msg, dict) or "id" in msg or msg.get("method") not in CANCEL_METHODS:
+    if not isinstance(msg, dict) or "id" in msg:
+        return None
+    method = msg.get("method")
+    if not isinstance(method, str) or method not in CANCEL_METHODS:  # a list or dict method is not hashable
         return None
     params = msg.get("params")
     if not isinstance(params, dict):
