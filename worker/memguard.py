@@ -29,7 +29,8 @@ from toolcage.worker import logs, namespaces
 
 USAGE = "/sys/fs/cgroup/memory/memory.usage_in_bytes"  # gVisor's cgroupfs (v1 layout): the whole sandbox
 # How often: sooner the nearer the usage is to the budget, as if it grew at RATE (one process here
-# allocates ~400 MiB/s under gVisor, two ~700): 5 ms apart near it, 100 ms far below (a read costs ~0.1 ms)
+# allocated ~400 MiB/s under gVisor; RATE leaves room for several): 5 ms apart near it, 100 ms far
+# below (a read costs ~0.1 ms of the sandbox's CPU)
 RATE = 2 << 30  # bytes per second
 INTERVAL_S = (0.005, 0.1)
 # after a kill the victim's memory is freed as it dies: no second victim until it is reaped (at most this)
