@@ -33,7 +33,9 @@ USAGE = "/sys/fs/cgroup/memory/memory.usage_in_bytes"  # gVisor's cgroupfs (v1 l
 # below (a read costs ~0.1 ms of the sandbox's CPU)
 RATE = 2 << 30  # bytes per second
 INTERVAL_S = (0.005, 0.1)
-# after a kill the victim's memory is freed as it dies: no second victim until it is reaped (at most this)
+# after a kill the victim's memory is freed as it dies, which outlasts the reaping of its first process
+# (the rest of its PID namespace dies after it): no second victim until the usage is back under the
+# budget, or this long
 _SETTLE_S = 1.0
 
 _lock = threading.Condition()
@@ -99,13 +101,14 @@ def _run() -> None:
             while not _watched:
                 _lock.wait()
             budget = _budget
-            dying = bool(_killed)  # a victim not reaped yet: its memory is still being freed
         used = usage()
         if used is None:  # unreadable for now: the host's limit still holds meanwhile
             time.sleep(INTERVAL_S[0])
             continue
         now = time.monotonic()
-        if used > budget and not (dying and now < settle_until):
+        if used <= budget:
+            settle_until = 0.0  # the last victim's memory is free
+        elif now >= settle_until:
             try:
                 victim = _victim()
             except (OSError, ValueError, IndexError) as exc:  # never the end of the guard

@@ -86,7 +86,8 @@ def test_a_call_past_the_budget_is_killed_and_told(usage_file: Path) -> None:
 
 def test_of_two_calls_the_one_holding_more_is_the_victim(usage_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With several calls live, the guard kills the one whose processes (the call's first and its descendants)
-    hold the most resident memory, as the kernel's OOM killer picks the largest under runc; the other lives."""
+    hold the most resident memory, as the kernel's OOM killer picks the largest under runc; the other lives,
+    also while the victim's memory is still being freed after its first process was reaped."""
     small, big = _group(), _group()
     try:
         # big's child (pid 999999) holds the memory, not big itself
@@ -96,10 +97,12 @@ def test_of_two_calls_the_one_holding_more_is_the_victim(usage_file: Path, monke
         memguard.watch(big.pid, 100 * MiB)
         usage_file.write_text(f"{200 * MiB}\n")
         assert _ended(big, 5) == -9
-        usage_file.write_text(f"{50 * MiB}\n")  # its memory freed as it died
+        assert memguard.release(big.pid) is True  # reaped, and the usage not down yet: no second victim
         time.sleep(0.3)
+        usage_file.write_text(f"{50 * MiB}\n")  # its memory freed
+        time.sleep(0.2)
         assert small.poll() is None
-        assert memguard.release(big.pid) is True and memguard.release(small.pid) is False
+        assert memguard.release(small.pid) is False
     finally:
         usage_file.write_text("0\n")
         for p in (small, big):
