@@ -21,6 +21,7 @@ WORKER_ERROR = -32000
 TOOL_ERROR = -32001  # the tool ran and reports a failure
 PATH_ESCAPE = -32002  # a path resolves outside /workspace or /scratch
 CALL_TIMEOUT = -32003  # an in-process handler overran its per-call timeout
+SANDBOX_ENDED = -32004  # the runner's answer (serve, mcp wrap) for a request the sandbox or server will never answer
 NO_SPACE = -32005  # scratch is full
 EGRESS_DENIED = -32010  # the policy refuses the request; data.reason says why
 FETCH_FAILED = -32011  # allowed, but the request failed
@@ -50,6 +51,7 @@ __all__ = [
     "PATH_ESCAPE",
     "REQUEST_CANCELLED",
     "RESULT_TOO_LARGE",
+    "SANDBOX_ENDED",
     "TOOL_ERROR",
     "USAGE_CODES",
     "WORKER_ERROR",

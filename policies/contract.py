@@ -1,0 +1,116 @@
+"""The runner<->worker contract, once: what the host and the sandbox must spell alike.
+
+Every ``TOOLCAGE_*`` environment name, the in-sandbox paths, the sandbox's uid, the protocol's
+method names, the in-container exit codes and the one grace between the worker's own deadline and
+the runner's. Both sides import this module, so a name cannot drift between them (the JSON-RPC
+error codes are the same kind of contract and live in ``codes``). A unit test fails when one of
+these is spelled as a literal anywhere else. It lives in ``policies`` because that package is the
+one both sides may import; it imports nothing, so the worker's first answer does not pay for it.
+"""
+
+from __future__ import annotations
+
+# -- environment names -------------------------------------------------------------------------
+# Set by the runner on the sandbox (runner/config.py, runner/backends.py), read by the worker.
+ENV_POLICY = "TOOLCAGE_POLICY"  # the policy as canonical JSON
+ENV_RUN_ID = "TOOLCAGE_RUN_ID"
+ENV_DEADLINE = "TOOLCAGE_DEADLINE"  # the run's wall-clock end, epoch seconds
+ENV_IN_CONTAINER = "TOOLCAGE_IN_CONTAINER"  # "1" in a container; absent under --sandbox none
+ENV_WATCH_RUNNER = "TOOLCAGE_WATCH_RUNNER"  # "1": exit when the runner's end of the stream closes
+ENV_WORKSPACE = "TOOLCAGE_WORKSPACE"  # --sandbox none: the host directory standing in for /workspace
+ENV_SCRATCH = "TOOLCAGE_SCRATCH"  # --sandbox none: the host directory standing in for /scratch
+ENV_PROXY_SOCKET = "TOOLCAGE_PROXY_SOCKET"  # the egress proxy's unix socket
+ENV_CA_PEM = "TOOLCAGE_CA_PEM"  # an extra CA (PEM text) SafeFetch trusts
+ENV_CA_FILE = "TOOLCAGE_CA_FILE"  # the same, as a file
+ENV_POOLED = "TOOLCAGE_POOLED"  # "1": a pool's pre-started slot
+ENV_TOOL_NAMESPACES = "TOOLCAGE_TOOL_NAMESPACES"  # gVisor: the tool's namespaces are made by the worker
+ENV_TOOL_MODULES = "TOOLCAGE_TOOL_MODULES"  # extra tool modules to load
+# Inside the sandbox, set by the worker for its own children.
+ENV_PROXY = "TOOLCAGE_PROXY"  # host:port of the in-sandbox relay to the egress proxy
+ENV_HANDLER_FD = "TOOLCAGE_HANDLER_FD"  # a connector handler's private protocol fd
+ENV_ZYGOTE = "TOOLCAGE_ZYGOTE"
+# The egress proxy container's own.
+ENV_PROXY_LISTEN = "TOOLCAGE_PROXY_LISTEN"
+# Host-side settings (read by the runner only; named here so the family has one list).
+ENV_IMAGE = "TOOLCAGE_IMAGE"  # the worker image
+ENV_SANDBOX = "TOOLCAGE_SANDBOX"  # the default --sandbox kind
+ENV_EGRESS_PROXY = "TOOLCAGE_EGRESS_PROXY"  # the egress proxy image
+ENV_AUDIT_LOG = "TOOLCAGE_AUDIT_LOG"
+ENV_HOST_PATHS = "TOOLCAGE_HOST_PATHS"  # a runner in a container: its paths as the engine sees them
+ENV_BASE_IMAGE = "TOOLCAGE_BASE_IMAGE"  # image build: the base image
+ENV_DEBIAN_MIRROR = "TOOLCAGE_DEBIAN_MIRROR"  # image build: the Debian mirror
+
+# -- in-sandbox paths --------------------------------------------------------------------------
+WORKSPACE = "/workspace"  # the read-only project directory, in every mode
+SCRATCH = "/scratch"  # the writable directory, the children's working directory
+PROXY_DIR = "/run/toolcage"  # the proxy socket's volume
+PROXY_SOCKET = f"{PROXY_DIR}/proxy.sock"
+PROXY_PORT = 3128  # the worker's relay inside the sandbox: 127.0.0.1:PROXY_PORT -> PROXY_SOCKET
+DEPS_DIR = "/opt/toolcage/deps"  # packages `image build --pip/--requirements` added to the image
+CONNECTORS_DIR = "/opt/toolcage/connectors"  # where connector sources are mounted
+SANDBOX_UID = 65532  # the sandbox's user and group (nonroot)
+
+# -- protocol methods --------------------------------------------------------------------------
+PING = "ping"
+TOOLS_LIST = "tools.list"
+CONFIGURE = "sandbox.configure"
+USAGE = "sandbox.usage"
+PROGRESS = "notifications/progress"
+CANCELLED = "notifications/cancelled"
+CANCEL_METHODS = frozenset((CANCELLED, "$/cancelRequest"))  # MCP's and LSP's
+PROTOCOL_METHODS = (TOOLS_LIST, PING, USAGE)  # answered by the worker itself, not a tool
+
+# -- in-container exit codes -------------------------------------------------------------------
+EXIT_CONFIG = 64  # EX_USAGE: no usable configuration (mcp_host's config line)
+EXIT_NOT_ISOLATED = 126  # nsinit could not make the call's namespaces: refuse to run it
+EXIT_NOT_STARTED = 127  # the command could not be started (a shell's "command not found")
+
+# -- timing ------------------------------------------------------------------------------------
+GRACE_S = 2.0  # the worker kills at its deadline + GRACE_S; the runner waits a call's time + GRACE_S
+
+__all__ = [
+    "CANCELLED",
+    "CANCEL_METHODS",
+    "CONFIGURE",
+    "CONNECTORS_DIR",
+    "DEPS_DIR",
+    "ENV_AUDIT_LOG",
+    "ENV_BASE_IMAGE",
+    "ENV_CA_FILE",
+    "ENV_CA_PEM",
+    "ENV_DEADLINE",
+    "ENV_DEBIAN_MIRROR",
+    "ENV_EGRESS_PROXY",
+    "ENV_HANDLER_FD",
+    "ENV_HOST_PATHS",
+    "ENV_IMAGE",
+    "ENV_IN_CONTAINER",
+    "ENV_POLICY",
+    "ENV_POOLED",
+    "ENV_PROXY",
+    "ENV_PROXY_LISTEN",
+    "ENV_PROXY_SOCKET",
+    "ENV_RUN_ID",
+    "ENV_SANDBOX",
+    "ENV_SCRATCH",
+    "ENV_TOOL_MODULES",
+    "ENV_TOOL_NAMESPACES",
+    "ENV_WATCH_RUNNER",
+    "ENV_WORKSPACE",
+    "ENV_ZYGOTE",
+    "EXIT_CONFIG",
+    "EXIT_NOT_ISOLATED",
+    "EXIT_NOT_STARTED",
+    "GRACE_S",
+    "PING",
+    "PROGRESS",
+    "PROTOCOL_METHODS",
+    "PROXY_DIR",
+    "PROXY_PORT",
+    "PROXY_SOCKET",
+    "SANDBOX_UID",
+    "SCRATCH",
+    "TOOLS_LIST",
+    "USAGE",
+    "WORKSPACE",
+]
