@@ -12,12 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from toolcage.policies.errors import PolicyError
-    from toolcage.policies.loader import bundled_policy_names, load_policy, policy_from_json, validate_policy
+    from toolcage.policies.loader import (
+        PolicySource,
+        bundled_policy_names,
+        load_policy,
+        policy_from_json,
+        validate_policy,
+    )
     from toolcage.policies.model import Limits, NetworkPolicy, Policy, Timeouts
     from toolcage.policies.typed import parse_size
 
 _WHERE = {
     "PolicyError": "errors",
+    "PolicySource": "loader",
     "bundled_policy_names": "loader",
     "load_policy": "loader",
     "policy_from_json": "loader",
@@ -44,6 +51,7 @@ __all__ = [
     "NetworkPolicy",
     "Policy",
     "PolicyError",
+    "PolicySource",
     "Timeouts",
     "bundled_policy_names",
     "load_policy",

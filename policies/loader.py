@@ -1,19 +1,25 @@
-"""Find, parse and validate policy files; turn every failure into one clear PolicyError."""
+"""Find, parse and validate policies (a bundled name, a file, or data given in code); turn
+every failure into one clear PolicyError."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from toolcage.policies.errors import PolicyError
 from toolcage.policies.model import Policy
-from toolcage.policies.typed import BuildError, build
+from toolcage.policies.typed import BuildError, build, to_dict
 
 _ADAPTER: Any = None
 _UNKNOWN = ("extra_forbidden", "unexpected_keyword_argument")
 
 _BUNDLED = Path(__file__).resolve().parent
+_MAX_EXTENDS = 8  # a chain of ``extends`` this deep is a loop, not a design
+
+# What every door takes as a policy: a bundled name, a file path, data in code, or a Policy.
+PolicySource: TypeAlias = "str | Path | Mapping[str, Any] | Policy"
 
 
 def bundled_policy_names() -> list[str]:
@@ -51,10 +57,31 @@ def validate_policy(data: Any, source: str = "(data)") -> Policy:
         raise PolicyError(_describe(exc.errors(), source)) from None
 
 
-def load_policy(name_or_path: str | Path = "default") -> Policy:
-    """Load a bundled policy by name (``default``) or a YAML/JSON file by path."""
+def load_policy(source: PolicySource = "default") -> Policy:
+    """A validated policy from a bundled name (``"default"``), a YAML/JSON file path, a mapping
+    given in code, or a :class:`Policy` built in code.
+
+    A mapping is read as a policy file is: the fields it leaves out take the model's safe
+    defaults, and ``"extends": NAME_OR_PATH`` starts from another policy instead, the mapping's
+    fields merged over it (nested mappings merge; anything else replaces). A Policy built in
+    code is checked against the model's bounds and types, as a file would be.
+    """
+    if isinstance(source, Policy):
+        return _checked(source)
+    if isinstance(source, Mapping):
+        return _from_mapping(source, "(given in code)", None, 0)
+    if not isinstance(source, str | Path):
+        raise PolicyError(
+            f"a policy is a bundled name, a file path, a mapping or a Policy, not {type(source).__name__}"
+        )
+    return _load(source, 0)
+
+
+def _load(name_or_path: str | Path, depth: int, relative_to: Path | None = None) -> Policy:
     text = str(name_or_path)
     path = Path(text).expanduser()
+    if relative_to is not None and not path.is_absolute():
+        path = relative_to / path
     looks_like_path = "/" in text or text.endswith((".yaml", ".yml", ".json")) or path.exists()
     if not looks_like_path:
         path = _BUNDLED / f"{text}.yaml"
@@ -76,7 +103,48 @@ def load_policy(name_or_path: str | Path = "default") -> Policy:
         data = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
         raise PolicyError(f"policy file {path} is not valid YAML: {exc}") from None
+    if isinstance(data, dict) and "extends" in data:
+        return _from_mapping(data, repr(str(path)), path.parent, depth)
     return validate_policy(data, repr(str(path)))
+
+
+def _from_mapping(data: Mapping[str, Any], source: str, relative_to: Path | None, depth: int) -> Policy:
+    """A policy from a mapping: its ``extends`` (if any) loaded first, the rest merged over it."""
+    fields = dict(data)
+    base = fields.pop("extends", None)
+    if base is None:
+        return validate_policy(fields, source)
+    if depth >= _MAX_EXTENDS:
+        raise PolicyError(f"invalid policy {source}: extends: more than {_MAX_EXTENDS} deep (a loop?)")
+    if isinstance(base, Policy):
+        parent = _checked(base)
+    elif isinstance(base, str | Path):
+        parent = _load(base, depth + 1, relative_to)
+    else:
+        raise PolicyError(f"invalid policy {source}: extends: a bundled name or a file path")
+    return validate_policy(_merge(to_dict(parent), fields), source)
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        old = merged.get(key)
+        merged[key] = _merge(old, value) if isinstance(old, dict) and isinstance(value, Mapping) else value
+    return merged
+
+
+def _checked(policy: Policy) -> Policy:
+    """A Policy built in code, held to the model: its dataclass constructor checks neither
+    bounds nor types (``Timeouts(run_s=-1)`` builds), so it goes through the validator a
+    file goes through. A policy that validated before comes back equal."""
+    try:
+        data = to_dict(policy)
+    except TypeError as exc:  # not dataclasses all the way down
+        raise PolicyError(f"invalid policy (given in code): {exc}") from None
+    try:
+        return build(Policy, json.loads(json.dumps(data, default=str)))  # type: ignore[no-any-return]
+    except (BuildError, ValueError, TypeError):
+        return validate_policy(data, "(given in code)")  # pydantic says what is wrong, in its words
 
 
 def _from_cache(name: str, path: Path) -> Policy | None:

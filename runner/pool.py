@@ -24,7 +24,6 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from secrets import token_hex
 from typing import Any
 
@@ -35,7 +34,7 @@ from toolcage.backends import Backend, ExitStatus, default_kind, make_backend, r
 from toolcage.config import RunSpec, container_name
 from toolcage.engine import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
-from toolcage.policies import Policy
+from toolcage.policies import PolicySource
 from toolcage.session import Ended, Session
 from toolcage.workspace import readable_by_sandbox, validate_workspace
 
@@ -147,7 +146,7 @@ class Pool:
 
     def __init__(
         self,
-        policy: str | Path | Policy = "default",
+        policy: PolicySource = "default",
         *,
         workspace: str | os.PathLike[str] | None = None,
         tools: Iterable[str | os.PathLike[str]] = (),

@@ -36,7 +36,7 @@ from toolcage.errors import (
     UsageError,
     WorkerCrashed,
 )
-from toolcage.policies import Policy, load_policy
+from toolcage.policies import Policy, PolicySource, load_policy
 from toolcage.pool import NotAdopted, SlotBackend
 from toolcage.results import CallResult, RunSummary, from_response
 from toolcage.session import Cancel, Ended, OnProgress, Session
@@ -68,8 +68,8 @@ def _cleanup_live() -> None:
 atexit.register(_cleanup_live)
 
 
-def resolve_policy(policy: str | Path | Policy, run_timeout: float | None = None) -> Policy:
-    p = policy if isinstance(policy, Policy) else load_policy(policy)
+def resolve_policy(policy: PolicySource, run_timeout: float | None = None) -> Policy:
+    p = load_policy(policy)  # a Policy built in code is checked against the model too
     if run_timeout is not None:
         if run_timeout <= 0:
             raise UsageError("--timeout must be a positive number of seconds")
@@ -93,7 +93,7 @@ class Sandbox:
 
     def __init__(
         self,
-        policy: str | Path | Policy = "default",
+        policy: PolicySource = "default",
         *,
         workspace: str | os.PathLike[str] | None = None,
         tool: str = "session",
