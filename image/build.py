@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolcage.errors import BuildError
 from toolcage.image.wheels import Report, copy_wheels, download_wheels
+from toolcage.policies import contract
 
 if TYPE_CHECKING:
     from toolcage.engine import EngineAPI
@@ -45,8 +46,8 @@ class BuildResult:
 
 def debian_mirror() -> str:
     """The Debian mirror the host's apt uses (so an offline-but-mirrored machine still works)."""
-    if os.environ.get("TOOLCAGE_DEBIAN_MIRROR"):
-        return os.environ["TOOLCAGE_DEBIAN_MIRROR"]
+    if os.environ.get(contract.ENV_DEBIAN_MIRROR):
+        return os.environ[contract.ENV_DEBIAN_MIRROR]
     files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
     for f in files:
         try:
@@ -132,7 +133,7 @@ def bootstrap_base(engine: object, report: Report) -> str:
 
 def choose_base(engine: object, report: Report, requested: str | None = None) -> str:
     """An explicit base, else the registry's Python image, else the local bootstrap."""
-    requested = requested or os.environ.get("TOOLCAGE_BASE_IMAGE")
+    requested = requested or os.environ.get(contract.ENV_BASE_IMAGE)
     if requested:
         if engine.image(requested) is None and not engine.pull(requested):  # type: ignore[attr-defined]
             raise BuildError(f"base image {requested} is neither present nor pullable")

@@ -26,11 +26,12 @@ from toolcage.image.build import (
     source_sha256,
 )
 from toolcage.image.wheels import Report, copy_wheels, download_wheels
+from toolcage.policies import contract
 
 if TYPE_CHECKING:
     from toolcage.engine import EngineAPI
 
-DEPS_DIR = "/opt/toolcage/deps"  # a contract with the worker: tool code finds its packages here
+DEPS_DIR = contract.DEPS_DIR  # tool code finds its packages here
 REQUIREMENTS_LABEL = "toolcage.requirements_sha256"
 PARENT_LABEL = "toolcage.parent_id"
 

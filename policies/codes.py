@@ -8,6 +8,8 @@ the one both sides may import (it imports neither).
 
 from __future__ import annotations
 
+from typing import Any
+
 # JSON-RPC 2.0's own
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600  # also: a request line over the worker's limit
@@ -34,6 +36,15 @@ CONFIG_ERROR = -32030  # sandbox.configure refused: a connector that cannot load
 # Codes that mean the caller asked wrongly (CLI exit 2), not that the tool failed (exit 1).
 USAGE_CODES = frozenset({PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS})
 
+
+def error_response(req_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    """A JSON-RPC error response, built one way for every door (``data`` left out when None)."""
+    err: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    return {"jsonrpc": "2.0", "id": req_id, "error": err}
+
+
 __all__ = [
     "CALL_TIMEOUT",
     "CONFIG_ERROR",
@@ -55,4 +66,5 @@ __all__ = [
     "TOOL_ERROR",
     "USAGE_CODES",
     "WORKER_ERROR",
+    "error_response",
 ]

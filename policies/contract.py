@@ -5,10 +5,14 @@ method names, the in-container exit codes and the one grace between the worker's
 the runner's. Both sides import this module, so a name cannot drift between them (the JSON-RPC
 error codes are the same kind of contract and live in ``codes``). A unit test fails when one of
 these is spelled as a literal anywhere else. It lives in ``policies`` because that package is the
-one both sides may import; it imports nothing, so the worker's first answer does not pay for it.
+one both sides may import; it imports only ``json`` (loaded by the worker anyway), so the worker's
+first answer does not pay for it.
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 # -- environment names -------------------------------------------------------------------------
 # Set by the runner on the sandbox (runner/config.py, runner/backends.py), read by the worker.
@@ -60,9 +64,32 @@ CANCELLED = "notifications/cancelled"
 CANCEL_METHODS = frozenset((CANCELLED, "$/cancelRequest"))  # MCP's and LSP's
 PROTOCOL_METHODS = (TOOLS_LIST, PING, USAGE)  # answered by the worker itself, not a tool
 
+
+def id_key(req_id: Any) -> str:
+    """A request id (or progress token) as one canonical string, the same on both sides: ``1`` and
+    ``"1"`` stay apart, and a structured id (a hostile one) still makes one key."""
+    return json.dumps(req_id, sort_keys=True, separators=(",", ":"))
+
+
+def cancel_target(msg: Any) -> Any:
+    """The id a cancel notification (MCP's or LSP's) names, or None if ``msg`` is not one."""
+    if not isinstance(msg, dict) or "id" in msg:
+        return None
+    method = msg.get("method")
+    if not isinstance(method, str) or method not in CANCEL_METHODS:  # a list or dict method is not hashable
+        return None
+    params = msg.get("params")
+    if not isinstance(params, dict):
+        return None
+    req_id = params.get("requestId", params.get("id"))
+    return req_id if type(req_id) in (str, int) else None
+
+
 # -- in-container exit codes -------------------------------------------------------------------
 EXIT_CONFIG = 64  # EX_USAGE: no usable configuration (mcp_host's config line)
-EXIT_NOT_ISOLATED = 126  # nsinit could not make the call's namespaces: refuse to run it
+EXIT_SOFTWARE = 70  # EX_SOFTWARE: the worker could not harden itself, or a zygote fork failed
+EXIT_DEADLINE = 124  # the worker's (or mcp_host's) own kill at the run deadline + GRACE_S, like timeout(1)
+EXIT_NOT_ISOLATED = 126  # nsinit could not make the call's namespaces: refuse to run it (nsinit.py spells it)
 EXIT_NOT_STARTED = 127  # the command could not be started (a shell's "command not found")
 
 # -- timing ------------------------------------------------------------------------------------
@@ -99,8 +126,10 @@ __all__ = [
     "ENV_WORKSPACE",
     "ENV_ZYGOTE",
     "EXIT_CONFIG",
+    "EXIT_DEADLINE",
     "EXIT_NOT_ISOLATED",
     "EXIT_NOT_STARTED",
+    "EXIT_SOFTWARE",
     "GRACE_S",
     "PING",
     "PROGRESS",
@@ -113,4 +142,6 @@ __all__ = [
     "TOOLS_LIST",
     "USAGE",
     "WORKSPACE",
+    "cancel_target",
+    "id_key",
 ]

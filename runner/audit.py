@@ -35,9 +35,10 @@ from toolcage import logs
 from toolcage.audit_file import GENESIS, AuditFile, now
 from toolcage.audit_file import chain as _chain
 from toolcage.errors import AuditError
+from toolcage.policies import contract
 
 BATCH_WINDOW_S = 0.02
-ENV = "TOOLCAGE_AUDIT_LOG"
+ENV = contract.ENV_AUDIT_LOG
 CHUNK = 1024  # records per append (one lock, one write, one fsync), each all or nothing
 RETAIN_MAX = 50_000  # records kept in memory while the log cannot be written; beyond it, counted
 RETRY_S, RETRY_MAX_S = 0.1, 5.0  # the writer's back-off while the log cannot be written

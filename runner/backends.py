@@ -23,7 +23,7 @@ from toolcage import hostpaths, removal
 from toolcage.config import GVISOR, PROXY_SOCKET, RunSpec, container_config, worker_image
 from toolcage.engine import EngineAPI
 from toolcage.errors import SandboxError, ToolcageError, UsageError
-from toolcage.policies import Policy
+from toolcage.policies import Policy, contract
 from toolcage.transport import DockerAttachTransport, ProcessTransport, StreamParser, Transport
 
 NONE_WARNING = (
@@ -133,9 +133,9 @@ class ContainerBackend:
                 proxy_image=worker_image(), redact=self.redact,
             )  # fmt: skip
             volume, env = self._egress.prepare()
-            env["TOOLCAGE_PROXY_SOCKET"] = PROXY_SOCKET
+            env[contract.ENV_PROXY_SOCKET] = PROXY_SOCKET
             if self.ca_pem:
-                env["TOOLCAGE_CA_PEM"] = self.ca_pem
+                env[contract.ENV_CA_PEM] = self.ca_pem
             run = dataclasses.replace(run, proxy_volume=volume, extra_env=env)
             # the proxy and the sandbox start at the same time: each start is mostly the engine's waiting
             # (the proxy's, on its bridge network, the longer); the worker connects to the proxy's socket
@@ -242,13 +242,13 @@ class ProcessBackend:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
-            "TOOLCAGE_POLICY": self.policy.canonical_json(),
-            "TOOLCAGE_RUN_ID": run.run_id,
-            "TOOLCAGE_DEADLINE": f"{run.deadline:.3f}",
-            "TOOLCAGE_WORKSPACE": workspace,
-            "TOOLCAGE_SCRATCH": scratch,
-            "TOOLCAGE_WATCH_RUNNER": "1",
-            **({"TOOLCAGE_CA_PEM": self.ca_pem} if self.ca_pem else {}),
+            contract.ENV_POLICY: self.policy.canonical_json(),
+            contract.ENV_RUN_ID: run.run_id,
+            contract.ENV_DEADLINE: f"{run.deadline:.3f}",
+            contract.ENV_WORKSPACE: workspace,
+            contract.ENV_SCRATCH: scratch,
+            contract.ENV_WATCH_RUNNER: "1",
+            **({contract.ENV_CA_PEM: self.ca_pem} if self.ca_pem else {}),
         }
         transport = ProcessTransport(list(LOCAL_WORKER_ARGV), env, scratch, parser)
         self.proc = transport.proc
@@ -324,7 +324,7 @@ def available_kinds(engine: EngineAPI | None = None) -> list[str]:
 
 def default_kind(kind: str | None) -> str:
     """``--sandbox`` when given, else ``$TOOLCAGE_SANDBOX``, else ``container``."""
-    return kind or os.environ.get("TOOLCAGE_SANDBOX") or "container"
+    return kind or os.environ.get(contract.ENV_SANDBOX) or "container"
 
 
 def resolve_kind(kind: str, policy: Policy, engine: EngineAPI | None = None) -> str:

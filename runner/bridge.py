@@ -20,15 +20,14 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from toolcage.errors import SandboxError
+from toolcage.policies.codes import INVALID_PARAMS, SANDBOX_ENDED, error_response
+from toolcage.policies.contract import PING, id_key
 from toolcage.results import without_meta
 from toolcage.sandbox import Sandbox
-from toolcage.transport import id_key
 from toolcage.worker.protocol import MAX_REQUEST_BYTES, progress_token
 
 MAX_REQUEST_LINE = MAX_REQUEST_BYTES  # the worker's own line limit: one constant for both ends
 DRAIN_ID = "toolcage.serve.drain"  # and 64 random bits: a client's request may carry any id
-SANDBOX_ENDED = -32004  # the runner's answer for a request the sandbox will never answer
-INVALID_PARAMS = -32602
 
 
 class _Pending:
@@ -53,7 +52,7 @@ class _Pending:
                     holder = self.tokens.get(id_key(token))
                     if holder is not None:
                         why = f"progress token {token!r} is in use by request {holder[:40]}, still in progress"
-                        return {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": INVALID_PARAMS, "message": why}}
+                        return error_response(msg["id"], INVALID_PARAMS, why)
                     self.tokens[id_key(token)] = json.dumps(msg["id"])
         for req in msg if isinstance(msg, list) else [msg]:
             if isinstance(req, dict) and req.get("id") is not None and isinstance(req.get("method"), str):
@@ -128,7 +127,7 @@ def _pump_requests(sb: Sandbox, infile: BinaryIO, outfile: _Out, pending: _Pendi
     # to the worker, which then kills what it runs. Ask for a marker answer instead; once it is
     # back and no other answer is owed (calls that run code may still be running beside it, and
     # answer later), every request has been answered.
-    sb.forward((json.dumps({"jsonrpc": "2.0", "method": "ping", "id": drain_id}) + "\n").encode())
+    sb.forward((json.dumps({"jsonrpc": "2.0", "method": PING, "id": drain_id}) + "\n").encode())
 
 
 class _Out:

@@ -15,19 +15,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-from toolcage.bridge import SANDBOX_ENDED, _lines
+from toolcage.bridge import _lines
 from toolcage.errors import SandboxError, ToolcageError
+from toolcage.policies.codes import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, SANDBOX_ENDED, error_response
+from toolcage.policies.contract import CANCEL_METHODS, cancel_target, id_key
 from toolcage.sandbox import Sandbox
 from toolcage.session import Cancel
 
-CANCEL_METHODS = ("notifications/cancelled", "$/cancelRequest")
-
 
 def _error(code: int, message: str, req_id: Any, data: Any = None) -> dict[str, Any]:
-    err: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        err["data"] = data
-    return {"jsonrpc": "2.0", "error": err, "id": req_id}
+    return error_response(req_id, code, message, data)
 
 
 class FreshPerRequest:
@@ -49,25 +46,26 @@ class FreshPerRequest:
         try:
             msg = json.loads(line)
         except ValueError:
-            return self.write(_error(-32700, "Parse error", None))
+            return self.write(_error(PARSE_ERROR, "Parse error", None))
         if isinstance(msg, list):
-            return self.write(_error(-32600, "Invalid request", None, "batches are not taken with --pool"))
+            return self.write(_error(INVALID_REQUEST, "Invalid request", None, "batches are not taken with --pool"))
         if not isinstance(msg, dict) or not isinstance(msg.get("method"), str) or msg.get("jsonrpc") != "2.0":
-            return self.write(_error(-32600, "Invalid request", msg.get("id") if isinstance(msg, dict) else None))
+            req_id = msg.get("id") if isinstance(msg, dict) else None
+            return self.write(_error(INVALID_REQUEST, "Invalid request", req_id))
         params = msg.get("params")
         if msg["method"] in CANCEL_METHODS:
-            target = (params or {}).get("requestId", (params or {}).get("id")) if isinstance(params, dict) else None
+            target = cancel_target(msg)  # the worker's own parse: a malformed cancel cancels nothing
             with self._lock:
-                cancel = self._cancels.get(json.dumps(target))
+                cancel = None if target is None else self._cancels.get(id_key(target))
             if cancel is not None:
                 cancel.cancel()
             return None
         if params is not None and not isinstance(params, dict):
-            return self.write(_error(-32602, "Invalid params", msg.get("id"), "params must be a JSON object"))
+            return self.write(_error(INVALID_PARAMS, "Invalid params", msg.get("id"), "params must be a JSON object"))
         cancel = Cancel()
         if "id" in msg:
             with self._lock:
-                self._cancels[json.dumps(msg["id"])] = cancel
+                self._cancels[id_key(msg["id"])] = cancel
         self._executor.submit(self._run, msg, cancel)
         return None
 
@@ -91,7 +89,7 @@ class FreshPerRequest:
             out = _error(SANDBOX_ENDED, exc.message, req_id, {"status": exc.status, "reason": exc.reason})
         finally:
             with self._lock:
-                self._cancels.pop(json.dumps(req_id), None)
+                self._cancels.pop(id_key(req_id), None)
         if answered:
             try:
                 self.write(out)

@@ -20,7 +20,7 @@ import click
 
 from toolcage.errors import UsageError
 from toolcage.output import ToolcageGroup, emit, say, use_json, warn
-from toolcage.policies import Policy, codes
+from toolcage.policies import Policy, codes, contract
 from toolcage.textsafe import dumps, escape
 
 EXIT_BY_STATUS = {
@@ -111,7 +111,7 @@ def sandbox_options(f: Any = None, *, without: tuple[str, ...] = ()) -> Any:
             "sandbox",
             type=click.Choice(["container", "gvisor", "auto", "none"]),
             default="container",
-            envvar="TOOLCAGE_SANDBOX",
+            envvar=contract.ENV_SANDBOX,
             show_default=True,
             help="'gvisor': a container under gVisor's runsc; 'auto': the strongest the engine has (gvisor, "
             "then container); 'none' runs the worker as a local process: NO isolation, development only.",
@@ -338,7 +338,7 @@ def tools(as_json: bool, **opts: Any) -> None:
             # listing calls no handler: a policy's secrets are not needed to read the connectors' tools
             opts["policy"] = dataclasses.replace(_policy(opts), secrets={})
         with _sandbox("tools", opts) as sb:
-            res = sb.call("tools.list")
+            res = sb.call(contract.TOOLS_LIST)
         listing = res.result if isinstance(res.result, list) else []
     else:
         listing = Catalog().describe()

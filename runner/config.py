@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from toolcage import ownership, seccomp
-from toolcage.policies import Policy
+from toolcage.policies import Policy, contract
 
-SANDBOX_UID = 65532
-PROXY_DIR = "/run/toolcage"
-PROXY_SOCKET = f"{PROXY_DIR}/proxy.sock"
-PROXY_PORT = 3128  # the worker's relay inside the sandbox: 127.0.0.1:3128 -> PROXY_SOCKET
-WORKSPACE = "/workspace"
-SCRATCH = "/scratch"
+SANDBOX_UID = contract.SANDBOX_UID
+PROXY_DIR = contract.PROXY_DIR
+PROXY_SOCKET = contract.PROXY_SOCKET
+PROXY_PORT = contract.PROXY_PORT  # the worker's relay inside the sandbox: 127.0.0.1:PROXY_PORT -> PROXY_SOCKET
+WORKSPACE = contract.WORKSPACE
+SCRATCH = contract.SCRATCH
 NAME_PREFIX = "toolcage"
 LABEL_PREFIX = "toolcage."
 
@@ -87,7 +87,7 @@ def worker_image() -> str:
 
     from toolcage import __version__
 
-    return os.environ.get("TOOLCAGE_IMAGE") or f"toolcage-worker:{__version__}"
+    return os.environ.get(contract.ENV_IMAGE) or f"toolcage-worker:{__version__}"
 
 
 def container_name(tool: str, run_id: str) -> str:
@@ -143,16 +143,16 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
             }
         )
     reserved = {
-        "TOOLCAGE_POLICY": policy.canonical_json(),
-        "TOOLCAGE_RUN_ID": run.run_id,
-        "TOOLCAGE_DEADLINE": f"{run.deadline:.3f}",
-        "TOOLCAGE_IN_CONTAINER": "1",
-        "TOOLCAGE_WATCH_RUNNER": "1",
+        contract.ENV_POLICY: policy.canonical_json(),
+        contract.ENV_RUN_ID: run.run_id,
+        contract.ENV_DEADLINE: f"{run.deadline:.3f}",
+        contract.ENV_IN_CONTAINER: "1",
+        contract.ENV_WATCH_RUNNER: "1",
     }
     if run.runtime == GVISOR:
         # tool code starts in namespaces of its own, where gVisor's procfs and signals would let it
         # reach the worker (toolcage.worker.namespaces)
-        reserved["TOOLCAGE_TOOL_NAMESPACES"] = "1"
+        reserved[contract.ENV_TOOL_NAMESPACES] = "1"
     # Threat: extra_env carrying a looser policy (or no deadline) to the worker while the
     # labels and HostConfig say otherwise. The policy's own values always win.
     env = {**run.extra_env, **reserved}
@@ -319,10 +319,10 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
     _apply_runtime(hc, run.proxy_runtime, 32)
     if run.engine_flavor == "podman":
         _apply_podman(hc)
-    env = [e for e in cfg["Env"] if not e.startswith("TOOLCAGE_IN_CONTAINER=")]
-    env.append(f"TOOLCAGE_PROXY_LISTEN=unix:{PROXY_SOCKET}")
+    env = [e for e in cfg["Env"] if not e.startswith(f"{contract.ENV_IN_CONTAINER}=")]
+    env.append(f"{contract.ENV_PROXY_LISTEN}=unix:{PROXY_SOCKET}")
     if upstream:
-        env.append(f"TOOLCAGE_EGRESS_PROXY={upstream}")
+        env.append(f"{contract.ENV_EGRESS_PROXY}={upstream}")
     cfg.update(
         Env=env,
         Entrypoint=["python3", "-S", "-m", "toolcage.worker.proxy"],

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from toolcage.errors import UsageError
-from toolcage.policies import Policy
+from toolcage.policies import Policy, contract
 from toolcage.workspace import validate_workspace
 
-CONNECTORS_DIR = "/opt/toolcage/connectors"  # where sources are mounted in the sandbox
+CONNECTORS_DIR = contract.CONNECTORS_DIR  # where sources are mounted in the sandbox
 
 
 @dataclass(frozen=True)

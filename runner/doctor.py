@@ -14,6 +14,7 @@ import click
 from toolcage.config import LABEL_RUN_ID
 from toolcage.errors import DockerUnavailable
 from toolcage.output import emit, use_json
+from toolcage.policies.contract import PING
 from toolcage.textsafe import escape
 
 
@@ -67,7 +68,7 @@ def _checks(report: dict[str, Any], findings: list[str], probe: bool, policy_ref
             if kind != "none" and about["available"] and (kind != "gvisor" or backends["auto"] == "gvisor"):
                 try:
                     with Sandbox(tool="doctor-backend", sandbox=kind) as sb:
-                        about["works"] = sb.call("ping").result == "pong"
+                        about["works"] = sb.call(PING).result == "pong"
                 except ToolcageError as exc:
                     about["works"], about["error"] = False, exc.message
                     findings.append(f"sandbox kind {kind}: {exc.message}")

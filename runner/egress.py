@@ -34,7 +34,7 @@ from toolcage import records
 from toolcage.config import LABEL_PREFIX, PROXY_PORT, SANDBOX_UID, RunSpec, labels, proxy_container_config
 from toolcage.engine import EngineAPI
 from toolcage.errors import SandboxError, UsageError
-from toolcage.policies import Policy
+from toolcage.policies import Policy, contract
 from toolcage.transport import DockerAttachTransport, StreamParser
 
 READY_TIMEOUT_S = 15.0
@@ -214,7 +214,7 @@ class Egress:
             raise failed[0]
         url = f"http://127.0.0.1:{PROXY_PORT}"
         env = {
-            "TOOLCAGE_PROXY": f"127.0.0.1:{PROXY_PORT}",
+            contract.ENV_PROXY: f"127.0.0.1:{PROXY_PORT}",
             "HTTP_PROXY": url,
             "HTTPS_PROXY": url,
             "http_proxy": url,

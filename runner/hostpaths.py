@@ -35,8 +35,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from toolcage.errors import UsageError
+from toolcage.policies import contract
 
-ENV = "TOOLCAGE_HOST_PATHS"
+ENV = contract.ENV_HOST_PATHS
 Mapping = tuple[tuple[str, str], ...]  # (path in the runner's view, the same on the engine's host), longest first
 
 

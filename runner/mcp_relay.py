@@ -22,13 +22,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolcage.transport import id_key
+from toolcage.policies.codes import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    REQUEST_CANCELLED,
+    SANDBOX_ENDED,
+)
+from toolcage.policies.codes import error_response as error
+from toolcage.policies.contract import CANCELLED, id_key
 
-INVALID_REQUEST = -32600
-PARSE_ERROR = -32700
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-SERVER_ENDED = -32004  # as `toolcage serve`: the sandbox ended before answering (data: status, reason)
+SERVER_ENDED = SANDBOX_ENDED  # as `toolcage serve`: the server ended before answering (data: status, reason)
 MAX_PENDING = 1024  # client requests in flight; more is a client bug, refused rather than tracked without bound
 MAX_SERVER_REQUESTS = 256  # server -> client requests (sampling, roots, elicitation) awaiting the client
 
@@ -100,13 +105,6 @@ class Actions:
     def note(self, event: str, **fields: Any) -> Actions:
         self.notes.append((event, fields))
         return self
-
-
-def error(req_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
-    err: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        err["data"] = data
-    return {"jsonrpc": "2.0", "id": req_id, "error": err}
 
 
 def _line(msg: dict[str, Any]) -> bytes:
@@ -198,7 +196,7 @@ class Relay:
                     # and no answer would ever say so; it is dropped, logged and audited
                     out.dropped.append(_dropped_notification(msg))
                     return out.note("mcp.client_notification_dropped", method=msg["method"][:200])
-                if msg["method"] == "notifications/cancelled" and isinstance(msg.get("params"), dict):
+                if msg["method"] == CANCELLED and isinstance(msg.get("params"), dict):
                     self._cancel(msg["params"].get("requestId"), out)
                 out.to_server.append(_line(msg))
                 return out
@@ -237,7 +235,7 @@ class Relay:
             self._active_at = self._clock()  # the request's end: idle time starts now, not when it was sent
         if entry is not None and entry[1].tool is not None:
             p = entry[1]
-            out.calls.append(Call(p.tool or "", p.arguments, "interrupted", -32800, self._ms(p)))
+            out.calls.append(Call(p.tool or "", p.arguments, "interrupted", REQUEST_CANCELLED, self._ms(p)))
 
     # server -> client ---------------------------------------------------------------------
     def from_server(self, line: bytes) -> Actions:

@@ -26,6 +26,7 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 
 from toolcage.bridge import _lines
 from toolcage.errors import SandboxError, ToolcageError
+from toolcage.policies.contract import TOOLS_LIST
 from toolcage.results import CallResult
 from toolcage.sandbox import Sandbox, interrupted_error
 from toolcage.session import Cancel, OnProgress
@@ -148,7 +149,7 @@ class McpCage:
         sb = self.make_sandbox()
         try:
             sb.start()
-            res = sb.call("tools.list")
+            res = sb.call(TOOLS_LIST)
         except BaseException:
             sb.close()
             raise

@@ -26,7 +26,7 @@ from toolcage.config import (
     gvisor_memory_headroom,
 )
 from toolcage.engine import EngineAPI
-from toolcage.policies import PolicyError, policy_from_json
+from toolcage.policies import PolicyError, contract, policy_from_json
 
 
 def _env(info: dict[str, Any]) -> dict[str, str]:
@@ -72,7 +72,7 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
         findings.append(f"{knob}: is {have!r}, policy wants {want!r}")
 
     try:
-        policy = policy_from_json(_env(info)["TOOLCAGE_POLICY"])
+        policy = policy_from_json(_env(info)[contract.ENV_POLICY])
     except (KeyError, PolicyError) as exc:
         return [f"policy: cannot read the container's policy ({exc})"]
     if labels.get(LABEL_POLICY_SHA256) != policy.sha256():

@@ -17,14 +17,14 @@ import os
 from typing import Any, NoReturn
 
 from toolcage.errors import BadToolCall
+from toolcage.policies import contract
 
 OWN_IMAGE_REPO = "toolcage-worker"
-# answered by the worker's dispatcher itself, not by a tool
-PROTOCOL_METHODS = ("tools.list", "ping", "sandbox.usage")
+PROTOCOL_METHODS = contract.PROTOCOL_METHODS  # answered by the worker's dispatcher itself, not by a tool
 
 
 def _own_image(image: str | None) -> bool:
-    ref = image or os.environ.get("TOOLCAGE_IMAGE") or OWN_IMAGE_REPO
+    ref = image or os.environ.get(contract.ENV_IMAGE) or OWN_IMAGE_REPO
     repo = ref.rsplit("@", 1)[0]
     if ":" in repo.rsplit("/", 1)[-1]:
         repo = repo.rsplit(":", 1)[0]

@@ -20,10 +20,11 @@ from collections import OrderedDict
 from typing import Any
 from urllib.parse import urlsplit
 
+from toolcage.policies.codes import EGRESS_DENIED
+from toolcage.policies.contract import USAGE
 from toolcage.results import CallResult
 
-EGRESS_DENIED = -32010
-UNAUDITED = frozenset({"sandbox.usage"})  # the runner's own bookkeeping, not a call of the user's
+UNAUDITED = frozenset({USAGE})  # the runner's own bookkeeping, not a call of the user's
 REFUSALS_RECORDED = 100  # a run's refused egress decisions written one by one; after them, counted
 FOLD_FLUSH_S = 10.0  # how often the counts are written while a flood lasts
 FOLD_KEYS = 64  # distinct (source, reason, target) counted per folded record; beyond, in "other"

@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from toolcage.policies.contract import PROGRESS
+from toolcage.policies.contract import id_key as id_key  # for session.py until it imports the contract
 from toolcage.worker.protocol import LineSplitter, progress_token, valid_request
 
 STDERR_TAIL_BYTES = 64 * 1024
@@ -174,7 +176,7 @@ class StreamParser:
         """A progress notification for a pending request that asked for it (lock held)."""
         params = msg.get("params")
         token = params.get("progressToken") if isinstance(params, dict) else None
-        if msg.get("method") != "notifications/progress" or type(token) not in (str, int):
+        if msg.get("method") != PROGRESS or type(token) not in (str, int):
             return "a notification that is not progress"
         key = id_key(token)
         left = self._tokens.get(key)
@@ -273,11 +275,6 @@ def _write_until(fd: int, data: bytes, until: float | None, write: Callable[[mem
             view = view[write(view) :]
         except BlockingIOError:
             continue
-
-
-def id_key(req_id: Any) -> str:
-    """A request id as a dict key (JSON-RPC ids are strings or numbers; 1 and "1" differ)."""
-    return json.dumps(req_id, sort_keys=True, separators=(",", ":"))
 
 
 class DockerAttachTransport:

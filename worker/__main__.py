@@ -10,6 +10,8 @@ import _thread
 import os
 import sys
 
+from toolcage.policies import contract
+
 _IDLE_FLUSH_S = 0.05
 
 
@@ -40,9 +42,9 @@ def main() -> int:
 
     # First of all: nothing may open our fds or memory (the protocol stream) through /proc or ptrace.
     non_dumpable = hardening.make_non_dumpable()
-    if not non_dumpable and os.environ.get("TOOLCAGE_IN_CONTAINER") == "1":
+    if not non_dumpable and os.environ.get(contract.ENV_IN_CONTAINER) == "1":
         os.write(2, b'{"event": "worker.refused", "level": "error", "reason": "cannot make the worker non-dumpable"}\n')
-        return 70
+        return contract.EXIT_SOFTWARE
 
     from toolcage.worker.protocol import Channel, readable
 
@@ -57,20 +59,20 @@ def main() -> int:
         hardening.as_init()
     settings = Settings.from_env()
     logs.bind(run_id=settings.run_id)
-    deadline.arm(os.environ.get("TOOLCAGE_DEADLINE"))  # a pooled sandbox gets its run's at adoption
-    if os.environ.get("TOOLCAGE_WATCH_RUNNER") == "1":  # set by the runner, which never half-closes mid-call
+    deadline.arm(os.environ.get(contract.ENV_DEADLINE))  # a pooled sandbox gets its run's at adoption
+    if os.environ.get(contract.ENV_WATCH_RUNNER) == "1":  # set by the runner, which never half-closes mid-call
         _watch_runner(channel.fd_in)
-    if os.environ.get("TOOLCAGE_PROXY_SOCKET"):
+    if os.environ.get(contract.ENV_PROXY_SOCKET):
         from toolcage.worker import relay
 
-        relay.start(os.environ["TOOLCAGE_PROXY_SOCKET"])
+        relay.start(os.environ[contract.ENV_PROXY_SOCKET])
     from toolcage.worker import calls
 
     calls.attach(channel)  # cancels are read while a call runs; progress goes out on the channel
     dispatcher = Dispatcher(settings, Catalog.from_env())
     logs.info("worker.started", non_dumpable=non_dumpable, pid=os.getpid(), init=sweep.active())
 
-    pooled = os.environ.get("TOOLCAGE_POOLED") == "1"
+    pooled = os.environ.get(contract.ENV_POOLED) == "1"
 
     def idle() -> None:
         # write queued log lines only when no request is waiting (see worker.logs)

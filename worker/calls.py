@@ -28,9 +28,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from toolcage.policies.contract import CANCEL_METHODS, PROGRESS, cancel_target, id_key
 from toolcage.worker.protocol import QUEUE_MAX_BYTES
 
-CANCEL_METHODS = frozenset(("notifications/cancelled", "$/cancelRequest"))
 _FLUSH_EVERY_S = 0.1  # output is sent at most this often...
 _FLUSH_BYTES = 64 * 1024  # ...or when this much is waiting
 _MESSAGE_MAX = 4096  # a connector's progress message is cut to this
@@ -40,8 +40,7 @@ _send: Callable[[str], None] | None = None  # the channel's writer (see attach)
 _channel: Any = None
 
 
-def _key(req_id: Any) -> str:
-    return json.dumps(req_id, sort_keys=True)
+_key = id_key  # the runner's key for the same id: one canonical form on both sides
 
 
 class Call:
@@ -82,7 +81,7 @@ class Call:
             params["message"] = message
         from toolcage.worker.secrets import STORE
 
-        _send(json.dumps(STORE.redact({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})))
+        _send(json.dumps(STORE.redact({"jsonrpc": "2.0", "method": PROGRESS, "params": params})))
 
     def report(self, progress: Any, total: Any, message: Any) -> None:
         """A connector's ``ctx.progress``: checked (finite numbers, a bounded string) and sent."""
@@ -159,18 +158,7 @@ def cancelled() -> bool:
     return call is not None and call.cancelled
 
 
-def cancel_message(msg: Any) -> Any:
-    """The id a cancel notification names, or None if ``msg`` is not one."""
-    if not isinstance(msg, dict) or "id" in msg:
-        return None
-    method = msg.get("method")
-    if not isinstance(method, str) or method not in CANCEL_METHODS:  # a list or dict method is not hashable
-        return None
-    params = msg.get("params")
-    if not isinstance(params, dict):
-        return None
-    req_id = params.get("requestId", params.get("id"))
-    return req_id if type(req_id) in (str, int) else None
+cancel_message = cancel_target  # the id a cancel notification names (policies.contract), or None
 
 
 def attach(channel: Any) -> None:

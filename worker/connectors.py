@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolcage.policies import codes
+from toolcage.policies import codes, contract
 from toolcage.worker import calls, logs
 from toolcage.worker.errors import (
     BadParams,
@@ -233,7 +233,7 @@ def run_handler(settings: Settings, job: dict[str, Any], timeout: float) -> tupl
     link = Link(settings, parent, time.monotonic() + timeout, loading=job.get("op") == "discover")
     fd = child.detach()  # run_child hands it to the child and closes our copy
     try:
-        env = {**handler_env(), "TOOLCAGE_HANDLER_FD": str(fd)}
+        env = {**handler_env(), contract.ENV_HANDLER_FD: str(fd)}
         # the job goes in on stdin, written as the child reads it (params may be megabytes)
         outcome = run_child(
             handler_argv(),

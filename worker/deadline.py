@@ -12,7 +12,8 @@ import _thread
 import os
 import time
 
-GRACE_S = 2.0
+from toolcage.policies.contract import EXIT_DEADLINE, GRACE_S
+
 _LOCK = _thread.allocate_lock()  # _thread, not threading: its import is on every first answer
 _ARMED: list[float] = []  # the earliest deadline armed so far (epoch seconds)
 
@@ -22,7 +23,7 @@ def _expire() -> None:
 
     os.write(2, b'{"event": "worker.deadline", "level": "warning", "component": "worker"}\n')
     kill_all_children()
-    os._exit(124)
+    os._exit(EXIT_DEADLINE)
 
 
 def arm(raw: str | float | None) -> bool:

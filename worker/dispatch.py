@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from toolcage.policies import codes
+from toolcage.policies import codes, contract
 from toolcage.worker import _lean, calls, logs
 from toolcage.worker.errors import CallTimeout, WorkerError
 from toolcage.worker.protocol import progress_token, valid_request
@@ -116,10 +116,10 @@ class Dispatcher:
         self.catalog = catalog
         self._connectors: Connectors | None = None
         self.methods: dict[str, Callable[..., Result]] = {n: self._wrap(n) for n in catalog.names()}
-        self.methods["tools.list"] = self._tools_list
-        self.methods["ping"] = lambda: Success("pong")
-        self.methods["sandbox.usage"] = self._usage
-        self.methods["sandbox.configure"] = self._configure
+        self.methods[contract.TOOLS_LIST] = self._tools_list
+        self.methods[contract.PING] = lambda: Success("pong")
+        self.methods[contract.USAGE] = self._usage
+        self.methods[contract.CONFIGURE] = self._configure
 
     @property
     def connectors(self) -> Connectors:
@@ -149,7 +149,7 @@ class Dispatcher:
                 return Error(codes.INVALID_PARAMS, "Invalid params", "deadline must be a number (epoch seconds)")
         try:
             # it imports the sources in a child, if there are any
-            with self._running_code("sandbox.configure", ran=lambda: bool(self.connectors.sources)):
+            with self._running_code(contract.CONFIGURE, ran=lambda: bool(self.connectors.sources)):
                 answer = self.connectors.configure(kwargs, self.catalog.names())
         except WorkerError as exc:
             return Error(exc.code, exc.message, exc.data)
@@ -179,7 +179,7 @@ class Dispatcher:
         """Every tool with its schema; the connectors' schemas are made on first ask (a loading child)."""
         if self._connectors is not None and not self._connectors.schemas_ready:  # made by a loading child
             try:
-                with self._running_code("tools.list"):
+                with self._running_code(contract.TOOLS_LIST):
                     self._connectors.ensure_schemas()
             except WorkerError as exc:
                 return Error(exc.code, exc.message, exc.data)
@@ -273,7 +273,7 @@ class Dispatcher:
                 # fail closed: no answer may go out while the call's processes might live on; as
                 # PID 1 our exit ends every process of the sandbox, and the runner sees a crash
                 os.write(2, b'{"event": "worker.sweep_failed", "level": "error", "component": "worker"}\n')
-                os._exit(70)
+                os._exit(contract.EXIT_SOFTWARE)
             if swept["killed"] or swept["left"] or swept["ipc_removed"]:
                 logs.info("call.swept", tool=tool, **swept)
 
@@ -307,9 +307,9 @@ class Dispatcher:
         if not isinstance(msg, dict) or not isinstance(msg.get("method"), str):
             return False
         method = msg["method"]
-        if method == "sandbox.configure":
+        if method == contract.CONFIGURE:
             return True
-        if method == "tools.list":
+        if method == contract.TOOLS_LIST:
             return self._connectors is not None and not self._connectors.schemas_ready
         tool = self.catalog.find(method)
         return tool is not None and tool.alone

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from toolcage.policies import contract
 from toolcage.worker import _lean
 
 # every call starts this process: the policy model's package (~80 ms of imports in a 1-CPU
@@ -174,7 +175,7 @@ def _brief(exc: BaseException, limit: int = 1000) -> str:
 
 
 def main() -> int:
-    link = SocketLink(int(os.environ.pop("TOOLCAGE_HANDLER_FD")))
+    link = SocketLink(int(os.environ.pop(contract.ENV_HANDLER_FD)))
     job = json.loads(sys.stdin.buffer.read())  # the worker writes the whole job, then closes stdin
     if job.get("op") == "discover":
         link.send(discover(job["sources"], schemas=job.get("schemas") is True))

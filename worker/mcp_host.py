@@ -18,13 +18,13 @@ import threading
 import time
 from typing import Any
 
+from toolcage.policies import contract
+
 MAX_CONFIG_BYTES = 1 << 20
-CONFIG_ERROR = 64  # EX_USAGE: the runner sent no usable config line
-NOT_STARTED = 127  # the command could not be started (like a shell's "command not found")
-DEADLINE = 124
-_DEADLINE_GRACE_S = 2.0  # the runner's own kill at the deadline comes first
-DEPS_DIR = "/opt/toolcage/deps"  # packages of `image build --pip/--requirements` (as worker.tools.proc)
-SCRATCH = "/scratch"
+CONFIG_ERROR = contract.EXIT_CONFIG  # the runner sent no usable config line
+NOT_STARTED = contract.EXIT_NOT_STARTED
+DEPS_DIR = contract.DEPS_DIR
+SCRATCH = contract.SCRATCH
 # as for run_python children (worker.tools.proc): ordinary HTTP clients find the egress relay
 ENV_KEEP = ("LANG", "LC_ALL", "TZ", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy")
 
@@ -93,14 +93,14 @@ def _kill_everything(pgid: int | None) -> None:
 def _arm_deadline(raw: str | None, pgid: list[int | None]) -> None:
     """An orphaned container (its runner SIGKILLed) still ends at the run deadline."""
     try:
-        delay = float(raw or "") + _DEADLINE_GRACE_S - time.time()
+        delay = float(raw or "") + contract.GRACE_S - time.time()  # the runner's own kill comes first
     except ValueError:
         return
 
     def expire() -> None:
         _say("mcp_host.deadline", level="warning")
         _kill_everything(pgid[0])
-        os._exit(DEADLINE)
+        os._exit(contract.EXIT_DEADLINE)
 
     timer = threading.Timer(max(delay, 0.0), expire)
     timer.daemon = True
@@ -114,22 +114,22 @@ def _exit_code(status: int) -> int:
 def main() -> int:
     from toolcage.worker import hardening, namespaces, sweep
 
-    in_container = os.environ.get("TOOLCAGE_IN_CONTAINER") == "1"
+    in_container = os.environ.get(contract.ENV_IN_CONTAINER) == "1"
     # Threat: the server reading this process's memory (the config line held the secrets) through ptrace or /proc.
     if not hardening.make_non_dumpable() and in_container:
         _say("mcp_host.refused", level="error", reason="cannot make the launcher non-dumpable")
-        return 70
+        return contract.EXIT_SOFTWARE
     try:
         cfg = read_config()
     except ValueError as exc:
         _say("mcp_host.bad_config", level="error", reason=str(exc)[:200])
         return CONFIG_ERROR
     pgid: list[int | None] = [None]
-    _arm_deadline(os.environ.get("TOOLCAGE_DEADLINE"), pgid)
-    if os.environ.get("TOOLCAGE_PROXY_SOCKET"):
+    _arm_deadline(os.environ.get(contract.ENV_DEADLINE), pgid)
+    if os.environ.get(contract.ENV_PROXY_SOCKET):
         from toolcage.worker import relay
 
-        relay.start(os.environ["TOOLCAGE_PROXY_SOCKET"])
+        relay.start(os.environ[contract.ENV_PROXY_SOCKET])
 
     def forward(signum: int, _frame: Any) -> None:
         # as init, a signal we do not handle would be ignored: pass SIGTERM/SIGINT/SIGHUP on to the server

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import os
 
-ENV = "TOOLCAGE_TOOL_NAMESPACES"
+from toolcage.policies import contract
+
+ENV = contract.ENV_TOOL_NAMESPACES
 NSINIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nsinit.py")
 # -I: no PYTHONPATH, no user site, and not the script's directory from the cwd (scratch, which
 # tool code writes); -S: no site import (faster, and nothing of site-packages runs)

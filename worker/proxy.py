@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from toolcage.policies import Policy, policy_from_json
+from toolcage.policies import Policy, contract, policy_from_json
 from toolcage.policies.decide import Decision, Request, decide, parse_target, system_resolver
 from toolcage.worker import clienthello, headcheck
 from toolcage.worker.decisionlog import DecisionLog
@@ -344,7 +344,7 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
 
 
 def _upstream() -> tuple[str, int] | None:
-    raw = os.environ.get("TOOLCAGE_EGRESS_PROXY", "").strip()
+    raw = os.environ.get(contract.ENV_EGRESS_PROXY, "").strip()
     if not raw:
         return None
     parts = urlsplit(raw if "://" in raw else f"http://{raw}")
@@ -354,10 +354,10 @@ def _upstream() -> tuple[str, int] | None:
 
 
 async def main() -> None:
-    raw = os.environ.get("TOOLCAGE_POLICY")
+    raw = os.environ.get(contract.ENV_POLICY)
     policy = policy_from_json(raw) if raw else Policy()
-    listen = os.environ.get("TOOLCAGE_PROXY_LISTEN", "0.0.0.0:3128")
-    log = DecisionLog(sys.stdout, os.environ.get("TOOLCAGE_RUN_ID", "local"))
+    listen = os.environ.get(contract.ENV_PROXY_LISTEN, "0.0.0.0:3128")
+    log = DecisionLog(sys.stdout, os.environ.get(contract.ENV_RUN_ID, "local"))
     proxy = Proxy(policy, log, _upstream())
     if listen.startswith("unix:"):
         path = listen[len("unix:") :]
@@ -367,7 +367,7 @@ async def main() -> None:
     else:
         host, _, port = listen.rpartition(":")
         server = await asyncio.start_server(proxy.handle, host, int(port), limit=MAX_HEAD)
-    deadline = os.environ.get("TOOLCAGE_DEADLINE")
+    deadline = os.environ.get(contract.ENV_DEADLINE)
     log.emit("proxy.listening", listen=listen, policy=policy.name, upstream=bool(proxy.upstream))
     try:
         async with server:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from toolcage.policies import Policy
+from toolcage.policies import Policy, contract
 from toolcage.policies.decide import MAX_REDIRECTS, Decision, Request, Resolver, decide, system_resolver
 from toolcage.worker.errors import EgressDenied, FetchFailed
 
@@ -74,7 +74,7 @@ class FetchResult:
 
 
 def proxy_from_env() -> tuple[str, int] | None:
-    raw = os.environ.get("TOOLCAGE_PROXY")
+    raw = os.environ.get(contract.ENV_PROXY)
     if not raw:
         return None
     host, _, port = raw.rpartition(":")
@@ -97,14 +97,14 @@ class SafeFetch:
         self.proxy = proxy
         self.resolver = resolver
         self.max_bytes = max_bytes or policy.limits.output_cap
-        self.ca_file = ca_file or os.environ.get("TOOLCAGE_CA_FILE") or None
+        self.ca_file = ca_file or os.environ.get(contract.ENV_CA_FILE) or None
         self.on_decision = on_decision
         self.secrets = secrets  # a worker.secrets.SecretStore, for auth=
         self.secrets_sent: list[dict[str, Any]] = []  # every secret this client sent, names and origins
 
     def _tls(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=self.ca_file)
-        extra = os.environ.get("TOOLCAGE_CA_PEM")
+        extra = os.environ.get(contract.ENV_CA_PEM)
         if extra:  # an operator's extra CA (corporate, or a test CA), on top of the system store
             ctx.load_verify_locations(cadata=extra)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, overload
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
+from toolcage.policies.contract import SCRATCH
 from toolcage.worker.errors import EgressDenied, FetchFailed, ToolError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -127,7 +128,7 @@ class Context:
     """A handler's only way out of its process: fetch, progress, log, and where its files are."""
 
     link: Link
-    scratch: Path = Path("/scratch")
+    scratch: Path = Path(SCRATCH)
     workspace: Path | None = None  # None: the run has no workspace
     run_id: str = "local"
     log: Logger = field(init=False)

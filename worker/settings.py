@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from toolcage.policies import contract
+
 if TYPE_CHECKING:
     from toolcage.policies import Policy
 
-WORKSPACE = "/workspace"  # the name of the read-only project directory, in every mode
-SCRATCH = "/scratch"  # the name of the writable directory, the children's working directory
+WORKSPACE = contract.WORKSPACE  # the name of the read-only project directory, in every mode
+SCRATCH = contract.SCRATCH  # the name of the writable directory, the children's working directory
 
 
 def _mounted(path: str) -> bool:
@@ -33,7 +35,7 @@ def _mounted(path: str) -> bool:
 def _workspace_from_env() -> str | None:
     """``TOOLCAGE_WORKSPACE``: a directory (``--sandbox none``), empty for none; unset in a container,
     where /workspace is a workspace only if one was mounted there (or an image put files in it)."""
-    env = os.environ.get("TOOLCAGE_WORKSPACE")
+    env = os.environ.get(contract.ENV_WORKSPACE)
     if env is not None:
         return env or None
     if _mounted(WORKSPACE):  # first: a mounted workspace the sandbox user cannot list is still one
@@ -77,16 +79,16 @@ class Settings:
         ``os.environ.get("TOOLCAGE_WORKSPACE", "/workspace")``."""
         env = {}
         if self.scratch != SCRATCH:
-            env["TOOLCAGE_SCRATCH"] = self.scratch
+            env[contract.ENV_SCRATCH] = self.scratch
         if self.workspace is not None and self.workspace != WORKSPACE:
-            env["TOOLCAGE_WORKSPACE"] = self.workspace
+            env[contract.ENV_WORKSPACE] = self.workspace
         return env
 
     @classmethod
     def from_env(cls) -> Settings:
         return cls(
-            policy_json=os.environ.get("TOOLCAGE_POLICY"),
+            policy_json=os.environ.get(contract.ENV_POLICY),
             workspace=_workspace_from_env(),
-            scratch=os.environ.get("TOOLCAGE_SCRATCH", SCRATCH),
-            run_id=os.environ.get("TOOLCAGE_RUN_ID", "local"),
+            scratch=os.environ.get(contract.ENV_SCRATCH, SCRATCH),
+            run_id=os.environ.get(contract.ENV_RUN_ID, "local"),
         )

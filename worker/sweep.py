@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Any
 
+from toolcage.policies import contract
+
 _IPC_RMID = 0
 _IPC_TABLES = (("/proc/sysvipc/shm", "shmctl"), ("/proc/sysvipc/msg", "msgctl"), ("/proc/sysvipc/sem", "semctl"))
 _IPC_DIRS = ("/dev/shm", "/dev/mqueue")
@@ -35,7 +37,7 @@ EXEMPT: set[int] = set()
 
 def active() -> bool:
     """Whether this process is the sandbox's init (PID 1 in a toolcage container)."""
-    return os.getpid() == 1 and os.environ.get("TOOLCAGE_IN_CONTAINER") == "1"
+    return os.getpid() == 1 and os.environ.get(contract.ENV_IN_CONTAINER) == "1"
 
 
 def others() -> list[int]:

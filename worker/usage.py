@@ -11,6 +11,7 @@ import resource
 import sys
 from typing import Any
 
+from toolcage.policies import contract
 from toolcage.worker import cgroup, memguard
 
 
@@ -22,7 +23,7 @@ def _zygote_pid() -> int | None:
 
 
 def usage() -> dict[str, Any]:
-    if os.environ.get("TOOLCAGE_IN_CONTAINER") == "1":
+    if os.environ.get(contract.ENV_IN_CONTAINER) == "1":
         cpu = cgroup.cpu_usage_ns()
         return {
             "cpu_ms": round(cpu / 1e6, 3) if cpu is not None else None,

@@ -32,6 +32,7 @@ import subprocess
 import sys
 from typing import Any
 
+from toolcage.policies import contract
 from toolcage.worker import namespaces, sweep
 from toolcage.worker.protocol import readable
 
@@ -209,7 +210,7 @@ _wanted: tuple[dict[str, str], str] | None = None  # (env, cwd) of the last fast
 
 
 def enabled() -> bool:
-    return sweep.active() and os.environ.get("TOOLCAGE_ZYGOTE", "1") != "0" and _IOPRIO_GET is not None
+    return sweep.active() and os.environ.get(contract.ENV_ZYGOTE, "1") != "0" and _IOPRIO_GET is not None
 
 
 def pid() -> int | None:

@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from toolcage.policies import contract
 from toolcage.worker.errors import BadParams
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class Catalog:
     def from_env(cls) -> Catalog:
         import os
 
-        extra = tuple(m.strip() for m in os.environ.get("TOOLCAGE_TOOL_MODULES", "").split(",") if m.strip())
+        extra = tuple(m.strip() for m in os.environ.get(contract.ENV_TOOL_MODULES, "").split(",") if m.strip())
         return cls(extra_modules=extra)
 
     def add(self, tool: Tool) -> None:

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 from annotated_types import Gt
 
+from toolcage.policies import contract
 from toolcage.worker import calls, cgroup, memguard, namespaces, sweep, zygote
 from toolcage.worker.errors import BadParams, ToolError
 from toolcage.worker.settings import Settings
@@ -40,7 +41,7 @@ _CHILD_ENV_KEEP = (
     "https_proxy",
     "NO_PROXY",
     "no_proxy",
-    "TOOLCAGE_PROXY",
+    contract.ENV_PROXY,
 )
 _GRACE_AFTER_EXIT_S = 0.2
 _REAP_EVERY_S = 0.25
@@ -76,7 +77,7 @@ class RunShellParams:
     stdin: str | None = doc("text fed to the child's stdin", None)
 
 
-DEPS_DIR = "/opt/toolcage/deps"  # packages `toolcage image build --requirements` added to the image
+DEPS_DIR = contract.DEPS_DIR  # packages `toolcage image build --requirements` added to the image
 
 
 def python_path(worker_lib: bool = False) -> str | None:
