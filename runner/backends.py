@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from toolcage import hostpaths, removal
+from toolcage import hostpaths, logs, removal
 from toolcage.config import GVISOR, PROXY_SOCKET, RunSpec, container_config, worker_image
 from toolcage.engine import EngineAPI
 from toolcage.errors import SandboxError, ToolcageError, UsageError
@@ -27,7 +27,7 @@ from toolcage.policies import Policy, contract
 from toolcage.transport import DockerAttachTransport, ProcessTransport, StreamParser, Transport
 
 NONE_WARNING = (
-    "WARNING: --sandbox none: the tool runs as a plain process on this host with your privileges. "
+    "--sandbox none: the tool runs as a plain process on this host with your privileges. "
     "NOTHING IS ISOLATED (no container, no read-only workspace, no network block). Development only."
 )
 # how --sandbox none starts the worker (tests swap in misbehaving workers)
@@ -235,7 +235,7 @@ class ProcessBackend:
         return None
 
     def start(self, run: RunSpec, parser: StreamParser) -> Transport:
-        print(NONE_WARNING, file=sys.stderr)
+        logs.get_logger(run_id=run.run_id).warning("sandbox.not_isolated", note=NONE_WARNING)
         scratch = tempfile.mkdtemp(prefix=f"toolcage-{run.run_id}-scratch-")
         self._tmpdirs.append(scratch)
         workspace = self.workspace or ""  # "": no workspace (the worker says so instead of listing nothing)

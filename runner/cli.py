@@ -186,6 +186,9 @@ def sandbox_options(f: Any = None, *, without: tuple[str, ...] = ()) -> Any:
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """toolcage: run tool handlers you did not write in a hardened, per-run Docker sandbox."""
+    from toolcage import logs
+
+    logs.configure(0, json_logs=False)  # warnings as `toolcage: warning: …` (a command's -v reconfigures)
     if ctx.invoked_subcommand != "run":
         gc.enable()  # main() turned it off; `run` turns it back on once it has what it imports
 
