@@ -23,10 +23,6 @@ from toolcage.output import ToolcageGroup, emit, say, use_json, warn
 from toolcage.policies import Policy, codes, contract
 from toolcage.textsafe import dumps, escape
 
-EXIT_BY_STATUS = {
-    "ok": 0, "error": 1, "output_capped": 1, "signal": 1,
-    "timeout": 3, "oom_killed": 3, "crashed": 3, "image_missing": 3, "interrupted": 130,
-}  # fmt: skip
 CODE_RUNNING_TOOLS = ("run_python", "run_shell")
 # a child told to stop this long before the run deadline answers with its output before the kill
 CHILD_DEADLINE_MARGIN_S = 2.0  # container start-up on a loaded host; the rest of the run is the child's
@@ -297,7 +293,7 @@ def run(tool: str, params: str | None, **opts: Any) -> None:
     if res.error and res.error.get("code") in codes.USAGE_CODES:
         say(f"{res.error.get('message')}: {dumps(res.error.get('data'))}")
         sys.exit(2)
-    sys.exit(EXIT_BY_STATUS.get(res.status, 3))
+    sys.exit(res.exit_code)  # the status's own (toolcage.results.Status)
 
 
 @cli.command()

@@ -1,7 +1,8 @@
 """Runner-side error tree; each class carries its CLI exit code and, for sandbox failures,
 the ``status`` that says how the run ended.
 
-    ToolcageError (exit 3)
+    ToolcageError (exit 3)                 the one root (defined in policies.errors, re-exported here)
+    ├── PolicyError (exit 2)               a policy that cannot be found, parsed or validated
     ├── UsageError (exit 2)                bad CLI input, bad params JSON
     │   ├── WorkspaceError (exit 2)        workspace missing or too sensitive to mount
     │   ├── BadToolCall (exit 2)           unknown tool or bad params, found on the host (precheck)
@@ -18,28 +19,14 @@ the ``status`` that says how the run ended.
         ├── ProtocolError                  the container sent bad framing   status "crashed"
         └── SandboxInterrupted (exit 130)  the runner was stopped mid-run   status "interrupted"
 
-Policy errors are ``policies.PolicyError`` (exit 2). Foreign errors (docker-py, OS) are
+``except ToolcageError`` catches every error toolcage raises, policy errors included. Foreign errors (docker-py, OS) are
 translated once, in the Docker adapter, with ``raise ... from exc``; the CLI prints every
 error once, in ``toolcage.output``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-
-class ToolcageError(Exception):
-    exit_code = 3
-    status = "crashed"
-    reason = "error"
-
-    def __init__(self, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.details = details
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "reason": self.reason, "message": self.message, **self.details}
+from toolcage.policies.errors import PolicyError, ToolcageError
 
 
 class UsageError(ToolcageError):
@@ -119,3 +106,24 @@ class WorkerCrashed(SandboxError):
 
 class ProtocolError(SandboxError):
     reason = "protocol"
+
+
+__all__ = [
+    "AuditError",
+    "BadToolCall",
+    "BuildError",
+    "DockerUnavailable",
+    "ImageMissing",
+    "NotFound",
+    "PolicyError",
+    "ProtocolError",
+    "RequirementsError",
+    "SandboxError",
+    "SandboxInterrupted",
+    "SandboxOOM",
+    "SandboxTimeout",
+    "ToolcageError",
+    "UsageError",
+    "WorkerCrashed",
+    "WorkspaceError",
+]

@@ -9,7 +9,7 @@ The convention (README, "The CLI"):
   text a sandbox chose.
 - An error is always such a stderr line; in JSON mode stdout also gets
   ``{"status", "error": {"reason", "message", ...}}`` so a program reading stdout gets a document.
-- Exit codes come from the error classes (``ToolcageError.exit_code``, ``PolicyError.exit_code``,
+- Exit codes come from the error classes (``ToolcageError.exit_code``, policy errors included;
   click's ``exit_code``): 0 ok, 1 tool error or finding, 2 usage or policy error, 3 sandbox failure.
 """
 
@@ -21,7 +21,6 @@ from typing import Any
 import click
 
 from toolcage.errors import ToolcageError
-from toolcage.policies import PolicyError
 from toolcage.textsafe import dumps, escape
 
 # commands whose stdout is always JSON, by their path below the program name
@@ -56,8 +55,6 @@ def error_payload(exc: BaseException) -> tuple[dict[str, Any], int]:
     """The JSON error object and exit code for any error the CLI can meet."""
     if isinstance(exc, ToolcageError):
         return exc.to_dict(), exc.exit_code
-    if isinstance(exc, PolicyError):
-        return {"status": "error", "reason": "policy", "message": str(exc)}, exc.exit_code
     if isinstance(exc, click.ClickException):
         return {"status": "error", "reason": "usage", "message": exc.format_message()}, exc.exit_code
     if isinstance(exc, click.Abort | KeyboardInterrupt):
@@ -115,7 +112,7 @@ class ToolcageGroup(click.Group):
         _State.json = None
         try:
             rv = super().main(args, prog_name, standalone_mode=False, **extra)
-        except (ToolcageError, PolicyError, click.ClickException, click.Abort) as exc:
+        except (ToolcageError, click.ClickException, click.Abort) as exc:
             sys.exit(report(exc, argv))
         sys.exit(rv if isinstance(rv, int) else 0)
 

@@ -1,21 +1,56 @@
-"""How a call or a run ended: one ``status`` field, always one of STATUSES."""
+"""How a call or a run ended: one ``status`` field, always a ``Status`` (a str: JSON shows the bare name),
+which carries the CLI exit code it means: the one status -> exit code table."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from toolcage.policies import codes
 
-STATUSES = (
-    "ok", "error", "timeout", "oom_killed", "output_capped", "signal", "crashed", "image_missing", "interrupted",
-    "cancelled",
-)  # fmt: skip
+
+class Status(StrEnum):
+    """How a call or a run ended, and the CLI's exit code for it (0 ok, 1 the tool failed, 3 the
+    sandbox failed or stopped it, 130 interrupted)."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    OOM_KILLED = "oom_killed"
+    OUTPUT_CAPPED = "output_capped"
+    SIGNAL = "signal"
+    CRASHED = "crashed"
+    IMAGE_MISSING = "image_missing"
+    INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"
+
+    @property
+    def exit_code(self) -> int:
+        return _EXIT_CODE[self]
+
+
+# the one status -> exit code table (a test checks every Status has its line)
+_EXIT_CODE = {
+    Status.OK: 0,
+    Status.ERROR: 1,
+    Status.OUTPUT_CAPPED: 1,
+    Status.SIGNAL: 1,
+    Status.TIMEOUT: 3,
+    Status.OOM_KILLED: 3,
+    Status.CRASHED: 3,
+    Status.IMAGE_MISSING: 3,
+    Status.CANCELLED: 3,
+    Status.INTERRUPTED: 130,
+}
+
+
+STATUSES = tuple(s.value for s in Status)  # the names, for callers that compare strings
 _ERROR_STATUS = {
-    codes.CALL_TIMEOUT: "timeout",
-    codes.HANDLER_OOM: "oom_killed",
-    codes.RESULT_TOO_LARGE: "output_capped",
-    codes.REQUEST_CANCELLED: "cancelled",
+    codes.CALL_TIMEOUT: Status.TIMEOUT,
+    codes.HANDLER_OOM: Status.OOM_KILLED,
+    codes.RESULT_TOO_LARGE: Status.OUTPUT_CAPPED,
+    codes.REQUEST_CANCELLED: Status.CANCELLED,
 }
 META_KEY = "toolcage"  # the member of an answer that carries what the runner audits (never shown to callers)
 
@@ -29,24 +64,24 @@ def without_meta(msg: Any) -> Any:
     return msg
 
 
-def classify_result(result: Any) -> str:
+def classify_result(result: Any) -> Status:
     """Status of a successful JSON-RPC result: a child process reports how it ended."""
     if isinstance(result, dict) and "exit_code" in result:
         if result.get("oom_killed"):
-            return "oom_killed"
+            return Status.OOM_KILLED
         if result.get("timed_out"):
-            return "timeout"
+            return Status.TIMEOUT
         if result.get("signal"):
-            return "signal"
+            return Status.SIGNAL
         if result.get("truncated"):
-            return "output_capped"
+            return Status.OUTPUT_CAPPED
         if result.get("exit_code") != 0:
-            return "error"
-    return "ok"
+            return Status.ERROR
+    return Status.OK
 
 
-def classify_error(code: int) -> str:
-    return _ERROR_STATUS.get(code, "error")
+def classify_error(code: int) -> Status:
+    return _ERROR_STATUS.get(code, Status.ERROR)
 
 
 def from_response(tool: str, run_id: str, msg: dict[str, Any], wall_ms: float) -> CallResult | None:
@@ -69,7 +104,7 @@ def from_response(tool: str, run_id: str, msg: dict[str, Any], wall_ms: float) -
 
 @dataclass(frozen=True)
 class CallResult:
-    """The outcome of one tool call; ``status`` says how it ended."""
+    """The outcome of one tool call; ``status`` (a ``Status``; a plain string given is made one) says how it ended."""
 
     status: str
     tool: str
@@ -81,9 +116,17 @@ class CallResult:
     # sent where): names and origins, never values; not part of the result callers see
     meta: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))
+
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit code for this call (``Status.exit_code``)."""
+        return Status(self.status).exit_code
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -102,6 +145,9 @@ class RunSummary:
     cpu_ms: float | None
     peak_memory_bytes: int | None
     calls: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
