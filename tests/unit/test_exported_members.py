@@ -1,0 +1,68 @@
+"""The public API is pinned: every name in ``toolcage.__all__`` and every CLI command (as httpx pins its own)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import click
+
+import toolcage
+
+PUBLIC = [
+    "DEFAULT_IMAGE", "STATUSES", "AsyncSandbox", "CallResult", "Cancel", "DockerUnavailable", "ImageMissing",
+    "Policy", "PolicyError", "Pool", "ProtocolError", "RunSummary", "Sandbox", "SandboxError", "SandboxInterrupted",
+    "SandboxOOM", "SandboxTimeout", "ToolcageError", "UsageError", "WorkerCrashed", "WorkspaceError", "__version__",
+    "load_policy", "wait_removed",
+]  # fmt: skip
+COMMANDS = [
+    "audit", "doctor", "gc", "image", "image build", "mcp", "mcp serve", "mcp wrap", "policy", "policy test", "ps",
+    "run", "serve", "tools",
+]  # fmt: skip
+
+
+def test_all_is_pinned() -> None:
+    """toolcage.__all__ is exactly the pinned list: a name removed or added is a deliberate change here."""
+    assert sorted(toolcage.__all__) == sorted(PUBLIC)
+    assert dir(toolcage) == sorted(PUBLIC)
+
+
+def test_every_public_name_imports() -> None:
+    """Each public name loads (lazily, in a fresh interpreter) and is a toolcage object, not a stray import."""
+    code = (
+        "import toolcage\n"
+        "for name in toolcage.__all__:\n"
+        "    value = getattr(toolcage, name)\n"
+        "    mod = getattr(value, '__module__', None)\n"
+        "    assert mod is None or mod.startswith('toolcage'), (name, mod)\n"
+        "from toolcage import *  # noqa\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_every_error_is_under_the_one_root() -> None:
+    """Every public exception is a ToolcageError (policy errors included)."""
+    errors = [getattr(toolcage, n) for n in PUBLIC if isinstance(getattr(toolcage, n), type)]
+    errors = [e for e in errors if issubclass(e, BaseException)]
+    assert errors and all(issubclass(e, toolcage.ToolcageError) for e in errors)
+
+
+def test_every_cli_command_is_there() -> None:
+    """The CLI's commands (the lazily registered ones included) are the pinned list."""
+    from toolcage.cli import cli
+
+    ctx = click.Context(cli)
+    found: list[str] = []
+
+    def walk(group: click.Group, prefix: str) -> None:
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            assert command is not None, prefix + name
+            found.append(prefix + name)
+            if isinstance(command, click.Group):
+                walk(command, f"{prefix}{name} ")
+
+    walk(cli, "")
+    assert found == COMMANDS
