@@ -61,7 +61,7 @@ class AsyncSandbox:
         (``task.cancel()``, ``asyncio.wait_for``) cancels the call in the sandbox: its processes are
         killed and the sandbox stays usable. ``on_progress`` runs on the reader thread, not in the loop."""
         sb = self._sync
-        session, until = sb._before_call(params, timeout)
+        session, params, until = sb._before_call(tool, params, timeout)
         started = time.monotonic()
         answer = await session.request_async(tool, params, until, on_progress=on_progress)
         if isinstance(answer, Ended):  # the sandbox is killed on the way: not in the event loop

@@ -23,10 +23,6 @@ from toolcage.output import ToolcageGroup, emit, say, use_json, warn
 from toolcage.policies import Policy, codes, contract
 from toolcage.textsafe import dumps, escape
 
-CODE_RUNNING_TOOLS = ("run_python", "run_shell")
-# a child told to stop this long before the run deadline answers with its output before the kill
-CHILD_DEADLINE_MARGIN_S = 2.0  # container start-up on a loaded host; the rest of the run is the child's
-
 
 def _on_signal(signum: int, frame: Any) -> None:
     # unwinds through `with Sandbox`, so the container is removed before the process exits
@@ -53,21 +49,20 @@ def _parse_params(raw: str | None) -> dict[str, Any] | None:
 
 def _prepared_call(tool: str, raw: str | None, opts: dict[str, Any]) -> dict[str, Any] | None:
     """Everything `run` can check before a container starts: params JSON, policy, --timeout,
-    the tool and its params (host-side, toolcage.precheck). Loads the policy once into opts."""
+    the tool and its params (host-side, toolcage.precheck). Loads the policy once into opts.
+    (A child's timeout is cut to the time left in the run by the sandbox, for every door: toolcage.timing.)"""
     from toolcage.precheck import check_call
 
     params = _parse_params(raw)
-    pol = _policy(opts)
+    _policy(opts)
     check_call(tool, params, opts["image"], connectors=bool(opts.get("tools")))
-    if tool in CODE_RUNNING_TOOLS:
-        params = _fit_child_timeout(params, pol)
     return params
 
 
 def _policy(opts: dict[str, Any]) -> Policy:
     """The run's policy with --timeout applied; warns when --timeout asks for more than the policy allows."""
+    from toolcage.options import resolve_policy
     from toolcage.policies import load_policy
-    from toolcage.sandbox import resolve_policy
 
     if isinstance(opts["policy"], Policy):
         return opts["policy"]
@@ -78,22 +73,6 @@ def _policy(opts: dict[str, Any]) -> Policy:
     pol = resolve_policy(base, timeout)
     opts["policy"] = pol
     return pol
-
-
-def _fit_child_timeout(params: dict[str, Any] | None, pol: Policy) -> dict[str, Any] | None:
-    """The child's timeout ends before the run deadline, so its partial output comes back.
-
-    The worker counts a child's timeout from the call, the runner its deadline from before the
-    container starts: with a child timeout at or past the run deadline, the runner's kill came
-    first and the output gathered so far was lost. Only ever lowers ``timeout_s``.
-    """
-    run_s = pol.timeouts.run_s
-    limit = max(run_s - CHILD_DEADLINE_MARGIN_S, run_s / 2)
-    asked = (params or {}).get("timeout_s")
-    current = asked if isinstance(asked, int | float) and asked > 0 else pol.timeouts.call_s
-    if current <= limit:
-        return params
-    return {**(params or {}), "timeout_s": round(limit, 3)}
 
 
 def sandbox_options(f: Any = None, *, without: tuple[str, ...] = ()) -> Any:
@@ -189,57 +168,47 @@ def cli(ctx: click.Context) -> None:
         gc.enable()  # main() turned it off; `run` turns it back on once it has what it imports
 
 
-def _sandbox(tool: str, opts: dict[str, Any]) -> Any:
-    """The Sandbox the shared options describe (logging configured first)."""
+def _run_options(tool: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """The shared options as the keyword options Sandbox and Pool take (toolcage.options resolves them),
+    mapped once; logging is configured first."""
     from toolcage import logs
+
+    logs.configure(opts["verbose"], json_logs=False)  # stderr is for people: plain, escaped text
+    return {
+        "tool": tool,
+        "workspace": opts["workspace"],
+        "tools": opts["tools"],
+        "sandbox": opts["sandbox"],
+        "image": opts["image"],
+        "run_timeout": None,  # applied by _policy, with its warning
+        "egress_network": opts["egress_network"],
+        "egress_proxy": opts["egress_proxy"],
+        "ca_file": opts["ca_file"],
+        "audit": opts["audit_log"],
+    }
+
+
+def _sandbox(tool: str, opts: dict[str, Any]) -> Any:
+    """The Sandbox the shared options describe."""
     from toolcage.connectors import parse_secret_options
     from toolcage.sandbox import Sandbox
 
-    logs.configure(opts["verbose"], json_logs=False)  # stderr is for people: plain, escaped text
-    pol = _policy(opts)
-    return Sandbox(
-        pol,
-        workspace=opts["workspace"],
-        tool=tool,
-        sandbox=opts["sandbox"],
-        image=opts["image"],
-        keep=opts["keep"],
-        run_timeout=None,  # already applied by _policy
-        egress_network=opts["egress_network"],
-        egress_proxy=opts["egress_proxy"],
-        ca_file=opts["ca_file"],
-        audit=opts["audit_log"],
-        tools=opts["tools"],
-        secrets=parse_secret_options(opts["secret"]),
-    )
+    kwargs = _run_options(tool, opts)
+    return Sandbox(_policy(opts), keep=opts["keep"], secrets=parse_secret_options(opts["secret"]), **kwargs)
 
 
 def _pool(tool: str, opts: dict[str, Any], size: int) -> Any:
     """A warm pool for the life of this process (``--pool N``), described by the shared options; and
     how to make a sandbox that adopts one of its slots (with this process's secrets)."""
-    from toolcage import logs
     from toolcage.connectors import parse_secret_options
     from toolcage.pool import Pool
     from toolcage.sandbox import Sandbox
 
-    logs.configure(opts["verbose"], json_logs=False)
+    kwargs = _run_options(tool, opts)
     if opts["keep"]:
         raise UsageError("--keep cannot be used with --pool: a pooled container is always removed after its run")
     secrets = parse_secret_options(opts["secret"])
-    pol = _policy(opts)
-    pool = Pool(
-        pol,
-        size=size,
-        tool=tool,
-        workspace=opts["workspace"],
-        tools=opts["tools"],
-        sandbox=opts["sandbox"],
-        image=opts["image"],
-        egress_network=opts["egress_network"],
-        egress_proxy=opts["egress_proxy"],
-        ca_file=opts["ca_file"],
-        audit=opts["audit_log"],
-    )
+    pool = Pool(_policy(opts), size=size, **kwargs)
     return pool, lambda: Sandbox(pool=pool, secrets=secrets)
 
 

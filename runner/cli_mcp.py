@@ -139,13 +139,11 @@ def _wrap_command() -> Any:
 def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any) -> tuple[Any, str]:
     """The engine and the image the server runs from: --image as it is, --pip's derived image (built
     when missing or stale), or the worker image."""
-    import os
-
     from toolcage.docker_adapter import Engine
     from toolcage.errors import ImageMissing
-    from toolcage.sandbox import DEFAULT_IMAGE
+    from toolcage.options import worker_image
 
-    worker = os.environ.get("TOOLCAGE_IMAGE") or DEFAULT_IMAGE
+    worker = worker_image()
     engine = Engine.default()
     engine.ping()
     if image:

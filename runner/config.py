@@ -83,11 +83,9 @@ class RunSpec:
 def worker_image() -> str:
     """The worker image this installation runs by default (``$TOOLCAGE_IMAGE`` overrides); the egress
     proxy always runs from it."""
-    import os
+    from toolcage.options import worker_image as image
 
-    from toolcage import __version__
-
-    return os.environ.get(contract.ENV_IMAGE) or f"toolcage-worker:{__version__}"
+    return image()
 
 
 def container_name(tool: str, run_id: str) -> str:

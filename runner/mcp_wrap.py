@@ -23,15 +23,15 @@ from datetime import UTC, datetime
 from secrets import token_hex
 from typing import Any, TextIO
 
-from toolcage import audit as audit_mod
-from toolcage import logs, ownership, records
+from toolcage import logs, ownership, records, timing
 from toolcage.audit import Audit
-from toolcage.backends import default_kind, make_backend, resolve_kind
+from toolcage.backends import make_backend
 from toolcage.config import RunSpec, container_name
 from toolcage.engine import EngineAPI
 from toolcage.errors import UsageError
 from toolcage.mcp_relay import Actions, Call, Relay, ToolFilter, error
-from toolcage.policies import Policy
+from toolcage.options import RunOptions
+from toolcage.policies import Policy, codes
 from toolcage.results import CallResult
 from toolcage.textsafe import dumps, escape
 from toolcage.transport import StreamParser, Transport
@@ -39,12 +39,10 @@ from toolcage.watchdog import Expiry, Watchdog
 from toolcage.worker.errors import BadParams
 from toolcage.worker.protocol import LineSplitter
 from toolcage.worker.secrets import SecretStore
-from toolcage.workspace import validate_workspace
 
 TOOL_LABEL = "mcp-wrap"  # the containers' toolcage.tool label and name part: toolcage-mcp-wrap-<run_id>
 LAUNCHER = ("python3", "-S", "-m", "toolcage.worker.mcp_host")
 MAX_LINE = 16 * 1024 * 1024  # one MCP message, either way
-CALL_GRACE_S = 2.0  # a request unanswered after timeouts.call_s plus this is a hung server
 EOF_GRACE_S = 1.0  # after the client closed our stdin: the server's time to exit by itself (SDK clients wait 2 s)
 START_TIMEOUT_S = 10.0
 STDERR_FLOOD_BYTES = 16 * 1024 * 1024  # stderr past this within one window is a flood: the server is ended
@@ -140,26 +138,24 @@ class McpWrap:
             raise UsageError(
                 "give the server's command after --, e.g. `toolcage mcp wrap --pip mcp-server-time -- mcp-server-time`"
             )
-        self.policy, self.argv, self.image, self.keep = policy, list(argv), image, keep
+        self.options = RunOptions.resolve(
+            policy, tool=TOOL_LABEL, sandbox=sandbox, image=image, workspace=workspace, engine=engine,
+            egress_network=egress_network, egress_proxy=egress_proxy, audit=audit, keep=keep,
+        )  # fmt: skip
+        self.policy, self.argv, self.image, self.keep = self.options.policy, list(argv), self.options.image, keep
+        self.workspace, self.kind = self.options.workspace, self.options.kind
+        self.audit: Audit | None = self.options.audit
         self.secrets = secret_store(secrets or {})
-        self.workspace = validate_workspace(workspace) if workspace is not None else None
         self.filter = tool_filter or ToolFilter()
         self.run_id = token_hex(4)
         self.name = container_name(TOOL_LABEL, self.run_id)
         self.log = logs.get_logger(run_id=self.run_id, name=self.name)
-        self.audit: Audit | None = (
-            None if audit is False else audit if isinstance(audit, Audit) else audit_mod.shared(audit)
-        )
         # a container of either kind: the server is third-party code (never "none", which runs on the host)
-        self.kind = resolve_kind(default_kind(sandbox), policy, engine)
         if self.kind == "none":
             raise UsageError(WRAP_NEEDS_A_CONTAINER)
         self._backend = make_backend(
-            self.kind, policy, engine=engine, image=image, name=self.name, log=self.log, audit=self.audit,
-            workspace=str(self.workspace) if self.workspace else None, egress_network=egress_network,
-            egress_proxy=egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY"),
-            ca_pem=None,
-        )  # fmt: skip
+            self.kind, self.policy, name=self.name, log=self.log, **self.options.backend_options()
+        )
         self.relay = Relay(self.filter, time.monotonic)
         self._stdin_fd, self._stdout_fd = stdin_fd, stdout_fd
         self._err = err or sys.stderr
@@ -197,7 +193,7 @@ class McpWrap:
             threading.Thread(target=self._read_client, name="toolcage-mcp-client", daemon=True).start()
             killed = False
             while not self._done.wait(0.1):
-                late = self.relay.overdue(t.call_s + CALL_GRACE_S)
+                late = self.relay.overdue(t.call_s + timing.GRACE_S)
                 if late:
                     what = late[0].tool or late[0].method
                     self.end(
@@ -240,8 +236,7 @@ class McpWrap:
         self.audit.event(
             "run.started", run_id=self.run_id, name=self.name, tool=TOOL_LABEL, image=self.image,
             image_id=self._backend.image_id(), owner=ownership.owner()[0], network=self.policy.network.mode,
-            kind=self.kind, policy=self.policy.name, policy_sha256=self.policy.sha256(),
-            workspace=str(self.workspace) if self.workspace else None, command=self._command(),
+            **self.options.started_fields(), command=self._command(),
             secrets=self.secrets.names(), deny_tools=sorted(self.filter.deny),
             allow_tools=sorted(self.filter.allow) if self.filter.allow is not None else None,
         )  # fmt: skip
@@ -325,7 +320,8 @@ class McpWrap:
                 break
             for line in lines.feed(chunk):
                 if line is None:
-                    self._to_client(error(None, -32600, f"Invalid Request: a line over {MAX_LINE} bytes"))
+                    too_long = f"Invalid Request: a line over {MAX_LINE} bytes"
+                    self._to_client(error(None, codes.INVALID_REQUEST, too_long))
                 elif line.strip():
                     self._perform(self.relay.from_client(line))
         self._client_closed()

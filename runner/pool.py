@@ -27,16 +27,15 @@ from datetime import UTC, datetime
 from secrets import token_hex
 from typing import Any
 
-from toolcage import audit as audit_mod
-from toolcage import connectors, logs, ownership, removal
+from toolcage import logs, ownership, removal, timing
 from toolcage.audit import Audit
-from toolcage.backends import Backend, ExitStatus, default_kind, make_backend, resolve_kind
+from toolcage.backends import Backend, ExitStatus, make_backend
 from toolcage.config import RunSpec, container_name
 from toolcage.engine import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
-from toolcage.policies import PolicySource
+from toolcage.options import RunOptions
+from toolcage.policies import PolicySource, contract
 from toolcage.session import Ended, Session
-from toolcage.workspace import readable_by_sandbox, validate_workspace
 
 READY_WAIT_S = 30.0  # a slot's worker must answer its first ping within this
 SLOT_GRACE_S = 10.0  # on top of idle_s + run_s in a slot's deadline label: the pool's own checks come first
@@ -163,36 +162,29 @@ class Pool:
         ca_file: str | os.PathLike[str] | None = None,
         audit: Any = None,
     ) -> None:
-        from toolcage.sandbox import DEFAULT_IMAGE, Sandbox, resolve_policy
-
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise UsageError("pool size must be a positive integer")
-        self.policy = resolve_policy(policy, run_timeout)
+        self.options = RunOptions.resolve(
+            policy, tool=tool, sandbox=sandbox, image=image, workspace=workspace, tools=tools,
+            run_timeout=run_timeout, engine=engine, egress_network=egress_network, egress_proxy=egress_proxy,
+            ca_file=ca_file, audit=audit,
+        )  # fmt: skip
+        self.policy, self.kind, self.image, self.tool = (
+            self.options.policy,
+            self.options.kind,
+            self.options.image,
+            self.options.tool,
+        )
+        self.workspace, self.tool_sources = self.options.workspace, self.options.tool_sources
+        self.audit: Audit | None = self.options.audit
         self.size = size
         self.idle_s = float(idle_s if idle_s is not None else self.policy.timeouts.idle_s)
         if self.idle_s <= 0:
             raise UsageError("pool idle_s must be a positive number of seconds")
         self.parallel = max(1, min(parallel or min(size, 2), size))
-        self.workspace = validate_workspace(workspace) if workspace is not None else None
-        self.tool_sources = connectors.tool_sources([tools] if isinstance(tools, str | os.PathLike) else tools)
-        self.tool, self.kind = tool, resolve_kind(default_kind(sandbox), self.policy, engine)
-        self.image = image or os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)
         self.id = token_hex(4)
         self.log = logs.get_logger(pool=self.id)
-        self.audit: Audit | None = (
-            None if audit is False else audit if isinstance(audit, Audit) else audit_mod.shared(audit)
-        )
-        self._backend_options = {
-            "engine": engine,
-            "image": self.image,
-            "audit": self.audit,
-            "workspace": str(self.workspace) if self.workspace else None,
-            "egress_network": egress_network,
-            "egress_proxy": egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY"),
-            "ca_pem": Sandbox._read_ca(ca_file),
-        }
-        if self.workspace is not None and self.kind != "none" and not readable_by_sandbox(self.workspace):
-            self.log.warning("workspace.unreadable", workspace=str(self.workspace))
+        self.options.warn_unreadable_workspace(self.log, self.kind != "none")
         self._cond = threading.Condition()
         self._ready: collections.deque[_Slot] = collections.deque()
         self._starting = 0
@@ -333,8 +325,6 @@ class Pool:
             self._retire(self._ready.popleft(), "idle")
 
     def _make_slot(self) -> _Slot:
-        from toolcage.sandbox import CALL_GRACE_S
-
         run_id = token_hex(4)
         name = container_name(self.tool, run_id)
         log = logs.get_logger(run_id=run_id, name=name, pool=self.id)
@@ -343,7 +333,9 @@ class Pool:
         def redact(rec: Any) -> Any:  # the proxy's records, with the adopting run's secrets (slot.redact)
             return made[0].redact(rec) if made else rec
 
-        backend = make_backend(self.kind, self.policy, name=name, log=log, redact=redact, **self._backend_options)
+        backend = make_backend(
+            self.kind, self.policy, name=name, log=log, redact=redact, **self.options.backend_options()
+        )
         slot = _Slot(self, run_id, name, backend)
         made.append(slot)
         slot.image_id = backend.image_id()
@@ -369,7 +361,7 @@ class Pool:
             workspace=self.workspace,
             tool_mounts=tuple((str(src.path), src.target) for src in self.tool_sources),
             pool=self.id,
-            extra_env={"TOOLCAGE_POOLED": "1"},  # the worker readies what adoption needs while it waits
+            extra_env={contract.ENV_POOLED: "1"},  # the worker readies what adoption needs while it waits
         )
         slot.deadline = spec.deadline
         if self.audit is not None:  # on disk before the container exists (off any caller's path)
@@ -381,12 +373,12 @@ class Pool:
             )  # fmt: skip
         try:
             session.connect(backend.start(spec, session.parser))
-            until = time.monotonic() + READY_WAIT_S + CALL_GRACE_S
-            answer = session.request("ping", None, until)
+            until = time.monotonic() + READY_WAIT_S + timing.GRACE_S
+            answer = session.request(contract.PING, None, until)
             if isinstance(answer, Ended) or answer.get("result") != "pong":
                 tail = session.parser.stderr_tail(500).strip()
                 raise ToolcageError(f"a pooled sandbox did not answer its first ping: {tail or answer}")
-            session.request("sandbox.usage", None, until)  # loads what the run's close asks for, now
+            session.request(contract.USAGE, None, until)  # loads what the run's close asks for, now
         except BaseException:
             self._retire(slot, "failed", now=True)
             raise

@@ -13,7 +13,6 @@ tools' params are still checked.
 
 from __future__ import annotations
 
-import os
 from typing import Any, NoReturn
 
 from toolcage.errors import BadToolCall
@@ -24,7 +23,9 @@ PROTOCOL_METHODS = contract.PROTOCOL_METHODS  # answered by the worker's dispatc
 
 
 def _own_image(image: str | None) -> bool:
-    ref = image or os.environ.get(contract.ENV_IMAGE) or OWN_IMAGE_REPO
+    from toolcage.options import worker_image
+
+    ref = worker_image(image)
     repo = ref.rsplit("@", 1)[0]
     if ":" in repo.rsplit("/", 1)[-1]:
         repo = repo.rsplit(":", 1)[0]

@@ -10,20 +10,18 @@ answer belongs to which call, the session's (``toolcage.session``).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
-from toolcage import __version__, connectors, logs, ownership, records, removal
-from toolcage import audit as audit_mod
-from toolcage.audit import Audit
-from toolcage.backends import Backend, default_kind, make_backend, resolve_kind
+from toolcage import connectors, logs, ownership, records, removal, timing
+from toolcage.backends import Backend, make_backend
 from toolcage.config import RunSpec, container_name
 from toolcage.engine import EngineAPI
 from toolcage.errors import (
@@ -36,19 +34,19 @@ from toolcage.errors import (
     UsageError,
     WorkerCrashed,
 )
-from toolcage.policies import Policy, PolicySource, load_policy
+from toolcage.options import DEFAULT_IMAGE as DEFAULT_IMAGE  # re-exported: toolcage.DEFAULT_IMAGE
+from toolcage.options import RunOptions, resolve_audit
+from toolcage.options import resolve_policy as resolve_policy  # re-exported: its home is toolcage.options
+from toolcage.policies import PolicySource, codes, contract
 from toolcage.pool import NotAdopted, SlotBackend
 from toolcage.results import CallResult, RunSummary, from_response
 from toolcage.session import Cancel, Ended, OnProgress, Session
 from toolcage.transport import Broken, StreamParser
 from toolcage.watchdog import Expiry, Watchdog
-from toolcage.workspace import readable_by_sandbox, validate_workspace
 
 if TYPE_CHECKING:
     from toolcage.pool import Pool
 
-DEFAULT_IMAGE = f"toolcage-worker:{__version__}"
-CALL_GRACE_S = 2.0  # the worker enforces call timeouts; the runner waits this much longer
 EXIT_WAIT_S = 5.0  # how long to wait for a worker whose stream ended to report its exit
 
 _LIVE: set[Sandbox] = set()
@@ -66,17 +64,6 @@ def _cleanup_live() -> None:
 
 
 atexit.register(_cleanup_live)
-
-
-def resolve_policy(policy: PolicySource, run_timeout: float | None = None) -> Policy:
-    p = load_policy(policy)  # a Policy built in code is checked against the model too
-    if run_timeout is not None:
-        if run_timeout <= 0:
-            raise UsageError("--timeout must be a positive number of seconds")
-        # A caller may tighten the deadline, never loosen the policy's.
-        run_s = min(run_timeout, p.timeouts.run_s)
-        p = p.with_run_deadline(run_s)
-    return p
 
 
 def interrupted_error(run_id: str) -> SandboxError:
@@ -116,43 +103,31 @@ class Sandbox:
         if pool is not None:
             if keep or run_timeout is not None or workspace is not None or tools or image is not None:
                 raise UsageError("a pooled sandbox takes its policy, workspace, tools, image and timeout from its pool")
-            tool, sandbox, audit = pool.tool, pool.kind, pool.audit if audit is None else audit
-            self.policy, self.workspace, self.tool_sources = pool.policy, pool.workspace, pool.tool_sources
+            opts = pool.options if audit is None else dataclasses.replace(pool.options, audit=resolve_audit(audit))
         else:
-            self.policy = resolve_policy(policy, run_timeout)
-            self.workspace = validate_workspace(workspace) if workspace is not None else None
-            # connectors: their sources (mounted read-only) and the run's secrets, checked before anything starts
-            self.tool_sources = connectors.tool_sources([tools] if isinstance(tools, str | os.PathLike) else tools)
+            opts = RunOptions.resolve(
+                policy, tool=tool, sandbox=sandbox, image=image, workspace=workspace, tools=tools,
+                run_timeout=run_timeout, engine=engine, egress_network=egress_network, egress_proxy=egress_proxy,
+                ca_file=ca_file, audit=audit, keep=keep,
+            )  # fmt: skip
+        self.options = opts
+        self.policy, self.kind, self.image, self.tool = opts.policy, opts.kind, opts.image, opts.tool
+        self.workspace, self.tool_sources, self.keep, self.audit = opts.workspace, opts.tool_sources, keep, opts.audit
+        # the run's secrets, checked against the policy before anything starts
         self._secrets = connectors.secret_store(self.policy, secrets)
         self.connector_tools: list[str] = []
-        self.tool = tool
-        # auto: the strongest the engine has; a policy's isolation minimum is checked here, before anything starts
-        self.kind: str = pool.kind if pool is not None else resolve_kind(default_kind(sandbox), self.policy, engine)
-        self.image = pool.image if pool is not None else image or os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)
-        self.keep = keep
         self.run_id = token_hex(4)
-        self.name = container_name(tool, self.run_id)
+        self.name = container_name(self.tool, self.run_id)
         self.log = logs.get_logger(run_id=self.run_id, name=self.name)
-        # audit: None -> the default log ($TOOLCAGE_AUDIT_LOG or ~/.local/state/toolcage/audit.jsonl),
-        # a path -> that log, an Audit -> it, False -> no audit log
-        self.audit: Audit | None = (
-            None if audit is False else audit if isinstance(audit, Audit) else audit_mod.shared(audit)
-        )
         self._backend: Backend = (
             NotAdopted()
             if pool is not None
             else make_backend(
                 self.kind,
                 self.policy,
-                engine=engine,
-                image=self.image,
                 name=self.name,
                 log=self.log,
-                audit=self.audit,
-                workspace=str(self.workspace) if self.workspace else None,
-                egress_network=egress_network,
-                egress_proxy=egress_proxy if egress_proxy is not None else os.environ.get("TOOLCAGE_EGRESS_PROXY"),
-                ca_pem=self._read_ca(ca_file),
+                **opts.backend_options(),
                 redact=self._secrets.redact if self._secrets else None,  # the proxy's records, before their cut
             )
         )
@@ -161,7 +136,6 @@ class Sandbox:
         self._lock = threading.Lock()  # the run's state; calls themselves run at once (answers matched by id)
         self._dead: SandboxError | None = None  # why the sandbox can take no more calls
         self._configure_answer: Callable[[], dict[str, Any] | Ended] | None = None  # pooled: still to read
-        self._expired: Expiry | None = None
         self._audited = False
         self._start_called = False
         self._closed = False
@@ -172,30 +146,8 @@ class Sandbox:
         self._calls = 0
         self._usage: dict[str, Any] = {}
         self.summary: RunSummary | None = None
-        if (
-            pool is None
-            and self.workspace is not None
-            and self._backend.sandbox_user
-            and not readable_by_sandbox(self.workspace)
-        ):
-            self.log.warning(
-                "workspace.unreadable",
-                workspace=str(self.workspace),
-                hint="the sandbox user (uid 65532) cannot read it: `chmod o+rX` the files it should see",
-            )
-
-    @staticmethod
-    def _read_ca(ca_file: str | os.PathLike[str] | None) -> str | None:
-        """An extra CA bundle SafeFetch trusts (corporate TLS inspection, test CAs)."""
-        if ca_file is None:
-            return None
-        try:
-            pem = Path(ca_file).read_text(encoding="ascii")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read CA file {ca_file}: {exc}") from None
-        if "-----BEGIN CERTIFICATE-----" not in pem:
-            raise UsageError(f"CA file {ca_file} holds no PEM certificate")
-        return pem
+        if pool is None:
+            opts.warn_unreadable_workspace(self.log, self._backend.sandbox_user)
 
     @property
     def container_id(self) -> str | None:
@@ -321,12 +273,7 @@ class Sandbox:
 
     def _started_fields(self) -> dict[str, Any]:
         """What run.started records (the log line and the audit record) besides the run's identity."""
-        return {
-            "kind": self.kind,
-            "policy": self.policy.name,
-            "policy_sha256": self.policy.sha256(),
-            "workspace": str(self.workspace) if self.workspace else None,
-        }
+        return self.options.started_fields()
 
     def _configure(self, deadline: float | None = None) -> None:
         """Hand the worker its connector sources and the secret values (the only time they cross), and
@@ -335,12 +282,12 @@ class Sandbox:
         params = connectors.configure_params(self.tool_sources, self.kind != "none", self._secrets)
         if deadline is not None:
             params["deadline"] = round(deadline, 3)
-        until = min(time.monotonic() + self.policy.timeouts.call_s + CALL_GRACE_S, self._deadline + 1.0)
+        until = timing.answer_due(time.monotonic(), None, None, self.policy.timeouts.call_s, self._deadline)
         if deadline is not None and not self.tool_sources:
             # pooled, no connectors to list: the first call goes right behind it (see _settle_configure)
-            self._configure_answer = self._session.send_now("sandbox.configure", params, until)
+            self._configure_answer = self._session.send_now(contract.CONFIGURE, params, until)
             return
-        answer = self._session.request("sandbox.configure", params, until)
+        answer = self._session.request(contract.CONFIGURE, params, until)
         if isinstance(answer, Ended):
             raise self._explain_end(answer)
         self._configured(connectors.configured(answer))
@@ -397,7 +344,6 @@ class Sandbox:
 
     def _on_expire(self, which: Expiry) -> None:
         """The run deadline or the idle timeout passed (watchdog thread): kill the sandbox now."""
-        self._expired = which
         t = self.policy.timeouts
         self.log.warning(f"run.{'deadline' if which == 'run' else 'idle'}", run_s=t.run_s, idle_s=t.idle_s)
         self._end(self._expiry_error(which))
@@ -494,7 +440,7 @@ class Sandbox:
         ``total``); it runs on the reader thread, so keep it short. ``cancel`` (a :class:`Cancel`)
         lets another thread cancel the call: its processes are killed, the sandbox stays usable
         and the call returns with status ``cancelled``."""
-        session, until = self._before_call(params, timeout)
+        session, params, until = self._before_call(tool, params, timeout)
         started = time.monotonic()
         try:
             answer = session.request(tool, params, until, on_progress=on_progress, cancel=cancel)
@@ -504,8 +450,11 @@ class Sandbox:
             raise
         return self._after_call(tool, params, answer, started)
 
-    def _before_call(self, params: dict[str, Any] | None, timeout: float | None) -> tuple[Session, float]:
-        """Check that a call can be made now; the session and the monotonic time its answer is due by.
+    def _before_call(
+        self, tool: str, params: dict[str, Any] | None, timeout: float | None
+    ) -> tuple[Session, dict[str, Any] | None, float]:
+        """Check that a call can be made now; the session, the params as sent (a child's timeout cut to
+        the time left in the run, toolcage.timing) and the monotonic time the answer is due by.
         Calls from several threads (or tasks) run at once: the worker matches answers by id."""
         if params is not None and not isinstance(params, dict):
             raise UsageError("params must be a JSON object")
@@ -514,13 +463,9 @@ class Sandbox:
                 raise self._dead
             if self._session is None or not self._session.connected or self._closed:
                 raise UsageError("the sandbox is not running: use it as a context manager or call start()")
-            wait = timeout
-            if wait is None:
-                declared = (params or {}).get("timeout_s")
-                base = declared if isinstance(declared, int | float) and declared > 0 else self.policy.timeouts.call_s
-                wait = base + CALL_GRACE_S
-            # the watchdog kills the sandbox at the deadline; the extra second covers a kill that is not seen
-            return self._session, min(time.monotonic() + wait, self._deadline + 1.0)
+            now, call_s = time.monotonic(), self.policy.timeouts.call_s
+            params = timing.fit_params(tool, params, call_s, self._deadline - now)
+            return self._session, params, timing.answer_due(now, params, timeout, call_s, self._deadline)
 
     def _after_call(
         self, tool: str, params: dict[str, Any] | None, answer: dict[str, Any] | Ended, started: float
@@ -542,7 +487,7 @@ class Sandbox:
 
     def usage(self) -> dict[str, Any]:
         """CPU time and peak memory of the whole sandbox so far (from its cgroup)."""
-        res = self.call("sandbox.usage", timeout=5)
+        res = self.call(contract.USAGE, timeout=5)
         self._usage = res.result if isinstance(res.result, dict) else {}
         return self._usage
 
@@ -552,14 +497,15 @@ class Sandbox:
         if self._session is None or not self._session.connected:
             raise UsageError("the sandbox is not running")
         self._settle_configure()
-        self._session.forward(line)
+        # the same timing contract as a call's: a child's timeout cut to the time left in the run
+        self._session.forward(timing.fit_line(line, self.policy.timeouts.call_s, self._deadline - time.monotonic()))
 
     def next_forwarded(self) -> Any:
         """Next answer to a forwarded line (dict or list); raises the SandboxError that ended the run, or
         returns None once the worker has exited cleanly after :meth:`finish_input`."""
         assert self._session is not None
         while True:
-            msg = self._session.next_forwarded(self._deadline + 1.0 - time.monotonic())
+            msg = self._session.next_forwarded(self._deadline + timing.DEADLINE_SLACK_S - time.monotonic())
             if msg is None:
                 self._on_expire("run")
                 raise self._explain_end(Ended("timeout"))
@@ -577,7 +523,11 @@ class Sandbox:
         """Audit a forwarded call like any other (`toolcage serve`)."""
         wall_ms = round((time.monotonic() - t0) * 1000, 3)
         r = from_response(method, self.run_id, response, wall_ms) or CallResult(
-            "error", method, self.run_id, error={"code": -32603, "message": "malformed response"}, wall_ms=wall_ms
+            "error",
+            method,
+            self.run_id,
+            error={"code": codes.INTERNAL_ERROR, "message": "malformed response"},
+            wall_ms=wall_ms,
         )
         self._calls += 1
         records.audit_call(self.audit, self.run_id, params, r)

@@ -121,12 +121,19 @@ def test_endless_loop_times_out_and_leaves_nothing(engine: Any) -> None:
 
 
 def test_run_deadline_kills_container(engine: Any) -> None:
-    """The run deadline kills the container even while a call is running."""
+    """A child asked to run past the run deadline is cut to the time left (status timeout, its output kept:
+    toolcage.timing); then the deadline kills the container and the next call raises SandboxTimeout."""
     t = time.monotonic()
-    with Sandbox(run_timeout=2) as sb, pytest.raises(SandboxTimeout) as info:
-        py(sb, "import time; time.sleep(30)", timeout_s=30)
+    with Sandbox(run_timeout=3) as sb:
+        r = py(sb, "print('partial', flush=True); import time; time.sleep(30)", timeout_s=30)
+        assert r.status == "timeout" and r.result["stdout"] == "partial\n", r
+        time.sleep(max(0.0, t + 3.5 - time.monotonic()))
+        with pytest.raises(SandboxTimeout) as info:
+            py(sb, "print(1)")
+        cid = sb.container_id
     assert time.monotonic() - t < 10
-    assert info.value.status == "timeout"
+    assert info.value.status == "timeout" and sb.summary is not None and sb.summary.status == "timeout"
+    assert cid is not None and not ((engine.inspect(cid) or {}).get("State") or {}).get("Running")
 
 
 def test_fork_bomb_stopped_by_pids_limit(engine: Any) -> None:
@@ -363,9 +370,13 @@ def test_cli_serve_child_oom_is_a_call_status_and_run_has_usage(engine: Any, tmp
 
 def test_cli_serve_deadline_with_a_pending_request(engine: Any) -> None:
     """At the run deadline, with a request pending and stdin open, serve answers it with -32004 and exits 3
-    (it aborted with `Fatal Python error: _enter_buffered_busy`, exit 134)."""
+    (it aborted with `Fatal Python error: _enter_buffered_busy`, exit 134). The container is frozen: a
+    code-running call is cut to the time left in the run and would answer before the deadline."""
+    import secrets
+
+    label = f"freeze{secrets.token_hex(4)}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "toolcage.cli", "serve", "--timeout", "3"],
+        [sys.executable, "-m", "toolcage.cli", "serve", "--timeout", "5", "--tool-label", label],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -375,6 +386,11 @@ def test_cli_serve_deadline_with_a_pending_request(engine: Any) -> None:
     req = {"jsonrpc": "2.0", "method": "run_python", "params": {"code": "import time; time.sleep(60)"}, "id": 9}
     proc.stdin.write((json.dumps(req) + "\n").encode())
     proc.stdin.flush()
+    until = time.monotonic() + 20
+    while not (found := engine.api.containers(filters={"name": f"toolcage-{label}-"})):
+        assert time.monotonic() < until, "the sandbox never started"
+        time.sleep(0.1)
+    engine.api.pause(found[0]["Id"])
     out, err = finish_with_stdin_open(proc, timeout=30)
     assert proc.returncode == 3 and b"Fatal Python error" not in err, err.decode()
     answer = json.loads(out)

@@ -65,7 +65,8 @@ def test_a_slot_adopted_late_gets_the_whole_run(engine: Any, tmp_path: Path, mon
         assert pool.wait_ready(timeout=60)
         time.sleep(8)  # the slot's life was idle_s + run_s + grace = 14 s from its creation; about 5 s are left
         with pool.sandbox() as sb:
-            r = sb.call("run_shell", {"command": "sleep 8; echo done", "timeout_s": 20})
+            # 6 s: past the ~5 s the stale slot had left, inside what the run may give a child (toolcage.timing)
+            r = sb.call("run_shell", {"command": "sleep 6; echo done", "timeout_s": 20})
             assert r.ok and r.result["stdout"] == "done\n", r
 
 

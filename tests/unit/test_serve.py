@@ -39,13 +39,28 @@ def _policy(tmp_path: Path, **timeouts: float) -> Path:
     return p
 
 
+def _freeze_worker(serve_pid: int) -> None:
+    """SIGSTOP the worker (its process group: its children too): a hung worker that answers nothing."""
+    until = time.monotonic() + 10
+    while time.monotonic() < until:
+        for child in Path(f"/proc/{serve_pid}/task/{serve_pid}/children").read_text().split():
+            if b"toolcage.worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+                os.killpg(int(child), signal.SIGSTOP)
+                return
+        time.sleep(0.05)
+    raise AssertionError("no worker process found")
+
+
 def test_serve_deadline_answers_pending_requests_and_exits_3(tmp_path: Path) -> None:
     """At the run deadline with a request pending and stdin still open, serve answers that id with -32004 and
-    exits 3 (it used to abort with `Fatal Python error: _enter_buffered_busy`, exit 134, and answer nothing)."""
+    exits 3 (it used to abort with `Fatal Python error: _enter_buffered_busy`, exit 134, and answer nothing).
+    The worker is frozen: a code-running call is cut to the time left and answers before the deadline."""
     proc = _serve(tmp_path, "--timeout", "2")
     assert proc.stdin is not None
     proc.stdin.write((json.dumps({**SLEEP, "id": "slow"}) + "\n").encode())
     proc.stdin.flush()  # and keep stdin open, as a long-lived client does
+    time.sleep(0.3)
+    _freeze_worker(proc.pid)
     out, err = finish_with_stdin_open(proc)
     assert proc.returncode == 3, err.decode()
     assert b"Fatal Python error" not in err

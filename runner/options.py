@@ -1,0 +1,172 @@
+"""A run's options, resolved once: what ``Sandbox``, ``Pool``, ``McpWrap`` and the CLI all take.
+
+Each door used to resolve the same keyword options on its own (the policy, the kind, the image
+from ``$TOOLCAGE_IMAGE`` with three fallbacks, the audit triad, the egress proxy, the CA file).
+``RunOptions.resolve`` does it here, before anything starts, and the result is a frozen value
+every run of the door shares; ``backend_options`` is what the backend is made from.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from toolcage.errors import UsageError
+from toolcage.policies import contract
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from toolcage.audit import Audit
+    from toolcage.connectors import ToolSource
+    from toolcage.engine import EngineAPI
+    from toolcage.policies import Policy, PolicySource
+
+
+def _default_image() -> str:
+    from toolcage import __version__
+
+    return f"toolcage-worker:{__version__}"
+
+
+DEFAULT_IMAGE = _default_image()  # the image this version builds (`toolcage image build`)
+
+
+def worker_image(image: str | None = None) -> str:
+    """The worker image a run uses: ``image`` when given, else ``$TOOLCAGE_IMAGE``, else :data:`DEFAULT_IMAGE`.
+    The one place that variable is read (the egress proxy, precheck and ``mcp wrap`` ask here too)."""
+    return image or os.environ.get(contract.ENV_IMAGE) or DEFAULT_IMAGE
+
+
+def resolve_policy(policy: PolicySource, run_timeout: float | None = None) -> Policy:
+    """The run's policy: a bundled name, a file, a mapping or a Policy (checked against the model);
+    ``run_timeout`` may only tighten its run_s."""
+    from toolcage.policies import load_policy
+
+    p = load_policy(policy)
+    if run_timeout is not None:
+        if run_timeout <= 0:
+            raise UsageError("--timeout must be a positive number of seconds")
+        # A caller may tighten the deadline, never loosen the policy's.
+        run_s = min(run_timeout, p.timeouts.run_s)
+        p = p.with_run_deadline(run_s)
+    return p
+
+
+def resolve_audit(audit: Any) -> Audit | None:
+    """None -> the default log ($TOOLCAGE_AUDIT_LOG or ~/.local/state/toolcage/audit.jsonl), a path ->
+    that log, an Audit -> it, False -> no audit log."""
+    from toolcage import audit as audit_mod
+
+    if audit is False:
+        return None
+    return audit if isinstance(audit, audit_mod.Audit) else audit_mod.shared(audit)
+
+
+def read_ca(ca_file: str | os.PathLike[str] | None) -> str | None:
+    """An extra CA bundle SafeFetch trusts (corporate TLS inspection, test CAs)."""
+    if ca_file is None:
+        return None
+    try:
+        pem = Path(ca_file).read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read CA file {ca_file}: {exc}") from None
+    if "-----BEGIN CERTIFICATE-----" not in pem:
+        raise UsageError(f"CA file {ca_file} holds no PEM certificate")
+    return pem
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything a run is made from except its secrets (those belong to the one run) and its id."""
+
+    policy: Policy
+    kind: str  # the backend: container, gvisor or none ("auto" resolved)
+    image: str
+    tool: str  # the containers' toolcage.tool label and name part
+    workspace: Path | None = None
+    tool_sources: tuple[ToolSource, ...] = ()
+    egress_network: str | None = None
+    egress_proxy: str | None = None
+    ca_pem: str | None = None
+    audit: Audit | None = None
+    keep: bool = False
+    engine: EngineAPI | None = None
+
+    @classmethod
+    def resolve(
+        cls,
+        policy: PolicySource = "default",
+        *,
+        tool: str,
+        sandbox: str | None = None,
+        image: str | None = None,
+        workspace: str | os.PathLike[str] | None = None,
+        tools: Iterable[str | os.PathLike[str]] = (),
+        run_timeout: float | None = None,
+        engine: EngineAPI | None = None,
+        egress_network: str | None = None,
+        egress_proxy: str | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
+        audit: Any = None,
+        keep: bool = False,
+    ) -> RunOptions:
+        """Check and resolve every option before anything starts (UsageError/PolicyError with the fix)."""
+        from toolcage import connectors
+        from toolcage.backends import default_kind, resolve_kind
+        from toolcage.workspace import validate_workspace
+
+        pol = resolve_policy(policy, run_timeout)
+        return cls(
+            policy=pol,
+            # auto: the strongest the engine has; a policy's isolation minimum is checked here
+            kind=resolve_kind(default_kind(sandbox), pol, engine),
+            image=worker_image(image),
+            tool=tool,
+            workspace=validate_workspace(workspace) if workspace is not None else None,
+            # connectors: their sources, mounted read-only, checked before anything starts
+            tool_sources=connectors.tool_sources([tools] if isinstance(tools, str | os.PathLike) else tools),
+            egress_network=egress_network,
+            egress_proxy=egress_proxy if egress_proxy is not None else os.environ.get(contract.ENV_EGRESS_PROXY),
+            ca_pem=read_ca(ca_file),
+            audit=resolve_audit(audit),
+            keep=keep,
+            engine=engine,
+        )
+
+    def backend_options(self) -> dict[str, Any]:
+        """What ``backends.make_backend`` takes from the options (the run adds its name, log and redaction)."""
+        return {
+            "engine": self.engine,
+            "image": self.image,
+            "audit": self.audit,
+            "workspace": str(self.workspace) if self.workspace else None,
+            "egress_network": self.egress_network,
+            "egress_proxy": self.egress_proxy,
+            "ca_pem": self.ca_pem,
+        }
+
+    def started_fields(self) -> dict[str, Any]:
+        """What every run's ``run.started`` records about its options (log line and audit record alike)."""
+        return {
+            "kind": self.kind,
+            "policy": self.policy.name,
+            "policy_sha256": self.policy.sha256(),
+            "workspace": str(self.workspace) if self.workspace else None,
+        }
+
+    def warn_unreadable_workspace(self, log: Any, sandbox_user: bool) -> None:
+        """A workspace the sandbox user cannot read is mounted all the same: say so once, with the fix."""
+        from toolcage.workspace import readable_by_sandbox
+
+        if self.workspace is not None and sandbox_user and not readable_by_sandbox(self.workspace):
+            log.warning(
+                "workspace.unreadable",
+                workspace=str(self.workspace),
+                hint=f"the sandbox user (uid {contract.SANDBOX_UID}) cannot read it: `chmod o+rX` what it should see",
+            )
+
+
+__all__ = ["DEFAULT_IMAGE", "RunOptions", "read_ca", "resolve_audit", "resolve_policy", "worker_image"]
