@@ -16,7 +16,7 @@ if [ ! -x .venv/bin/python ]; then
   step "creating .venv"
   "$PY" -m venv .venv
 fi
-step "installing toolcage into .venv"
+step "installing toolcage into .venv"  # dev: the test tools and the mcp extra (the SDK of `toolcage mcp serve`)
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 step "building the worker image (idempotent; the first build takes a minute or two)"
 .venv/bin/toolcage image build >&2

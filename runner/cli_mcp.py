@@ -36,9 +36,14 @@ def _serve_command() -> Any:
         stdout carries MCP only; diagnostics go to stderr.
         """
         from toolcage.cli import _policy, _pool, _sandbox
-        from toolcage.mcp_server import serve as serve_mcp
 
         use_json(False)  # stdout is the MCP stream: errors go to stderr only
+        try:
+            from toolcage.mcp_server import serve as serve_mcp
+        except ModuleNotFoundError as exc:  # the MCP SDK is an extra; its message names it
+            if "toolcage[mcp]" not in str(exc):
+                raise
+            raise UsageError(str(exc)) from None
         _policy(opts)  # a bad policy or --timeout fails here, before anything starts
         if pool_size is None:
             serve_mcp(lambda: _sandbox("mcp", opts), fresh_per_call=fresh_per_call)

@@ -1,6 +1,7 @@
 """``toolcage mcp serve``: the cage as an MCP server on stdio, built on the official MCP SDK's low-level Server.
 
-Imported only by that command, so ``import toolcage`` and the worker never load the SDK. The pure
+Imported only by that command, so ``import toolcage`` and the worker never load the SDK; the SDK is the
+``toolcage[mcp]`` extra, and without it this import says so. The pure
 pieces (a tool listing as MCP tools, a CallResult or a dead sandbox as an MCP tool result) are plain
 dicts, unit-tested without Docker; the SDK validates them into its types at the edge.
 """
@@ -14,15 +15,22 @@ from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
 from typing import Any
 
-import anyio
-import anyio.from_thread
-import anyio.lowlevel
-import anyio.to_thread
-import mcp_types as types
-from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
-from mcp.shared.exceptions import MCPError
-from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+try:
+    import anyio
+    import anyio.from_thread
+    import anyio.lowlevel
+    import anyio.to_thread
+    import mcp_types as types
+    from mcp.server.lowlevel import Server
+    from mcp.server.stdio import stdio_server
+    from mcp.shared.exceptions import MCPError
+    from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+except ModuleNotFoundError as exc:  # the SDK is an extra: the core installs beside frameworks that pin mcp 1.x
+    if (exc.name or "").partition(".")[0] not in ("mcp", "mcp_types", "anyio"):
+        raise
+    raise ModuleNotFoundError(
+        f"toolcage mcp serve needs the MCP SDK ({exc.name} is missing): pip install 'toolcage[mcp]'", name=exc.name
+    ) from None
 
 from toolcage.bridge import _lines
 from toolcage.errors import SandboxError, ToolcageError
