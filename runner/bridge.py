@@ -143,10 +143,10 @@ class _Out:
 
 
 def _answer_unanswered(outfile: _Out, pending: _Pending, exc: SandboxError) -> None:
-    error = {"code": SANDBOX_ENDED, "message": exc.message, "data": {"status": exc.status, "reason": exc.reason}}
+    data = {"status": exc.status, "reason": exc.reason}
     for req_id in pending.unanswered():
         try:
-            outfile.write({"jsonrpc": "2.0", "error": error, "id": req_id})
+            outfile.write(error_response(req_id, SANDBOX_ENDED, exc.message, data))
         except OSError:
             return  # nobody reads our stdout any more
 

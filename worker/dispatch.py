@@ -39,11 +39,7 @@ from jsonrpcserver.result import Error, Result, Success  # noqa: E402
 from jsonrpcserver.sentinels import NOCONTEXT  # noqa: E402
 from oslash.either import Left  # noqa: E402
 
-_TOO_LONG = {
-    "jsonrpc": "2.0",
-    "error": {"code": codes.INVALID_REQUEST, "message": "Invalid request", "data": "request line too long"},
-    "id": None,
-}
+_TOO_LONG = codes.error_response(None, codes.INVALID_REQUEST, "Invalid request", "request line too long")
 
 
 def validate_request(deserialized: Any) -> Any:
