@@ -19,20 +19,18 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
-from secrets import token_hex
 from typing import Any, TextIO
 
-from toolcage import logs, ownership, records, timing
+from toolcage import records, timing
 from toolcage.audit import Audit
 from toolcage.backends import make_backend
-from toolcage.config import RunSpec, container_name
 from toolcage.engine import EngineAPI
 from toolcage.errors import UsageError
 from toolcage.mcp_relay import Actions, Call, Relay, ToolFilter, error
 from toolcage.options import RunOptions
 from toolcage.policies import Policy, codes
 from toolcage.results import CallResult
+from toolcage.run import Run
 from toolcage.textsafe import dumps, escape
 from toolcage.transport import StreamParser, Transport
 from toolcage.watchdog import Expiry, Watchdog
@@ -147,9 +145,8 @@ class McpWrap:
         self.audit: Audit | None = self.options.audit
         self.secrets = secret_store(secrets or {})
         self.filter = tool_filter or ToolFilter()
-        self.run_id = token_hex(4)
-        self.name = container_name(TOOL_LABEL, self.run_id)
-        self.log = logs.get_logger(run_id=self.run_id, name=self.name)
+        self._run = Run(self.options)
+        self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log
         # a container of either kind: the server is third-party code (never "none", which runs on the host)
         if self.kind == "none":
             raise UsageError(WRAP_NEEDS_A_CONTAINER)
@@ -180,7 +177,8 @@ class McpWrap:
         self._audit_start()
         watchdog: Watchdog | None = None
         try:
-            self._transport = self._backend.start(self._run_spec(), self._stream)
+            spec = self._run.spec(self._run.deadline_from_now(), entrypoint=LAUNCHER)
+            self._transport = self._backend.start(spec, self._stream)
             config = json.dumps({"argv": self.argv, "env": self.secrets.wire()}) + "\n"
             self._transport.send(config.encode(), time.monotonic() + START_TIMEOUT_S)
             self.log.info("run.started", container_id=self._backend.container_id, command=self._command())
@@ -217,15 +215,6 @@ class McpWrap:
                 watchdog.stop()
             self._close(started)
 
-    def _run_spec(self) -> RunSpec:
-        host_pid, owner_started = ownership.owner()
-        return RunSpec(
-            run_id=self.run_id, tool=TOOL_LABEL, image=self.image, policy_name=self.policy.name,
-            started_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
-            deadline=time.time() + self.policy.timeouts.run_s, owner=host_pid, owner_started=owner_started,
-            workspace=self.workspace, keep=self.keep, entrypoint=LAUNCHER,
-        )  # fmt: skip
-
     def _command(self) -> list[str]:
         """The command as logged and audited: its arguments redacted, in case a secret was typed there too."""
         return [self.secrets.redact_text(a)[:200] for a in self.argv[:32]]
@@ -233,11 +222,9 @@ class McpWrap:
     def _audit_start(self) -> None:
         if self.audit is None:
             return
-        self.audit.event(
-            "run.started", run_id=self.run_id, name=self.name, tool=TOOL_LABEL, image=self.image,
-            image_id=self._backend.image_id(), owner=ownership.owner()[0], network=self.policy.network.mode,
-            **self.options.started_fields(), command=self._command(),
-            secrets=self.secrets.names(), deny_tools=sorted(self.filter.deny),
+        self._run.audit_started(
+            self._backend.image_id(), command=self._command(), secrets=self.secrets.names(),
+            deny_tools=sorted(self.filter.deny),
             allow_tools=sorted(self.filter.allow) if self.filter.allow is not None else None,
         )  # fmt: skip
 
@@ -251,11 +238,7 @@ class McpWrap:
             status = self.ended[0] if self.ended is not None else "ok"
             wall_ms = round((time.monotonic() - started) * 1000, 3)
             self.log.info("run.finished", status=status, wall_ms=wall_ms, calls=self._calls)
-            if self.audit is not None:
-                self.audit.event(
-                    "run.finished", run_id=self.run_id, name=self.name, container_id=self._backend.container_id,
-                    status=status, duration_ms=wall_ms, calls=self._calls, oom_killed=status == "oom_killed",
-                )  # fmt: skip
+            self._run.audit_finished(status, self._backend.container_id, wall_ms, self._calls)
 
     # the ways it ends --------------------------------------------------------------------
     def end(self, status: str, reason: str, message: str, *, quiet: bool = False, exit_code: int = EXIT_FAILED) -> None:

@@ -22,29 +22,29 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from secrets import token_hex
 from typing import Any
 
 from toolcage import logs, ownership, removal, timing
 from toolcage.audit import Audit
-from toolcage.backends import Backend, ExitStatus, make_backend
-from toolcage.config import RunSpec, container_name
+from toolcage.backends import Backend, make_backend
 from toolcage.engine import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.options import RunOptions
 from toolcage.policies import PolicySource, contract
+from toolcage.run import Run
 from toolcage.session import Ended, Session
 
 READY_WAIT_S = 30.0  # a slot's worker must answer its first ping within this
 SLOT_GRACE_S = 10.0  # on top of idle_s + run_s in a slot's deadline label: the pool's own checks come first
-FAIL_BACKOFF_S = (0.5, 5.0)
+FAIL_BACKOFF_S = (0.5, 5.0)  # after a slot failed to start: first and longest pause before the next try
 ADOPT_MARGIN_S = 1.0  # a slot is handed out only with run_s + this much of its life left (see _has_a_run_left)
 # a replacement starts this long after its slot was taken, not at once: starting a container keeps
 # both cores of a small host busy (dockerd, runc), and the run that just adopted a slot would wait
 # behind it for its first answers. Every slot waiting when the run began is still there to take.
-REFILL_DELAY_S = 0.05  # after a slot failed to start: first and longest pause before the next try
+REFILL_DELAY_S = 0.05
 
 
 class _Slot:
@@ -52,7 +52,8 @@ class _Slot:
 
     def __init__(self, pool: Pool, run_id: str, name: str, backend: Backend) -> None:
         self.pool, self.run_id, self.name, self.backend = pool, run_id, name, backend
-        self.owner: Any = None  # the Sandbox that adopted it
+        # the adopting run's log, protocol-violation handler and redaction (adopted_by); None until then
+        self.owner: tuple[Any, Callable[[str], None], Callable[[Any], Any] | None] | None = None
         self.created = time.monotonic()
         self.created_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self.image_id: str | None = None
@@ -60,70 +61,27 @@ class _Slot:
         self.session: Session | None = None
         self.retired = False
 
+    def adopted_by(self, log: Any, on_broken: Callable[[str], None], redact: Callable[[Any], Any] | None) -> None:
+        """The run that took the slot: from now on the session's callbacks reach it (no reaching into it)."""
+        self.owner = (log, on_broken, redact)
+
     # the session's callbacks (reader thread) ------------------------------------------------
     def stderr_line(self, line: str) -> None:
         owner = self.owner
-        (owner.log if owner is not None else self.pool.log).debug("worker.stderr", line=line, run_id=self.run_id)
+        (owner[0] if owner is not None else self.pool.log).debug("worker.stderr", line=line, run_id=self.run_id)
 
     def broken(self, reason: str) -> None:
         owner = self.owner
         if owner is not None:
-            owner._on_protocol_violation(reason)
+            owner[1](reason)
         else:  # nobody's run yet: it is simply not handed out
             self.pool.log.warning("pool.slot_broken", run_id=self.run_id, reason=reason)
             self.backend.kill()
 
     def redact(self, obj: Any) -> Any:
         owner = self.owner
-        store = owner._secrets if owner is not None else None
-        return store.redact(obj) if store else obj
-
-
-class SlotBackend:
-    """The adopting run's view of its slot's backend: kill at once, removal in the pool's background."""
-
-    sandbox_user = True
-
-    def __init__(self, slot: _Slot) -> None:
-        self._slot = slot
-        self.container_id = slot.backend.container_id  # started before adoption: known, and never changes
-
-    def image_id(self) -> str | None:
-        return self._slot.image_id  # read when the slot was made: no engine round trip on adoption
-
-    def start(self, run: RunSpec, parser: Any) -> Any:
-        raise UsageError("a pooled sandbox is started by its pool")
-
-    def kill(self) -> None:
-        self._slot.backend.kill()
-
-    def exit_status(self, timeout: float) -> ExitStatus:
-        return self._slot.backend.exit_status(timeout)
-
-    def remove(self, keep: bool) -> None:
-        self._slot.pool._retire(self._slot, "used")  # off the caller's path: the pool's remover does it
-
-
-class NotAdopted:
-    """A ``Sandbox(pool=...)`` before ``start()``: nothing exists yet."""
-
-    sandbox_user = True
-    container_id: str | None = None
-
-    def image_id(self) -> str | None:
-        return None
-
-    def start(self, run: RunSpec, parser: Any) -> Any:
-        raise UsageError("a pooled sandbox is started by its pool")
-
-    def kill(self) -> None:
-        return None
-
-    def exit_status(self, timeout: float) -> ExitStatus:
-        return ExitStatus(None)
-
-    def remove(self, keep: bool) -> None:
-        return None
+        redact = owner[2] if owner is not None else None
+        return redact(obj) if redact is not None else obj
 
 
 _POOLS: weakref.WeakSet[Pool] = weakref.WeakSet()
@@ -325,9 +283,8 @@ class Pool:
             self._retire(self._ready.popleft(), "idle")
 
     def _make_slot(self) -> _Slot:
-        run_id = token_hex(4)
-        name = container_name(self.tool, run_id)
-        log = logs.get_logger(run_id=run_id, name=name, pool=self.id)
+        run = Run(self.options, pool=self.id)
+        run_id, name, log = run.run_id, run.name, run.log
         made: list[_Slot] = []
 
         def redact(rec: Any) -> Any:  # the proxy's records, with the adopting run's secrets (slot.redact)
@@ -340,26 +297,16 @@ class Pool:
         made.append(slot)
         slot.image_id = backend.image_id()
         session = Session(
-            max_line=16 * self.policy.limits.output_cap + (1 << 20),
+            max_line=run.max_line,
             on_stderr_line=slot.stderr_line,
             on_broken=slot.broken,
             redact=slot.redact,
         )
         slot.session = session
-        host_pid, started = ownership.owner()
-        t = self.policy.timeouts
-        spec = RunSpec(
-            run_id=run_id,
-            tool=self.tool,
-            image=self.image,
-            policy_name=self.policy.name,
-            started_at=slot.created_at,
+        spec = run.spec(
             # the slot's longest life: idle_s waiting, then one run; the run's own deadline comes at adoption
-            deadline=time.time() + self.idle_s + t.run_s + SLOT_GRACE_S,
-            owner=host_pid,
-            owner_started=started,
-            workspace=self.workspace,
-            tool_mounts=tuple((str(src.path), src.target) for src in self.tool_sources),
+            time.time() + self.idle_s + self.policy.timeouts.run_s + SLOT_GRACE_S,
+            started_at=slot.created_at,
             pool=self.id,
             extra_env={contract.ENV_POOLED: "1"},  # the worker readies what adoption needs while it waits
         )
@@ -368,7 +315,7 @@ class Pool:
             self.audit.event(
                 "pool.slot_created", run_id=run_id, name=name, pool=self.id, tool=self.tool, image=self.image,
                 image_id=slot.image_id, policy=self.policy.name, policy_sha256=self.policy.sha256(),
-                workspace=str(self.workspace) if self.workspace else None, owner=host_pid,
+                workspace=str(self.workspace) if self.workspace else None, owner=ownership.owner()[0],
                 network=self.policy.network.mode,
             )  # fmt: skip
         try:

@@ -4,7 +4,9 @@ Lifecycle: audit ``run.started`` → backend start → calls through one session
 Everything is removed on every exit path (normal close, exceptions, SIGINT/SIGTERM,
 interpreter exit) unless ``keep=True``; the run deadline and the idle timeout kill it.
 Which backend runs the worker is the backend's business (``toolcage.backends``); which
-answer belongs to which call, the session's (``toolcage.session``).
+answer belongs to which call, the session's (``toolcage.session``); the options a run is made
+from, ``toolcage.options``; its id, container spec and audit records, ``toolcage.run``; how long
+a call may take, ``toolcage.timing``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
-from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
-from toolcage import connectors, logs, ownership, records, removal, timing
+from toolcage import connectors, records, removal, timing
 from toolcage.backends import Backend, make_backend
-from toolcage.config import RunSpec, container_name
 from toolcage.engine import EngineAPI
 from toolcage.errors import (
     ProtocolError,
@@ -38,8 +37,8 @@ from toolcage.options import DEFAULT_IMAGE as DEFAULT_IMAGE  # re-exported: tool
 from toolcage.options import RunOptions, resolve_audit
 from toolcage.options import resolve_policy as resolve_policy  # re-exported: its home is toolcage.options
 from toolcage.policies import PolicySource, codes, contract
-from toolcage.pool import NotAdopted, SlotBackend
 from toolcage.results import CallResult, RunSummary, from_response
+from toolcage.run import AdoptedBackend, NotAdopted, Run
 from toolcage.session import Cancel, Ended, OnProgress, Session
 from toolcage.transport import Broken, StreamParser
 from toolcage.watchdog import Expiry, Watchdog
@@ -116,9 +115,8 @@ class Sandbox:
         # the run's secrets, checked against the policy before anything starts
         self._secrets = connectors.secret_store(self.policy, secrets)
         self.connector_tools: list[str] = []
-        self.run_id = token_hex(4)
-        self.name = container_name(self.tool, self.run_id)
-        self.log = logs.get_logger(run_id=self.run_id, name=self.name)
+        self._run = Run(opts)  # a pooled run takes its slot's id at adoption (the container's labels carry it)
+        self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log
         self._backend: Backend = (
             NotAdopted()
             if pool is not None
@@ -189,7 +187,7 @@ class Sandbox:
         self._started = time.monotonic()
         self._deadline = self._started + self.policy.timeouts.run_s
         self._session = Session(
-            max_line=16 * self.policy.limits.output_cap + (1 << 20),
+            max_line=self._run.max_line,
             on_stderr_line=lambda line: self.log.debug("worker.stderr", line=line),  # shown with -vv
             on_broken=self._on_protocol_violation,
             redact=self._secrets.redact if self._secrets else None,  # after the worker's own redaction
@@ -198,21 +196,11 @@ class Sandbox:
             _LIVE.add(self)
         started = self._started_fields()
         if self.audit is not None:
-            # on disk before the container exists: a runner killed right after creating it still leaves a trace
-            self.audit.event(
-                "run.started",
-                run_id=self.run_id,
-                name=self.name,
-                tool=self.tool,
-                image=self.image,
-                image_id=self._backend.image_id(),
-                owner=ownership.owner()[0],
-                network=self.policy.network.mode,
-                **started,
-            )
+            self._run.audit_started(self._backend.image_id())  # on disk before the container exists
             self._audited = True
         try:
-            self._session.connect(self._backend.start(self._run_spec(), self._session.parser))
+            spec = self._run.spec(self._run.deadline_from_now())
+            self._session.connect(self._backend.start(spec, self._session.parser))
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 self.interrupt()
@@ -239,10 +227,11 @@ class Sandbox:
         slot = pool.take()
         self._started = time.monotonic()
         self._deadline = self._started + self.policy.timeouts.run_s
-        self.run_id, self.name = slot.run_id, slot.name
-        self.log = logs.get_logger(run_id=self.run_id, name=self.name, pool=pool.id)
-        self._backend, self._session = SlotBackend(slot), slot.session
-        slot.owner = self  # the session's callbacks (protocol violations, stderr, redaction) now reach this run
+        self._run = Run(self.options, slot.run_id, pool=pool.id)
+        self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log
+        self._backend, self._session = AdoptedBackend(slot), slot.session
+        # the session's callbacks (stderr, protocol violations, redaction) now reach this run
+        slot.adopted_by(self.log, self._on_protocol_violation, self._secrets.redact if self._secrets else None)
         with _LIVE_LOCK:
             _LIVE.add(self)
         self._running = True
@@ -253,11 +242,9 @@ class Sandbox:
         if self.audit is not None:
             # queued, not fsynced here (an fsync would wait out the batch of the last run's records): the
             # slot's pool.slot_created record was on disk before its container existed
-            self.audit.event_later(
-                "run.started", run_id=self.run_id, name=self.name, tool=self.tool, image=self.image,
-                image_id=slot.image_id, owner=ownership.owner()[0], network=self.policy.network.mode,
-                pool=pool.id, container_id=self.container_id, slot_created_at=slot.created_at,
-                slot_age_ms=round((self._started - slot.created) * 1000), **started,
+            self._run.audit_started(
+                slot.image_id, later=True, pool=pool.id, container_id=self.container_id,
+                slot_created_at=slot.created_at, slot_age_ms=round((self._started - slot.created) * 1000),
             )  # fmt: skip
             self._audited = True
         self._watchdog = Watchdog(
@@ -319,22 +306,6 @@ class Sandbox:
                 tools=self.connector_tools,
                 secrets=took.get("secrets"),
             )
-
-    def _run_spec(self) -> RunSpec:
-        host_pid, started = ownership.owner()
-        return RunSpec(
-            run_id=self.run_id,
-            tool=self.tool,
-            image=self.image,
-            policy_name=self.policy.name,
-            started_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
-            deadline=time.time() + self.policy.timeouts.run_s,
-            owner=host_pid,
-            owner_started=started,
-            workspace=self.workspace,
-            keep=self.keep,
-            tool_mounts=tuple((str(src.path), src.target) for src in self.tool_sources),
-        )
 
     # the ways a run ends early -----------------------------------------------------------
     def _on_protocol_violation(self, reason: str) -> None:
@@ -582,18 +553,9 @@ class Sandbox:
         self.log.info("run.finished", **self.summary.to_dict())
         if self.audit is not None and self._audited:
             records.flush_refusals(self.run_id)  # the refused egress counted since the last flush, before the end
-            # pooled: queued like its run.started (on disk within the writer's batch window)
-            record = self.audit.event_later if self._pool is not None else self.audit.event
-            record(
-                "run.finished",
-                run_id=self.run_id,
-                name=self.name,
-                container_id=self.container_id,
-                status=status,
-                duration_ms=self.summary.wall_ms,
-                cpu_ms=self.summary.cpu_ms,
-                peak_memory_bytes=self.summary.peak_memory_bytes,
-                oom_killed=status == "oom_killed",  # the run itself; a call's child OOM is that call's status
-                calls=self._calls,
-            )
+            self._run.audit_finished(
+                status, self.container_id, self.summary.wall_ms, self._calls,
+                cpu_ms=self.summary.cpu_ms, peak_memory_bytes=self.summary.peak_memory_bytes,
+                later=self._pool is not None,  # pooled: queued like its run.started (within the writer's batch)
+            )  # fmt: skip
         return self.summary

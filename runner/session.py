@@ -82,7 +82,6 @@ class Cancel:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cancelled = False
-        self._reason: str | None = None
         self._send: Callable[[str | None], None] | None = None
 
     @property
@@ -93,7 +92,7 @@ class Cancel:
         with self._lock:
             if self._cancelled:
                 return
-            self._cancelled, self._reason, send = True, reason, self._send
+            self._cancelled, send = True, self._send
         if send is not None:
             send(reason)
 

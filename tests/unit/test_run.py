@@ -1,0 +1,61 @@
+"""toolcage.run: one place builds a run's RunSpec and its run.started/run.finished records, for every door."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+from toolcage.options import RunOptions
+from toolcage.policies import load_policy
+from toolcage.run import Run
+
+
+class _Audit:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, dict[str, Any]]] = []
+
+    def event(self, event: str, /, **fields: Any) -> None:
+        self.records.append(("now", event, fields))
+
+    def event_later(self, event: str, /, **fields: Any) -> None:
+        self.records.append(("later", event, fields))
+
+
+def _options(audit: Any, tool: str = "session") -> RunOptions:
+    return RunOptions(policy=load_policy("default"), kind="container", image="img:1", tool=tool, audit=audit)
+
+
+def test_the_spec_is_the_runs() -> None:
+    """The RunSpec carries the run's id, tool label, image, policy and deadline; a door adds only its own fields."""
+    run = Run(_options(None, tool="mcp-wrap"))
+    spec = run.spec(123.0, entrypoint=("x",))
+    assert (spec.run_id, spec.tool, spec.image, spec.policy_name, spec.deadline) == (
+        run.run_id,
+        "mcp-wrap",
+        "img:1",
+        "default",
+        123.0,
+    )
+    assert spec.entrypoint == ("x",) and run.name.endswith(run.run_id) and "mcp-wrap" in run.name
+
+
+def test_every_door_records_the_same_fields() -> None:
+    """run.started and run.finished have one field set; a door's extras come on top (pooled: queued, not fsynced)."""
+    audit = _Audit()
+    plain, pooled = Run(_options(audit)), Run(_options(audit), "abcd1234", pool="p1")
+    plain.audit_started("sha256:x")
+    pooled.audit_started("sha256:x", later=True, pool="p1")
+    plain.audit_finished("ok", "cid", 1.0, 2)
+    pooled.audit_finished("oom_killed", "cid", 1.0, 2, cpu_ms=3.0, later=True)
+    (w1, s1, a), (w2, s2, b), (w3, f1, c), (w4, f2, d) = audit.records
+    assert (w1, w2, w3, w4) == ("now", "later", "now", "later") and {s1, s2} == {"run.started"}
+    assert set(b) - set(a) == {"pool"} and set(a) <= set(b) and b["run_id"] == "abcd1234"
+    assert {"kind", "policy", "policy_sha256", "workspace", "image_id", "owner", "network"} <= set(a)
+    assert {f1, f2} == {"run.finished"} and set(c) == set(d) and d["oom_killed"] and not c["oom_killed"]
+
+
+def test_sandbox_and_pool_do_not_import_each_other() -> None:
+    """Importing the Sandbox does not load the pool (the pool imports Sandbox only to make one): no cycle."""
+    code = "import sys, toolcage.sandbox; assert 'toolcage.pool' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
