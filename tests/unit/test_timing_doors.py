@@ -70,3 +70,26 @@ def test_serve(short: Path) -> None:
     answer = json.loads(out.stdout.splitlines()[0])
     assert answer["id"] == 1 and "result" in answer, (answer, out.stderr)
     _same("timeout" if answer["result"]["timed_out"] else "ok", answer["result"])
+
+
+def test_mcp_serve(short: Path) -> None:
+    """`toolcage mcp serve`: an isError result naming status timeout, with the output."""
+    import anyio
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    log = str(short.with_name("audit.jsonl"))
+    args = ["-m", "toolcage.cli", "mcp", "serve", "--sandbox", "none", "--policy", str(short), "--audit-log", log]
+    params = StdioServerParameters(command=sys.executable, args=args, cwd=str(ROOT))
+    texts: list[str] = []
+
+    async def main() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            res = await session.call_tool("run_shell", dict(CALL))
+            assert res.is_error
+            texts.extend(c.text for c in res.content if c.type == "text")
+
+    anyio.run(main)
+    text = "\n".join(texts)
+    assert "status timeout" in text and '"stdout": "partial\\n"' in text, text
