@@ -16,26 +16,55 @@ from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
 from toolcage import logs, ownership
-from toolcage.backends import ExitStatus
+from toolcage.backends import Backend, ExitStatus
 from toolcage.config import RunSpec, container_name
-from toolcage.errors import UsageError
+from toolcage.errors import (
+    ProtocolError,
+    SandboxError,
+    SandboxInterrupted,
+    SandboxOOM,
+    SandboxTimeout,
+    UsageError,
+    WorkerCrashed,
+)
+from toolcage.session import Ended, Session
+from toolcage.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from toolcage.options import RunOptions
+    from toolcage.watchdog import Expiry
+
+EXIT_WAIT_S = 5.0  # how long to wait for a worker whose stream ended to report its exit
 
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+def interrupted_error(run_id: str) -> SandboxError:
+    """The run was stopped by its runner (SIGINT, SIGTERM, KeyboardInterrupt) mid-way."""
+    return SandboxInterrupted("the run was interrupted; the sandbox was killed", run_id=run_id)
+
+
 class Run:
-    """A run's id, name and log, its RunSpec and its audit records (``run.started``, ``run.finished``)."""
+    """A run's id, name and log, its RunSpec, its audit records (``run.started``, ``run.finished``), its
+    clock and why it ended (the first reason wins; the sandbox is killed from whichever thread saw it)."""
 
     def __init__(self, options: RunOptions, run_id: str | None = None, **log_context: Any) -> None:
         self.options = options
         self.run_id = run_id or token_hex(4)
         self.name = container_name(options.tool, self.run_id)
         self.log = logs.get_logger(run_id=self.run_id, name=self.name, **log_context)
+        self.backend: Backend = NotAdopted()  # what runs it (set by its door)
+        self.session: Session | None = None  # its one session with the worker
+        self.dead: SandboxError | None = None  # why the run can take no more calls
+        self.started = 0.0  # monotonic, set by start_clock()
+        self.deadline = 0.0  # monotonic: started + run_s
+
+    def start_clock(self) -> None:
+        """The run starts now: its deadline is run_s from here (a pooled run: from adoption)."""
+        self.started = time.monotonic()
+        self.deadline = self.started + self.options.policy.timeouts.run_s
 
     @property
     def max_line(self) -> int:
@@ -117,6 +146,98 @@ class Run:
             calls=calls,
         )
 
+    def watch(self, session: Session) -> Watchdog:
+        """The run's watchdog, started: its deadline and its idle timeout end it (``on_expire``)."""
+        t = self.options.policy.timeouts
+        return Watchdog(self.deadline, t.idle_s, session.busy, lambda: session.last_activity, self.on_expire).start()
+
+    # the ways a run ends early -----------------------------------------------------------
+    def on_protocol_violation(self, reason: str) -> None:
+        """The stream broke (reader thread): kill the sandbox now, even if no call is waiting."""
+        self.log.warning("run.protocol_violation", reason=reason)
+        self.end(ProtocolError(f"protocol error: {reason}; the sandbox was killed"))
+
+    def on_expire(self, which: Expiry) -> None:
+        """The run deadline or the idle timeout passed (watchdog thread): kill the sandbox now."""
+        t = self.options.policy.timeouts
+        self.log.warning(f"run.{'deadline' if which == 'run' else 'idle'}", run_s=t.run_s, idle_s=t.idle_s)
+        self.end(self.expiry_error(which))
+
+    def expiry_error(self, which: Expiry) -> SandboxTimeout:
+        t = self.options.policy.timeouts
+        if which == "run":
+            return SandboxTimeout(f"run exceeded its deadline of {t.run_s:g}s (timeouts.run_s); the sandbox was killed")
+        return SandboxTimeout(
+            f"the sandbox was idle for {t.idle_s:g}s (timeouts.idle_s); the sandbox was killed", reason_detail="idle"
+        )
+
+    def interrupt(self) -> SandboxError:
+        """Stop the run now (SIGINT, SIGTERM): kill the sandbox, record ``interrupted``; never waits on
+        the worker. Returns why the run ended (an earlier reason, such as the deadline, wins)."""
+        self.end(interrupted_error(self.run_id))
+        assert self.dead is not None
+        return self.dead
+
+    def end(self, exc: SandboxError) -> None:
+        """The first reason the run ended wins; the sandbox is killed at once from whichever thread saw it."""
+        self.fail(exc)
+        self.backend.kill()
+
+    def fail(self, exc: SandboxError) -> SandboxError:
+        exc.details.setdefault("run_id", self.run_id)
+        if self.dead is None:
+            self.dead = exc
+        return self.dead
+
+    def explain_end(self, end: Ended) -> SandboxError:
+        """Why no answer came, as the error the caller gets (the sandbox is dead by then)."""
+        if self.dead is not None:
+            self.backend.kill()
+            return self.dead
+        if end.how == "broken":
+            self.end(ProtocolError(f"protocol error: {end.reason}; the sandbox was killed"))
+        elif end.how == "timeout":
+            if time.monotonic() >= self.deadline:
+                self.on_expire("run")
+            else:
+                self.end(
+                    SandboxTimeout(
+                        "the worker did not answer within the call timeout; the sandbox was killed",
+                        reason_detail="call",
+                    )
+                )
+        else:
+            self.fail(self.explain_exit() or WorkerCrashed("the worker exited while a call was pending"))
+        assert self.dead is not None
+        return self.dead
+
+    def explain_exit(self, clean_ok: bool = False) -> SandboxError | None:
+        """The worker's stream ended: find out why (deadline, OOM, crash); None if it ended cleanly."""
+        if self.dead is not None:
+            return self.dead
+        status = self.backend.exit_status(EXIT_WAIT_S)
+        if self.dead is not None:  # the watchdog or the parser saw it first
+            return self.dead
+        if status.removed:
+            from toolcage.reaper import removed_message
+
+            path = getattr(self.options.audit, "path", None)
+            msg, details = removed_message(path, self.backend.container_id or "")
+            return WorkerCrashed(msg, exit_code=status.exit_code, **details)
+        if clean_ok and status.exit_code == 0:
+            return None  # a child's OOM kill along the way was that call's status, not the run's
+        if status.oom_killed:
+            return SandboxOOM(
+                f"the worker was killed by the memory limit ({self.options.policy.limits.memory} bytes)",
+                exit_code=status.exit_code,
+            )
+        tail = self.session.parser.stderr_tail() if self.session else ""
+        return WorkerCrashed(
+            f"the worker exited unexpectedly (exit code {status.exit_code})",
+            exit_code=status.exit_code,
+            stderr_tail=tail[-2000:],
+        )
+
 
 class AdoptedBackend:
     """The adopting run's view of a pool's slot: kill at once, removal in the pool's background."""
@@ -165,4 +286,4 @@ class NotAdopted:
         return None
 
 
-__all__ = ["AdoptedBackend", "NotAdopted", "Run"]
+__all__ = ["AdoptedBackend", "NotAdopted", "Run", "interrupted_error"]

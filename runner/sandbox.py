@@ -26,12 +26,8 @@ from toolcage.engine import EngineAPI
 from toolcage.errors import (
     ProtocolError,
     SandboxError,
-    SandboxInterrupted,
-    SandboxOOM,
-    SandboxTimeout,
     ToolcageError,
     UsageError,
-    WorkerCrashed,
 )
 from toolcage.options import DEFAULT_IMAGE as DEFAULT_IMAGE  # re-exported: toolcage.DEFAULT_IMAGE
 from toolcage.options import RunOptions, resolve_audit
@@ -39,14 +35,14 @@ from toolcage.options import resolve_policy as resolve_policy  # re-exported: it
 from toolcage.policies import PolicySource, codes, contract
 from toolcage.results import CallResult, RunSummary, from_response
 from toolcage.run import AdoptedBackend, NotAdopted, Run
+from toolcage.run import interrupted_error as interrupted_error  # re-exported (mcp serve)
 from toolcage.session import Cancel, Ended, OnProgress, Session
 from toolcage.transport import Broken, StreamParser
-from toolcage.watchdog import Expiry, Watchdog
+from toolcage.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from toolcage.pool import Pool
 
-EXIT_WAIT_S = 5.0  # how long to wait for a worker whose stream ended to report its exit
 
 _LIVE: set[Sandbox] = set()
 _LIVE_LOCK = threading.Lock()
@@ -63,11 +59,6 @@ def _cleanup_live() -> None:
 
 
 atexit.register(_cleanup_live)
-
-
-def interrupted_error(run_id: str) -> SandboxError:
-    """The run was stopped by its runner (SIGINT, SIGTERM, KeyboardInterrupt) mid-way."""
-    return SandboxInterrupted("the run was interrupted; the sandbox was killed", run_id=run_id)
 
 
 class Sandbox:
@@ -117,7 +108,7 @@ class Sandbox:
         self.connector_tools: list[str] = []
         self._run = Run(opts)  # a pooled run takes its slot's id at adoption (the container's labels carry it)
         self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log
-        self._backend: Backend = (
+        self._backend = (
             NotAdopted()
             if pool is not None
             else make_backend(
@@ -129,18 +120,15 @@ class Sandbox:
                 redact=self._secrets.redact if self._secrets else None,  # the proxy's records, before their cut
             )
         )
-        self._session: Session | None = None
+        self._session = None
         self._watchdog: Watchdog | None = None
         self._lock = threading.Lock()  # the run's state; calls themselves run at once (answers matched by id)
-        self._dead: SandboxError | None = None  # why the sandbox can take no more calls
         self._configure_answer: Callable[[], dict[str, Any] | Ended] | None = None  # pooled: still to read
         self._audited = False
         self._start_called = False
         self._closed = False
         self._running = False  # set once start() succeeded
         self._input_closed = False
-        self._started = 0.0
-        self._deadline = 0.0
         self._calls = 0
         self._usage: dict[str, Any] = {}
         self.summary: RunSummary | None = None
@@ -184,12 +172,11 @@ class Sandbox:
             self._start_called = True
         if self._pool is not None:
             return self._adopt(self._pool)
-        self._started = time.monotonic()
-        self._deadline = self._started + self.policy.timeouts.run_s
+        self._run.start_clock()
         self._session = Session(
             max_line=self._run.max_line,
             on_stderr_line=lambda line: self.log.debug("worker.stderr", line=line),  # shown with -vv
-            on_broken=self._on_protocol_violation,
+            on_broken=self._run.on_protocol_violation,
             redact=self._secrets.redact if self._secrets else None,  # after the worker's own redaction
         )
         with _LIVE_LOCK:
@@ -208,9 +195,7 @@ class Sandbox:
             raise
         self._running = True
         session = self._session
-        self._watchdog = Watchdog(
-            self._deadline, self.policy.timeouts.idle_s, session.busy, lambda: session.last_activity, self._on_expire
-        ).start()
+        self._watchdog = self._run.watch(session)
         self.log.info("run.started", container_id=self.container_id, **started)
         if self.tool_sources or self._secrets:
             try:
@@ -225,13 +210,12 @@ class Sandbox:
         is the run id (its labels were set when it was made); the run's deadline and secrets go to the
         worker now, over the protocol."""
         slot = pool.take()
-        self._started = time.monotonic()
-        self._deadline = self._started + self.policy.timeouts.run_s
         self._run = Run(self.options, slot.run_id, pool=pool.id)
+        self._run.start_clock()
         self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log
         self._backend, self._session = AdoptedBackend(slot), slot.session
         # the session's callbacks (stderr, protocol violations, redaction) now reach this run
-        slot.adopted_by(self.log, self._on_protocol_violation, self._secrets.redact if self._secrets else None)
+        slot.adopted_by(self.log, self._run.on_protocol_violation, self._secrets.redact if self._secrets else None)
         with _LIVE_LOCK:
             _LIVE.add(self)
         self._running = True
@@ -247,9 +231,7 @@ class Sandbox:
                 slot_created_at=slot.created_at, slot_age_ms=round((self._started - slot.created) * 1000),
             )  # fmt: skip
             self._audited = True
-        self._watchdog = Watchdog(
-            self._deadline, self.policy.timeouts.idle_s, session.busy, lambda: session.last_activity, self._on_expire
-        ).start()
+        self._watchdog = self._run.watch(session)
         self.log.info("run.started", container_id=self.container_id, **started)
         try:
             self._configure(deadline=time.time() + self.policy.timeouts.run_s)
@@ -276,7 +258,7 @@ class Sandbox:
             return
         answer = self._session.request(contract.CONFIGURE, params, until)
         if isinstance(answer, Ended):
-            raise self._explain_end(answer)
+            raise self._run.explain_end(answer)
         self._configured(connectors.configured(answer))
 
     def _settle_configure(self) -> None:
@@ -286,11 +268,11 @@ class Sandbox:
             return
         answer = wait()
         if isinstance(answer, Ended):
-            raise self._explain_end(answer)
+            raise self._run.explain_end(answer)
         try:
             took = connectors.configured(answer)
         except UsageError as exc:  # the host checked the secrets already: the worker is not the one we know
-            self._end(ProtocolError(f"the sandbox refused its run's configuration ({exc.message}); it was killed"))
+            self._run.end(ProtocolError(f"the sandbox refused its run's configuration ({exc.message}); it was killed"))
             assert self._dead is not None
             raise self._dead from None
         self._configured(took)
@@ -307,92 +289,40 @@ class Sandbox:
                 secrets=took.get("secrets"),
             )
 
-    # the ways a run ends early -----------------------------------------------------------
-    def _on_protocol_violation(self, reason: str) -> None:
-        """The stream broke (reader thread): kill the sandbox now, even if no call is waiting."""
-        self.log.warning("run.protocol_violation", reason=reason)
-        self._end(ProtocolError(f"protocol error: {reason}; the sandbox was killed"))
-
-    def _on_expire(self, which: Expiry) -> None:
-        """The run deadline or the idle timeout passed (watchdog thread): kill the sandbox now."""
-        t = self.policy.timeouts
-        self.log.warning(f"run.{'deadline' if which == 'run' else 'idle'}", run_s=t.run_s, idle_s=t.idle_s)
-        self._end(self._expiry_error(which))
-
-    def _expiry_error(self, which: Expiry) -> SandboxTimeout:
-        t = self.policy.timeouts
-        if which == "run":
-            return SandboxTimeout(f"run exceeded its deadline of {t.run_s:g}s (timeouts.run_s); the sandbox was killed")
-        return SandboxTimeout(
-            f"the sandbox was idle for {t.idle_s:g}s (timeouts.idle_s); the sandbox was killed", reason_detail="idle"
-        )
-
     def interrupt(self) -> SandboxError:
         """Stop the run now, as its runner was told to (SIGINT, SIGTERM): kill the sandbox, record
         ``interrupted``. Never waits on the worker, which may be busy. Returns why the run ended
         (an earlier reason, such as the deadline, wins)."""
-        self._end(interrupted_error(self.run_id))
-        assert self._dead is not None
-        return self._dead
+        return self._run.interrupt()
 
-    def _end(self, exc: SandboxError) -> None:
-        """The first reason the run ended wins; the sandbox is killed at once from whichever thread saw it."""
-        self._fail(exc)
-        self._backend.kill()
+    # the run's state, kept by its Run (toolcage.run) --------------------------------------
+    @property
+    def _dead(self) -> SandboxError | None:
+        return self._run.dead
 
-    def _fail(self, exc: SandboxError) -> SandboxError:
-        exc.details.setdefault("run_id", self.run_id)
-        if self._dead is None:
-            self._dead = exc
-        return self._dead
+    @property
+    def _deadline(self) -> float:
+        return self._run.deadline
 
-    def _explain_end(self, end: Ended) -> SandboxError:
-        """Why no answer came, as the error the caller gets (the sandbox is dead by then)."""
-        if self._dead is not None:
-            self._backend.kill()
-            return self._dead
-        if end.how == "broken":
-            self._end(ProtocolError(f"protocol error: {end.reason}; the sandbox was killed"))
-        elif end.how == "timeout":
-            if time.monotonic() >= self._deadline:
-                self._on_expire("run")
-            else:
-                self._end(
-                    SandboxTimeout(
-                        "the worker did not answer within the call timeout; the sandbox was killed",
-                        reason_detail="call",
-                    )
-                )
-        else:
-            self._fail(self._explain_exit() or WorkerCrashed("the worker exited while a call was pending"))
-        assert self._dead is not None
-        return self._dead
+    @property
+    def _started(self) -> float:
+        return self._run.started
 
-    def _explain_exit(self, clean_ok: bool = False) -> SandboxError | None:
-        """The worker's stream ended: find out why (deadline, OOM, crash); None if it ended cleanly."""
-        if self._dead is not None:
-            return self._dead
-        status = self._backend.exit_status(EXIT_WAIT_S)
-        if self._dead is not None:  # the watchdog or the parser saw it first
-            return self._dead
-        if status.removed:
-            from toolcage.reaper import removed_message
+    @property
+    def _backend(self) -> Backend:
+        return self._run.backend
 
-            msg, details = removed_message(getattr(self.audit, "path", None), self.container_id or "")
-            return WorkerCrashed(msg, exit_code=status.exit_code, **details)
-        if clean_ok and status.exit_code == 0:
-            return None  # a child's OOM kill along the way was that call's status, not the run's
-        if status.oom_killed:
-            return SandboxOOM(
-                f"the worker was killed by the memory limit ({self.policy.limits.memory} bytes)",
-                exit_code=status.exit_code,
-            )
-        tail = self._session.parser.stderr_tail() if self._session else ""
-        return WorkerCrashed(
-            f"the worker exited unexpectedly (exit code {status.exit_code})",
-            exit_code=status.exit_code,
-            stderr_tail=tail[-2000:],
-        )
+    @_backend.setter
+    def _backend(self, backend: Backend) -> None:
+        self._run.backend = backend
+
+    @property
+    def _session(self) -> Session | None:
+        return self._run.session
+
+    @_session.setter
+    def _session(self, session: Session | None) -> None:
+        self._run.session = session
 
     # calls ----------------------------------------------------------------------------
     def call(
@@ -444,11 +374,13 @@ class Sandbox:
         """The worker's answer as a CallResult, audited; an answer that never came as the error it means."""
         with self._lock:
             if isinstance(answer, Ended):
-                raise self._explain_end(answer)
+                raise self._run.explain_end(answer)
             self._settle_configure()  # pooled: answered before this call was
             result = from_response(tool, self.run_id, answer, round((time.monotonic() - started) * 1000, 3))
             if result is None:
-                self._end(ProtocolError("protocol error: the worker sent a malformed response; the sandbox was killed"))
+                self._run.end(
+                    ProtocolError("protocol error: the worker sent a malformed response; the sandbox was killed")
+                )
                 assert self._dead is not None
                 raise self._dead
             if tool not in records.UNAUDITED:
@@ -478,17 +410,17 @@ class Sandbox:
         while True:
             msg = self._session.next_forwarded(self._deadline + timing.DEADLINE_SLACK_S - time.monotonic())
             if msg is None:
-                self._on_expire("run")
-                raise self._explain_end(Ended("timeout"))
+                self._run.on_expire("run")
+                raise self._run.explain_end(Ended("timeout"))
             if isinstance(msg, dict | list):
                 return msg
             end = Ended("broken", msg.reason) if isinstance(msg, Broken) else Ended("eof")
             if end.how == "eof" and self._input_closed and self._dead is None:
-                exc = self._explain_exit(clean_ok=True)
+                exc = self._run.explain_exit(clean_ok=True)
                 if exc is None:
                     return None
-                raise self._fail(exc)
-            raise self._explain_end(end)
+                raise self._run.fail(exc)
+            raise self._run.explain_end(end)
 
     def record_forwarded(self, method: str, params: dict[str, Any] | None, response: dict[str, Any], t0: float) -> None:
         """Audit a forwarded call like any other (`toolcage serve`)."""

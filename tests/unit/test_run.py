@@ -59,3 +59,30 @@ def test_sandbox_and_pool_do_not_import_each_other() -> None:
     """Importing the Sandbox does not load the pool (the pool imports Sandbox only to make one): no cycle."""
     code = "import sys, toolcage.sandbox; assert 'toolcage.pool' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_the_first_reason_a_run_ended_wins() -> None:
+    """end() kills the backend and records the first reason; later reasons (an interrupt) do not replace it;
+    an answer that timed out past the deadline is the run's deadline, before it a hung call."""
+    from toolcage.errors import SandboxInterrupted, SandboxTimeout
+    from toolcage.session import Ended
+
+    class _Backend:
+        container_id = None
+        sandbox_user = True
+        kills = 0
+
+        def kill(self) -> None:
+            self.kills += 1
+
+    early, late = Run(_options(None)), Run(_options(None))
+    for run in (early, late):
+        run.backend = _Backend()  # type: ignore[assignment]
+        run.start_clock()
+    assert "call timeout" in early.explain_end(Ended("timeout")).message
+    assert isinstance(early.interrupt(), SandboxTimeout) and early.backend.kills == 2  # type: ignore[attr-defined]
+    late.deadline = 0.0
+    assert isinstance(late.explain_end(Ended("timeout")), SandboxTimeout)
+    late.interrupt()
+    assert isinstance(late.dead, SandboxTimeout) and not isinstance(late.dead, SandboxInterrupted)
+    assert "deadline" in late.dead.message and late.dead.details["run_id"] == late.run_id
