@@ -50,8 +50,9 @@ REFILL_DELAY_S = 0.05
 class _Slot:
     """One pre-started sandbox. Until a run adopts it, its session's callbacks land here; after, on the run."""
 
-    def __init__(self, pool: Pool, run_id: str, name: str, backend: Backend) -> None:
-        self.pool, self.run_id, self.name, self.backend = pool, run_id, name, backend
+    def __init__(self, pool: Pool, run: Run, backend: Backend) -> None:
+        self.pool, self.run, self.backend = pool, run, backend  # the prestarted run the adopter takes over
+        self.run_id, self.name = run.run_id, run.name
         # the adopting run's log, protocol-violation handler and redaction (adopted_by); None until then
         self.owner: tuple[Any, Callable[[str], None], Callable[[Any], Any] | None] | None = None
         self.created = time.monotonic()
@@ -293,7 +294,7 @@ class Pool:
         backend = make_backend(
             self.kind, self.policy, name=name, log=log, redact=redact, **self.options.backend_options()
         )
-        slot = _Slot(self, run_id, name, backend)
+        slot = _Slot(self, run, backend)
         made.append(slot)
         slot.image_id = backend.image_id()
         session = Session(
@@ -302,7 +303,7 @@ class Pool:
             on_broken=slot.broken,
             redact=slot.redact,
         )
-        slot.session = session
+        slot.session = run.session = session
         spec = run.spec(
             # the slot's longest life: idle_s waiting, then one run; the run's own deadline comes at adoption
             time.time() + self.idle_s + self.policy.timeouts.run_s + SLOT_GRACE_S,

@@ -61,6 +61,12 @@ class Run:
         self.started = 0.0  # monotonic, set by start_clock()
         self.deadline = 0.0  # monotonic: started + run_s
 
+    def adopted(self, options: RunOptions) -> Run:
+        """A pool's prestarted run taken over by the run that adopts its slot (with that run's options:
+        the pool's, or its own audit log); its id, name, log and session stay, its clock starts later."""
+        self.options = options
+        return self
+
     def start_clock(self) -> None:
         """The run starts now: its deadline is run_s from here (a pooled run: from adoption)."""
         self.started = time.monotonic()

@@ -106,7 +106,7 @@ class Sandbox:
         # the run's secrets, checked against the policy before anything starts
         self._secrets = connectors.secret_store(self.policy, secrets)
         self.connector_tools: list[str] = []
-        self._run = Run(opts)  # a pooled run takes its slot's id at adoption (the container's labels carry it)
+        self._run = Run(opts)  # pooled: replaced at adoption by the slot's prestarted Run
         self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log
         self._backend = (
             NotAdopted()
@@ -210,7 +210,7 @@ class Sandbox:
         is the run id (its labels were set when it was made); the run's deadline and secrets go to the
         worker now, over the protocol."""
         slot = pool.take()
-        self._run = Run(self.options, slot.run_id, pool=pool.id)
+        self._run = slot.run.adopted(self.options)  # the pool's prestarted run, now this one's
         self._run.start_clock()
         self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log
         self._backend, self._session = AdoptedBackend(slot), slot.session
