@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import toolcage.sandbox
+import toolcage.workspace
 from toolcage import Sandbox
 from toolcage.errors import WorkspaceError
 
@@ -70,7 +70,7 @@ def test_premise_host_socket_answers_through_read_only_mount(
     """Why the check exists: with it bypassed (today's code had none), the sandbox, which has no
     network, connects to the host socket through the read-only bind mount and reads its answer."""
 
-    monkeypatch.setattr(toolcage.sandbox, "validate_workspace", lambda p: Path(p).resolve())
+    monkeypatch.setattr(toolcage.workspace, "validate_workspace", lambda p: Path(p).resolve())
     code = (
         "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('/workspace/agent.sock')\n"
         "print(s.recv(100).decode(), end='')"
