@@ -310,6 +310,11 @@ BACKENDS: dict[str, Callable[..., Backend]] = {"container": ContainerBackend, "g
 STRENGTH = {"none": 0, "container": 1, "gvisor": 2}
 
 
+def in_container(kind: str) -> bool:
+    """Does this kind run the worker in a container (mounts, a sandbox user), or as a local process?"""
+    return kind != "none"
+
+
 def available_kinds(engine: EngineAPI | None = None) -> list[str]:
     """The kinds ``auto`` may pick on this engine, strongest first (never ``none``): ``gvisor`` when the
     engine has the ``runsc`` runtime registered, then ``container``."""

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from toolcage import records, timing
 from toolcage.audit import Audit
-from toolcage.backends import make_backend
+from toolcage.backends import in_container, make_backend
 from toolcage.engine import EngineAPI
 from toolcage.errors import UsageError
 from toolcage.mcp_relay import Actions, Call, Relay, ToolFilter, error
@@ -148,7 +148,7 @@ class McpWrap:
         self._run = Run(self.options)
         self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log
         # a container of either kind: the server is third-party code (never "none", which runs on the host)
-        if self.kind == "none":
+        if not in_container(self.kind):
             raise UsageError(WRAP_NEEDS_A_CONTAINER)
         self._backend = make_backend(
             self.kind, self.policy, name=self.name, log=self.log, **self.options.backend_options()

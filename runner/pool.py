@@ -29,7 +29,7 @@ from typing import Any
 
 from toolcage import logs, ownership, removal, timing
 from toolcage.audit import Audit
-from toolcage.backends import Backend, make_backend
+from toolcage.backends import Backend, in_container, make_backend
 from toolcage.engine import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.options import RunOptions
@@ -143,7 +143,7 @@ class Pool:
         self.parallel = max(1, min(parallel or min(size, 2), size))
         self.id = token_hex(4)
         self.log = logs.get_logger(pool=self.id)
-        self.options.warn_unreadable_workspace(self.log, self.kind != "none")
+        self.options.warn_unreadable_workspace(self.log, in_container(self.kind))
         self._cond = threading.Condition()
         self._ready: collections.deque[_Slot] = collections.deque()
         self._starting = 0

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from toolcage import connectors, records, removal, timing
-from toolcage.backends import Backend, make_backend
+from toolcage.backends import Backend, in_container, make_backend
 from toolcage.engine import EngineAPI
 from toolcage.errors import (
     ProtocolError,
@@ -248,7 +248,7 @@ class Sandbox:
         """Hand the worker its connector sources and the secret values (the only time they cross), and
         for a pooled sandbox its run's deadline (epoch seconds)."""
         assert self._session is not None
-        params = connectors.configure_params(self.tool_sources, self.kind != "none", self._secrets)
+        params = connectors.configure_params(self.tool_sources, in_container(self.kind), self._secrets)
         if deadline is not None:
             params["deadline"] = round(deadline, 3)
         until = timing.answer_due(time.monotonic(), None, None, self.policy.timeouts.call_s, self._deadline)

@@ -69,10 +69,6 @@ KIND_COMPARISONS_ALLOWED = {
     "runner/reaper.py": "an engine object's kind (container, volume), not a backend's",
     "runner/doctor.py": "the operator's view reports per backend kind",
     "runner/probes.py": "the operator's view reports per backend kind",
-    # engineer B is restructuring these (a run gets a home); Backend then says what differs as an attribute
-    "runner/sandbox.py": "self.kind != 'none' (connectors' mount)",
-    "runner/pool.py": "self.kind != 'none' (workspace warning)",
-    "runner/mcp_wrap.py": "self.kind == 'none' (wrap needs a container)",
 }
 
 
