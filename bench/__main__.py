@@ -55,7 +55,7 @@ from typing import Any
 from bench.calls import WINDOW, bench_container, docker_exec, raw_echo, toolcage_gathered_sleeps, toolcage_pipelined
 from bench.first_answer import ECHO  # the bare echo loop, the same inside the image and beside it
 from toolcage import DEFAULT_IMAGE, Cancel, Sandbox
-from toolcage.config import RunSpec, container_config
+from toolcage.engine.hostconfig import RunSpec, container_config
 from toolcage.policies import load_policy
 from toolcage.pool import Pool
 
@@ -171,7 +171,7 @@ def measure_pool(policy: str, image: str, n: int, size: int = 2) -> tuple[dict[s
     """A warm pool: acquire to first answer and a fresh container per call, each with the pool full
     before the call (it keeps up); then ``n`` calls back to back (the refill falls behind); and the
     cgroup memory of each idle slot (plus its egress proxy's). Returns the samples and the memory."""
-    from toolcage.docker_adapter import Engine
+    from toolcage.engine.docker_adapter import Engine
 
     engine = Engine.default()
     out: dict[str, list[float]] = {"acquire_to_first_answer": [], "call_fresh_container": [], "back_to_back": []}
@@ -210,7 +210,7 @@ def measure_pool(policy: str, image: str, n: int, size: int = 2) -> tuple[dict[s
 
 def gvisor_available() -> bool:
     """runsc registered with the engine; the bench then measures gVisor too."""
-    from toolcage.runtimes import gvisor_registered
+    from toolcage.ops.engines import gvisor_registered
 
     out = subprocess.run(["docker", "info", "--format", "{{json .}}"], capture_output=True, text=True)
     return out.returncode == 0 and gvisor_registered(json.loads(out.stdout))
@@ -218,7 +218,7 @@ def gvisor_available() -> bool:
 
 def warm_calls(image: str, sandbox: str, calls: int, children: int) -> dict[str, list[float]]:
     """On one open sandbox of kind ``sandbox``: ping round trips, warm ``run_python`` ``pass`` and
-    ``run_shell`` ``true`` calls (under gVisor each starts in namespaces of its own: worker/nsinit.py)."""
+    ``run_shell`` ``true`` calls (under gVisor each starts in namespaces of its own: worker/children/nsinit.py)."""
     out: dict[str, list[float]] = {
         f"{sandbox}_rpc_round_trip": [],
         f"{sandbox}_warm_run_python_pass": [],

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from toolcage import AsyncSandbox
-from toolcage.config import RunSpec, container_config
+from toolcage.engine.hostconfig import RunSpec, container_config
 from toolcage.policies import load_policy
 
 ANSWER = b'{"jsonrpc": "2.0", "result": "pong", "id": 1}\n'
@@ -37,7 +37,7 @@ WINDOW = 64
 
 def bench_container(image: str, entrypoint: list[str] | None) -> tuple[Any, str]:
     """A created (not started) container in a run's hardened configuration; ``entrypoint`` replaces the worker."""
-    from toolcage.docker_adapter import Engine
+    from toolcage.engine.docker_adapter import Engine
 
     engine = Engine.default()
     cfg = container_config(

@@ -25,7 +25,7 @@ from toolcage.image.wheels import Report, copy_wheels, download_wheels
 from toolcage.policies import contract
 
 if TYPE_CHECKING:
-    from toolcage.engine import EngineAPI
+    from toolcage.engine.api import EngineAPI
 
 REGISTRY_BASE = "python:3.11-slim-bookworm"
 LOCAL_BASE = "toolcage-base:bookworm"

@@ -29,7 +29,7 @@ from toolcage.image.wheels import Report, copy_wheels, download_wheels
 from toolcage.policies import contract
 
 if TYPE_CHECKING:
-    from toolcage.engine import EngineAPI
+    from toolcage.engine.api import EngineAPI
 
 DEPS_DIR = contract.DEPS_DIR  # tool code finds its packages here
 REQUIREMENTS_LABEL = "toolcage.requirements_sha256"

@@ -41,8 +41,8 @@ _EXPORTS = {
     "AsyncSandbox": "toolcage.aio",
     "Sandbox": "toolcage.sandbox",
     "Pool": "toolcage.pool",
-    "Cancel": "toolcage.session",
-    "wait_removed": "toolcage.removal",
+    "Cancel": "toolcage.rpc.session",
+    "wait_removed": "toolcage.lifecycle.removal",
 }
 
 __all__ = [
@@ -101,8 +101,8 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs
         WorkerCrashed,
         WorkspaceError,
     )
+    from toolcage.lifecycle.removal import wait_removed
     from toolcage.policies import Policy, PolicyError, load_policy
-    from toolcage.removal import wait_removed
     from toolcage.results import STATUSES, CallResult, RunSummary
+    from toolcage.rpc.session import Cancel
     from toolcage.sandbox import DEFAULT_IMAGE, Sandbox
-    from toolcage.session import Cancel

@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 from toolcage.results import CallResult, RunSummary
+from toolcage.rpc.session import Ended, OnProgress
 from toolcage.sandbox import Sandbox
-from toolcage.session import Ended, OnProgress
 
 
 class AsyncSandbox:

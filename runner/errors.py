@@ -21,7 +21,7 @@ the ``status`` that says how the run ended.
 
 ``except ToolcageError`` catches every error toolcage raises, policy errors included. Foreign errors (docker-py, OS) are
 translated once, in the Docker adapter, with ``raise ... from exc``; the CLI prints every
-error once, in ``toolcage.output``.
+error once, in ``toolcage.cli.output``.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from toolcage.policies import contract
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from toolcage.audit import Audit
     from toolcage.connectors import ToolSource
-    from toolcage.engine import EngineAPI
+    from toolcage.engine.api import EngineAPI
+    from toolcage.lifecycle.audit import Audit
     from toolcage.policies import Policy, PolicySource
 
 
@@ -58,7 +58,7 @@ def resolve_policy(policy: PolicySource, run_timeout: float | None = None) -> Po
 def resolve_audit(audit: Any) -> Audit | None:
     """None -> the default log ($TOOLCAGE_AUDIT_LOG or ~/.local/state/toolcage/audit.jsonl), a path ->
     that log, an Audit -> it, False -> no audit log."""
-    from toolcage import audit as audit_mod
+    from toolcage.lifecycle import audit as audit_mod
 
     if audit is False:
         return None

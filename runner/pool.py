@@ -27,15 +27,16 @@ from datetime import UTC, datetime
 from secrets import token_hex
 from typing import Any
 
-from toolcage import logs, ownership, removal, timing
-from toolcage.audit import Audit
+from toolcage import logs, timing
 from toolcage.backends import Backend, in_container, make_backend
-from toolcage.engine import EngineAPI
+from toolcage.engine.api import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
+from toolcage.lifecycle import ownership, removal
+from toolcage.lifecycle.audit import Audit
 from toolcage.options import RunOptions
 from toolcage.policies import PolicySource, contract
+from toolcage.rpc.session import Ended, Session
 from toolcage.run import Run
-from toolcage.session import Ended, Session
 
 READY_WAIT_S = 30.0  # a slot's worker must answer its first ping within this
 SLOT_GRACE_S = 10.0  # on top of idle_s + run_s in a slot's deadline label: the pool's own checks come first
@@ -337,7 +338,7 @@ class Pool:
     # removal ---------------------------------------------------------------------------------
     def _retire(self, slot: _Slot, why: str, now: bool = False) -> None:
         """Remove a slot: an adopted one when its run closes (``used``), or one nobody took. In the
-        background (the process's one remover, ``toolcage.removal``) unless ``now``."""
+        background (the process's one remover, ``toolcage.lifecycle.removal``) unless ``now``."""
         if slot.retired:
             return
         slot.retired = True

@@ -35,7 +35,7 @@ def _own_image(image: str | None) -> bool:
 def check_call(tool: str, params: dict[str, Any] | None, image: str | None = None, connectors: bool = False) -> None:
     """Raise BadToolCall when the worker would refuse this call with -32601 or -32602. With
     connectors (``--tools``) an unknown name may be one of theirs: the sandbox lists them."""
-    from toolcage.session import check_request_size
+    from toolcage.rpc.session import check_request_size
 
     check_request_size(tool, params)  # over the worker's line limit: refused before a container starts
     if tool in PROTOCOL_METHODS:

@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
-from toolcage import logs, ownership
+from toolcage import logs
 from toolcage.backends import Backend, ExitStatus
-from toolcage.config import RunSpec, container_name
+from toolcage.engine.hostconfig import RunSpec, container_name
 from toolcage.errors import (
     ProtocolError,
     SandboxError,
@@ -27,12 +27,13 @@ from toolcage.errors import (
     UsageError,
     WorkerCrashed,
 )
-from toolcage.session import Ended, Session
-from toolcage.watchdog import Watchdog
+from toolcage.lifecycle import ownership
+from toolcage.lifecycle.watchdog import Watchdog
+from toolcage.rpc.session import Ended, Session
 
 if TYPE_CHECKING:
+    from toolcage.lifecycle.watchdog import Expiry
     from toolcage.options import RunOptions
-    from toolcage.watchdog import Expiry
 
 EXIT_WAIT_S = 5.0  # how long to wait for a worker whose stream ended to report its exit
 
@@ -225,7 +226,7 @@ class Run:
         if self.dead is not None:  # the watchdog or the parser saw it first
             return self.dead
         if status.removed:
-            from toolcage.reaper import removed_message
+            from toolcage.lifecycle.reaper import removed_message
 
             path = getattr(self.options.audit, "path", None)
             msg, details = removed_message(path, self.backend.container_id or "")

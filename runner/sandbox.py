@@ -4,7 +4,7 @@ Lifecycle: audit ``run.started`` → backend start → calls through one session
 Everything is removed on every exit path (normal close, exceptions, SIGINT/SIGTERM,
 interpreter exit) unless ``keep=True``; the run deadline and the idle timeout kill it.
 Which backend runs the worker is the backend's business (``toolcage.backends``); which
-answer belongs to which call, the session's (``toolcage.session``); the options a run is made
+answer belongs to which call, the session's (``toolcage.rpc.session``); the options a run is made
 from, ``toolcage.options``; its id, container spec and audit records, ``toolcage.run``; how long
 a call may take, ``toolcage.timing``.
 """
@@ -20,25 +20,26 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from toolcage import connectors, records, removal, timing
+from toolcage import connectors, timing
 from toolcage.backends import Backend, in_container, make_backend
-from toolcage.engine import EngineAPI
+from toolcage.engine.api import EngineAPI
 from toolcage.errors import (
     ProtocolError,
     SandboxError,
     ToolcageError,
     UsageError,
 )
+from toolcage.lifecycle import records, removal
+from toolcage.lifecycle.watchdog import Watchdog
 from toolcage.options import DEFAULT_IMAGE as DEFAULT_IMAGE  # re-exported: toolcage.DEFAULT_IMAGE
 from toolcage.options import RunOptions, resolve_audit
 from toolcage.options import resolve_policy as resolve_policy  # re-exported: its home is toolcage.options
 from toolcage.policies import PolicySource, codes, contract
 from toolcage.results import CallResult, RunSummary, from_response
+from toolcage.rpc.session import Cancel, Ended, OnProgress, Session
+from toolcage.rpc.transport import Broken, StreamParser
 from toolcage.run import AdoptedBackend, NotAdopted, Run
 from toolcage.run import interrupted_error as interrupted_error  # re-exported (mcp serve)
-from toolcage.session import Cancel, Ended, OnProgress, Session
-from toolcage.transport import Broken, StreamParser
-from toolcage.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from toolcage.pool import Pool
@@ -394,7 +395,7 @@ class Sandbox:
         self._usage = res.result if isinstance(res.result, dict) else {}
         return self._usage
 
-    # lines forwarded as they are, for `toolcage serve` (see toolcage.bridge) ------------------
+    # lines forwarded as they are, for `toolcage serve` (see toolcage.servers.serve) ------------------
     def forward(self, line: bytes) -> None:
         """Send one raw request line; its answer comes from :meth:`next_forwarded`."""
         if self._session is None or not self._session.connected:

@@ -1,8 +1,8 @@
-"""The connector API: ``from toolcage.sdk import Context, tool``. See :mod:`toolcage.worker.sdk`.
+"""The connector API: ``from toolcage.sdk import Context, tool``. See :mod:`toolcage.worker.connectors.sdk`.
 
 The same module exists in the sandbox image (the handler's side), where the runner does not.
 """
 
-from toolcage.worker.sdk import Context, EgressDenied, FetchFailed, Link, Logger, Response, ToolError, tool
+from toolcage.worker.connectors.sdk import Context, EgressDenied, FetchFailed, Link, Logger, Response, ToolError, tool
 
 __all__ = ["Context", "EgressDenied", "FetchFailed", "Link", "Logger", "Response", "ToolError", "tool"]

@@ -57,7 +57,7 @@ GVISOR_KNOWN: dict[str, str] = {
 
 # Not strict (it passes about one run in three): an open bug, listed so that it is seen in every run's
 # summary (-ra) and named in the closing note, not hidden. Seen twice in fresh-clone CI after the gVisor
-# memory guard (worker/memguard.py) landed: the worker itself exits (code 2) during a fork bomb that fills
+# memory guard (worker/children/memguard.py) landed: the worker itself exits (code 2) during a fork bomb that fills
 # the pids limit, instead of only the call ending.
 GVISOR_INTERMITTENT: dict[str, str] = {
     "tests/integration/test_sandbox.py::test_fork_bomb_stopped_by_pids_limit": (
@@ -70,7 +70,7 @@ GVISOR_INTERMITTENT: dict[str, str] = {
 def engine() -> Any:
     """The real Docker engine, with the worker image present; fails loudly otherwise."""
     from toolcage import DEFAULT_IMAGE, ToolcageError
-    from toolcage.docker_adapter import Engine
+    from toolcage.engine.docker_adapter import Engine
 
     try:
         eng = Engine.default()
@@ -85,7 +85,7 @@ def engine() -> Any:
 
 def _mine(eng: Any) -> list[dict[str, Any]]:
     """Containers created by this test process (owner label host:pid)."""
-    from toolcage import ownership
+    from toolcage.lifecycle import ownership
 
     host_pid, _ = ownership.owner()
     return [c for c in eng.containers("toolcage.run_id") if c["Labels"].get("toolcage.owner") == host_pid]
@@ -126,7 +126,7 @@ def _final_sweep() -> Iterator[None]:
     """At the end of the session remove anything this process created, whatever happened."""
     yield
     try:
-        from toolcage.docker_adapter import Engine
+        from toolcage.engine.docker_adapter import Engine
 
         eng = Engine.default()
         for c in _mine(eng):

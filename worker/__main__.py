@@ -50,7 +50,8 @@ def main() -> int:
 
     channel = Channel.claim_stdio()  # before anything can print
 
-    from toolcage.worker import deadline, logs, sweep
+    from toolcage.worker import deadline, logs
+    from toolcage.worker.children import sweep
     from toolcage.worker.dispatch import Dispatcher
     from toolcage.worker.settings import Settings
     from toolcage.worker.tools import Catalog
@@ -63,7 +64,7 @@ def main() -> int:
     if os.environ.get(contract.ENV_WATCH_RUNNER) == "1":  # set by the runner, which never half-closes mid-call
         _watch_runner(channel.fd_in)
     if os.environ.get(contract.ENV_PROXY_SOCKET):
-        from toolcage.worker import relay
+        from toolcage.worker.egress import relay
 
         relay.start(os.environ[contract.ENV_PROXY_SOCKET])
     from toolcage.worker import calls
@@ -76,7 +77,7 @@ def main() -> int:
 
     def idle() -> None:
         # write queued log lines only when no request is waiting (see worker.logs)
-        zygote = sys.modules.get("toolcage.worker.zygote")  # loaded with run_python, never at start
+        zygote = sys.modules.get("toolcage.worker.children.zygote")  # loaded with run_python, never at start
         if zygote is not None:
             zygote.warm()  # (re)start the fork server a run_python call asked for
         if not readable([channel.fd_in], _IDLE_FLUSH_S):

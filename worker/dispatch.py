@@ -29,7 +29,7 @@ from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Catalog, Tool
 
 if TYPE_CHECKING:
-    from toolcage.worker.connectors import Connectors
+    from toolcage.worker.connectors.host import Connectors
 
 _lean.bare_package("jsonrpcserver")
 _lean.bare_package("oslash")  # its __init__ imports every monad it has (~35 ms here); the pipeline needs Either
@@ -86,7 +86,7 @@ def _serialize(response: Any) -> Any:
     ``toolcage`` member of the answer, which the runner takes off before anyone sees it.
     Every string of the answer has the run's secrets redacted."""
     # only a connector's answer carries a WithMeta: until connectors are loaded there is none to look for
-    connectors = sys.modules.get("toolcage.worker.connectors")
+    connectors = sys.modules.get("toolcage.worker.connectors.host")
     WithMeta: Any = connectors.WithMeta if connectors is not None else ()
     meta = None
     if isinstance(response, Left):
@@ -121,7 +121,7 @@ class Dispatcher:
     def connectors(self) -> Connectors:
         """Loaded on first use: a run without connectors never imports them."""
         if self._connectors is None:
-            from toolcage.worker.connectors import Connectors
+            from toolcage.worker.connectors.host import Connectors
 
             self._connectors = Connectors(self.settings)
         return self._connectors
@@ -167,7 +167,7 @@ class Dispatcher:
 
     @staticmethod
     def _usage() -> Result:
-        from toolcage.worker.usage import usage
+        from toolcage.worker.children.usage import usage
 
         return Success(usage())
 
@@ -218,7 +218,7 @@ class Dispatcher:
                 outcome = type(exc).__name__
                 if exc.meta is None:
                     return Error(exc.code, exc.message, exc.data)
-                from toolcage.worker.connectors import WithMeta
+                from toolcage.worker.connectors.host import WithMeta
 
                 return Error(exc.code, exc.message, WithMeta(exc.data, exc.meta))
             except Exception:
@@ -243,7 +243,7 @@ class Dispatcher:
     def _running_code(self, tool: str, ran: Callable[[], bool] = lambda: True) -> Iterator[None]:
         """Around anything that may start a child: the last code call out sweeps (sweep.CodeCalls),
         unless ``ran`` says that no child was started after all."""
-        from toolcage.worker.sweep import CODE_CALLS
+        from toolcage.worker.children.sweep import CODE_CALLS
 
         CODE_CALLS.enter()
         try:
@@ -260,7 +260,7 @@ class Dispatcher:
         """Nothing survives its call (unless the policy says unsafe_background_processes): every
         other process of the sandbox is killed and what it left in IPC is removed, before the
         answer goes out (with calls in flight together: before the last one's answer)."""
-        from toolcage.worker import sweep
+        from toolcage.worker.children import sweep
 
         if sweep.active() and not self.settings.policy.unsafe_background_processes:
             try:

@@ -79,7 +79,7 @@ def server_env(secrets: dict[str, str], environ: dict[str, str] | None = None) -
 
 
 def _kill_everything(pgid: int | None) -> None:
-    from toolcage.worker import sweep
+    from toolcage.worker.children import sweep
 
     if pgid is not None:
         try:
@@ -112,7 +112,8 @@ def _exit_code(status: int) -> int:
 
 
 def main() -> int:
-    from toolcage.worker import hardening, namespaces, sweep
+    from toolcage.worker import hardening
+    from toolcage.worker.children import namespaces, sweep
 
     in_container = os.environ.get(contract.ENV_IN_CONTAINER) == "1"
     # Threat: the server reading this process's memory (the config line held the secrets) through ptrace or /proc.
@@ -127,7 +128,7 @@ def main() -> int:
     pgid: list[int | None] = [None]
     _arm_deadline(os.environ.get(contract.ENV_DEADLINE), pgid)
     if os.environ.get(contract.ENV_PROXY_SOCKET):
-        from toolcage.worker import relay
+        from toolcage.worker.egress import relay
 
         relay.start(os.environ[contract.ENV_PROXY_SOCKET])
 

@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from tests.helpers import run_cli, start_upstream
-from toolcage import Sandbox, audit, wait_removed
+from toolcage import Sandbox, wait_removed
+from toolcage.lifecycle import audit
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

@@ -418,7 +418,7 @@ print(json.dumps({"denied": sorted(set(d[:12] for d in denied)), "ok": ok}))
 
 
 def _proxy_decisions(path: Path, run_id: str) -> list[dict[str, Any]]:
-    from toolcage import audit
+    from toolcage.lifecycle import audit
 
     return [r for r in audit.read(path) if r.get("event") == "egress.decision" and r.get("run_id") == run_id]
 
@@ -428,7 +428,7 @@ def test_flood_of_denied_requests_cannot_hide_the_allowed_one(
 ) -> None:
     """40 denied requests with 60 KB targets, then one allowed: all 41 are in the audit log (long targets
     cut with a marker), the allowed one with its target, and the chain verifies."""
-    from toolcage import audit
+    from toolcage.lifecycle import audit
 
     log = tmp_path / "audit.jsonl"
     with Sandbox(allow_api, egress_network=upstream["network"], audit=log) as sb:
@@ -506,7 +506,7 @@ def test_decisions_survive_a_sigkilled_runner(
     import subprocess
     import sys
 
-    from toolcage import audit
+    from toolcage.lifecycle import audit
 
     log = tmp_path / "audit.jsonl"
     proc = subprocess.Popen(

@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import run_cli as cli
 from toolcage import Sandbox, WorkerCrashed, wait_removed
-from toolcage.audit import read, verify
+from toolcage.lifecycle.audit import read, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "policies"

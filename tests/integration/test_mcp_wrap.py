@@ -27,7 +27,8 @@ from tests.helpers import (
     wrap_image,
     wrap_session,
 )
-from toolcage import audit, wait_removed
+from toolcage import wait_removed
+from toolcage.lifecycle import audit
 
 FETCH_IMAGE = "toolcage-test-mcp-fetch:1"
 

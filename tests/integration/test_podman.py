@@ -16,7 +16,7 @@ import pytest
 
 from toolcage import DEFAULT_IMAGE, Sandbox, wait_removed
 from toolcage.backends import engine_flavor
-from toolcage.ops import inspect_findings
+from toolcage.ops.views import inspect_findings
 
 SOCKET = os.environ.get("TOOLCAGE_TEST_PODMAN_SOCKET", "/run/podman/podman.sock")
 IMAGE = f"localhost/{DEFAULT_IMAGE}"
@@ -24,7 +24,7 @@ IMAGE = f"localhost/{DEFAULT_IMAGE}"
 
 @pytest.fixture(scope="module")
 def podman() -> Iterator[Any]:
-    from toolcage.docker_adapter import Engine
+    from toolcage.engine.docker_adapter import Engine
     from toolcage.errors import ToolcageError
 
     reason = None

@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers import run_cli, start_upstream
 from toolcage import Sandbox, SandboxTimeout, UsageError
-from toolcage.audit import read
+from toolcage.lifecycle.audit import read
 from toolcage.pool import Pool
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -149,7 +149,7 @@ def test_a_runner_whose_hostname_is_not_its_id_finds_its_own_mounts(
 
 def test_a_runner_on_the_engines_own_machine_maps_nothing(engine: Any) -> None:
     """This test process, beside the engine: its paths go as they are, and the runner is sure of it."""
-    from toolcage import hostpaths
+    from toolcage.engine import hostpaths
 
     view = hostpaths.detect(engine)
     assert view.sure and view.mapping is None, view

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from toolcage.policies import validate_policy
-from toolcage.worker.safefetch import EgressDenied, FetchFailed, SafeFetch
+from toolcage.worker.egress.safefetch import EgressDenied, FetchFailed, SafeFetch
 
 
 class Handler(http.server.BaseHTTPRequestHandler):

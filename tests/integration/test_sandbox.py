@@ -23,7 +23,7 @@ from toolcage import (
     WorkerCrashed,
     wait_removed,
 )
-from toolcage.docker_adapter import Engine
+from toolcage.engine.docker_adapter import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "policies"
@@ -291,7 +291,7 @@ def test_cli_signal_removes_container(engine: Any, sig: str) -> None:
 
 def test_cli_serve_audits_calls(engine: Any, tmp_path: Path) -> None:
     """Calls bridged by `toolcage serve` are in the audit log like any other run's."""
-    from toolcage.audit import read
+    from toolcage.lifecycle.audit import read
 
     log = tmp_path / "audit.jsonl"
     lines = '{"jsonrpc": "2.0", "method": "run_python", "params": {"code": "print(1)"}, "id": "a"}\n'
@@ -311,7 +311,7 @@ def test_cli_serve_audits_calls(engine: Any, tmp_path: Path) -> None:
 
 def test_cli_run_is_audited(engine: Any, tmp_path: Path) -> None:
     """`toolcage run` writes run.started, run.call and run.finished (at the CLI's default log level)."""
-    from toolcage.audit import read, verify
+    from toolcage.lifecycle.audit import read, verify
 
     log = tmp_path / "audit.jsonl"
     out = _cli("run", "run_python", "--params", '{"code": "print(3)"}', "--audit-log", str(log))
@@ -334,7 +334,7 @@ def test_keep_leaves_stopped_container(engine: Any) -> None:
         assert info["Config"]["Labels"]["toolcage.tool"] == "run_python"
         assert info["Config"]["Labels"]["toolcage.keep"] == "1"
         # its owner (the CLI process) is gone: the reaper and plain gc must still leave it alone
-        from toolcage import reaper
+        from toolcage.lifecycle import reaper
 
         assert name not in [o.name for o in reaper.find_orphans(engine)]
         assert [o.kept for o in reaper.find_orphans(engine, include_kept=True) if o.name == name] == [True]
@@ -347,7 +347,7 @@ def test_keep_leaves_stopped_container(engine: Any) -> None:
 def test_cli_serve_child_oom_is_a_call_status_and_run_has_usage(engine: Any, tmp_path: Path) -> None:
     """In serve, a child OOM-killed while the worker lives on is that call's status: run.finished says ok,
     oom_killed false, and carries CPU time and peak memory (it said oom_killed, without usage)."""
-    from toolcage.audit import read
+    from toolcage.lifecycle.audit import read
 
     log = tmp_path / "audit.jsonl"
     bomb = {"code": "b = []\nwhile True: b.append(bytearray(16 * 1024 * 1024))", "timeout_s": 15}
@@ -402,7 +402,7 @@ def test_cli_sigint_mid_call_is_interrupted_within_a_second(engine: Any, tmp_pat
     recorded as interrupted (it took 5 s asking the busy worker for usage, recorded as timeout)."""
     import signal
 
-    from toolcage.audit import read
+    from toolcage.lifecycle.audit import read
 
     log = tmp_path / "audit.jsonl"
     proc = subprocess.Popen(

@@ -184,7 +184,7 @@ def test_nothing_survives_its_call(engine: Any, unsafe: bool) -> None:
         seen["others"] = [p for p in seen["others"] if p != zygote]
         if unsafe and sb.kind == "gvisor":
             # each call has a PID namespace of its own: the survivors are in the first call's, which
-            # its keeper (worker/nsinit.py) holds open; the engine's side lists them, the next call cannot
+            # its keeper (worker/children/nsinit.py) holds open; the engine's side lists them, the next call cannot
             assert seen["others"] == [] and seen["shm"] == ["left"], seen
             assert sb.container_id is not None
             ps = subprocess.run(["runsc", "--root", RUNSC_ROOT, "ps", sb.container_id], capture_output=True, text=True)
@@ -314,7 +314,7 @@ def test_killed_right_after_create_still_leaves_a_trace(engine: Any, tmp_path: P
         """
         import os, signal
         from toolcage import Sandbox
-        from toolcage.docker_adapter import Engine
+        from toolcage.engine.docker_adapter import Engine
         real = Engine.create
         def create(self, config, name):
             cid = real(self, config, name)
@@ -328,7 +328,7 @@ def test_killed_right_after_create_still_leaves_a_trace(engine: Any, tmp_path: P
     out, _ = proc.communicate(timeout=60)
     cid = out.strip()
     assert proc.returncode == -signal.SIGKILL and cid
-    from toolcage import audit, reaper
+    from toolcage.lifecycle import audit, reaper
 
     started = [r for r in audit.read(log) if r["event"] == "run.started"]
     assert len(started) == 1 and started[0]["tool"] == "instant"

@@ -307,7 +307,7 @@ def test_serve_answers_a_request_whatever_its_id(engine: Any) -> None:
     import io
     import os
 
-    from toolcage.bridge import bridge
+    from toolcage.servers.serve import bridge
 
     r, w = os.pipe()
     out = io.BytesIO()

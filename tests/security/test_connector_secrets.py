@@ -288,7 +288,7 @@ OUTSIDE_CALLS: list[tuple[str, dict[str, Any]]] = [
 def test_outside_views_never_show_a_secret(engine: Any, egress_net: str, tmp_path: Path) -> None:
     """docker inspect of the sandbox and its proxy, their container logs, the audit log and every CallResult
     hold neither value; an exposed value a handler returns or raises with comes back as [secret EXPOSED]."""
-    from toolcage.audit import read
+    from toolcage.lifecycle.audit import read
 
     pol = _policy(tmp_path, "conn-outside", exposed=True)
     audit = tmp_path / "audit.jsonl"

@@ -22,8 +22,9 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT, run_cli
-from toolcage import Sandbox, audit, wait_removed
+from toolcage import Sandbox, wait_removed
 from toolcage.errors import BadToolCall
+from toolcage.lifecycle import audit
 from toolcage.worker.protocol import MAX_REQUEST_BYTES
 
 # --- a request over the worker's line limit ---------------------------------------------------------
@@ -100,7 +101,7 @@ def _fill(fs: Path, leave: int) -> Path:
 def _other_run(log: Path, run_id: str, n: int) -> None:
     """Another runner process's records, written through its own Audit (its own writer)."""
     code = (
-        "import sys; from toolcage.audit import Audit; a = Audit(sys.argv[1]);\n"
+        "import sys; from toolcage.lifecycle.audit import Audit; a = Audit(sys.argv[1]);\n"
         "[a.event('run.call', run_id=sys.argv[2], i=i) for i in range(int(sys.argv[3]))]"
     )
     subprocess.run([sys.executable, "-c", code, str(log), run_id, str(n)], check=True, cwd=ROOT)
@@ -110,7 +111,7 @@ def test_a_failed_audit_write_loses_no_other_runs_records(small_fs: Path) -> Non
     """Disk full: a run's batch that does not fit leaves no torn line; another runner's records written
     meanwhile and later are all on disk, the failed run's own records follow once there is room, and
     the chain verifies."""
-    from toolcage.audit import Audit, AuditError
+    from toolcage.lifecycle.audit import Audit, AuditError
 
     log = small_fs / "audit.jsonl"
     _other_run(log, "run-b", 3)
@@ -136,7 +137,7 @@ def test_a_torn_last_line_is_repaired_in_the_open_not_restarted(small_fs: Path) 
     """A torn last line (a writer that died mid-append on a full disk) is closed by an explicit
     ``audit.repaired`` record chained to the last whole record: seq goes on, the chain verifies, and the
     torn bytes stay in the file with their size and digest recorded."""
-    from toolcage.audit import Audit
+    from toolcage.lifecycle.audit import Audit
 
     log = small_fs / "audit.jsonl"
     _other_run(log, "run-b", 3)
@@ -276,7 +277,7 @@ def test_audit_bytes_per_run_are_bounded_under_a_refusal_flood(refusal_flood: di
     single = [r for r in recs if r["event"] == "egress.decision" and r["allowed"] is False]
     folded = [r for r in recs if r["event"] == "egress.refusals_folded"]
     print(f"{refused} refusals in {FLOOD_S} s: {refusal_flood['audit_bytes']} audit bytes, {len(single)} single")
-    from toolcage.records import REFUSALS_RECORDED
+    from toolcage.lifecycle.records import REFUSALS_RECORDED
 
     # decisions the proxy could not report (its queue full) are counted as such, never silently gone
     unseen = sum(r["count"] for r in recs if r["event"] == "egress.dropped") + sum(f["proxy_dropped"] for f in folded)

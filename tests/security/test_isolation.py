@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from toolcage import Sandbox
-from toolcage.probes import CODE_CASES, check, expected_for, run_code_probe
+from toolcage.ops.probes import CODE_CASES, check, expected_for, run_code_probe
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -88,7 +88,7 @@ def test_inspect_matches_policy(sandbox: Sandbox, engine: Any) -> None:
     assert hc["Privileged"] is False
     assert hc["ReadonlyRootfs"] is True
     from toolcage.backends import engine_flavor
-    from toolcage.ops import DEFAULT_CAPS, inspect_findings
+    from toolcage.ops.views import DEFAULT_CAPS, inspect_findings
 
     assert inspect_findings(info) == []  # doctor's own check of a live container against its policy
     if engine_flavor(engine) == "podman":  # Podman lists every default capability it dropped
@@ -106,7 +106,7 @@ def test_inspect_matches_policy(sandbox: Sandbox, engine: Any) -> None:
     assert hc["Memory"] == hc["MemorySwap"] == memory
     assert hc["NanoCpus"] == 1_000_000_000
     assert not hc.get("Init")  # the worker is PID 1 (docker-init held a reachable copy of the protocol stream)
-    from toolcage import seccomp
+    from toolcage.engine import seccomp
 
     assert seccomp.is_ours(hc["SecurityOpt"], gvisor=sandbox.kind == "gvisor")
     assert not hc.get("PortBindings")
@@ -123,7 +123,7 @@ def test_inspect_matches_policy(sandbox: Sandbox, engine: Any) -> None:
 def test_limit_probes(engine: Any, policy: str) -> None:
     """The memory and pids limits fire and egress to the metadata address is refused (doctor --probe's checks);
     under a proxy policy the egress proxy also refuses a smuggling-shaped request."""
-    from toolcage.probes import run_all
+    from toolcage.ops.probes import run_all
 
     with Sandbox(policy, tool="probe") as sb:
         results = {r.name: r for r in run_all(sb)}

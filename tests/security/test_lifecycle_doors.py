@@ -16,7 +16,7 @@ import pytest
 
 from toolcage import Sandbox, UsageError
 from toolcage import pool as pool_mod
-from toolcage.audit import read
+from toolcage.lifecycle.audit import read
 from toolcage.pool import Pool
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

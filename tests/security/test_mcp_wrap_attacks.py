@@ -19,7 +19,7 @@ from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
 from tests.helpers import MCP_FETCH, PROBE, PROBE_DIR, WRAP_LABEL, wrap_image, wrap_session
-from toolcage import audit as audit_mod
+from toolcage.lifecycle import audit as audit_mod
 
 PROBE_IMAGE = "toolcage-test-mcp-fetch:1"  # mcp-server-fetch's image: it holds the mcp SDK the probe imports
 

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from toolcage import Sandbox, audit, reaper
+from toolcage import Sandbox
 from toolcage.errors import SandboxError
+from toolcage.lifecycle import audit, reaper
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,8 +42,8 @@ sb.close()
 # the test never removes what it did not create
 ATTACKER = """
 import json, sys
-from toolcage import audit, reaper
-from toolcage.docker_adapter import Engine
+from toolcage.lifecycle import audit, reaper
+from toolcage.engine.docker_adapter import Engine
 engine = Engine.default()
 found = [o for o in reaper.find_orphans(engine) if o.run_id == sys.argv[1]]
 reaper.remove(engine, found, audit.shared(), by="reaper")

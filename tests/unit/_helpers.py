@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-from toolcage.config import RunSpec
+from toolcage.engine.hostconfig import RunSpec
 
 
 def run_spec(**overrides: Any) -> RunSpec:

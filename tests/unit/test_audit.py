@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from toolcage.audit import Audit, param_digest, read, verify
+from toolcage.lifecycle.audit import Audit, param_digest, read, verify
 
 
 def write(path: Path, n: int) -> None:
@@ -123,7 +123,7 @@ def test_event_writes_queued_records_first_without_waiting(tmp_path: Path, monke
     writer's batch window (a run's close came 15-20 ms later for it)."""
     import time
 
-    from toolcage import audit as audit_mod
+    from toolcage.lifecycle import audit as audit_mod
 
     monkeypatch.setattr(audit_mod, "BATCH_WINDOW_S", 30.0)  # the writer thread sleeps through the test
     log = tmp_path / "audit.jsonl"
@@ -165,9 +165,9 @@ def test_a_whole_last_record_without_its_newline_is_not_a_tear(tmp_path: Path) -
 def test_records_wait_while_the_log_cannot_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """While appends fail, queued records are kept (up to RETAIN_MAX, the rest counted in audit.lost) and
     written in order once appends work again; event() raises AuditError and drops only its own record."""
-    from toolcage import audit as audit_mod
-    from toolcage.audit_file import AuditFile
     from toolcage.errors import AuditError
+    from toolcage.lifecycle import audit as audit_mod
+    from toolcage.lifecycle.audit_file import AuditFile
 
     monkeypatch.setattr(audit_mod, "RETAIN_MAX", 5)
     real = AuditFile.commit

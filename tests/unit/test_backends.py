@@ -66,9 +66,9 @@ ROOT = Path(__file__).resolve().parents[2]
 KINDS_HOME = "runner/backends.py"  # the one module that may compare a backend kind with its name
 # Allowed for now, each with why; the backends step (issue 22) gives Backend typed attributes instead.
 KIND_COMPARISONS_ALLOWED = {
-    "runner/reaper.py": "an engine object's kind (container, volume), not a backend's",
-    "runner/doctor.py": "the operator's view reports per backend kind",
-    "runner/probes.py": "the operator's view reports per backend kind",
+    "runner/lifecycle/reaper.py": "an engine object's kind (container, volume), not a backend's",
+    "runner/ops/doctor.py": "the operator's view reports per backend kind",
+    "runner/ops/probes.py": "the operator's view reports per backend kind",
 }
 
 
@@ -157,8 +157,8 @@ def test_a_runsc_without_the_flags_the_kind_needs_is_not_gvisor() -> None:
     says why it is not usable."""
     from toolcage import UsageError
     from toolcage.backends import resolve_kind
+    from toolcage.ops.engines import backends_report
     from toolcage.policies import Policy
-    from toolcage.runtimes import backends_report
 
     bare = _Info({"runc": {}, "runsc": {"path": "/usr/bin/runsc"}})
     no_overlay = _Info({"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--oci-seccomp"]}})
@@ -178,7 +178,7 @@ def test_gvisor_runtime_in_the_container_config() -> None:
     """Under runsc the sandbox and its egress proxy name the runtime; the process limit moves to
     RLIMIT_NPROC (enforced per user inside gVisor) and the cgroup's pids limit is the sentry's backstop."""
     from tests.unit._helpers import run_spec
-    from toolcage.config import container_config, proxy_container_config
+    from toolcage.engine.hostconfig import container_config, proxy_container_config
     from toolcage.policies import load_policy
 
     policy = load_policy("connector-http")
@@ -198,9 +198,9 @@ def test_gvisor_without_a_network_stack_runs_the_egress_proxy_under_runc() -> No
     """runsc registered with --network=none cannot give the egress proxy its network: the proxy then
     runs under the engine's default runtime (doctor says so), the sandbox still under runsc."""
     from tests.unit._helpers import run_spec
-    from toolcage.config import container_config, proxy_container_config
+    from toolcage.engine.hostconfig import container_config, proxy_container_config
+    from toolcage.ops.engines import backends_report, gvisor_networked
     from toolcage.policies import load_policy
-    from toolcage.runtimes import backends_report, gvisor_networked
 
     none = {"Runtimes": {"runc": {}, "runsc": {"runtimeArgs": ["--network=none", "--platform=ptrace"]}}}
     netted = {"Runtimes": {"runc": {}, "runsc": {"runtimeArgs": ["--platform=ptrace"]}}}
@@ -215,7 +215,7 @@ def test_gvisor_without_a_network_stack_runs_the_egress_proxy_under_runc() -> No
 
 def test_runc_versions_with_known_escapes_are_named_with_their_fix() -> None:
     """doctor's warnings: runc older than 1.1.12 (CVE-2024-21626) and than 1.2.8 (the 2025 masked-path races)."""
-    from toolcage.runtimes import backends_report, runc_warnings
+    from toolcage.ops.engines import backends_report, runc_warnings
 
     assert len(runc_warnings("1.1.5+ds1")) == 2 and "1.1.12" in runc_warnings("1.1.5")[0]
     assert ["1.2.8" in w for w in runc_warnings("1.1.12")] == [True]
@@ -231,9 +231,9 @@ def test_podman_knobs_applied_once_to_the_sandbox_and_its_proxy() -> None:
     """Podman's compat API: seccomp by the shipped file's path, tmpfs owned through U (once: the proxy's
     config is the sandbox's applied again), an explicit nproc."""
     from tests.unit._helpers import run_spec
-    from toolcage.config import PODMAN_NPROC, READONLY_TMPFS, container_config, proxy_container_config
+    from toolcage.engine.hostconfig import PODMAN_NPROC, READONLY_TMPFS, container_config, proxy_container_config
+    from toolcage.engine.seccomp import SHIPPED
     from toolcage.policies import load_policy
-    from toolcage.seccomp import SHIPPED
 
     policy = load_policy("connector-http")
     spec = run_spec(proxy_volume="toolcage-sock-x", engine_flavor="podman")
@@ -254,7 +254,7 @@ def test_podman_knobs_applied_once_to_the_sandbox_and_its_proxy() -> None:
 def test_doctor_lists_every_engine_with_its_mode_and_kinds() -> None:
     """DOCKER_HOST's engine first, then rootful and rootless Docker and Podman sockets; each summarised as
     docker or podman, rootless or rootful (userns-remap), and the kinds it can serve."""
-    from toolcage.runtimes import engine_sockets, engine_summary
+    from toolcage.ops.engines import engine_sockets, engine_summary
 
     socks = engine_sockets({"DOCKER_HOST": "unix:///run/podman/podman.sock", "XDG_RUNTIME_DIR": "/run/user/1000"}, 1000)
     assert socks == [

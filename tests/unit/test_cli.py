@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from toolcage.cli import cli
+from toolcage.cli.main import cli
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
 
@@ -130,8 +130,8 @@ def test_commands_of_other_modules_load_when_asked_for() -> None:
     import sys
 
     code = (
-        "import sys, toolcage.cli; "
-        "print(sorted(m for m in ('toolcage.cli_image', 'toolcage.cli_mcp', 'toolcage.cli_ops', 'docker', "
+        "import sys, toolcage.cli.main; "
+        "print(sorted(m for m in ('toolcage.cli.image', 'toolcage.cli.mcp', 'toolcage.cli.ops', 'docker', "
         "'yaml', 'pydantic') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

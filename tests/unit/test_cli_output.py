@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from toolcage.cli import cli
+from toolcage.cli.main import cli
 from toolcage.errors import DockerUnavailable
 
 
@@ -73,7 +73,7 @@ def test_timeout_over_policy_warns_in_plain_text(no_sandbox: None) -> None:
 
 def test_ps_json_age_is_seconds() -> None:
     """`ps --json` rows give age_s as a number of seconds, not "90s"."""
-    from toolcage.ops import live_runs
+    from toolcage.ops.views import live_runs
 
     started = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 90))
 
@@ -88,12 +88,12 @@ def test_ps_json_age_is_seconds() -> None:
 
 def test_doctor_with_docker_down_prints_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
     """doctor with no engine prints its report with the engine check failed, and exits 1."""
-    import toolcage.docker_adapter
+    import toolcage.engine.docker_adapter
 
     def down(cls: Any) -> Any:
         raise DockerUnavailable("Cannot reach the Docker engine (test).")
 
-    monkeypatch.setattr(toolcage.docker_adapter.Engine, "default", classmethod(down))
+    monkeypatch.setattr(toolcage.engine.docker_adapter.Engine, "default", classmethod(down))
     out = CliRunner().invoke(cli, ["doctor"])
     assert out.exit_code == 1 and "engine      FAILED: Cannot reach the Docker engine" in out.stdout
     doc = json.loads(CliRunner().invoke(cli, ["doctor", "--json"]).stdout)
@@ -103,7 +103,7 @@ def test_doctor_with_docker_down_prints_the_report(monkeypatch: pytest.MonkeyPat
 def test_audit_unknown_run_says_so(tmp_path: Path) -> None:
     """`audit --run ID` with no records of that run says so and exits 1."""
     log = tmp_path / "a.jsonl"
-    from toolcage.audit import Audit
+    from toolcage.lifecycle.audit import Audit
 
     Audit(log).event("run.started", run_id="aaaa1111")
     out = CliRunner().invoke(cli, ["audit", "--audit-log", str(log), "--run", "nosuchid"])

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit._helpers import run_spec
-from toolcage import seccomp
-from toolcage.config import container_config, container_name
+from toolcage.engine import seccomp
+from toolcage.engine.hostconfig import container_config, container_name
 from toolcage.policies import load_policy
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"

@@ -8,7 +8,7 @@ import pytest
 from annotated_types import Ge
 
 from toolcage.sdk import Context, tool
-from toolcage.worker.connector_spec import SpecError, spec_of
+from toolcage.worker.connectors.spec import SpecError, spec_of
 from toolcage.worker.errors import BadParams
 
 

@@ -8,7 +8,7 @@ import docker.errors
 import requests
 import requests.exceptions
 
-from toolcage.docker_adapter import Engine, _translate
+from toolcage.engine.docker_adapter import Engine, _translate
 from toolcage.errors import DockerUnavailable, ImageMissing, SandboxError
 
 
@@ -74,7 +74,7 @@ def test_remove_treats_409_as_done_and_other_errors_as_errors() -> None:
 def test_remove_tries_a_5xx_again_until_it_goes_through(monkeypatch: Any) -> None:
     """Podman's 'could not be stopped: sending SIGKILL' (500) for a container that just exited: the
     next try removes it."""
-    monkeypatch.setattr("toolcage.docker_adapter.time.sleep", lambda s: None)
+    monkeypatch.setattr("toolcage.engine.docker_adapter.time.sleep", lambda s: None)
     engine = Engine.__new__(Engine)
     engine.api = _Api(docker.errors.APIError("x", response=_response(500), explanation="sending SIGKILL"), times=2)
     engine.remove("c")

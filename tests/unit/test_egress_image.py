@@ -10,7 +10,7 @@ import pytest
 from tests.unit._helpers import run_spec
 from toolcage.backends import ContainerBackend
 from toolcage.policies.loader import validate_policy
-from toolcage.transport import StreamParser
+from toolcage.rpc.transport import StreamParser
 
 
 class _Engine:
@@ -32,7 +32,7 @@ class _Engine:
 
 def test_the_proxy_runs_from_the_worker_image_not_the_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOOLCAGE_IMAGE", "toolcage-worker:trusted")
-    monkeypatch.setattr("toolcage.reaper.reap_in_background", lambda *a, **k: None)
+    monkeypatch.setattr("toolcage.lifecycle.reaper.reap_in_background", lambda *a, **k: None)
     policy = validate_policy({"name": "p", "network": {"mode": "proxy", "allow": [{"host": "example.test"}]}})
     engine = _Engine()
     backend = ContainerBackend(

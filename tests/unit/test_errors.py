@@ -7,8 +7,8 @@ import json
 import pytest
 
 import toolcage
+from toolcage.cli.output import error_payload
 from toolcage.errors import ToolcageError
-from toolcage.output import error_payload
 from toolcage.policies import PolicyError, load_policy
 from toolcage.results import STATUSES, CallResult, RunSummary, Status
 

@@ -51,7 +51,7 @@ def test_every_error_is_under_the_one_root() -> None:
 
 def test_every_cli_command_is_there() -> None:
     """The CLI's commands (the lazily registered ones included) are the pinned list."""
-    from toolcage.cli import cli
+    from toolcage.cli.main import cli
 
     ctx = click.Context(cli)
     found: list[str] = []

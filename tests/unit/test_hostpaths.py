@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.unit._helpers import run_spec
-from toolcage import hostpaths
+from toolcage.engine import hostpaths
 from toolcage.errors import UsageError, WorkspaceError
 
 

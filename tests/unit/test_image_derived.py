@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from toolcage.cli import cli
+from toolcage.cli.main import cli
 from toolcage.errors import BuildError, ImageMissing, RequirementsError, UsageError
 from toolcage.image import derived, wheels
 from toolcage.image.build import CONTEXT_LABEL, SOURCE_LABEL, BuildResult, source_sha256
@@ -365,12 +365,12 @@ def test_pure_sdist_becomes_a_wheel_and_is_cached(monkeypatch: pytest.MonkeyPatc
 @pytest.fixture
 def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any attempt to reach Docker fails the test: these errors come before it."""
-    import toolcage.docker_adapter
+    import toolcage.engine.docker_adapter
 
     def boom(*a: Any, **k: Any) -> None:
         raise AssertionError("Docker was asked")
 
-    monkeypatch.setattr(toolcage.docker_adapter, "Engine", boom)
+    monkeypatch.setattr(toolcage.engine.docker_adapter, "Engine", boom)
 
 
 def _usage(args: list[str], says: str) -> None:

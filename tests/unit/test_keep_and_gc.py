@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from tests.unit._helpers import run_spec
-from toolcage import reaper
-from toolcage.config import LABEL_KEEP, LABEL_OWNER, container_config
+from toolcage.engine.hostconfig import LABEL_KEEP, LABEL_OWNER, container_config
+from toolcage.lifecycle import reaper
 from toolcage.policies import load_policy
 
 
@@ -45,11 +45,11 @@ def _container(cid: str, keep: bool) -> dict[str, Any]:
 @pytest.fixture
 def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
     eng = FakeEngine([_container("kept0001", keep=True), _container("dead0001", keep=False)])
-    import toolcage.audit
-    import toolcage.docker_adapter
+    import toolcage.engine.docker_adapter
+    import toolcage.lifecycle.audit
 
-    monkeypatch.setattr(toolcage.docker_adapter.Engine, "default", classmethod(lambda cls: eng))
-    monkeypatch.setattr(toolcage.audit, "shared", lambda *a: None)
+    monkeypatch.setattr(toolcage.engine.docker_adapter.Engine, "default", classmethod(lambda cls: eng))
+    monkeypatch.setattr(toolcage.lifecycle.audit, "shared", lambda *a: None)
     return eng
 
 
@@ -88,6 +88,6 @@ def test_gc_dry_run_removes_nothing(engine: FakeEngine) -> None:
 
 
 def reaper_cli() -> Any:
-    from toolcage.cli import cli
+    from toolcage.cli.main import cli
 
     return cli

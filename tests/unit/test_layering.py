@@ -30,7 +30,7 @@ sys.meta_path.insert(0, Block())
 import {module}
 """
 # run as a script, never imported (its text is `python3 -c`'d by worker.zygote): read, not imported
-SCRIPTS = {"toolcage.worker.zygote_main"}
+SCRIPTS = {"toolcage.worker.children.zygote_main"}
 
 
 def _modules(package: str) -> list[str]:
@@ -86,9 +86,13 @@ def _violations(modules: list[str], blocked: set[str]) -> list[str]:
 def test_the_walk_finds_the_lazy_modules() -> None:
     """The walk reaches modules nothing imports at start-up (so a rule checked over it covers them)."""
     worker, policies = _modules("toolcage.worker"), _modules("toolcage.policies")
-    assert {"toolcage.worker.connectors", "toolcage.worker.safefetch", "toolcage.worker.proxy"} <= set(worker)
+    assert {
+        "toolcage.worker.connectors.host",
+        "toolcage.worker.egress.safefetch",
+        "toolcage.worker.egress.proxy",
+    } <= set(worker)
     assert {"toolcage.policies.decide", "toolcage.policies.contract"} <= set(policies)
-    assert {"toolcage.sandbox", "toolcage.cli", "toolcage.image.build"} <= _runner()
+    assert {"toolcage.sandbox", "toolcage.cli.main", "toolcage.image.build"} <= _runner()
 
 
 def test_worker_does_not_import_runner() -> None:
@@ -112,7 +116,7 @@ def test_one_top_level_name() -> None:
 
 
 def test_only_the_adapter_imports_docker() -> None:
-    """Only runner/docker_adapter.py imports docker; only worker/dispatch.py imports jsonrpcserver."""
+    """Only runner/engine/docker_adapter.py imports docker; only worker/dispatch.py imports jsonrpcserver."""
     for pkg, lib, allowed in (
         ("runner", "docker", {"docker_adapter.py"}),
         ("worker", "jsonrpcserver", {"dispatch.py"}),

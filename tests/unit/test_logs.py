@@ -13,7 +13,7 @@ import structlog
 from click.testing import CliRunner
 
 from toolcage import logs
-from toolcage.cli import cli
+from toolcage.cli.main import cli
 
 EVIL = "\x1b[2K\rFAKE ok"
 

@@ -8,8 +8,8 @@ import sys
 import mcp_types as types
 
 from toolcage.errors import SandboxTimeout
-from toolcage.mcp_server import call_content, mcp_tools, sandbox_failure
 from toolcage.results import CallResult
+from toolcage.servers.mcp_serve import call_content, mcp_tools, sandbox_failure
 
 
 def _text(out: dict) -> str:
@@ -79,7 +79,10 @@ def test_tool_listing_as_mcp_tools() -> None:
 
 def test_sdk_not_imported_by_toolcage_or_its_cli() -> None:
     """`import toolcage` and the CLI module load without the MCP SDK (it is imported when `mcp serve` runs)."""
-    code = "import sys, toolcage, toolcage.cli; assert not any(m == 'mcp' or m.startswith('mcp.') for m in sys.modules)"
+    code = (
+        "import sys, toolcage, toolcage.cli.main; "
+        "assert not any(m == 'mcp' or m.startswith('mcp.') for m in sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -39,12 +39,12 @@ def test_core_needs_no_mcp_sdk() -> None:
 def test_library_and_run_work_without_the_sdk() -> None:
     """import toolcage, a Sandbox run and `toolcage run` need no MCP SDK; nor does `mcp wrap` (its own relay)."""
     code = (
-        "import toolcage, toolcage.mcp_wrap, toolcage.mcp_relay\n"
+        "import toolcage, toolcage.servers.mcp_wrap, toolcage.servers.mcp_relay\n"
         "from toolcage import Sandbox\n"
         "with Sandbox(sandbox='none', audit=False) as sb:\n"
         "    assert sb.call('run_python', {'code': 'print(6*7)'}).result['stdout'] == '42\\n'\n"
         "sys.argv = ['toolcage', 'run', 'ping', '--sandbox', 'none']\n"
-        "from toolcage.cli import main\n"
+        "from toolcage.cli.main import main\n"
         "main()\n"
     )
     out = _run(code)
@@ -54,7 +54,9 @@ def test_library_and_run_work_without_the_sdk() -> None:
 
 def test_mcp_serve_names_the_extra() -> None:
     """`toolcage mcp serve` without the SDK: exit 2, one line naming `toolcage[mcp]`, no traceback."""
-    out = _run("sys.argv = ['toolcage', 'mcp', 'serve', '--sandbox', 'none']\nfrom toolcage.cli import main\nmain()\n")
+    out = _run(
+        "sys.argv = ['toolcage', 'mcp', 'serve', '--sandbox', 'none']\nfrom toolcage.cli.main import main\nmain()\n"
+    )
     assert out.returncode == 2, out.stderr
     assert "pip install 'toolcage[mcp]'" in out.stderr and "Traceback" not in out.stderr
     assert out.stderr.startswith("toolcage: ") and out.stdout == ""

@@ -1,4 +1,4 @@
-"""The rules of `toolcage mcp wrap`'s relay (toolcage.mcp_relay), the launcher's config line and
+"""The rules of `toolcage mcp wrap`'s relay (toolcage.servers.mcp_relay), the launcher's config line and
 environment (toolcage.worker.mcp_host), and the command's usage errors; no Docker."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from tests.helpers import run_cli
 from tests.unit._helpers import run_spec
-from toolcage.config import container_config
-from toolcage.mcp_relay import SERVER_ENDED, Relay, ToolFilter
+from toolcage.engine.hostconfig import container_config
 from toolcage.policies import load_policy
+from toolcage.servers.mcp_relay import SERVER_ENDED, Relay, ToolFilter
 
 
 class Clock:
@@ -274,7 +274,7 @@ def test_server_env_is_clean_with_home_in_scratch_and_the_secrets() -> None:
 
 def test_the_launcher_replaces_only_the_command() -> None:
     """RunSpec.entrypoint sets Entrypoint and nothing else: the hardening is the same as a worker's."""
-    from toolcage.mcp_wrap import LAUNCHER
+    from toolcage.servers.mcp_wrap import LAUNCHER
 
     policy = load_policy("default")
     plain = container_config(policy, run_spec())
@@ -304,7 +304,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], says: str) -> None:
 
 def test_pip_requirements() -> None:
     """--pip packages become a requirements file, checked like one; the image tag depends on them and the parent."""
-    from toolcage.cli_mcp import wrap_image_tag
+    from toolcage.cli.mcp import wrap_image_tag
     from toolcage.errors import RequirementsError
     from toolcage.image.derived import pip_requirements
 

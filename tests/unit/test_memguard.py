@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.unit._helpers import run_spec
-from toolcage.config import GVISOR, container_config, gvisor_memory_headroom
-from toolcage.ops import inspect_findings
+from toolcage.engine.hostconfig import GVISOR, container_config, gvisor_memory_headroom
+from toolcage.ops.views import inspect_findings
 from toolcage.policies import load_policy
-from toolcage.worker import memguard
+from toolcage.worker.children import memguard
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
 MiB = 1024**2

@@ -1,4 +1,4 @@
-"""The seccomp filter worker/nsinit.py stacks on tool code under gVisor, run through a BPF evaluator."""
+"""The seccomp filter worker/children/nsinit.py stacks on tool code under gVisor, run through a BPF evaluator."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from toolcage.worker import namespaces, nsinit
+from toolcage.worker.children import namespaces, nsinit
 
 ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050001, 0x00050026
 

@@ -8,10 +8,10 @@ import socket
 from typing import Any
 
 from tests.unit._helpers import run_spec
-from toolcage.config import container_config
-from toolcage.ops import inspect_findings
+from toolcage.engine.hostconfig import container_config
+from toolcage.lifecycle.reaper import orphan_reason
+from toolcage.ops.views import inspect_findings
 from toolcage.policies import load_policy
-from toolcage.reaper import orphan_reason
 
 
 def live_inspect() -> dict[str, Any]:
@@ -71,7 +71,7 @@ def test_rw_mount_and_socket_found() -> None:
 def test_orphan_rules() -> None:
     """Dead owner and reused pid make an orphan in the reaper's own namespace; a live owner never does,
     past its deadline too; an owner in another namespace is judged by the deadline alone."""
-    from toolcage.ownership import namespace_key, process_start_ticks
+    from toolcage.lifecycle.ownership import namespace_key, process_start_ticks
 
     here = namespace_key()
     me = {

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit._helpers import run_spec
-from toolcage import audit, ownership, reaper
-from toolcage.config import LABEL_OWNER_NS, container_config
+from toolcage.engine.hostconfig import LABEL_OWNER_NS, container_config
+from toolcage.lifecycle import audit, ownership, reaper
 from toolcage.policies import load_policy
 
 

@@ -106,7 +106,7 @@ def test_policy_error_exit_code_is_what_the_cli_exits_with(monkeypatch: pytest.M
     """The CLI exits with PolicyError.exit_code (2), read from the class, not a literal of its own."""
     from click.testing import CliRunner
 
-    from toolcage.cli import cli
+    from toolcage.cli.main import cli
 
     assert PolicyError.exit_code == 2
     args = ["policy", "test", str(FIX / "bad-memory-unit.yaml"), "https://x/"]

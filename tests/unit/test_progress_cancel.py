@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from toolcage import Cancel, Sandbox
-from toolcage.transport import StreamParser
+from toolcage.rpc.transport import StreamParser
 from toolcage.worker import calls
 from toolcage.worker.protocol import Channel
 

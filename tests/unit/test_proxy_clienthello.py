@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from toolcage.worker.clienthello import MAX_RECORD, NotClientHello, needed, server_name
+from toolcage.worker.egress.clienthello import MAX_RECORD, NotClientHello, needed, server_name
 
 
 def real_hello(sni: str | None) -> bytes:

@@ -8,9 +8,9 @@ import struct
 import threading
 from typing import Any
 
-from toolcage.egress import MAX_LINE, DecisionStream, audit_decisions
-from toolcage.transport import DockerAttachTransport
-from toolcage.worker.decisionlog import MAX_FIELD, DecisionLog, clip
+from toolcage.backends.egress import MAX_LINE, DecisionStream, audit_decisions
+from toolcage.rpc.transport import DockerAttachTransport
+from toolcage.worker.egress.decisionlog import MAX_FIELD, DecisionLog, clip
 
 
 class BlockingOut(io.StringIO):
@@ -109,7 +109,7 @@ def test_a_runs_refusals_are_folded_into_counts_after_the_first_ones() -> None:
     """Proxy and SafeFetch refusals share one budget per run: the first REFUSALS_RECORDED are records,
     the rest counts per (source, reason, origin), flushed as egress.refusals_folded; allowed ones stay
     records; the distinct keys per record are capped (the rest in ``other``)."""
-    from toolcage import records
+    from toolcage.lifecycle import records
     from toolcage.results import CallResult
 
     calls: list[tuple[str, dict[str, Any]]] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolcage.worker.headcheck import bad_line_end, check_head
+from toolcage.worker.egress.headcheck import bad_line_end, check_head
 
 A = b"GET http://api.test/ HTTP/1.1\r\nHost: api.test\r\n"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from toolcage import removal
+from toolcage.lifecycle import removal
 
 # A command that hands two containers to the helper and exits. The engine is a fake whose remove()
 # waits for the test's go-ahead, then records the id: the command can only have exited without
@@ -21,8 +21,8 @@ from toolcage import removal
 COMMAND = """
 import sys, time
 from pathlib import Path
-import toolcage.docker_adapter as adapter
-from toolcage import removal
+import toolcage.engine.docker_adapter as adapter
+from toolcage.lifecycle import removal
 
 go, record = Path(sys.argv[1]), Path(sys.argv[2])
 

@@ -65,7 +65,7 @@ def test_the_first_reason_a_run_ended_wins() -> None:
     """end() kills the backend and records the first reason; later reasons (an interrupt) do not replace it;
     an answer that timed out past the deadline is the run's deadline, before it a hung call."""
     from toolcage.errors import SandboxInterrupted, SandboxTimeout
-    from toolcage.session import Ended
+    from toolcage.rpc.session import Ended
 
     class _Backend:
         container_id = None

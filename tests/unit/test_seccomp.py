@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from tests.unit._helpers import run_spec
-from toolcage import seccomp
-from toolcage.config import container_config, proxy_container_config
+from toolcage.engine import seccomp
+from toolcage.engine.hostconfig import container_config, proxy_container_config
 
 SHIPPED = Path(seccomp.__file__).with_suffix(".json")
 
@@ -17,7 +17,7 @@ def _allowed(profile: dict) -> set[str]:
 
 
 def test_shipped_file_is_the_generated_profile() -> None:
-    """runner/seccomp.json is exactly `python -m toolcage.seccomp` (regenerate it after a change)."""
+    """runner/engine/seccomp.json is exactly `python -m toolcage.engine.seccomp` (regenerate it after a change)."""
     assert SHIPPED.read_text() == seccomp.profile_json()
 
 

@@ -16,7 +16,7 @@ import yaml
 
 from tests.unit._helpers import finish_with_stdin_open
 from toolcage import Sandbox, SandboxTimeout, load_policy
-from toolcage.audit import read
+from toolcage.lifecycle.audit import read
 
 ROOT = Path(__file__).resolve().parents[2]
 SLEEP = {"jsonrpc": "2.0", "method": "run_python", "params": {"code": "import time; time.sleep(30)", "timeout_s": 30}}
@@ -201,7 +201,7 @@ def test_serve_streams_progress_and_cancels(tmp_path: Path) -> None:
 def test_serve_refuses_a_progress_token_still_in_use() -> None:
     """toolcage serve's bookkeeping: a request reusing an in-flight request's progress token gets -32602 (not
     sent), the token is free again once that request is answered, and a batch registers no token."""
-    from toolcage.bridge import _Pending
+    from toolcage.servers.serve import _Pending
 
     def req(rid: Any, token: Any) -> bytes:
         params = {"code": "", "_meta": {"progressToken": token}}

@@ -11,10 +11,10 @@ import pytest
 import structlog
 from click.testing import CliRunner
 
-from toolcage import cli as cli_mod
 from toolcage import logs, textsafe
-from toolcage.audit import Audit
+from toolcage.cli import main as cli_mod
 from toolcage.errors import WorkerCrashed
+from toolcage.lifecycle.audit import Audit
 
 # erase line + carriage return, OSC title, one-byte CSI, right-to-left override, DEL, a newline
 PAYLOADS = ["\x1b[2K\rFAKE ok", "\x1b]0;title\x07", "\u009b31m", "\u202eevil", "del\x7f", "line\nforged"]
@@ -98,7 +98,7 @@ def test_log_lines_are_escaped(capsys: pytest.CaptureFixture[str], as_json: bool
 
 def test_cli_error_message_is_escaped(capsys: pytest.CaptureFixture[str]) -> None:
     """An error printed by the CLI (a message the worker chose) is escaped on stderr and in JSON."""
-    from toolcage import output
+    from toolcage.cli import output
 
     output.use_json(True)
     try:
@@ -113,8 +113,8 @@ def test_cli_error_message_is_escaped(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_ps_table_is_escaped(monkeypatch: pytest.MonkeyPatch) -> None:
     """`toolcage ps` escapes labels and shows rich markup literally."""
-    import toolcage.docker_adapter
-    import toolcage.ops
+    import toolcage.engine.docker_adapter
+    import toolcage.ops.views
 
     row: dict[str, Any] = {
         "name": "toolcage-x-1",
@@ -126,8 +126,8 @@ def test_ps_table_is_escaped(monkeypatch: pytest.MonkeyPatch) -> None:
         "owner": "h:1",
         "container_id": "abc",
     }
-    monkeypatch.setattr(toolcage.docker_adapter.Engine, "default", classmethod(lambda cls: object()))
-    monkeypatch.setattr(toolcage.ops, "live_runs", lambda engine: [row])
+    monkeypatch.setattr(toolcage.engine.docker_adapter.Engine, "default", classmethod(lambda cls: object()))
+    monkeypatch.setattr(toolcage.ops.views, "live_runs", lambda engine: [row])
     res = CliRunner().invoke(cli_mod.cli, ["ps"], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
     assert_clean(res.output)
@@ -151,7 +151,7 @@ def test_doctor_text_is_escaped(capsys: pytest.CaptureFixture[str]) -> None:
         "containers": [{"name": "toolcage-" + EVIL, "findings": []}],
         "probes": [{"name": "p", "what": "w", "passed": False, "observed": EVIL}],
     }
-    from toolcage import doctor
+    from toolcage.ops import doctor
 
     report["engine"]["ok"] = True  # type: ignore[index]
     doctor._doctor_text(report, ["probe p failed: " + EVIL])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 
-from toolcage.transport import EOF_MARK, Broken, DockerAttachTransport, StreamParser
+from toolcage.rpc.transport import EOF_MARK, Broken, DockerAttachTransport, StreamParser
 
 
 def frame(stream: int, data: bytes) -> bytes:
@@ -147,7 +147,7 @@ def test_a_request_over_the_workers_line_limit_is_refused_before_sending() -> No
     import pytest
 
     from toolcage.errors import BadToolCall
-    from toolcage.session import Session
+    from toolcage.rpc.session import Session
     from toolcage.worker.protocol import MAX_REQUEST_BYTES
 
     sent: list[bytes] = []

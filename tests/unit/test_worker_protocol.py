@@ -136,7 +136,7 @@ def test_first_answer_imports_only_the_core() -> None:
         '\'{"jsonrpc": "2.0", "result": "pong", "id": 1}\'\n'
         "heavy = ('structlog', 'asyncio', 'pydantic', 'dataclasses', 'uuid', 'subprocess',\n"
         "         'toolcage.policies.model', 'toolcage.policies.loader',\n"
-        "         'toolcage.worker.connectors', 'toolcage.worker.tools.proc', 'toolcage.worker.zygote',\n"
+        "         'toolcage.worker.connectors.host', 'toolcage.worker.tools.proc', 'toolcage.worker.children.zygote',\n"
         "         'oslash.cont', 'oslash.observable', 'oslash.list')  # oslash: Either only (~35 ms)\n"
         "print([m for m in heavy if m in sys.modules or m.replace('toolcage.', '') in sys.modules])"
     )

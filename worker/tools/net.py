@@ -32,7 +32,7 @@ def log_decision(url: str, method: str, d: Any) -> None:
 
 
 def http_fetch(settings: Settings, p: HttpFetchParams) -> dict[str, Any]:
-    from toolcage.worker.safefetch import SafeFetch, proxy_from_env
+    from toolcage.worker.egress.safefetch import SafeFetch, proxy_from_env
 
     try:
         body = (

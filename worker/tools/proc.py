@@ -24,7 +24,8 @@ from typing import Annotated, Any
 from annotated_types import Gt
 
 from toolcage.policies import contract
-from toolcage.worker import calls, cgroup, memguard, namespaces, sweep, zygote
+from toolcage.worker import calls
+from toolcage.worker.children import cgroup, memguard, namespaces, sweep, zygote
 from toolcage.worker.errors import BadParams, ToolError
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Tool

@@ -1,0 +1,5 @@
+"""``python -m toolcage.cli``: the same as the ``toolcage`` command."""
+
+from toolcage.cli.main import main
+
+main()

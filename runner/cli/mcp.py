@@ -1,0 +1,207 @@
+"""``toolcage mcp serve`` and ``toolcage mcp wrap``: the commands; what they run is imported only when
+they run (``toolcage.servers.mcp_serve`` with the MCP SDK, ``toolcage.servers.mcp_wrap``)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from toolcage.cli.output import use_json
+from toolcage.errors import UsageError
+
+
+@click.group()
+def mcp() -> None:
+    """Speak MCP (Model Context Protocol) to agent frameworks, IDEs and desktop apps."""
+
+
+def _serve_command() -> Any:
+    from toolcage.cli.main import pool_option, sandbox_options
+
+    @mcp.command("serve")
+    @sandbox_options
+    @click.option(
+        "--fresh-per-call",
+        is_flag=True,
+        help="A new sandbox for every tools/call (default: one sandbox per MCP session; scratch persists).",
+    )
+    @pool_option
+    def serve(fresh_per_call: bool, pool_size: int | None, **opts: Any) -> None:
+        """Serve the sandbox's tools (built-in and --tools connectors) as an MCP server on stdin/stdout.
+
+        One sandbox per session by default, started before serving and removed at EOF, SIGINT or SIGTERM.
+        stdout carries MCP only; diagnostics go to stderr.
+        """
+        from toolcage.cli.main import _policy, _pool, _sandbox
+
+        use_json(False)  # stdout is the MCP stream: errors go to stderr only
+        try:
+            from toolcage.servers.mcp_serve import serve as serve_mcp
+        except ModuleNotFoundError as exc:  # the MCP SDK is an extra; its message names it
+            if "toolcage[mcp]" not in str(exc):
+                raise
+            raise UsageError(str(exc)) from None
+        _policy(opts)  # a bad policy or --timeout fails here, before anything starts
+        if pool_size is None:
+            serve_mcp(lambda: _sandbox("mcp", opts), fresh_per_call=fresh_per_call)
+            return
+        # every sandbox (the session's, its replacements, or one per tools/call) adopted from a warm pool
+        pool, make_sandbox = _pool("mcp", opts, pool_size)
+        with pool:
+            serve_mcp(make_sandbox, fresh_per_call=fresh_per_call)
+
+    return serve
+
+
+def _wrap_command() -> Any:
+    from toolcage.cli.main import sandbox_options
+
+    # no connectors, no SafeFetch CA; an --image and a --secret of its own
+    shared: Callable[[Any], Any] = sandbox_options(without=("tools", "ca_file", "image", "secret"))
+
+    @mcp.command("wrap", context_settings={"allow_interspersed_args": False})
+    @shared
+    @click.option(
+        "--secret",
+        "secret",
+        multiple=True,
+        metavar="NAME=env:VAR|NAME=file:PATH",
+        help="An environment variable NAME for the server only (repeatable): "
+        "not in docker inspect, logs or the audit log.",
+    )
+    @click.option(
+        "--image",
+        metavar="REF",
+        default=None,
+        help="Run the server from this image (built FROM the worker image, e.g. by `toolcage image build --pip`).",
+    )
+    @click.option(
+        "--pip",
+        "pip",
+        metavar="PKG",
+        multiple=True,
+        help="A PyPI package the server needs (repeatable): an image with them is built once, offline, and reused.",
+    )
+    @click.option("--allow-tool", metavar="TOOL", multiple=True, help="Offer only these tools (repeatable).")
+    @click.option("--deny-tool", metavar="TOOL", multiple=True, help="Hide and refuse these tools (repeatable).")
+    @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS]...")
+    def wrap(
+        command: tuple[str, ...], image: str | None, pip: tuple[str, ...], allow_tool: tuple[str, ...],
+        deny_tool: tuple[str, ...], **opts: Any,
+    ) -> None:  # fmt: skip
+        """Run a third-party stdio MCP server in a hardened container and relay MCP to it on stdin/stdout.
+
+        Example: toolcage mcp wrap --pip mcp-server-time -- mcp-server-time
+
+        The server gets the policy's limits, deadline and network (none, or only the allowed
+        hosts through the egress proxy), --workspace read-only at /workspace, and each --secret
+        as an environment variable (nowhere else). stdout carries MCP only; the server's stderr
+        is shown on stderr, prefixed `toolcage: server:`.
+        """
+        from toolcage import logs
+        from toolcage.cli.main import _policy
+        from toolcage.cli.output import warn
+        from toolcage.connectors import parse_secret_options
+        from toolcage.servers.mcp_relay import ToolFilter
+        from toolcage.servers.mcp_wrap import McpWrap, secret_store
+
+        use_json(False)  # stdout is the MCP stream: errors go to stderr only
+        if not command:
+            raise UsageError(
+                "give the server's command after --, e.g. toolcage mcp wrap --pip mcp-server-time -- mcp-server-time"
+            )
+        if allow_tool and deny_tool:
+            raise UsageError("give --allow-tool or --deny-tool, not both")
+        if image and pip:
+            raise UsageError("give --image REF or --pip PKG, not both (--pip builds the image)")
+        if opts["sandbox"] == "none":
+            from toolcage.servers.mcp_wrap import WRAP_NEEDS_A_CONTAINER
+
+            raise UsageError(WRAP_NEEDS_A_CONTAINER)
+        policy = _policy(opts)  # a bad policy or --timeout fails here, before anything starts
+        if pip:
+            from toolcage.image.derived import pip_requirements
+
+            pip_requirements(pip)  # packages only, checked before Docker is asked anything
+        secrets = parse_secret_options(opts["secret"])
+        secret_store(secrets)  # names and values checked before Docker is asked anything
+        logs.configure(opts["verbose"], json_logs=False)
+        engine, ref = _wrap_image(image, pip, warn)
+        tool_filter = ToolFilter(frozenset(allow_tool) if allow_tool else None, frozenset(deny_tool))
+        server = McpWrap(
+            policy, list(command), image=ref, workspace=opts["workspace"], secrets=secrets, tool_filter=tool_filter,
+            keep=opts["keep"], egress_network=opts["egress_network"], egress_proxy=opts["egress_proxy"],
+            audit=opts["audit_log"], engine=engine, sandbox=opts["sandbox"],
+        )  # fmt: skip
+        sys.exit(server.run())
+
+    return wrap
+
+
+def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any) -> tuple[Any, str]:
+    """The engine and the image the server runs from: --image as it is, --pip's derived image (built
+    when missing or stale), or the worker image."""
+    from toolcage.engine.docker_adapter import Engine
+    from toolcage.errors import ImageMissing
+    from toolcage.options import worker_image
+
+    worker = worker_image()
+    engine = Engine.default()
+    engine.ping()
+    if image:
+        image_check(engine, image, warn)
+        return engine, image
+    if not pip:
+        if engine.image(worker) is None:
+            raise ImageMissing(f"image {worker} is missing: run `toolcage image build`", image=worker)
+        return engine, worker
+    from toolcage.cli.image import build_derived_image
+    from toolcage.image.derived import REQUIREMENTS_LABEL, pip_requirements, prepare_pip
+
+    existing = engine.image(worker)
+    if existing is not None and REQUIREMENTS_LABEL in ((existing.get("Config") or {}).get("Labels") or {}):
+        raise UsageError(f"{worker} ($TOOLCAGE_IMAGE) is a derived image: --pip derives from the worker image")
+    tag = wrap_image_tag(pip_requirements(pip), worker)
+    spec = prepare_pip(pip, tag, None, worker)
+    build_derived_image(spec, None, False, emit_result=False, title="toolcage mcp wrap: the image for --pip")
+    return engine, tag
+
+
+def image_check(engine: Any, image: str, say_warning: Any) -> None:
+    """``--image``: it exists here (nothing can be pulled) and is built from the worker image, whose
+    launcher (toolcage.worker.mcp_host) runs the server; exit 2 otherwise."""
+    from toolcage.image.build import SOURCE_LABEL, image_labels, source_sha256
+
+    info = engine.image(image)
+    if info is None:
+        raise UsageError(
+            f"--image {image}: no such image here (nothing is pulled): build one with "
+            "`toolcage image build --pip PKG --tag NAME`, or use --pip PKG"
+        )
+    labels = image_labels(info)
+    if SOURCE_LABEL not in labels:
+        raise UsageError(
+            f"--image {image} is not built from the toolcage worker image (no {SOURCE_LABEL} label): its launcher "
+            "runs the server; build it FROM the worker image (`toolcage image build --pip PKG --tag NAME`)"
+        )
+    if labels[SOURCE_LABEL] != source_sha256():
+        say_warning(f"--image {image} was built from other toolcage sources; rebuild it if the server does not start")
+
+
+def wrap_image_tag(requirements: bytes, parent: str) -> str:
+    """The derived image for ``--pip``, named by what it holds: the same packages on the same worker image reuse it."""
+    import hashlib
+
+    return f"toolcage-mcp:{hashlib.sha256(parent.encode() + bytes(1) + requirements).hexdigest()[:16]}"
+
+
+def register(group: click.Group) -> None:
+    _serve_command()
+    _wrap_command()
+    group.add_command(mcp)
+
+
+__all__ = ["image_check", "register", "wrap_image_tag"]

@@ -1,0 +1,163 @@
+"""The operator commands: audit, ps, gc, doctor (what you run to watch and clean up toolcage).
+
+Split from ``toolcage.cli.main`` to keep each module to one purpose; output and errors follow the
+one convention in ``toolcage.cli.output`` (results on stdout, ``--json`` for programs, escaped
+diagnostics on stderr).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from toolcage.cli.output import emit, say, use_json
+from toolcage.errors import NotFound, UsageError
+from toolcage.textsafe import dumps, escape
+
+_SINCE = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _parse_since(text: str) -> float:
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
+    if not m:
+        raise UsageError(f"--since wants a duration like 30s, 10m, 2h or 1d, not {text!r}")
+    return float(m.group(1)) * _SINCE[m.group(2)]
+
+
+def _audit_line(rec: dict[str, Any]) -> str:
+    """One audit record for people: every field escaped (egress targets, methods and reasons
+    come from inside the sandbox)."""
+    skip = {"ts", "event", "run_id", "hash", "prev", "seq"}
+    rest = " ".join(f"{escape(k)}={escape(v)}" for k, v in sorted(rec.items()) if k not in skip and v is not None)
+    ts, run_id, event = (escape(rec.get(k, d)) for k, d in (("ts", "?"), ("run_id", "-"), ("event", "?")))
+    return f"{ts[:23]}  {run_id:<8}  {event:<16} {rest}"
+
+
+@click.command()
+@click.option("--run", "run_id", default=None, help="Only this run id.")
+@click.option("--since", default=None, help="Only the last DURATION (30s, 10m, 2h, 1d).")
+@click.option("--json", "as_json", is_flag=True, help="Print records as JSON lines.")
+@click.option("--verify", is_flag=True, help="Check the hash chain; exit 1 if a line was edited, dropped or moved.")
+@click.option("--audit-log", type=click.Path(dir_okay=False), default=None, help="Audit log file.")
+def audit(run_id: str | None, since: str | None, as_json: bool, verify: bool, audit_log: str | None) -> None:
+    """Read the audit log: what ran, with which policy, what it did, how it ended."""
+    from datetime import datetime
+    from pathlib import Path
+
+    from toolcage.lifecycle import audit as audit_mod
+
+    use_json(as_json)
+    path = Path(audit_log).expanduser() if audit_log else audit_mod.default_path()
+    if verify:
+        problems = audit_mod.verify(path)
+        n = 0 if problems else sum(1 for _ in audit_mod.read(path))
+        if as_json:
+            emit({"path": str(path), "intact": not problems, "problems": problems, "records": n})
+        for p in problems:
+            say(f"audit: {p}")
+        if problems:
+            sys.exit(1)
+        if not as_json:
+            click.echo(f"{escape(path)}: intact, {n} records")
+        return
+    if not path.exists():
+        raise UsageError(f"no audit log at {path}")
+    cutoff = time.time() - _parse_since(since) if since else None
+    shown = 0
+    for rec in audit_mod.read(path):
+        if run_id and rec.get("run_id") != run_id:
+            continue
+        if cutoff is not None:
+            try:
+                if datetime.fromisoformat(str(rec.get("ts", "")).replace("Z", "+00:00")).timestamp() < cutoff:
+                    continue
+            except ValueError:
+                continue
+        shown += 1
+        click.echo(dumps(rec, sort_keys=True) if as_json else _audit_line(rec))
+    if run_id and not shown:
+        window = f" in the last {since}" if since else ""
+        raise NotFound(f"no records of run {run_id!r}{window} in {path}", run_id=run_id)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (age_s in seconds, memory_bytes in bytes).")
+def ps(as_json: bool) -> None:
+    """Live runs (from Docker labels): name, tool, policy, age, memory."""
+    from toolcage.engine.docker_adapter import Engine
+    from toolcage.ops.views import format_age, live_runs
+
+    use_json(as_json)
+    rows = live_runs(Engine.default())
+    if as_json:
+        emit(rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table("NAME", "TOOL", "POLICY", "AGE", "MEMORY", "OWNER", box=None)
+    for r in rows:
+        mem = f"{r['memory_bytes'] / 2**20:.1f} MiB" if r["memory_bytes"] else "-"
+        # Text, not str: a label like "[red]x" is shown, not read as rich markup
+        cells = (r["name"], r["tool"], r["policy"], format_age(r["age_s"]), mem, r["owner"])
+        table.add_row(*(Text(escape("-" if c is None else c)) for c in cells))
+    Console().print(table)
+    if not rows:
+        say("no live runs")
+
+
+@click.command()
+@click.option("--dry-run", is_flag=True, help="List what would be removed.")
+@click.option("--kept", is_flag=True, help="Also remove what runs started with --keep left (only ever on request).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was (or would be) removed and kept, as JSON.")
+def gc(dry_run: bool, kept: bool, as_json: bool) -> None:
+    """Remove toolcage containers, networks and volumes whose owner is gone or whose deadline passed.
+
+    What a run started with --keep left is listed but removed only with --kept.
+    """
+    from toolcage.engine.docker_adapter import Engine
+    from toolcage.lifecycle.reaper import find_orphans, remove
+
+    use_json(as_json)
+    engine = Engine.default()
+    found = find_orphans(engine, include_kept=True)
+    doomed = [o for o in found if kept or not o.kept]
+    left = [o for o in found if o.kept and not kept]
+    if not dry_run:
+        from toolcage.lifecycle import audit as audit_mod
+
+        remove(engine, doomed, audit_mod.shared())
+    if as_json:
+        emit(
+            {
+                "dry_run": dry_run,
+                "removed" if not dry_run else "would_remove": [o.__dict__ for o in doomed],
+                "kept": [o.__dict__ for o in left],
+            }
+        )
+        return
+    verb = "would remove" if dry_run else "removed"
+    for o in doomed:
+        click.echo(f"{verb} {o.kind} {escape(o.name)} (run {escape(o.run_id)}): {escape(o.reason)}")
+    for o in left:
+        click.echo(
+            f"kept {o.kind} {escape(o.name)} (run {escape(o.run_id)}): started with --keep; gc --kept removes it"
+        )
+    if not found:
+        say("nothing to collect")
+
+
+def register(group: click.Group) -> None:
+    from toolcage.ops.doctor import doctor
+
+    for cmd in (audit, ps, gc, doctor):
+        group.add_command(cmd)
+
+
+__all__ = ["register"]

@@ -1,0 +1,282 @@
+"""The worker's side of the zygote (``worker/children/zygote_main.py``): start it, check it, fork a call from it.
+
+Why: a ``run_python`` child spends ~20 ms starting an interpreter; a fork of a ready one takes
+about 1 ms. The fast path serves ``run_python`` only, only in a container (the worker is PID 1,
+so the forked child is re-parented to it and swept like any other), only when the call would
+run ``python3 -c code`` with the zygote's very environment, and never under
+``unsafe_background_processes`` (processes of an earlier call could then tamper with it between
+the checks and the fork). Anything else, and any doubt about the zygote, takes the subprocess
+path; the zygote is then killed and started again while the worker is idle.
+
+Threat: a call reaching the next one through the zygote. A child of the sandbox user can still
+kill or stop it, or change what the kernel lets any same-uid process change of another: its
+limits (prlimit), nice value, CPU affinity, scheduling policy and I/O priority, all of which a
+fork would inherit (toolcage's seccomp profile now refuses those calls on any process but the
+caller itself; the check stays, for a profile an operator replaced). Before every fork the
+worker checks each of them against its own (what a subprocess child would inherit) and that
+the zygote still runs; on any difference it is discarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import platform
+import resource
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from toolcage.policies import contract
+from toolcage.worker.children import namespaces, sweep
+from toolcage.worker.protocol import readable
+
+_READY_S = 5.0  # the zygote's own start-up
+_REPLY_S = 1.0  # one fork; a zygote that does not answer in time is discarded (stopped?)
+_PIPE_SIZE = 1 << 20
+_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(platform.machine())
+_RLIMITS = tuple(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_"))
+
+
+class Spawned:
+    """What ``proc.run_child`` needs of a ``subprocess.Popen``: a pid and the parent's ends of the pipes."""
+
+    def __init__(self, pid: int, stdin: Any, stdout: Any, stderr: Any) -> None:
+        self.pid = pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+
+
+class Zygote:
+    def __init__(self, env: dict[str, str], cwd: str) -> None:
+        self.env = dict(env)
+        self.cwd = cwd
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with open(os.path.join(os.path.dirname(__file__), "zygote_main.py"), encoding="utf-8") as f:
+            source = f.read()
+        # its end of the socket keeps its number in the zygote (pass_fds): the program is told which
+        source = source.replace("_CTL = 3  # fd", f"_CTL = {theirs.fileno()}  # fd", 1)
+        if namespaces.enabled():  # each fork enters namespaces of its own, as nsinit does for a subprocess
+            with open(namespaces.NSINIT, encoding="utf-8") as f:
+                source = source.replace("_NAMESPACES = None  # nsinit", f"_NAMESPACES = {f.read()!r}", 1)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", source],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=cwd,
+                env=self.env,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=(theirs.fileno(),),
+            )
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.pid = self.proc.pid
+        self.ready = False
+        sweep.EXEMPT.add(self.pid)  # not a survivor of a call; if the sweep kills and reaps it, it says so
+
+    # ------------------------------------------------------------------------------------------
+    def alive(self) -> bool:
+        """Running (not exited, not stopped), answering, and unchanged by anyone."""
+        if self.pid not in sweep.EXEMPT:
+            return False  # reaped by a sweep: its pid may be someone else's now
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED)
+        except ChildProcessError:
+            sweep.EXEMPT.discard(self.pid)
+            return False
+        if pid:
+            if not os.WIFSTOPPED(status):
+                sweep.EXEMPT.discard(self.pid)  # reaped just now: the pid is no longer ours
+            return False
+        if not self.ready:
+            if not readable([self.sock.fileno()], _READY_S) or self.sock.recv(16) != b"R":
+                return False
+            self.ready = True
+        return untouched(self.pid)
+
+    def spawn(self, source: bytes, stdin: bool, argv: bool = False) -> Spawned | None:
+        """A fresh child running ``source`` (``argv``: exec'ing the NUL-separated argv it is), or None
+        (the caller takes the subprocess path)."""
+        code_r, code_w = os.pipe()
+        fds: list[int] = [code_r, code_w]
+        try:
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(code_w, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+            os.set_blocking(code_w, False)
+            try:
+                written = os.write(code_w, source) if source else 0
+            except BlockingIOError:
+                written = -1
+            if written != len(source):
+                return None  # larger than the pipe holds: the child would wait on us
+            os.close(code_w)
+            fds.remove(code_w)
+            if stdin:
+                in_r, in_w = os.pipe()
+                fds += [in_r, in_w]
+            else:
+                in_r, in_w = os.open(os.devnull, os.O_RDONLY), -1
+                fds.append(in_r)
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            fds += [out_r, out_w, err_r, err_w]
+            socket.send_fds(self.sock, [b"X" if argv else b"F"], [code_r, in_r, out_w, err_w])
+            if not readable([self.sock.fileno()], _REPLY_S):
+                return None
+            reply = self.sock.recv(16)
+            if len(reply) != 8:
+                return None
+            pid = int.from_bytes(reply, "little")
+            for fd in (code_r, in_r, out_w, err_w):
+                os.close(fd)
+                fds.remove(fd)
+            for fd in (out_r, err_r, in_w):
+                if fd >= 0:
+                    fds.remove(fd)
+            return Spawned(
+                pid,
+                os.fdopen(in_w, "wb", buffering=0) if in_w >= 0 else None,
+                os.fdopen(out_r, "rb", buffering=0),
+                os.fdopen(err_r, "rb", buffering=0),
+            )
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def kill(self) -> None:
+        if self.pid in sweep.EXEMPT:  # else reaped already: the pid is not ours to signal
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            sweep.EXEMPT.discard(self.pid)
+        self.sock.close()
+
+
+def untouched(pid: int) -> bool:
+    """Whether ``pid`` has what a child of the worker inherits: the same limits, nice value, CPU
+    affinity, scheduling policy and I/O priority (each settable by any process of the same uid)."""
+    try:
+        for r in _RLIMITS:
+            if resource.prlimit(pid, r) != resource.getrlimit(r):
+                return False
+        if os.getpriority(os.PRIO_PROCESS, pid) != os.getpriority(os.PRIO_PROCESS, 0):
+            return False
+        if os.sched_getaffinity(pid) != os.sched_getaffinity(0):
+            return False
+        if os.sched_getscheduler(pid) != os.sched_getscheduler(0):
+            return False
+        theirs = _ioprio(pid)
+        return theirs == -1 or theirs == _ioprio(0)
+    except OSError:
+        return False
+
+
+_libc: Any = None
+
+
+def _ioprio(pid: int) -> int:
+    global _libc
+    if _IOPRIO_GET is None:
+        raise OSError("ioprio_get: unknown on this architecture")
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    value = int(_libc.syscall(_IOPRIO_GET, 1, pid))  # IOPRIO_WHO_PROCESS
+    if value < 0:
+        err = ctypes.get_errno()
+        if err in (errno.ENOSYS, errno.EPERM) and pid != 0:
+            # gVisor's kernel answers another process's I/O priority with EPERM; toolcage's seccomp
+            # lets no process set another's (ioprio_set only on the caller), so there is nothing to see
+            return -1
+        raise OSError(err, "ioprio_get")
+    return value
+
+
+# the worker's one zygote ------------------------------------------------------------------------
+_current: Zygote | None = None
+_wanted: tuple[dict[str, str], str] | None = None  # (env, cwd) of the last fast-path call
+
+
+def enabled() -> bool:
+    return sweep.active() and os.environ.get(contract.ENV_ZYGOTE, "1") != "0" and _IOPRIO_GET is not None
+
+
+def pid() -> int | None:
+    return _current.pid if _current is not None else None
+
+
+def spawn_argv(argv: list[str], stdin: bool, env: dict[str, str], cwd: str) -> Spawned | None:
+    """With tool namespaces (gVisor): exec ``argv`` from a fork of the zygote that entered them, instead
+    of a subprocess through nsinit (an interpreter's start, ~30 ms there); None: use subprocess."""
+    if not namespaces.enabled() or any("\0" in a for a in argv):
+        return None
+    return spawn("\0".join(argv), stdin, env, cwd, argv=True)
+
+
+def spawn(source: str, stdin: bool, env: dict[str, str], cwd: str, argv: bool = False) -> Spawned | None:
+    """Fork a call's child from the zygote, if one is ready for this env and cwd; None: use subprocess."""
+    global _current, _wanted
+    _wanted = (dict(env), cwd)
+    z = _current
+    if z is None or z.env != env or z.cwd != cwd:
+        discard()  # none yet (started when the worker is next idle) or for other settings
+        return None
+    try:
+        data = source.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return None  # as subprocess would fail on it: take that path, and its error
+    if not z.alive():
+        discard()
+        return None
+    try:
+        child = z.spawn(data, stdin, argv)
+    except OSError:
+        child = None
+    if child is None:
+        discard()
+    return child
+
+
+def warm() -> None:
+    """While the worker is idle: (re)start the zygote a fast-path call asked for."""
+    global _current
+    if _wanted is None or _current is not None:
+        return
+    env, cwd = _wanted
+    if _user_site(env):
+        return  # its .pth files and usercustomize would run in the zygote: the subprocess path serves
+    try:
+        _current = Zygote(env, cwd)
+    except OSError:
+        _current = None
+
+
+def _user_site(env: dict[str, str]) -> bool:
+    """Whether a ``python3`` with this env runs a user site-packages directory at start (``site``: its
+    ``.pth`` files and ``usercustomize``). HOME is /scratch, where tool code writes: what it plants
+    there must never run in the zygote, which lives outside any call (beside a connector's call)."""
+    base = env.get("PYTHONUSERBASE") or os.path.join(env.get("HOME") or "/nonexistent", ".local")
+    site_dir = os.path.join(base, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+    try:
+        return os.path.isdir(site_dir)
+    except (OSError, ValueError):
+        return True
+
+
+def discard() -> None:
+    global _current
+    if _current is not None:
+        _current.kill()
+        _current = None
