@@ -137,7 +137,7 @@ class RunOptions:
         )
 
     def backend_options(self) -> dict[str, Any]:
-        """What ``backends.make_backend`` takes from the options (the run adds its name, log and redaction)."""
+        """What ``backends.BackendOptions`` takes from the options (the run adds its name, log and redaction)."""
         return {
             "engine": self.engine,
             "image": self.image,

@@ -28,7 +28,7 @@ from secrets import token_hex
 from typing import Any
 
 from toolcage import logs, timing
-from toolcage.backends import Backend, in_container, make_backend
+from toolcage.backends import Backend, in_container
 from toolcage.engine.api import EngineAPI
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.lifecycle import ownership, removal
@@ -292,9 +292,7 @@ class Pool:
         def redact(rec: Any) -> Any:  # the proxy's records, with the adopting run's secrets (slot.redact)
             return made[0].redact(rec) if made else rec
 
-        backend = make_backend(
-            self.kind, self.policy, name=name, log=log, redact=redact, **self.options.backend_options()
-        )
+        backend = run.make_backend(redact=redact)
         slot = _Slot(self, run, backend)
         made.append(slot)
         slot.image_id = backend.image_id()

@@ -11,12 +11,13 @@ each other.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
 from toolcage import logs
-from toolcage.backends import Backend, ExitStatus
+from toolcage.backends import Backend, BackendOptions, ExitStatus, make_backend
 from toolcage.engine.hostconfig import RunSpec, container_name
 from toolcage.errors import (
     ProtocolError,
@@ -79,12 +80,22 @@ class Run:
         escaped JSON) plus 1 MiB for the rest of the answer."""
         return 16 * self.options.policy.limits.output_cap + (1 << 20)
 
+    def make_backend(self, redact: Callable[[Any], Any] | None = None) -> Backend:
+        """The backend of the run's kind, made once from the run's options, name and log (``redact``: the
+        run's secrets out of its egress proxy's records); it becomes the run's backend."""
+        opts = self.options
+        options = BackendOptions(name=self.name, log=self.log, redact=redact, **opts.backend_options())
+        self.backend = make_backend(opts.kind, opts.policy, options)
+        return self.backend
+
     def spec(self, deadline: float, started_at: str | None = None, **extra: Any) -> RunSpec:
-        """The run's container spec (``deadline``: epoch seconds; ``started_at``: default now; ``extra``: a
-        door's own fields, such as a pool's id and environment or ``mcp wrap``'s entrypoint)."""
+        """The run's container spec, complete: the run's fields, the door's (``extra``: a pool's id and
+        environment, ``mcp wrap``'s entrypoint) and what its backend decides (runtime, engine flavour, host
+        paths, egress volume), before anything is created (``deadline``: epoch seconds; ``started_at``:
+        default now). The backend starts it as it is."""
         opts = self.options
         host_pid, owner_started = ownership.owner()
-        return RunSpec(
+        spec = RunSpec(
             run_id=self.run_id,
             tool=opts.tool,
             image=opts.image,
@@ -98,6 +109,7 @@ class Run:
             tool_mounts=tuple((str(src.path), src.target) for src in opts.tool_sources),
             **extra,
         )
+        return self.backend.complete(spec)
 
     def deadline_from_now(self) -> float:
         """The run's wall-clock deadline if it starts now (epoch seconds)."""
@@ -258,6 +270,9 @@ class AdoptedBackend:
     def image_id(self) -> str | None:
         return self._slot.image_id  # type: ignore[no-any-return]  # read when the slot was made: no engine trip
 
+    def complete(self, run: RunSpec) -> RunSpec:
+        return run  # its spec was completed when the slot started
+
     def start(self, run: RunSpec, parser: Any) -> Any:
         raise UsageError("a pooled sandbox is started by its pool")
 
@@ -279,6 +294,9 @@ class NotAdopted:
 
     def image_id(self) -> str | None:
         return None
+
+    def complete(self, run: RunSpec) -> RunSpec:
+        return run
 
     def start(self, run: RunSpec, parser: Any) -> Any:
         raise UsageError("a pooled sandbox is started by its pool")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from toolcage import connectors, timing
-from toolcage.backends import Backend, in_container, make_backend
+from toolcage.backends import Backend, in_container
 from toolcage.engine.api import EngineAPI
 from toolcage.errors import (
     ProtocolError,
@@ -38,7 +38,7 @@ from toolcage.policies import PolicySource, codes, contract
 from toolcage.results import CallResult, RunSummary, from_response
 from toolcage.rpc.session import Cancel, Ended, OnProgress, Session
 from toolcage.rpc.transport import Broken, StreamParser
-from toolcage.run import AdoptedBackend, NotAdopted, Run
+from toolcage.run import AdoptedBackend, Run
 from toolcage.run import interrupted_error as interrupted_error  # re-exported (mcp serve)
 
 if TYPE_CHECKING:
@@ -109,18 +109,8 @@ class Sandbox:
         self.connector_tools: list[str] = []
         self._run = Run(opts)  # pooled: replaced at adoption by the slot's prestarted Run
         self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log
-        self._backend = (
-            NotAdopted()
-            if pool is not None
-            else make_backend(
-                self.kind,
-                self.policy,
-                name=self.name,
-                log=self.log,
-                **opts.backend_options(),
-                redact=self._secrets.redact if self._secrets else None,  # the proxy's records, before their cut
-            )
-        )
+        if pool is None:  # (pooled: NotAdopted until adoption)
+            self._run.make_backend(redact=self._secrets.redact if self._secrets else None)  # the proxy's records
         self._session = None
         self._watchdog: Watchdog | None = None
         self._lock = threading.Lock()  # the run's state; calls themselves run at once (answers matched by id)

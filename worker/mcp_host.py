@@ -145,7 +145,7 @@ def main() -> int:
     cwd = SCRATCH if os.path.isdir(SCRATCH) else None
     try:
         proc = subprocess.Popen(
-            namespaces.wrap(cfg["argv"]),  # under gVisor: in namespaces of its own (worker.namespaces)
+            namespaces.wrap(cfg["argv"]),  # under gVisor: in namespaces of its own (worker.children.namespaces)
             stdin=0,
             stdout=1,
             stderr=2,

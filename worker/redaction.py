@@ -20,7 +20,7 @@ UTF-16 and UTF-32 (either byte order). Not recognised: any other transformation 
 compression, an encryption or hash, case changes, base64 with line breaks, an escape of
 every character, the value split across lines or fields), and a part of the value that the
 bound host itself cuts off. The transport that could produce most of these on the handler's
-request (content codings, ranges, charsets) is decided by SafeFetch (worker.safefetch).
+request (content codings, ranges, charsets) is decided by SafeFetch (worker.egress.safefetch).
 """
 
 from __future__ import annotations

@@ -31,11 +31,12 @@ from collections.abc import Callable
 from typing import Any
 
 from toolcage.engine.api import EngineAPI
+from toolcage.engine.attach import DockerAttachTransport
 from toolcage.engine.hostconfig import LABEL_PREFIX, PROXY_PORT, SANDBOX_UID, RunSpec, labels, proxy_container_config
 from toolcage.errors import SandboxError, UsageError
 from toolcage.lifecycle import records
 from toolcage.policies import Policy, contract
-from toolcage.rpc.transport import DockerAttachTransport, StreamParser
+from toolcage.rpc.transport import StreamParser
 
 READY_TIMEOUT_S = 15.0
 DRAIN_TIMEOUT_S = 5.0
@@ -85,6 +86,26 @@ class DecisionStream(StreamParser):
 
     def eof(self) -> None:
         self.ended.set()
+
+
+def volume_name(run_id: str) -> str:
+    """The run's proxy socket volume (decided with the run's spec, made by ``Egress.prepare``)."""
+    return f"toolcage-sock-{run_id}"
+
+
+def sandbox_env() -> dict[str, str]:
+    """What the sandbox's environment gets for the proxy: tools that honour the usual variables find
+    the worker's relay at 127.0.0.1:PROXY_PORT."""
+    url = f"http://127.0.0.1:{PROXY_PORT}"
+    return {
+        contract.ENV_PROXY: f"127.0.0.1:{PROXY_PORT}",
+        "HTTP_PROXY": url,
+        "HTTPS_PROXY": url,
+        "http_proxy": url,
+        "https_proxy": url,
+        "NO_PROXY": "",
+        "no_proxy": "",
+    }
 
 
 def audit_decisions(audit: Any, run_id: str) -> OnRecord | None:
@@ -142,7 +163,7 @@ class Egress:
         self.upstream = upstream
         self.log = log
         self.on_decision = on_decision
-        self.volume = f"toolcage-sock-{run.run_id}"
+        self.volume = run.proxy_volume or volume_name(run.run_id)
         self.egress = egress_network or f"toolcage-egress-{run.run_id}"
         self.proxy_name = f"toolcage-proxy-{run.run_id}"
         self.proxy_id: str | None = None
@@ -203,7 +224,7 @@ class Egress:
             # Podman 4.3 reads a tmpfs volume's size= as a quota and refuses it ("Filesystem does not support
             # Project Quota"): there the volume has no size of its own. Only the proxy writes to it (a socket),
             # and what a tmpfs holds is charged to the memory limit of the container that wrote it.
-            size = "" if self.run.engine_flavor == "podman" else "size=1m,"
+            size = "size=1m," if self.run.flavor.volume_size else ""
             self.engine.create_tmpfs_volume(
                 self.volume, lab, f"{size}uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,nosuid,nodev,noexec"
             )
@@ -212,17 +233,7 @@ class Egress:
             t.join()
         if failed:
             raise failed[0]
-        url = f"http://127.0.0.1:{PROXY_PORT}"
-        env = {
-            contract.ENV_PROXY: f"127.0.0.1:{PROXY_PORT}",
-            "HTTP_PROXY": url,
-            "HTTPS_PROXY": url,
-            "http_proxy": url,
-            "https_proxy": url,
-            "NO_PROXY": "",
-            "no_proxy": "",
-        }
-        return self.volume, env
+        return self.volume, sandbox_env()
 
     def launch(self) -> None:
         """Create, attach and start the proxy, and wait until it listens. The sandbox may start at the

@@ -10,12 +10,17 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from toolcage.engine.knobs import DOCKER, PODMAN, FlavorKnobs
+
 
 class EngineAPI(Protocol):
     """Engine calls with foreign errors already translated to ``toolcage.errors``."""
 
     def ping(self) -> dict[str, Any]: ...
     def info(self) -> dict[str, Any]: ...
+    def flavor(self) -> FlavorKnobs:
+        """Docker or Podman, as knob values (``toolcage.engine.knobs``), decided once per engine."""
+        ...
 
     # images
     def image(self, ref: str) -> dict[str, Any] | None: ...
@@ -49,4 +54,41 @@ class EngineAPI(Protocol):
     def volumes(self, label: str) -> list[dict[str, Any]]: ...
 
 
-__all__ = ["EngineAPI"]
+def is_podman(version: dict[str, Any]) -> bool:
+    """The engine's version info names Podman among its components (its Docker-compatible service)."""
+    return any("podman" in str(c.get("Name", "")).lower() for c in version.get("Components") or [])
+
+
+def rootless(info: dict[str, Any]) -> bool:
+    """Docker says so in SecurityOptions (name=rootless); Podman's compatible service in ``Rootless``."""
+    return info.get("Rootless") is True or "name=rootless" in " ".join(info.get("SecurityOptions") or [])
+
+
+def limits_problem(info: dict[str, Any]) -> str | None:
+    """Why the engine cannot enforce a sandbox's memory and pids limits, or None. Rootless on cgroup v1
+    there is no cgroup the engine may delegate: rootless Podman (seen on this machine kind, 4.3.1)
+    creates the container and silently drops --memory and --pids-limit."""
+    if rootless(info) and str(info.get("CgroupVersion")) == "1":
+        return (
+            "the engine runs rootless on cgroup v1, where it cannot enforce the memory and pids limits (it "
+            "ignores them): use a rootful engine, or a host with cgroup v2 delegating the memory and pids "
+            "controllers to the user"
+        )
+    return None
+
+
+def detect_flavor(version: dict[str, Any], info: Callable[[], dict[str, Any]]) -> FlavorKnobs:
+    """The engine's flavour from its version info (``info``: asked only for Podman, whose limits are
+    checked: a rootless Docker says so itself, in create's warnings). SandboxError with the fix when the
+    engine cannot hold a sandbox."""
+    if not is_podman(version):
+        return DOCKER
+    problem = limits_problem(info())
+    if problem:
+        from toolcage.errors import SandboxError
+
+        raise SandboxError(f"this engine cannot hold a sandbox: {problem}")
+    return PODMAN
+
+
+__all__ = ["EngineAPI", "detect_flavor", "is_podman", "limits_problem", "rootless"]

@@ -14,6 +14,8 @@ import docker
 import docker.errors
 import requests.exceptions
 
+from toolcage.engine.api import detect_flavor
+from toolcage.engine.knobs import FlavorKnobs
 from toolcage.errors import DockerUnavailable, ImageMissing, SandboxError
 
 if TYPE_CHECKING:
@@ -67,6 +69,7 @@ class Engine:
     _default: Engine | None = None
 
     def __init__(self, base_url: str | None = None, timeout: float = 60) -> None:
+        self._flavor: FlavorKnobs | None = None
         try:
             if base_url:
                 self.api = docker.APIClient(base_url=base_url, version=API_VERSION, timeout=timeout)
@@ -81,6 +84,14 @@ class Engine:
         if cls._default is None:
             cls._default = cls()
         return cls._default
+
+    def flavor(self) -> FlavorKnobs:
+        """Which engine this is, as the knobs its API needs (Podman's Docker-compatible service, or
+        Docker), asked once per engine. SandboxError (with the fix) for an engine that cannot enforce
+        a sandbox's limits."""
+        if self._flavor is None:
+            self._flavor = detect_flavor(self.ping(), self.info)
+        return self._flavor
 
     def ping(self) -> dict[str, Any]:
         """The engine's version info, or DockerUnavailable."""

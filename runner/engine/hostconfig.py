@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from toolcage.engine import seccomp
+from toolcage.engine.knobs import DOCKER, RUNC, FlavorKnobs, RuntimeKnobs
 from toolcage.lifecycle import ownership
 from toolcage.policies import Policy, contract
 
@@ -69,14 +70,14 @@ class RunSpec:
     # a warm pool's slot (toolcage.pool): made before its run exists, its deadline is the slot's
     # longest life (idle, then one run); the run's own deadline comes over the protocol at adoption
     pool: str | None = None
-    # the engine's OCI runtime for the sandbox and its egress proxy: None is the engine's default
-    # (runc); GVISOR ("runsc") puts gVisor's user-space kernel between the code and the host's
-    runtime: str | None = None
+    # the engine's OCI runtime for the sandbox and its egress proxy, as values (toolcage.engine.knobs):
+    # RUNC is the engine's default; GVISOR puts gVisor's user-space kernel between the code and the host's
+    runtime: RuntimeKnobs = RUNC
     # the egress proxy's: the same as runtime, but for a runsc registered without a network stack of
-    # its own (--network=none), where the proxy runs under the engine's default (ContainerBackend)
-    proxy_runtime: str | None = None
-    # "podman" when the engine is Podman's Docker-compatible service (see _apply_podman)
-    engine_flavor: str = "docker"
+    # its own (--network=none), where the proxy runs under the engine's default (backends.gvisor)
+    proxy_runtime: RuntimeKnobs = RUNC
+    # what the engine's API takes differently (PODMAN for Podman's Docker-compatible service)
+    flavor: FlavorKnobs = DOCKER
     # the namespace the owner's pid means a process in (ownership.namespace_key), of the process that made the spec
     owner_ns: str = field(default_factory=ownership.namespace_key)
 
@@ -118,6 +119,28 @@ def labels(policy: Policy, run: RunSpec) -> dict[str, str]:
 def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
     """The full create-container body for one run (Engine API field names)."""
     lim = policy.limits
+    config = _hardened(policy, run, run.runtime, _Resources(lim.pids, lim.memory, int(lim.cpus * 1e9), lim.nofile))
+    if run.proxy_volume is not None:
+        # network.mode proxy: still no network interface but lo. The egress proxy's Unix socket
+        # is the only way out; the worker relays 127.0.0.1:3128 to it. (A Docker "internal"
+        # network was tried first: its bridge still routes to the host's own addresses.)
+        config["HostConfig"]["Mounts"].append(_proxy_volume_mount(run.proxy_volume, read_only=True))
+    run.runtime.apply(config["HostConfig"], lim.pids)
+    run.flavor.apply(config["HostConfig"])
+    return config
+
+
+@dataclass(frozen=True)
+class _Resources:
+    pids: int
+    memory: int
+    nano_cpus: int
+    nofile: int
+
+
+def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resources) -> dict[str, Any]:
+    """The hardened body every container of a run starts from, before its runtime's and engine's knobs."""
+    lim = policy.limits
     mounts = []
     if run.workspace is not None:
         # Threat: the tool changing the caller's files. Read-only, and no propagation back.
@@ -148,7 +171,7 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         contract.ENV_IN_CONTAINER: "1",
         contract.ENV_WATCH_RUNNER: "1",
     }
-    if run.runtime == GVISOR:
+    if runtime.tool_namespaces:
         # tool code starts in namespaces of its own, where gVisor's procfs and signals would let it
         # reach the worker (toolcage.worker.children.namespaces)
         reserved[contract.ENV_TOOL_NAMESPACES] = "1"
@@ -165,11 +188,11 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         # default minus ptrace, process_vm_*, io_uring, userfaultfd, bpf, keyrings, ...: toolcage.engine.seccomp)
         "SecurityOpt": ["no-new-privileges", seccomp.security_opt()],
         "Privileged": False,
-        "PidsLimit": lim.pids,  # fork bombs hit the cgroup pids limit, not the host
-        "Memory": lim.memory,
-        "MemorySwap": lim.memory,  # swap equal to memory: no swap, so the limit bites
-        "NanoCpus": int(lim.cpus * 1e9),
-        "Ulimits": [{"Name": "nofile", "Soft": lim.nofile, "Hard": lim.nofile}],
+        "PidsLimit": res.pids,  # fork bombs hit the cgroup pids limit, not the host
+        "Memory": res.memory,
+        "MemorySwap": res.memory,  # swap equal to memory: no swap, so the limit bites
+        "NanoCpus": res.nano_cpus,
+        "Ulimits": [{"Name": "nofile", "Soft": res.nofile, "Hard": res.nofile}],
         # No docker-init: the worker itself is PID 1. docker-init kept a copy of the container's
         # stdio (the protocol stream) in a dumpable process of the sandbox uid, so tool code could
         # open /proc/1/fd/0 and /proc/1/fd/1. The worker, non-dumpable before anything else runs,
@@ -182,9 +205,6 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
         "AutoRemove": False,  # the runner removes it after reading State.OOMKilled
         "LogConfig": {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}},
     }
-    _apply_runtime(host_config, run.runtime, lim.pids)
-    if run.engine_flavor == "podman":
-        _apply_podman(host_config)
     config: dict[str, Any] = {
         "Image": run.image,
         "User": f"{SANDBOX_UID}:{SANDBOX_UID}",
@@ -205,11 +225,6 @@ def container_config(policy: Policy, run: RunSpec) -> dict[str, Any]:
     }
     if run.entrypoint:
         config["Entrypoint"] = list(run.entrypoint)
-    if run.proxy_volume is not None:
-        # network.mode proxy: still no network interface but lo. The egress proxy's Unix socket
-        # is the only way out; the worker relays 127.0.0.1:3128 to it. (A Docker "internal"
-        # network was tried first: its bridge still routes to the host's own addresses.)
-        mounts.append(_proxy_volume_mount(run.proxy_volume, read_only=True))
     return config
 
 
@@ -227,97 +242,21 @@ def _proxy_volume_mount(volume: str, read_only: bool) -> dict[str, Any]:
     }
 
 
-GVISOR = "runsc"
-# gVisor's sentry, its gofer and (with the ptrace platform) a stub process per address space all run
-# in the container's cgroup: on this machine kind 20 processes in the sandbox needed more than 64
-# host pids and 100 more than 512. The cgroup's limit is then only a backstop for the sentry; the
-# sandbox's own process limit is RLIMIT_NPROC, which gVisor's kernel enforces per user inside the
-# sandbox (with runc it would count every process of that uid on the host).
-GVISOR_HOST_PIDS_PER_PROCESS = 16
-GVISOR_HOST_PIDS_BASE = 256
-# The sentry, its gofer and stubs take host memory beside the sandbox's own pages (~20 MiB, and ~0.5 MiB
-# more per process in the sandbox, measured here), all charged to the container's cgroup, whose limit
-# kills the sentry: the whole sandbox. So that cgroup gets this headroom over the policy's memory, and
-# the policy's memory is kept inside, per call, by the worker's memory guard (toolcage.worker.children.memguard).
-# Bounded: at most 64 MiB + 1 GiB more than the policy's memory.
-GVISOR_MEMORY_HEADROOM_BASE = 64 * 1024**2
-GVISOR_MEMORY_HEADROOM_PER_PROCESS = 1024**2
-GVISOR_MEMORY_HEADROOM_PROCESSES = 1024  # past this many, the headroom grows no more
-READONLY_TMPFS = "ro,nosuid,nodev,noexec,size=4k"  # an empty, read-only dir over one a runtime would add
-
-
-def gvisor_memory_headroom(pids: int) -> int:
-    """What a gVisor container's host memory limit adds to the policy's memory, for gVisor's own kernel."""
-    processes = min(pids, GVISOR_MEMORY_HEADROOM_PROCESSES)
-    return GVISOR_MEMORY_HEADROOM_BASE + GVISOR_MEMORY_HEADROOM_PER_PROCESS * processes
-
-
-def _apply_runtime(host_config: dict[str, Any], runtime: str | None, pids: int) -> None:
-    if runtime is None:
-        return
-    host_config["Runtime"] = runtime
-    if runtime == GVISOR:
-        host_config["SecurityOpt"] = ["no-new-privileges", seccomp.security_opt(gvisor=True)]
-        host_config["PidsLimit"] = GVISOR_HOST_PIDS_BASE + GVISOR_HOST_PIDS_PER_PROCESS * pids
-        host_config["Memory"] = host_config["MemorySwap"] = host_config["Memory"] + gvisor_memory_headroom(pids)
-        host_config["Ulimits"] = [*host_config["Ulimits"], {"Name": "nproc", "Soft": pids, "Hard": pids}]
-        # runsc puts a writable tmpfs of its own at /tmp unless the spec mounts something there: an
-        # empty read-only one keeps /tmp as read-only as it is under runc
-        host_config["Tmpfs"] = {**(host_config.get("Tmpfs") or {}), "/tmp": READONLY_TMPFS}
-
-
-# The knobs Podman's Docker-compatible API (4.3) takes differently; each stopped a sandbox there.
-PODMAN_NPROC = 4096  # its own default nproc is one runc cannot set with every capability dropped
-
-
-def _apply_podman(host_config: dict[str, Any]) -> None:
-    """Idempotent (the proxy's config is the sandbox's, changed, then applied again):
-    - ``seccomp=<json>`` is read as a *path* on the service's host: the profile shipped with this
-    installation instead (the same bytes, ``runner/engine/seccomp.json``; a local service only);
-    - tmpfs ``uid=``/``gid=`` are refused: ``U`` gives the tmpfs to the container's user instead;
-    - a read-only root gets writable tmpfs at /tmp and /var/tmp: read-only ones are mounted there;
-    - an explicit ``nproc`` (per host uid, a backstop: the pids cgroup is each sandbox's limit)."""
-    from toolcage.engine.seccomp import SHIPPED
-
-    host_config["SecurityOpt"] = [
-        f"seccomp={SHIPPED}" if o.startswith("seccomp=") else o for o in host_config["SecurityOpt"]
-    ]
-    host_config["Tmpfs"] = {
-        target: opts
-        if opts == READONLY_TMPFS
-        else ",".join([o for o in opts.split(",") if not o.startswith(("uid=", "gid=")) and o != "U"] + ["U"])
-        for target, opts in (host_config.get("Tmpfs") or {}).items()
-    }
-    # with a read-only root Podman mounts writable tmpfs of its own at /tmp and /var/tmp (read-only-tmpfs,
-    # mode 1777, no size): empty read-only ones keep them as read-only as under Docker
-    host_config["Tmpfs"].update({"/tmp": READONLY_TMPFS, "/var/tmp": READONLY_TMPFS})
-    if not any(u["Name"] == "nproc" for u in host_config["Ulimits"]):
-        host_config["Ulimits"] = [
-            *host_config["Ulimits"],
-            {"Name": "nproc", "Soft": PODMAN_NPROC, "Hard": PODMAN_NPROC},
-        ]
+# the egress proxy's own limits: one process serving one sandbox's connections
+PROXY_RESOURCES = _Resources(pids=32, memory=128 * 1024**2, nano_cpus=500_000_000, nofile=1024)
 
 
 def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, upstream: str | None) -> dict[str, Any]:
     """The egress proxy's container: as hardened as the sandbox; its one network is the egress
     network, and it serves the sandbox on a Unix socket in the run's proxy volume."""
     assert run.proxy_volume is not None
-    cfg = container_config(
-        policy,
-        dataclasses.replace(
-            run, runtime=run.proxy_runtime, workspace=None, proxy_volume=None, tool_mounts=(), entrypoint=()
-        ),
-    )
+    bare = dataclasses.replace(run, workspace=None, proxy_volume=None, tool_mounts=(), entrypoint=())
+    cfg = _hardened(policy, bare, run.proxy_runtime, PROXY_RESOURCES)
     hc = cfg["HostConfig"]
     hc["NetworkMode"] = egress_network
     hc["Mounts"] = [_proxy_volume_mount(run.proxy_volume, read_only=False)]
-    hc["Memory"] = hc["MemorySwap"] = 128 * 1024**2
-    hc["PidsLimit"] = 32
-    hc["NanoCpus"] = 500_000_000
-    hc["Ulimits"] = [{"Name": "nofile", "Soft": 1024, "Hard": 1024}]
-    _apply_runtime(hc, run.proxy_runtime, 32)
-    if run.engine_flavor == "podman":
-        _apply_podman(hc)
+    run.proxy_runtime.apply(hc, PROXY_RESOURCES.pids)
+    run.flavor.apply(hc)
     env = [e for e in cfg["Env"] if not e.startswith(f"{contract.ENV_IN_CONTAINER}=")]
     env.append(f"{contract.ENV_PROXY_LISTEN}=unix:{PROXY_SOCKET}")
     if upstream:

@@ -269,7 +269,7 @@ for _name, _what, _call in SECCOMP_CASES:
 
 
 _OWN_PIDNS = (
-    "tool code runs in a PID namespace of its own (worker.namespaces), where gVisor's procfs and signals "
+    "tool code runs in a PID namespace of its own (worker.children.namespaces), where gVisor's procfs and signals "
     "would reach the worker: it has no pid there to open or signal"
 )
 # Where gVisor's kernel answers with another errno but the same wall holds: (what it answers, why).
@@ -291,9 +291,9 @@ GVISOR_ANSWERS: dict[str, tuple[dict[str, Any], str]] = {
     "proc_sys_read_only": ({"r": ("EROFS", "EACCES")}, "gVisor's /proc/sys refuses writes by mode (EACCES)"),
     "worker_is_init": (
         {"init": "the call itself"},
-        "tool code runs as PID 1 of a PID namespace of its own (worker.namespaces): the worker has no pid there",
+        "tool code runs as PID 1 of a PID namespace of its own (worker.children.namespaces): the worker has no pid",
     ),
-    "chown_denied": ({"r": "EINVAL"}, "uid 0 has no mapping in the tool's user namespace (worker.namespaces)"),
+    "chown_denied": ({"r": "EINVAL"}, "uid 0 has no mapping in the tool's user namespace (worker.children.namespaces)"),
     "init_fds_not_openable": ({"r": [NO_WORKER]}, _OWN_PIDNS),
     "worker_fds_not_openable": ({"r": [NO_WORKER]}, _OWN_PIDNS),
     "signals_to_worker_refused": ({"r": [NO_WORKER]}, _OWN_PIDNS),
@@ -338,7 +338,7 @@ def _limit_probes(sb: Any) -> list[tuple[str, str, Callable[[], tuple[bool, Any]
     mem = policy.limits.memory
 
     def memory() -> tuple[bool, Any]:
-        # the call ends, not the sandbox: under gVisor too (the worker's memory guard, worker.memguard)
+        # the call ends, not the sandbox: under gVisor too (the worker's memory guard, worker.children.memguard)
         code = f"b = bytearray({mem + 64 * 1024 * 1024})\nb[::4096] = b'x' * len(b[::4096])"
         r = sb.call("run_python", {"code": code, "timeout_s": 30})
         return r.status == "oom_killed", r.status

@@ -13,9 +13,6 @@ from typing import Any
 from toolcage.engine import seccomp
 from toolcage.engine.api import EngineAPI
 from toolcage.engine.hostconfig import (
-    GVISOR,
-    GVISOR_HOST_PIDS_BASE,
-    GVISOR_HOST_PIDS_PER_PROCESS,
     LABEL_OWNER,
     LABEL_POLICY,
     LABEL_POLICY_SHA256,
@@ -24,8 +21,8 @@ from toolcage.engine.hostconfig import (
     LABEL_STARTED_AT,
     LABEL_TOOL,
     SANDBOX_UID,
-    gvisor_memory_headroom,
 )
+from toolcage.engine.knobs import GVISOR, gvisor_memory_headroom
 from toolcage.policies import PolicyError, contract, policy_from_json
 
 
@@ -95,7 +92,7 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
         weak("security profiles", sec, "confined")
     if cfg.get("User") != f"{SANDBOX_UID}:{SANDBOX_UID}":
         weak("user", cfg.get("User"), f"{SANDBOX_UID}:{SANDBOX_UID}")
-    if not seccomp.is_ours(sec, gvisor=hc.get("Runtime") == GVISOR):
+    if not seccomp.is_ours(sec, gvisor=hc.get("Runtime") == GVISOR.name):
         weak("seccomp", "Docker's default or another profile", "toolcage's profile (toolcage.engine.seccomp)")
     if hc.get("Init"):
         weak("init", "docker-init (it holds the protocol stream in a dumpable process)", "the worker as PID 1")
@@ -110,16 +107,16 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
     if role == "sandbox":
         lim = policy.limits
         pids = hc.get("PidsLimit")
-        if hc.get("Runtime") == GVISOR:  # the process limit is RLIMIT_NPROC in gVisor's kernel (config.GVISOR)
+        if hc.get("Runtime") == GVISOR.name:  # the process limit is RLIMIT_NPROC in gVisor's kernel (config.GVISOR)
             nproc = [u for u in hc.get("Ulimits") or [] if _ulimit_name(u) == "nproc"]
             if not nproc or nproc[0].get("Hard", 0) > lim.pids:
                 weak("nproc (gVisor's process limit)", nproc, lim.pids)
-            if not pids or pids <= 0 or pids > GVISOR_HOST_PIDS_BASE + GVISOR_HOST_PIDS_PER_PROCESS * lim.pids:
+            if not pids or pids <= 0 or pids > GVISOR.host_pids_base + GVISOR.host_pids_per_process * lim.pids:
                 weak("pids limit (gVisor's host backstop)", pids, "a limit")
         elif not pids or pids <= 0 or pids > lim.pids:
             weak("pids limit", pids, lim.pids)
         # under gVisor the host's limit adds a headroom for gVisor's kernel (config.gvisor_memory_headroom)
-        memory = lim.memory + (gvisor_memory_headroom(lim.pids) if hc.get("Runtime") == GVISOR else 0)
+        memory = lim.memory + (gvisor_memory_headroom(lim.pids) if hc.get("Runtime") == GVISOR.name else 0)
         if not hc.get("Memory") or hc["Memory"] > memory:
             weak("memory", hc.get("Memory"), memory)
         if hc.get("MemorySwap") not in (hc.get("Memory"),):

@@ -1,21 +1,16 @@
 """Byte streams to and from a worker, treated as hostile: bounded lines, bounded memory.
 
-Two transports share one parser: the container's attach socket (Docker multiplexes
-stdout and stderr into 8-byte-header frames) and a local subprocess's pipes
-(``--sandbox none``). A reader thread turns stdout into JSON messages on a queue and
-keeps only the tail of stderr.
+Every transport feeds one parser: the container's attach socket (``toolcage.engine.attach``: Docker
+multiplexes stdout and stderr into 8-byte-header frames) and a local subprocess's pipes
+(``toolcage.backends.process``, ``--sandbox none``). A reader thread turns stdout into JSON messages on
+a queue and keeps only the tail of stderr.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import queue
 import select
-import socket
-import struct
-import subprocess
 import threading
 import time
 from collections import deque
@@ -261,7 +256,7 @@ class StreamParser:
         self.closed = True
 
 
-def _write_until(fd: int, data: bytes, until: float | None, write: Callable[[memoryview], int]) -> None:
+def write_until(fd: int, data: bytes, until: float | None, write: Callable[[memoryview], int]) -> None:
     """Threat: a worker that stops reading (stuck, or thrashing at its memory limit) must not hold
     the caller past its own deadline: a blocking write of a large request would."""
     poller = select.poll()
@@ -275,135 +270,3 @@ def _write_until(fd: int, data: bytes, until: float | None, write: Callable[[mem
             view = view[write(view) :]
         except BlockingIOError:
             continue
-
-
-class DockerAttachTransport:
-    """The attach socket of a container started without a TTY (multiplexed streams)."""
-
-    def __init__(self, sock: socket.socket, parser: StreamParser, closer: Any = None) -> None:
-        self._sock = sock
-        self._closer = closer
-        self.parser = parser
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._read, name="toolcage-attach-reader", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _read(self) -> None:
-        """Demultiplex Docker's 8-byte-header frames from one buffered stream of recv() calls.
-
-        One recv per burst, not two per frame: fewer syscalls and fewer GIL hand-offs on the
-        call path. A frame's payload is handed on in pieces, so memory stays bounded by the
-        parser's line cap, not by the frame size the container claims.
-        """
-        buf = bytearray()
-        stream = 0
-        remaining = 0  # payload bytes of the current frame still to come
-        try:
-            while True:
-                try:
-                    chunk = self._sock.recv(1 << 16)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                buf += chunk
-                pos = 0
-                while pos < len(buf):
-                    if remaining == 0:
-                        if len(buf) - pos < 8:
-                            break
-                        stream = buf[pos]
-                        remaining = struct.unpack_from(">I", buf, pos + 4)[0]
-                        pos += 8
-                        continue
-                    take = min(remaining, len(buf) - pos)
-                    piece = bytes(buf[pos : pos + take])
-                    pos += take
-                    remaining -= take
-                    if stream == 1:
-                        self.parser.stdout(piece)
-                    elif stream == 2:
-                        self.parser.stderr(piece)
-                del buf[:pos]
-        finally:
-            self.parser.eof()
-
-    def send(self, data: bytes, until: float | None = None) -> None:
-        with self._lock:
-            if until is None:
-                self._sock.sendall(data)
-            else:  # MSG_DONTWAIT per call: the socket stays blocking for the reader thread's recv
-                _write_until(self._sock.fileno(), data, until, lambda v: self._sock.send(v, socket.MSG_DONTWAIT))
-
-    def close_stdin(self) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        try:
-            if self._closer is not None:
-                self._closer()
-            self._sock.close()
-        except OSError:
-            pass
-
-
-class ProcessTransport:
-    """A local worker subprocess (``--sandbox none``): same protocol, no isolation."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, parser: StreamParser) -> None:
-        self.parser = parser
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
-        self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._pump, args=(self.proc.stdout, parser.stdout, True), daemon=True),
-            threading.Thread(target=self._pump, args=(self.proc.stderr, parser.stderr, False), daemon=True),
-        ]
-
-    def start(self) -> None:
-        for t in self._threads:
-            t.start()
-
-    def _pump(self, stream: Any, sink: Any, is_stdout: bool) -> None:
-        fd = stream.fileno()
-        try:
-            while True:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    break
-                sink(chunk)
-        finally:
-            if is_stdout:
-                self.parser.eof()
-
-    def send(self, data: bytes, until: float | None = None) -> None:
-        assert self.proc.stdin is not None
-        fd = self.proc.stdin.fileno()
-        with self._lock:
-            os.set_blocking(fd, False)  # only this method writes the pipe, always through _write_until
-            _write_until(fd, data, until, lambda v: os.write(fd, v))
-
-    def close_stdin(self) -> None:
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.close_stdin()
-        for t in self._threads:
-            t.join(timeout=2)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from toolcage import timing
-from toolcage.backends import in_container, make_backend
+from toolcage.backends import in_container
 from toolcage.engine.api import EngineAPI
 from toolcage.errors import UsageError
 from toolcage.lifecycle import records
@@ -151,9 +151,7 @@ class McpWrap:
         # a container of either kind: the server is third-party code (never "none", which runs on the host)
         if not in_container(self.kind):
             raise UsageError(WRAP_NEEDS_A_CONTAINER)
-        self._backend = make_backend(
-            self.kind, self.policy, name=self.name, log=self.log, **self.options.backend_options()
-        )
+        self._backend = self._run.make_backend()
         self.relay = Relay(self.filter, time.monotonic)
         self._stdin_fd, self._stdout_fd = stdin_fd, stdout_fd
         self._err = err or sys.stderr

@@ -1,5 +1,5 @@
 """gVisor (runsc) as a sandbox kind, on the real engine: `--sandbox gvisor`, `auto`, and a policy's
-`isolation: gvisor` minimum, and the wall gVisor's own procfs would leave open (worker.namespaces).
+`isolation: gvisor` minimum, and the wall gVisor's own procfs would leave open (worker.children.namespaces).
 
 Needs the engine to have runsc registered (README: gVisor; `.ci/run` registers it). Without it
 these tests skip, saying so, unless TOOLCAGE_REQUIRE_GVISOR=1 (set by CI), when they fail.
@@ -110,7 +110,7 @@ print(json.dumps({"pid": os.getpid(), "opened": [o for o in ok if not o.startswi
 @pytest.mark.usefixtures("gvisor")
 def test_the_worker_fds_are_out_of_reach_under_gvisor() -> None:
     """gVisor's procfs ignores that the worker is non-dumpable, so tool code runs in a PID namespace of
-    its own (worker.namespaces): it is PID 1 there, and no other process's descriptor opens."""
+    its own (worker.children.namespaces): it is PID 1 there, and no other process's descriptor opens."""
     with Sandbox(sandbox="gvisor", audit=False) as sb:
         seen = json.loads(sb.call("run_python", {"code": OPEN_WORKER_FDS}).result["stdout"])
         assert sb.call("ping").result == "pong"

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from toolcage import DEFAULT_IMAGE, Sandbox, wait_removed
-from toolcage.backends import engine_flavor
 from toolcage.ops.views import inspect_findings
 
 SOCKET = os.environ.get("TOOLCAGE_TEST_PODMAN_SOCKET", "/run/podman/podman.sock")
@@ -60,7 +59,7 @@ def test_a_sandbox_through_podman_has_the_same_walls(podman: Any) -> None:
     """Through Podman: non-root, toolcage's seccomp filter, no_new_privs, no capabilities, only `lo`,
     a read-only root and a writable scratch; doctor finds the live container as locked down as its
     policy (the profile given by path, as Podman takes it); nothing is left behind."""
-    assert engine_flavor(podman) == "podman"
+    assert podman.flavor().name == "podman"
     with Sandbox(image=IMAGE, engine=podman, tool="podman-check", audit=False) as sb:
         r = sb.call("run_python", {"code": PROBE})
         assert r.ok and r.result["exit_code"] == 0, r.result

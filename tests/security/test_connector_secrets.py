@@ -112,7 +112,7 @@ class Probe:
     params: dict[str, Any]
     ran: Callable[[dict[str, Any]], bool]  # the probe really read what it claims (so it can fail)
     # under gVisor, for a probe aimed at the worker (PID 1 under runc): the handler runs as PID 1 of a
-    # PID namespace of its own (worker.namespaces), where the worker has no pid to aim at
+    # PID namespace of its own (worker.children.namespaces), where the worker has no pid to aim at
     alone: bool = False
 
 

@@ -87,11 +87,10 @@ def test_inspect_matches_policy(sandbox: Sandbox, engine: Any) -> None:
     hc = info["HostConfig"]
     assert hc["Privileged"] is False
     assert hc["ReadonlyRootfs"] is True
-    from toolcage.backends import engine_flavor
     from toolcage.ops.views import DEFAULT_CAPS, inspect_findings
 
     assert inspect_findings(info) == []  # doctor's own check of a live container against its policy
-    if engine_flavor(engine) == "podman":  # Podman lists every default capability it dropped
+    if engine.flavor().name == "podman":  # Podman lists every default capability it dropped
         assert set(hc["CapDrop"]) >= DEFAULT_CAPS and not hc.get("CapAdd")
     else:
         assert hc["CapDrop"] == ["ALL"] and not hc.get("CapAdd")
@@ -111,7 +110,7 @@ def test_inspect_matches_policy(sandbox: Sandbox, engine: Any) -> None:
     assert seccomp.is_ours(hc["SecurityOpt"], gvisor=sandbox.kind == "gvisor")
     assert not hc.get("PortBindings")
     # Podman answers "shareable" for the private IPC namespace it made (only the engine's user could join it)
-    ipc = ("private", "shareable") if engine_flavor(engine) == "podman" else ("private",)
+    ipc = ("private", "shareable") if engine.flavor().name == "podman" else ("private",)
     assert hc["PidMode"] in ("", "private") and hc["IpcMode"] in ipc and hc["UTSMode"] in ("", "private")
     assert info["Config"]["User"] == "65532:65532"
     assert info["Config"].get("NetworkDisabled") is True or hc["NetworkMode"] == "none"  # Podman: the latter

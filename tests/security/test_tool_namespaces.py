@@ -1,4 +1,4 @@
-"""Tool code against the namespaces it runs in (gVisor: worker.namespaces) and against the worker.
+"""Tool code against the namespaces it runs in (gVisor: worker.children.namespaces) and against the worker.
 
 Under gVisor tool code starts in user, PID and mount namespaces of its own, made by nsinit, whose
 seccomp profile must allow unshare and mount for that. These attacks try to use them: a nested

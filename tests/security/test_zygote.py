@@ -49,7 +49,7 @@ def out(sb: Sandbox, code: str) -> Any:
 
 def warm(sb: Sandbox) -> int:
     """A call, then idle time for the worker to (re)start the zygote; its pid, seen from a child.
-    Under gVisor a child runs in a PID namespace of its own (worker.namespaces) where the zygote has
+    Under gVisor a child runs in a PID namespace of its own (worker.children.namespaces) where the zygote has
     no pid: the worker's own report (sandbox.usage) shows the fast path is in use, and the child
     must not find it. The attacks below then cannot even name it."""
     run(sb, "pass")

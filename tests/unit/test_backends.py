@@ -12,14 +12,16 @@ import pytest
 
 from toolcage import Sandbox, backends
 from toolcage import sandbox as sandbox_mod
-from toolcage.backends import ExitStatus, ProcessBackend
+from toolcage.backends import ExitStatus
+from toolcage.backends.process import ProcessBackend
+from toolcage.engine.knobs import GVISOR, RUNC
 
 
 class RecordingBackend(ProcessBackend):
     """The local worker, recording which of the five seam methods the Sandbox used."""
 
-    def __init__(self, policy: Any, **kw: Any) -> None:
-        super().__init__(policy, **kw)
+    def __init__(self, policy: Any, options: Any) -> None:
+        super().__init__(policy, options)
         self.seen: list[str] = []
 
     def image_id(self) -> str | None:
@@ -63,8 +65,8 @@ def test_unknown_backend_is_a_usage_error() -> None:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS_HOME = "runner/backends.py"  # the one module that may compare a backend kind with its name
-# Allowed for now, each with why; the backends step (issue 22) gives Backend typed attributes instead.
+KINDS_HOME = "runner/backends/__init__.py"  # the registry: the one module that may compare a kind with its name
+# Allowed, each with why:
 KIND_COMPARISONS_ALLOWED = {
     "runner/lifecycle/reaper.py": "an engine object's kind (container, volume), not a backend's",
     "runner/ops/doctor.py": "the operator's view reports per backend kind",
@@ -185,7 +187,7 @@ def test_gvisor_runtime_in_the_container_config() -> None:
     plain = container_config(policy, run_spec())["HostConfig"]
     assert "Runtime" not in plain and plain["PidsLimit"] == policy.limits.pids
     assert [u["Name"] for u in plain["Ulimits"]] == ["nofile"]
-    spec = run_spec(proxy_volume="toolcage-sock-x", runtime="runsc", proxy_runtime="runsc")
+    spec = run_spec(proxy_volume="toolcage-sock-x", runtime=GVISOR, proxy_runtime=GVISOR)
     for hc, pids in ((container_config(policy, spec)["HostConfig"], policy.limits.pids),
                      (proxy_container_config(policy, spec, "net", None)["HostConfig"], 32)):  # fmt: skip
         assert hc["Runtime"] == "runsc" and hc["PidsLimit"] > 8 * pids
@@ -198,8 +200,9 @@ def test_gvisor_without_a_network_stack_runs_the_egress_proxy_under_runc() -> No
     """runsc registered with --network=none cannot give the egress proxy its network: the proxy then
     runs under the engine's default runtime (doctor says so), the sandbox still under runsc."""
     from tests.unit._helpers import run_spec
+    from toolcage.backends.gvisor import gvisor_networked
     from toolcage.engine.hostconfig import container_config, proxy_container_config
-    from toolcage.ops.engines import backends_report, gvisor_networked
+    from toolcage.ops.engines import backends_report
     from toolcage.policies import load_policy
 
     none = {"Runtimes": {"runc": {}, "runsc": {"runtimeArgs": ["--network=none", "--platform=ptrace"]}}}
@@ -207,7 +210,7 @@ def test_gvisor_without_a_network_stack_runs_the_egress_proxy_under_runc() -> No
     assert not gvisor_networked(none) and gvisor_networked(netted) and not gvisor_networked({"Runtimes": {}})
     assert backends_report({}, none)["kinds"]["gvisor"]["egress_proxy_runtime"] == "runc"
     policy = load_policy("connector-http")
-    spec = run_spec(proxy_volume="toolcage-sock-x", runtime="runsc", proxy_runtime=None)
+    spec = run_spec(proxy_volume="toolcage-sock-x", runtime=GVISOR, proxy_runtime=RUNC)
     assert container_config(policy, spec)["HostConfig"]["Runtime"] == "runsc"
     proxy = proxy_container_config(policy, spec, "net", None)["HostConfig"]
     assert "Runtime" not in proxy and proxy["PidsLimit"] == 32 and proxy["CapDrop"] == ["ALL"]
@@ -228,15 +231,16 @@ def test_runc_versions_with_known_escapes_are_named_with_their_fix() -> None:
 
 
 def test_podman_knobs_applied_once_to_the_sandbox_and_its_proxy() -> None:
-    """Podman's compat API: seccomp by the shipped file's path, tmpfs owned through U (once: the proxy's
-    config is the sandbox's applied again), an explicit nproc."""
+    """Podman's compat API: seccomp by the shipped file's path, tmpfs owned through U (once each), an
+    explicit nproc."""
     from tests.unit._helpers import run_spec
-    from toolcage.engine.hostconfig import PODMAN_NPROC, READONLY_TMPFS, container_config, proxy_container_config
+    from toolcage.engine.hostconfig import container_config, proxy_container_config
+    from toolcage.engine.knobs import PODMAN, PODMAN_NPROC, READONLY_TMPFS
     from toolcage.engine.seccomp import SHIPPED
     from toolcage.policies import load_policy
 
     policy = load_policy("connector-http")
-    spec = run_spec(proxy_volume="toolcage-sock-x", engine_flavor="podman")
+    spec = run_spec(proxy_volume="toolcage-sock-x", flavor=PODMAN)
     for hc in (
         container_config(policy, spec)["HostConfig"],
         proxy_container_config(policy, spec, "n", None)["HostConfig"],

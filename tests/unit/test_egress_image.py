@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from tests.unit._helpers import run_spec
-from toolcage.backends import ContainerBackend
+from toolcage.backends import BackendOptions, ContainerBackend
+from toolcage.engine.knobs import DOCKER, FlavorKnobs
 from toolcage.policies.loader import validate_policy
 from toolcage.rpc.transport import StreamParser
 
@@ -21,6 +22,9 @@ class _Engine:
 
     def network(self, name: str) -> None:
         return None
+
+    def flavor(self) -> FlavorKnobs:
+        return DOCKER
 
     def create(self, cfg: dict[str, Any], name: str) -> str:
         self.created.append(cfg)
@@ -36,11 +40,11 @@ def test_the_proxy_runs_from_the_worker_image_not_the_runs(monkeypatch: pytest.M
     policy = validate_policy({"name": "p", "network": {"mode": "proxy", "allow": [{"host": "example.test"}]}})
     engine = _Engine()
     backend = ContainerBackend(
-        policy, engine=engine, image="my-tools:1", name="toolcage-x", log=None, audit=None,
-        egress_network=None, egress_proxy=None, ca_pem=None,
-    )  # fmt: skip
+        policy,
+        BackendOptions(engine=engine, image="my-tools:1", name="toolcage-x", log=None),  # type: ignore[arg-type]
+    )
     with pytest.raises(RuntimeError, match="stop here"):
-        backend.start(run_spec(image="my-tools:1"), StreamParser(1024))
+        backend.start(backend.complete(run_spec(image="my-tools:1")), StreamParser(1024))
     proxy = engine.created[0]
     assert proxy["Labels"]["toolcage.role"] == "egress-proxy"
     assert proxy["Image"] == "toolcage-worker:trusted"

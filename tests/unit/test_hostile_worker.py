@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from toolcage import ProtocolError, Sandbox, SandboxTimeout, backends
+from toolcage import ProtocolError, Sandbox, SandboxTimeout
+from toolcage.backends import process as backends
 
 FAKES = {
     "garbage": "import sys\nfor line in sys.stdin:\n    print('this is not json', flush=True)\n",

@@ -29,7 +29,7 @@ class Block:
 sys.meta_path.insert(0, Block())
 import {module}
 """
-# run as a script, never imported (its text is `python3 -c`'d by worker.zygote): read, not imported
+# run as a script, never imported (its text is `python3 -c`'d by worker.children.zygote): read, not imported
 SCRIPTS = {"toolcage.worker.children.zygote_main"}
 
 

@@ -1,5 +1,5 @@
 """The gVisor memory split, without Docker: the host's limit (policy + a bounded headroom) and the worker's
-memory guard, which ends the call past the policy's memory (worker.memguard), on a fake usage file."""
+memory guard, which ends the call past the policy's memory (worker.children.memguard), on a fake usage file."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit._helpers import run_spec
-from toolcage.engine.hostconfig import GVISOR, container_config, gvisor_memory_headroom
+from toolcage.engine.hostconfig import container_config
+from toolcage.engine.knobs import GVISOR, gvisor_memory_headroom
 from toolcage.ops.views import inspect_findings
 from toolcage.policies import load_policy
 from toolcage.worker.children import memguard

@@ -56,5 +56,5 @@ def test_wrap_only_where_the_runner_asked(monkeypatch: pytest.MonkeyPatch) -> No
     assert namespaces.wrap(["python3", "-c", "pass"]) == ["python3", "-c", "pass"]
     monkeypatch.setenv(namespaces.ENV, "1")
     wrapped = namespaces.wrap(["python3", "-c", "pass"])
-    assert wrapped[:3] == ["python3", "-I", "-S"] and wrapped[3].endswith("/worker/nsinit.py")
+    assert wrapped[:3] == ["python3", "-I", "-S"] and wrapped[3].endswith("/worker/children/nsinit.py")
     assert wrapped[4:] == ["--", "python3", "-c", "pass"]

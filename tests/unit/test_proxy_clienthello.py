@@ -1,4 +1,4 @@
-"""The egress proxy's ClientHello parser (worker.clienthello): real and hand-built hellos, without Docker."""
+"""The egress proxy's ClientHello parser (worker.egress.clienthello): real and hand-built hellos, without Docker."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from toolcage.backends.egress import MAX_LINE, DecisionStream, audit_decisions
-from toolcage.rpc.transport import DockerAttachTransport
+from toolcage.engine.attach import DockerAttachTransport
 from toolcage.worker.egress.decisionlog import MAX_FIELD, DecisionLog, clip
 
 

@@ -1,4 +1,4 @@
-"""The egress proxy's strict head checks (worker.headcheck), on raw bytes, without Docker."""
+"""The egress proxy's strict head checks (worker.egress.headcheck), on raw bytes, without Docker."""
 
 from __future__ import annotations
 

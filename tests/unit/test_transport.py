@@ -5,7 +5,8 @@ from __future__ import annotations
 import socket
 import struct
 
-from toolcage.rpc.transport import EOF_MARK, Broken, DockerAttachTransport, StreamParser
+from toolcage.engine.attach import DockerAttachTransport
+from toolcage.rpc.transport import EOF_MARK, Broken, StreamParser
 
 
 def frame(stream: int, data: bytes) -> bytes:

@@ -128,7 +128,8 @@ def test_first_answer_imports_only_the_core() -> None:
     JSON-RPC library) and no policy model, dataclasses, structlog, tool or connector module (issue 11)."""
     code = (
         "import sys\n"
-        "import worker.__main__, worker.dispatch, worker.protocol, worker.settings, worker.logs, worker.sweep\n"
+        "import worker.__main__, worker.dispatch, worker.protocol, worker.settings, worker.logs\n"
+        "import worker.children.sweep\n"
         "from worker.tools import Catalog\n"
         "from worker.settings import Settings\n"
         "d = worker.dispatch.Dispatcher(Settings(None, None, '.', 'x'), Catalog())\n"

@@ -14,7 +14,7 @@ at its timeout), as the kernel's OOM killer picks the largest process under runc
 
 The host's limit still bounds the whole: memory no call holds (the worker's, tmpfs pages) or a guard
 starved of CPU meets it, and the run ends as SandboxOOM, as before. Tool code cannot reach the guard:
-it runs in PID namespaces of its own (``worker.namespaces``).
+it runs in PID namespaces of its own (``worker.children.namespaces``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``python3 -I -S nsinit.py [--keep] -- ARGV``: start ARGV in user, PID and mount namespaces of its own (gVisor).
 
-Used by ``worker.namespaces`` (read its docstring for why). Stand-alone on purpose: it runs
+Used by ``worker.children.namespaces`` (read its docstring for why). Stand-alone on purpose: it runs
 with ``-I`` (no PYTHONPATH, no user site, no script directory from scratch), imports only the
 standard library, and keeps nothing of the worker's.
 

@@ -1,6 +1,6 @@
 """The zygote: a ready Python interpreter that forks one fresh child per ``run_python`` call.
 
-This file is not imported: its text is run as ``python3 -c <text>`` by ``worker.zygote``, with
+This file is not imported: its text is run as ``python3 -c <text>`` by ``worker.children.zygote``, with
 the very environment, working directory and limits a ``run_python`` child gets, so each fork
 starts where ``python3 -c code`` would (``sys.argv == ['-c']``, ``sys.path[0] == ''``, site run,
 a clean ``__main__``) minus the ~20 ms of interpreter start-up.
@@ -56,7 +56,7 @@ for _s in _SIGNALS:
 _CTL = 3  # fd
 _ctl = socket.socket(fileno=_CTL)
 _MAXFD = os.sysconf("SC_OPEN_MAX")
-# Under gVisor the worker puts worker/children/nsinit.py's text here (worker.namespaces): each fork then enters
+# Under gVisor the worker puts worker/children/nsinit.py's text here (worker.children.namespaces): each fork then enters
 # user, PID and mount namespaces of its own before the call's code runs, as a subprocess child would.
 _NAMESPACES = None  # nsinit
 _unshare: Any = None

@@ -2,7 +2,7 @@
 
 ``sandbox.configure`` (once, from the runner) brings the run's secret values and the
 mounted tool sources; a first child imports the sources and lists their tools. Each call
-then runs in its own child (``worker.handler_host``) under the same containment as
+then runs in its own child (``worker.connectors.handler_host``) under the same containment as
 ``run_python`` (call timeout, output caps, process group killed, the sweep after the call).
 The child's socket is its only way to ask the worker for anything; every message on it is
 hostile input: bounded lines, known operations only, a fetch only through SafeFetch, a
@@ -379,7 +379,7 @@ class Connectors:
         elif final["op"] == "error":
             code, data = final.get("code"), final.get("data")
             if code == codes.HANDLER_ERROR and isinstance(data, dict) and isinstance(data.get("traceback"), str):
-                # the child's own record of an exception: cut here, after redaction (worker.handler_host)
+                # the child's own record of an exception: cut here, after redaction (worker.connectors.handler_host)
                 data = {**data, "traceback": STORE.clip(data["traceback"], 4000, tail=True)}
             exc = HandlerFailed(STORE.clip(str(final.get("message")), 4000), data)
             exc.code = code if code in _HANDLER_CODES else codes.HANDLER_ERROR

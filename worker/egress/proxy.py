@@ -6,10 +6,10 @@ only to a checked address, and refuses everything else with the reason. It runs 
 the worker image (``python3 -S -m toolcage.worker.egress.proxy``) in its own hardened container.
 
 Threat: request smuggling. HTTP is parsed with h11 after strict checks on the raw head
-(``worker.headcheck``); the request is re-framed towards the upstream (h11 client role,
+(``worker.egress.headcheck``); the request is re-framed towards the upstream (h11 client role,
 decoded body re-encoded), never piped raw; one request per connection. A CONNECT
-tunnel opens only after its TLS ClientHello names the CONNECT host (``worker.clienthello``).
-Decisions go to stdout as JSON lines (``worker.decisionlog``) that the runner reads live.
+tunnel opens only after its TLS ClientHello names the CONNECT host (``worker.egress.clienthello``).
+Decisions go to stdout as JSON lines (``worker.egress.decisionlog``) that the runner reads live.
 
 Why not Squid, tinyproxy or smokescreen: none installs into this offline-built image
 without a second toolchain, and each would need the policy translated into its own ACL

@@ -4,7 +4,7 @@ Threats handled here: output floods (kept up to the policy's cap per stream, the
 drained and dropped), runaway children and their descendants (own process group,
 SIGKILL at the deadline and again when the call ends), a memory bomb (reported as
 ``oom_killed`` from the cgroup's own counter, not guessed from exit 137; under gVisor from the
-memory guard that kills it, ``worker.memguard``).
+memory guard that kills it, ``worker.children.memguard``).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def run_child(
     (``worker.calls``) can be cancelled meanwhile, and gets the output as progress when it asked for
     it and ``stream_output`` is on (a connector's output is its log, not its progress).
     ``fast_source``: argv is ``python3 -c fast_source``, which a fork of the zygote may serve
-    (``worker.zygote``); everything after the start is the same for both."""
+    (``worker.children.zygote``); everything after the start is the same for both."""
     cap = settings.policy.limits.output_cap
     timeout = min(timeout_s or settings.policy.timeouts.call_s, settings.policy.timeouts.run_s)
     if _SHUTTING_DOWN:
@@ -149,7 +149,7 @@ def run_child(
             proc = zygote.spawn_argv(argv, stdin is not None, env, settings.scratch)
         try:
             proc = proc or subprocess.Popen(
-                # under gVisor: in namespaces of its own (worker.namespaces)
+                # under gVisor: in namespaces of its own (worker.children.namespaces)
                 namespaces.wrap(argv, keep=settings.policy.unsafe_background_processes),
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

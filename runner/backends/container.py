@@ -1,0 +1,151 @@
+"""``--sandbox container``: one hardened container per run under the engine's default runtime (runc),
+plus, for ``network.mode: proxy``, its egress proxy (``toolcage.backends.egress``)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, ClassVar
+
+from toolcage.backends.base import BackendOptions, Background, ExitStatus
+from toolcage.engine import hostpaths
+from toolcage.engine.api import EngineAPI
+from toolcage.engine.attach import DockerAttachTransport
+from toolcage.engine.hostconfig import PROXY_SOCKET, RunSpec, container_config, worker_image
+from toolcage.engine.knobs import RUNC, RuntimeKnobs
+from toolcage.errors import ToolcageError
+from toolcage.lifecycle import removal
+from toolcage.policies import Policy, contract
+from toolcage.rpc.transport import StreamParser, Transport
+
+
+class ContainerBackend:
+    """One hardened container per run (plus, for ``network.mode: proxy``, its egress proxy)."""
+
+    strength: ClassVar[int] = 1
+    in_container: ClassVar[bool] = True
+    auto: ClassVar[bool] = True
+    how_to_use: ClassVar[str] = "use --sandbox container"
+    runtime: ClassVar[RuntimeKnobs] = RUNC  # the sandbox's OCI runtime, as knob values (engine.knobs)
+    sandbox_user = True
+
+    def __init__(self, policy: Policy, options: BackendOptions) -> None:
+        self.policy, self.options = policy, options
+        self.name, self.log = options.name, options.log
+        self._engine = options.engine
+        self.container_id: str | None = None
+        self._egress: Any = None
+
+    @classmethod
+    def unavailable(cls, engine: EngineAPI | None) -> str | None:
+        return None  # an engine that answers runs runc; a missing one is reported at start, with the fix
+
+    @property
+    def engine(self) -> EngineAPI:
+        if self._engine is None:
+            from toolcage.engine.docker_adapter import Engine
+
+            self._engine = Engine.default()
+        return self._engine
+
+    def image_id(self) -> str | None:
+        try:
+            return (self.engine.image(self.options.image) or {}).get("Id")
+        except ToolcageError:
+            return None  # start() reports the engine or the image as missing, with the fix
+
+    def proxy_runtime(self) -> RuntimeKnobs:
+        """The egress proxy's runtime: the sandbox's (a subclass may say otherwise)."""
+        return self.runtime
+
+    def complete(self, run: RunSpec) -> RunSpec:
+        run = dataclasses.replace(run, runtime=self.runtime, flavor=self.engine.flavor())
+        if self.policy.network.mode == "proxy":
+            from toolcage.backends.egress import sandbox_env, volume_name
+
+            env = {**sandbox_env(), contract.ENV_PROXY_SOCKET: PROXY_SOCKET}
+            if self.options.ca_pem:
+                env[contract.ENV_CA_PEM] = self.options.ca_pem
+            run = dataclasses.replace(
+                run,
+                proxy_runtime=self.proxy_runtime(),
+                proxy_volume=volume_name(run.run_id),
+                extra_env={**run.extra_env, **env},  # (a pooled slot's own too)
+            )
+        mapped: RunSpec = hostpaths.map_run(run, self.engine)  # a runner in a container: sources as the host names them
+        return mapped
+
+    def start(self, run: RunSpec, parser: StreamParser) -> Transport:
+        from toolcage.lifecycle.reaper import reap_in_background
+
+        reap_in_background(self.engine, self.log, self.options.audit)
+        if run.proxy_volume is None:
+            return self._start_sandbox(run, parser)
+        from toolcage.backends.egress import Egress, audit_decisions
+
+        opts = self.options
+        self._egress = Egress(
+            self.engine, self.policy, run, opts.egress_network, opts.egress_proxy, self.log,
+            on_decision=audit_decisions(opts.audit, run.run_id),  # written as they happen, not at close
+            proxy_image=worker_image(), redact=opts.redact,
+        )  # fmt: skip
+        self._egress.prepare()
+        # the proxy and the sandbox start at the same time: each start is mostly the engine's waiting
+        # (the proxy's, on its bridge network, the longer); the worker connects to the proxy's socket
+        # only when tool code opens a connection, and waits for it then (worker.egress.relay)
+        proxy = Background(self._egress.launch, "toolcage-egress-launch")
+        try:
+            transport = self._start_sandbox(run, parser)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                proxy.join()  # its container is known before the caller's clean-up removes everything
+            raise
+        try:
+            proxy.join()  # ready, or why not (the caller's clean-up removes both)
+        except BaseException:
+            transport.close()
+            raise
+        return transport
+
+    def _start_sandbox(self, run: RunSpec, parser: StreamParser) -> Transport:
+        self.container_id = self.engine.create(container_config(self.policy, run), self.name)
+        sock, closer = self.engine.attach(self.container_id)
+        transport = DockerAttachTransport(sock, parser, closer)
+        transport.start()  # attached and reading before the worker's first byte
+        self.engine.start(self.container_id)
+        return transport
+
+    def kill(self) -> None:
+        if self.container_id is not None:
+            with contextlib.suppress(ToolcageError):
+                self.engine.kill(self.container_id)
+
+    def exit_status(self, timeout: float) -> ExitStatus:
+        if self.container_id is None:
+            return ExitStatus(None)
+        code = self.engine.wait(self.container_id, timeout=timeout)
+        info = self.engine.inspect(self.container_id)
+        if info is None:  # the run has not removed it yet: someone else did (toolcage.lifecycle.reaper.removed_by)
+            return ExitStatus(code, removed=True)
+        state = info.get("State", {})
+        code = state.get("ExitCode", code)
+        # State.OOMKilled is set when *any* process of the container met the limit (a call's child
+        # too, which the worker survives and reports per call): only a SIGKILLed worker is the victim
+        return ExitStatus(code, oom_killed=bool(state.get("OOMKilled")) and code == 137)
+
+    def remove(self, keep: bool) -> None:
+        if keep:
+            if self.container_id is not None:
+                self.log.warning("run.kept", container=self.name)
+            return
+        if self._egress is None:
+            if self.container_id is not None and not removal.hand_off(self.container_id):
+                self.engine.remove(self.container_id)
+            return
+        # the sandbox goes while the proxy is stopped and drained; the volume and network after both
+        cid = self.container_id
+        sandbox = Background(lambda: self.engine.remove(cid) if cid is not None else None, "toolcage-remove")
+        self._egress.down(before_volume=sandbox.join)
+
+
+__all__ = ["ContainerBackend"]
