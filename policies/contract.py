@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 # -- environment names -------------------------------------------------------------------------
-# Set by the runner on the sandbox (runner/engine/hostconfig.py, runner/backends.py), read by the worker.
+# Set by the runner on the sandbox (runner/engine/hostconfig.py, runner/backends/), read by the worker.
 ENV_POLICY = "TOOLCAGE_POLICY"  # the policy as canonical JSON
 ENV_RUN_ID = "TOOLCAGE_RUN_ID"
 ENV_DEADLINE = "TOOLCAGE_DEADLINE"  # the run's wall-clock end, epoch seconds

@@ -237,7 +237,7 @@ class Egress:
 
     def launch(self) -> None:
         """Create, attach and start the proxy, and wait until it listens. The sandbox may start at the
-        same time (the volume is mounted without copy-up: config._proxy_volume_mount)."""
+        same time (the volume is mounted without copy-up: hostconfig._proxy_volume_mount)."""
         run = dataclasses.replace(self.run, proxy_volume=self.volume, image=self.proxy_image)
         cfg = proxy_container_config(self.policy, run, self.egress, self.upstream)
         self.proxy_id = self.engine.create(cfg, self.proxy_name)

@@ -239,7 +239,7 @@ def is_ours(security_opts: list[str], gvisor: bool = False) -> bool:
     for opt in security_opts:
         if opt.startswith(("seccomp=", "seccomp:")):
             value = opt[len("seccomp=") :]
-            if value == SHIPPED and not gvisor:  # Podman takes the profile as a path (config._apply_podman)
+            if value == SHIPPED and not gvisor:  # Podman takes the profile as a path (engine.knobs.PODMAN)
                 try:
                     with open(SHIPPED, encoding="utf-8") as f:
                         return bool(json.load(f) == profile())

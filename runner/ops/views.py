@@ -107,7 +107,7 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
     if role == "sandbox":
         lim = policy.limits
         pids = hc.get("PidsLimit")
-        if hc.get("Runtime") == GVISOR.name:  # the process limit is RLIMIT_NPROC in gVisor's kernel (config.GVISOR)
+        if hc.get("Runtime") == GVISOR.name:  # the process limit: RLIMIT_NPROC in gVisor (knobs.GVISOR)
             nproc = [u for u in hc.get("Ulimits") or [] if _ulimit_name(u) == "nproc"]
             if not nproc or nproc[0].get("Hard", 0) > lim.pids:
                 weak("nproc (gVisor's process limit)", nproc, lim.pids)
@@ -115,7 +115,7 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
                 weak("pids limit (gVisor's host backstop)", pids, "a limit")
         elif not pids or pids <= 0 or pids > lim.pids:
             weak("pids limit", pids, lim.pids)
-        # under gVisor the host's limit adds a headroom for gVisor's kernel (config.gvisor_memory_headroom)
+        # under gVisor the host's limit adds a headroom for gVisor's kernel (engine.knobs.gvisor_memory_headroom)
         memory = lim.memory + (gvisor_memory_headroom(lim.pids) if hc.get("Runtime") == GVISOR.name else 0)
         if not hc.get("Memory") or hc["Memory"] > memory:
             weak("memory", hc.get("Memory"), memory)

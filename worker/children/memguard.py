@@ -80,8 +80,13 @@ def watch(pgid: int, budget: int) -> None:
         _watched.add(pgid)
         _budget = budget
         if _thread is None:
-            _thread = threading.Thread(target=_run, name="memguard", daemon=True)
-            _thread.start()
+            thread = threading.Thread(target=_run, name="memguard", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as exc:  # no thread to be had now (a fork bomb at the pids limit): next call
+                logs.warning("memguard.not_started", error=str(exc))
+            else:
+                _thread = thread
         _lock.notify()
 
 
