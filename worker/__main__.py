@@ -60,20 +60,20 @@ def main() -> int:
         hardening.as_init()
     settings = Settings.from_env()
     logs.bind(run_id=settings.run_id)
-    deadline.arm(os.environ.get(contract.ENV_DEADLINE))  # a pooled sandbox gets its run's at adoption
-    if os.environ.get(contract.ENV_WATCH_RUNNER) == "1":  # set by the runner, which never half-closes mid-call
+    deadline.arm(settings.deadline)  # a pooled sandbox gets its run's at adoption
+    if settings.watch_runner:  # set by the runner, which never half-closes mid-call
         _watch_runner(channel.fd_in)
-    if os.environ.get(contract.ENV_PROXY_SOCKET):
+    if settings.proxy_socket:
         from toolcage.worker.egress import relay
 
-        relay.start(os.environ[contract.ENV_PROXY_SOCKET])
+        relay.start(settings.proxy_socket)
     from toolcage.worker import calls
 
     calls.attach(channel)  # cancels are read while a call runs; progress goes out on the channel
     dispatcher = Dispatcher(settings, Catalog.from_env())
     logs.info("worker.started", non_dumpable=non_dumpable, pid=os.getpid(), init=sweep.active())
 
-    pooled = os.environ.get(contract.ENV_POOLED) == "1"
+    pooled = settings.pooled
 
     def idle() -> None:
         # write queued log lines only when no request is waiting (see worker.logs)

@@ -47,13 +47,31 @@ def _workspace_from_env() -> str | None:
 
 
 class Settings:
-    def __init__(self, policy_json: str | None, workspace: str | None, scratch: str, run_id: str) -> None:
+    """Everything the worker reads from its environment, read once at start (``from_env``): the runner's
+    side of each name is ``policies.contract``."""
+
+    def __init__(
+        self,
+        policy_json: str | None,
+        workspace: str | None,
+        scratch: str,
+        run_id: str,
+        *,
+        deadline: str | None = None,
+        watch_runner: bool = False,
+        proxy_socket: str | None = None,
+        pooled: bool = False,
+    ) -> None:
         self._policy_json = policy_json
         self._policy: Policy | None = None
         # the real directories behind /workspace (None: no workspace in this run) and /scratch
         self.workspace = os.path.realpath(workspace) if workspace else None
         self.scratch = os.path.realpath(scratch)
         self.run_id = run_id
+        self.deadline = deadline  # epoch seconds, as the runner wrote it (a pooled sandbox: set at adoption)
+        self.watch_runner = watch_runner  # exit when the runner's end of the stream closes
+        self.proxy_socket = proxy_socket  # network.mode proxy: the egress proxy's Unix socket
+        self.pooled = pooled  # a warm pool's slot: ready what adoption needs while idle
 
     @property
     def policy(self) -> Policy:
@@ -91,4 +109,8 @@ class Settings:
             workspace=_workspace_from_env(),
             scratch=os.environ.get(contract.ENV_SCRATCH, SCRATCH),
             run_id=os.environ.get(contract.ENV_RUN_ID, "local"),
+            deadline=os.environ.get(contract.ENV_DEADLINE),
+            watch_runner=os.environ.get(contract.ENV_WATCH_RUNNER) == "1",
+            proxy_socket=os.environ.get(contract.ENV_PROXY_SOCKET) or None,
+            pooled=os.environ.get(contract.ENV_POOLED) == "1",
         )
