@@ -201,6 +201,35 @@ def _parent(engine: EngineAPI, spec: DerivedSpec, report: Report, base: str | No
     return str(info["Id"]), worker_built
 
 
+def unpinned(packages: tuple[str, ...]) -> list[str]:
+    """The ``--pip`` names that do not fix one release (``==X``, ``===X`` or ``name @ URL``): an image built
+    for such a name is reused as long as the text is the same, whatever the index holds later."""
+    out = []
+    for pkg in packages:
+        spec = pkg.split(";", 1)[0]
+        exact = re.search(r"===?\s*[^\s,*]+\s*$", spec) is not None and "," not in spec
+        if not exact and " @ " not in spec and "@" not in spec.split("[", 1)[0]:
+            out.append(pkg.strip())
+    return out
+
+
+def derived_current(engine: EngineAPI, spec: DerivedSpec) -> bool:
+    """Whether ``spec.tag`` is there and up to date, and its parent (the worker image) current too, asked
+    without building or printing anything (``mcp wrap --pip`` stays quiet at every start when nothing is
+    built)."""
+    parent = engine.image(spec.parent)
+    labels = image_labels(parent)
+    if parent is None or labels.get(SOURCE_LABEL) != source_sha256() or REQUIREMENTS_LABEL in labels:
+        return False
+    wanted = {
+        CONTEXT_LABEL: recipe_sha256(str(parent["Id"]), spec.requirements, dockerfile()),
+        REQUIREMENTS_LABEL: requirements_sha256(spec.requirements),
+        PARENT_LABEL: str(parent["Id"]),
+    }
+    have = image_labels(engine.image(spec.tag))
+    return all(have.get(k) == v for k, v in wanted.items())
+
+
 def build_derived(
     engine: EngineAPI, spec: DerivedSpec, report: Report, base: str | None = None, force: bool = False
 ) -> DerivedResult:
@@ -245,8 +274,10 @@ __all__ = [
     "build_derived",
     "check_requirements",
     "check_tag",
+    "derived_current",
     "pip_requirements",
     "prepare",
     "prepare_pip",
     "read_requirements",
+    "unpinned",
 ]

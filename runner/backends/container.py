@@ -13,7 +13,7 @@ from toolcage.engine.api import EngineAPI
 from toolcage.engine.attach import DockerAttachTransport
 from toolcage.engine.hostconfig import PROXY_SOCKET, RunSpec, container_config, worker_image
 from toolcage.engine.knobs import RUNC, RuntimeKnobs
-from toolcage.errors import ToolcageError
+from toolcage.errors import ToolcageError, UsageError
 from toolcage.lifecycle import removal
 from toolcage.policies import Policy, contract
 from toolcage.rpc.transport import StreamParser, Transport
@@ -35,6 +35,7 @@ class ContainerBackend:
         self._engine = options.engine
         self.container_id: str | None = None
         self._egress: Any = None
+        self._image_info: dict[str, Any] | None = None
 
     @classmethod
     def unavailable(cls, engine: EngineAPI | None) -> str | None:
@@ -50,15 +51,37 @@ class ContainerBackend:
 
     def image_id(self) -> str | None:
         try:
-            return (self.engine.image(self.options.image) or {}).get("Id")
+            return (self._image() or {}).get("Id")
         except ToolcageError:
             return None  # start() reports the engine or the image as missing, with the fix
+
+    def _image(self) -> dict[str, Any] | None:
+        """The image's inspect data, asked once (None: not here; start reports it missing, with the fix)."""
+        if self._image_info is None:
+            self._image_info = self.engine.image(self.options.image) or {}
+        return self._image_info or None
+
+    def _check_image(self) -> None:
+        """Threat to the user's time, not to the host: an image that is not a toolcage worker image has no
+        worker to answer (Docker said "No command specified", the run ``crashed``, exit 3). Refused before
+        anything is created, with the fix (UsageError: exit 2), as ``mcp wrap --image`` does."""
+        from toolcage.image.build import SOURCE_LABEL, image_labels
+
+        info = self._image()
+        if info is not None and SOURCE_LABEL not in image_labels(info):
+            image = self.options.image
+            raise UsageError(
+                f"image {image} is not a toolcage worker image (no {SOURCE_LABEL} label), so no worker would "
+                "answer in it: use an image built FROM the worker image (`toolcage image build --pip PKG --tag "
+                "NAME`, or --requirements FILE --tag NAME), or leave --image out for the worker image"
+            )
 
     def proxy_runtime(self) -> RuntimeKnobs:
         """The egress proxy's runtime: the sandbox's (a subclass may say otherwise)."""
         return self.runtime
 
     def complete(self, run: RunSpec) -> RunSpec:
+        self._check_image()
         run = dataclasses.replace(run, runtime=self.runtime, flavor=self.engine.flavor())
         if self.policy.network.mode == "proxy":
             from toolcage.backends.egress import sandbox_env, volume_name
@@ -135,6 +158,9 @@ class ContainerBackend:
 
     def remove(self, keep: bool) -> None:
         if keep:
+            if self._egress is not None:  # kept stopped, like the sandbox: not a live proxy until the deadline
+                with contextlib.suppress(ToolcageError):
+                    self._egress.stop()
             if self.container_id is not None:
                 self.log.warning("run.kept", container=self.name)
             return

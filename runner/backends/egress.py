@@ -261,6 +261,16 @@ class Egress:
         tail = self._stream.stderr_tail(500).strip()
         raise SandboxError(f"the egress proxy did not start: {tail}")
 
+    def stop(self) -> None:
+        """Stop the proxy and read its stream to the end, removing nothing (``--keep``: the run's objects
+        stay for inspection, but no proxy stays live to relay for anything left in the sandbox)."""
+        if self.proxy_id is not None:
+            self.engine.kill(self.proxy_id)
+            self._stream.ended.wait(DRAIN_TIMEOUT_S)
+        if self._transport is not None:
+            self._transport.close()
+        records.flush_refusals(self.run.run_id)
+
     def down(self, before_volume: Callable[[], None] | None = None) -> None:
         """Stop the proxy, read its stream to the end, then remove it, the volume and any network made here.
         ``before_volume`` (the sandbox's own removal, run meanwhile) must end before the volume goes."""

@@ -159,13 +159,21 @@ def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any) -> tuple[Any
             raise ImageMissing(f"image {worker} is missing: run `toolcage image build`", image=worker)
         return engine, worker
     from toolcage.cli.image import build_derived_image
-    from toolcage.image.derived import REQUIREMENTS_LABEL, pip_requirements, prepare_pip
+    from toolcage.image.derived import REQUIREMENTS_LABEL, derived_current, pip_requirements, prepare_pip, unpinned
 
     existing = engine.image(worker)
     if existing is not None and REQUIREMENTS_LABEL in ((existing.get("Config") or {}).get("Labels") or {}):
         raise UsageError(f"{worker} ($TOOLCAGE_IMAGE) is a derived image: --pip derives from the worker image")
     tag = wrap_image_tag(pip_requirements(pip), worker)
     spec = prepare_pip(pip, tag, None, worker)
+    if derived_current(engine, spec):
+        return engine, tag  # nothing to build: nothing printed (an MCP client's log gets this at every session)
+    loose = unpinned(pip)
+    if loose:
+        warn(
+            f"--pip {' '.join(loose)}: not pinned to one release; the image built now is reused for as long as "
+            f"--pip says the same, whatever the index holds later: pin it (e.g. --pip {loose[0]}==VERSION)"
+        )
     build_derived_image(spec, None, False, emit_result=False, title="toolcage mcp wrap: the image for --pip")
     return engine, tag
 

@@ -3,6 +3,7 @@ the file checks, the build context, pip's failures as one paragraph, and the CLI
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -404,3 +405,48 @@ def test_cli_from_and_base_only_where_they_apply(no_engine: None, tmp_path: Path
     _usage(["--from", "w:1"], "--from applies only with --requirements")
     req = str(_requirements(tmp_path))
     _usage(["--requirements", req, "--tag", "t:1", "--from", "w:1", "--base", "b:1"], "--base applies")
+
+
+# mcp wrap --pip: quiet when nothing is built, a warning for a name that fixes no release ----------------
+
+
+def test_unpinned_names_are_the_ones_that_fix_no_release() -> None:
+    names = ("a", "b==1.2", "c>=1", "d==1.*", "e @ https://x/e.whl", "f===1", "g[x]==2", "h==1 ; python_version>'3'")
+    assert derived.unpinned(names) == ["a", "c>=1", "d==1.*"]
+
+
+def test_derived_current_after_a_build_and_not_before(wheel_cache: list[str]) -> None:
+    """What `mcp wrap --pip` asks at each start: up to date means nothing is built and nothing printed."""
+    engine = FakeEngine({"toolcage-worker:test": WORKER})
+    spec = _spec()
+    assert not derived.derived_current(engine, spec)  # type: ignore[arg-type]
+    derived.build_derived(engine, spec, lambda _msg: None)  # type: ignore[arg-type]
+    assert derived.derived_current(engine, spec)  # type: ignore[arg-type]
+    stale = {**engine.images, "toolcage-worker:test": _image("sha256:parent", **{SOURCE_LABEL: "other sources"})}
+    assert not derived.derived_current(FakeEngine(stale), spec)  # type: ignore[arg-type]
+
+
+def test_wrap_pip_is_quiet_when_the_image_is_current_and_warns_on_an_unpinned_build(
+    wheel_cache: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from toolcage.cli import image as cli_image
+    from toolcage.cli import mcp as cli_mcp
+    from toolcage.engine import docker_adapter
+
+    engine = FakeEngine({"toolcage-worker:test": WORKER})
+    engine.ping = lambda: {}  # type: ignore[attr-defined]
+    monkeypatch.setenv("TOOLCAGE_IMAGE", "toolcage-worker:test")
+    monkeypatch.setattr(docker_adapter.Engine, "default", classmethod(lambda cls: engine))
+    builds: list[Any] = []
+    monkeypatch.setattr(cli_image, "build_derived_image", lambda spec, *a, **k: builds.append(spec))
+    warnings: list[str] = []
+    # first start: nothing built yet, an unpinned name: built, with the warning
+    cli_mcp._wrap_image(None, ("six",), warnings.append)
+    assert len(builds) == 1 and len(warnings) == 1 and "not pinned" in warnings[0] and "six==VERSION" in warnings[0]
+    built = dataclasses.replace(builds[0], refresh_parent=False)  # the worker image is current here
+    derived.build_derived(engine, built, lambda _msg: None)  # type: ignore[arg-type]  # as the real one does
+    # every later start: up to date, so no build, no warning and nothing on stderr
+    warnings.clear()
+    capsys.readouterr()
+    cli_mcp._wrap_image(None, ("six",), warnings.append)
+    assert len(builds) == 1 and warnings == [] and capsys.readouterr().err == ""

@@ -1,0 +1,78 @@
+"""Rough edges a new user hit (issue 23), on the real engine: each failed before its fix."""
+
+from __future__ import annotations
+
+import io
+import json
+import secrets
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.helpers import run_cli
+
+
+@pytest.fixture
+def not_a_worker_image() -> Iterator[str]:
+    """An image this test makes (one file, no toolcage labels, no command) and removes."""
+    ref = f"toolcage-test-notworker:{secrets.token_hex(4)}"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"not a worker\n"
+        info = tarfile.TarInfo("README")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    subprocess.run(["docker", "import", "-", ref], input=buf.getvalue(), check=True, capture_output=True)
+    try:
+        yield ref
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", ref], check=False, capture_output=True)
+
+
+def test_run_with_an_image_that_is_not_a_worker_image_is_refused_before_anything_starts(
+    engine: Any, not_a_worker_image: str
+) -> None:
+    """It was Docker's raw "No command specified", status crashed, exit 3; now exit 2 with the fix, and no
+    container is made from the image."""
+    out = run_cli("run", "ping", "--image", not_a_worker_image)
+    assert out.returncode == 2, out.stderr
+    assert "is not a toolcage worker image" in out.stderr and "toolcage image build --pip" in out.stderr
+    assert "No command specified" not in out.stderr
+    made = [c for c in engine.containers("toolcage.run_id") if c.get("Image") == not_a_worker_image]
+    assert made == []
+
+
+def _run_objects(engine: Any, run_id: str) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+    label = f"toolcage.run_id={run_id}"
+    return engine.containers(label), engine.volumes(label), engine.networks(label)
+
+
+def test_keep_leaves_the_egress_proxy_stopped_not_live(engine: Any) -> None:
+    """--keep keeps the run's objects for inspection; its egress proxy ran on until the run's deadline.
+    Now the kept proxy is stopped, like the kept sandbox."""
+    out = run_cli("run", "ping", "--policy", "connector-http", "--keep", "--json")
+    assert out.returncode == 0, out.stderr
+    run_id = json.loads(out.stdout)["run_id"]
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            containers, _, _ = _run_objects(engine, run_id)
+            roles = {c["Labels"].get("toolcage.role"): c for c in containers}
+            running = [r for r, c in roles.items() if engine.inspect(c["Id"])["State"]["Running"]]
+            if not running or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert set(roles) == {"sandbox", "egress-proxy"}, roles.keys()
+        assert running == [], f"still running after the run: {running}"
+    finally:  # everything of this run, which this test made
+        containers, volumes, networks = _run_objects(engine, run_id)
+        for c in containers:
+            engine.remove(c["Id"])
+        for v in volumes:
+            engine.remove_volume(v["Name"])
+        for n in networks:
+            engine.remove_network(n["Name"])
