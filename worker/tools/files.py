@@ -24,6 +24,7 @@ from toolcage.worker.errors import BadParams, NoSpace, PathEscape, ToolError
 from toolcage.worker.settings import SCRATCH, WORKSPACE, Settings
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
+from toolcage.worker.tools.names import from_wire
 from toolcage.worker.tools.paths import MAX_PATH, Located, locate, opened, path_data, root_fd, translate
 
 _MAX_GREP_FILE = 8 * 1024 * 1024
@@ -149,14 +150,24 @@ def read_file(s: Settings, p: ReadFileParams) -> dict[str, Any]:
     return {"path": loc.shown, "size": size, "content": content, "encoding": encoding, "truncated": truncated}
 
 
+_BINARY = 0  # the line number _grep_fd gives a binary file that matches (real lines count from 1)
+
+
 def _grep_fd(fd: int, rx: re.Pattern[str]) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each matching line; one (_BINARY, "") for a binary file (a NUL in its
+    first 8 KiB, as GNU grep decides) that matches: its "lines" are not text worth returning."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_GREP_FILE:
         return
     data = _read_fd(fd, _MAX_GREP_FILE + 1)
-    if len(data) > _MAX_GREP_FILE or b"\x00" in data[:8192]:
-        return  # grew past the cap, or binary
-    for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+    if len(data) > _MAX_GREP_FILE:
+        return  # grew past the cap
+    text = data.decode("utf-8", errors="replace")
+    if b"\x00" in data[:8192]:
+        if any(rx.search(line) for line in text.replace("\x00", "\n").splitlines()):
+            yield _BINARY, ""
+        return
+    for lineno, line in enumerate(text.splitlines(), 1):
         if rx.search(line):
             yield lineno, line[:1000]
 
@@ -187,6 +198,7 @@ def grep(s: Settings, p: GrepParams) -> dict[str, Any]:
     except re.error as exc:
         raise BadParams(f"invalid regular expression: {exc}", {"pattern": p.pattern}) from None
     matches: list[dict[str, Any]] = []
+    binary: list[str] = []  # binary files that match, by name only (GNU grep: "Binary file X matches")
     out_bytes = 0
     cap = s.policy.limits.output_cap
     with opened(loc, _READ) as fd:
@@ -196,11 +208,15 @@ def grep(s: Settings, p: GrepParams) -> dict[str, Any]:
             except OSError:
                 continue
             for lineno, text in found:
-                out_bytes += len(text) + 64
-                if len(matches) >= p.max_matches or out_bytes > cap:
-                    return {"matches": matches, "truncated": True}
-                matches.append({"path": loc.show(*parts), "line": lineno, "text": text})
-    return {"matches": matches, "truncated": False}
+                path = loc.show(*parts)
+                out_bytes += len(path) + len(text) + 64
+                if len(matches) + len(binary) >= p.max_matches or out_bytes > cap:
+                    return {"matches": matches, "binary_matches": binary, "truncated": True}
+                if lineno == _BINARY:
+                    binary.append(path)
+                else:
+                    matches.append({"path": path, "line": lineno, "text": text})
+    return {"matches": matches, "binary_matches": binary, "truncated": False}
 
 
 def _parent_fd(rfd: int, parts: list[str]) -> int:
@@ -235,7 +251,7 @@ def _write_target(s: Settings, path: str) -> Located:
             f"(a relative path lands there)",
             path_data(loc, allowed=[SCRATCH]),
         )
-    if loc.rel == "." or os.path.basename(path) in ("", ".", ".."):
+    if loc.rel == "." or os.path.basename(from_wire(path)) in ("", ".", ".."):
         problem = f"is not a file name (resolved: {loc.shown!r})"
         raise BadParams(f"invalid params: path {problem}", [{"field": "path", "error": problem}])
     return loc
@@ -290,7 +306,8 @@ TOOLS = [
     Tool(
         "grep",
         f"Search text files under a directory (default {WORKSPACE}) or one file for a regex or fixed string. "
-        f"{PATH_RULE}",
+        f"A binary file (a NUL byte in its first 8 KiB) that matches is named in binary_matches, without "
+        f"lines; read it with read_file. {PATH_RULE}",
         GrepParams,
         grep,
     ),

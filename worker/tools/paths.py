@@ -24,6 +24,7 @@ from typing import Any
 
 from toolcage.worker.errors import BadParams, PathEscape, ToolError
 from toolcage.worker.settings import SCRATCH, WORKSPACE
+from toolcage.worker.tools.names import from_wire, to_wire
 
 MAX_PATH = 4096  # PATH_MAX: longer is a params error, never an OSError deep inside a tool
 NAME_MAX = 255  # bytes per component, as every Linux file system limits it
@@ -39,7 +40,7 @@ class Located:
     (/workspace or /scratch), ``real`` where it is on this machine (the same in a container;
     None when the run has no workspace), ``rel`` the rest (``"."`` for the root itself)."""
 
-    given: str
+    given: str  # as the tool was given it (a quoted name, worker.tools.names, stays quoted)
     name: str
     real: str | None
     rel: str
@@ -51,7 +52,8 @@ class Located:
         return self.show()
 
     def show(self, *parts: str) -> str:
-        return os.path.normpath(os.path.join(self.name, self.rel, *parts))
+        """A path under this one as results name it: quoted if it is not UTF-8 (worker.tools.names)."""
+        return to_wire(os.path.normpath(os.path.join(self.name, self.rel, *parts)))
 
 
 def _params_error(path: str, problem: str) -> BadParams:
@@ -74,10 +76,13 @@ def locate(path: str, workspace: str | None, scratch: str) -> Located:
     (``workspace``, ``scratch``) are accepted too, and stand for those names.
 
     ``..`` is resolved on the text, before any file system lookup, so it can never climb
-    out through a symlink; symlinks are then left to :func:`opened`.
+    out through a symlink; symlinks are then left to :func:`opened`. A quoted name (one that
+    is not UTF-8, as results show it: worker.tools.names) is unquoted first.
     """
+    given = path
+    path = from_wire(path)
     if "\x00" in path:
-        raise PathEscape("path contains a NUL byte", {"path": path})
+        raise PathEscape("path contains a NUL byte", {"path": to_wire(given)})
     try:
         raw = os.fsencode(path)
     except UnicodeEncodeError:
@@ -94,7 +99,7 @@ def locate(path: str, workspace: str | None, scratch: str) -> Located:
         hint = f"; a relative path is relative to {SCRATCH}, the working directory of run_python and run_shell"
         alt = os.path.normpath(os.path.join(WORKSPACE, path))
         if workspace is not None and _beneath(alt, WORKSPACE) not in (None, "."):
-            hint += f"; for the workspace's, pass {alt!r}"
+            hint += f"; for the workspace's, pass {to_wire(alt)!r}"
     # the names first, then (--sandbox none) the local directories they stand for
     for candidates in ((WORKSPACE, SCRATCH), (workspace, scratch)):
         for name, prefix in zip((WORKSPACE, SCRATCH), candidates, strict=True):
@@ -102,11 +107,12 @@ def locate(path: str, workspace: str | None, scratch: str) -> Located:
                 continue
             rel = _beneath(joined, os.path.normpath(prefix))
             if rel is not None:
-                return Located(path, name, workspace if name == WORKSPACE else scratch, rel, hint)
+                return Located(given, name, workspace if name == WORKSPACE else scratch, rel, hint)
     allowed = [WORKSPACE, SCRATCH] if workspace is not None else [SCRATCH]
+    shown = to_wire(joined)
     raise PathEscape(
-        f"path {joined!r} lies outside the allowed directories ({', '.join(allowed)})",
-        {"path": path, "resolved": joined, "allowed": allowed},
+        f"path {shown!r} lies outside the allowed directories ({', '.join(allowed)})",
+        {"path": to_wire(given), "resolved": shown, "allowed": allowed},
     )
 
 
@@ -207,7 +213,7 @@ def open_beneath(root_fd: int, rel: str, flags: int) -> int:
 
 def path_data(loc: Located, **extra: Any) -> dict[str, Any]:
     """``data`` of every path error: the path as given and as resolved."""
-    return {"path": loc.given, "resolved": loc.shown, **extra}
+    return {"path": to_wire(loc.given), "resolved": loc.shown, **extra}
 
 
 def translate(exc: OSError, loc: Located) -> Exception:
