@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from toolcage.cli import policy_flags
 from toolcage.cli.output import ToolcageGroup, emit, say, use_json, warn
 from toolcage.errors import UsageError
 from toolcage.policies import Policy, codes, contract
@@ -60,13 +61,15 @@ def _prepared_call(tool: str, raw: str | None, opts: dict[str, Any]) -> dict[str
 
 
 def _policy(opts: dict[str, Any]) -> Policy:
-    """The run's policy with --timeout applied; warns when --timeout asks for more than the policy allows."""
+    """The run's policy: --policy, the policy flags set over it (--memory, --allow-host, ...: one overlay
+    the policy model validates, toolcage.cli.policy_flags), then --timeout; warns when --timeout asks
+    for more than that policy allows."""
     from toolcage.options import resolve_policy
     from toolcage.policies import load_policy
 
     if isinstance(opts["policy"], Policy):
         return opts["policy"]
-    base = load_policy(opts["policy"])
+    base = policy_flags.apply(load_policy(opts["policy"]), opts)
     timeout = opts["timeout"]
     if timeout is not None and timeout > base.timeouts.run_s:
         warn(f"--timeout {timeout:g}s is more than the policy's run deadline; using {base.timeouts.run_s:g}s")
@@ -92,8 +95,13 @@ def sandbox_options(f: Any = None, *, without: tuple[str, ...] = ()) -> Any:
             "then container); 'none' runs the worker as a local process: NO isolation, development only.",
         ),
         click.option(
-            "--policy", default="default", show_default=True, help="Bundled policy name or a policy file path."
+            "--policy",
+            default="default",
+            show_default=True,
+            shell_complete=policy_flags.complete_policy,
+            help="Bundled policy name or a policy file path.",
         ),
+        *policy_flags.policy_options(),
         click.option(
             "--workspace",
             type=click.Path(file_okay=False),
@@ -223,17 +231,52 @@ def pool_option(f: Any) -> Any:
     )(f)
 
 
+def dry_run_option(f: Any) -> Any:
+    return click.option(
+        "--dry-run",
+        is_flag=True,
+        help="Check the tool, its params and the policy, print the effective policy (after the flags) as JSON "
+        "and exit 0; nothing starts.",
+    )(f)
+
+
+def _dry_run(tool: str, opts: dict[str, Any], params: dict[str, Any] | None = None) -> None:
+    """What a run would be made of, as one JSON document on stdout: the checked policy (after --policy,
+    the policy flags and --timeout), its sha256, and the sandbox, image and tool asked for."""
+    from toolcage.options import worker_image
+    from toolcage.policies.typed import to_dict
+
+    pol = _policy(opts)
+    out: dict[str, Any] = {"dry_run": True, "tool": tool}
+    if params is not None:
+        out["params"] = params
+    out.update(
+        sandbox=opts["sandbox"],
+        image=worker_image(opts["image"]),
+        policy_sha256=pol.sha256(),
+        policy=to_dict(pol),
+    )
+    emit(out)
+
+
 @cli.command()
-@click.argument("tool")
+@click.argument("tool", shell_complete=policy_flags.complete_tool)
 @click.option("--params", default=None, help="Tool params as a JSON object, or '-' to read it from stdin.")
 @sandbox_options
-def run(tool: str, params: str | None, **opts: Any) -> None:
+@dry_run_option
+def run(tool: str, params: str | None, dry_run: bool, **opts: Any) -> None:
     """Run one TOOL call in a fresh sandbox and print the result as JSON.
 
     Example: toolcage run run_python --params '{"code": "print(2+2)"}'
+
+    One-off limits without a policy file: toolcage run http_fetch --allow-host api.github.com --memory 256m
+    --run-s 120 --params '{"url": "https://api.github.com/zen"}' (add --dry-run to see the policy that makes).
     """
     use_json(True)
     parsed = _prepared_call(tool, params, opts)
+    if dry_run:
+        _dry_run(tool, opts, parsed)
+        return
     if _Command.own_process and opts["sandbox"] != "none" and not opts["keep"]:
         from toolcage.lifecycle import removal
 
@@ -271,7 +314,8 @@ def run(tool: str, params: str | None, **opts: Any) -> None:
     "--tool-label", default="serve", show_default=True, help="Tool name used in the container name and labels."
 )
 @pool_option
-def serve(tool_label: str, pool_size: int | None, **opts: Any) -> None:
+@dry_run_option
+def serve(tool_label: str, pool_size: int | None, dry_run: bool, **opts: Any) -> None:
     """Bridge JSON-RPC on this process's stdin/stdout into one sandboxed run.
 
     Send newline-delimited JSON-RPC 2.0 requests on stdin; responses come back on stdout.
@@ -280,6 +324,10 @@ def serve(tool_label: str, pool_size: int | None, **opts: Any) -> None:
     """
     from toolcage.servers.serve import bridge
 
+    if dry_run:
+        use_json(True)  # the result is one JSON document, as `run --dry-run`'s
+        _dry_run(tool_label, opts)
+        return
     use_json(False)  # stdout is the JSON-RPC stream: errors go to stderr only
     if pool_size is not None:
         from toolcage.servers.serve_pool import bridge_fresh
@@ -324,7 +372,7 @@ def policy() -> None:
 
 
 @policy.command("test")
-@click.argument("policy_ref", metavar="POLICY")
+@click.argument("policy_ref", metavar="POLICY", shell_complete=policy_flags.complete_policy)
 @click.argument("url")
 @click.option("--method", default="GET", show_default=True, help="HTTP method of the request.")
 @click.option(

@@ -1,0 +1,182 @@
+"""The policy knobs as flags (``--memory 1g``, ``--allow-host api.example.com``, ...) for one-off runs
+without a policy file, and the shell completion of policy and tool names.
+
+The flags do not validate anything themselves: they become an overlay mapping that ``extends`` the
+named policy and goes through the loader and the policy model like a file would (``load_policy``),
+so the bounds are the model's. This module imports only click at start-up (``toolcage run`` is timed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from toolcage.errors import UsageError
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
+
+    from toolcage.policies import Policy
+
+# flag parameter name -> (section, field) of the policy it sets
+FIELDS: dict[str, tuple[str, str]] = {
+    "memory": ("limits", "memory"),
+    "cpus": ("limits", "cpus"),
+    "output_cap": ("limits", "output_cap"),
+    "run_s": ("timeouts", "run_s"),
+    "call_s": ("timeouts", "call_s"),
+    "idle_s": ("timeouts", "idle_s"),
+}
+_SIZES = ("memory", "output_cap")
+
+
+def complete_policy(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Bundled policy names and the policy files (*.yaml, *.yml, *.json) of the current directory; a
+    path being typed (it has a '/') is left to the shell's file completion."""
+    from pathlib import Path
+
+    from click.shell_completion import CompletionItem
+
+    from toolcage.policies import bundled_policy_names
+
+    if "/" in incomplete or incomplete.startswith("~"):
+        return [CompletionItem(incomplete, type="file")]
+    files = sorted(p.name for p in Path.cwd().iterdir() if p.suffix in (".yaml", ".yml", ".json") and p.is_file())
+    names = [*bundled_policy_names(), *files]
+    return [CompletionItem(n) for n in names if n.startswith(incomplete)]
+
+
+def complete_tool(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """The worker's built-in tools (a connector's tools are known only inside a sandbox)."""
+    from click.shell_completion import CompletionItem
+
+    from toolcage.worker.tools import BUILTIN
+
+    return [CompletionItem(n) for n in sorted(BUILTIN) if n.startswith(incomplete)]
+
+
+def policy_options() -> list[Callable[[Any], Any]]:
+    """The flags that set one field of the run's policy each, on top of --policy (click decorators)."""
+    return [
+        click.option(
+            "--allow-host",
+            "allow_host",
+            multiple=True,
+            metavar="HOST",
+            help="Let the sandbox reach HOST over https (port 443, through the egress proxy; '*.example.com': "
+            "its subdomains); repeatable, added to the policy's network.allow. A policy with network "
+            "mode none gets mode proxy, allowing only these hosts.",
+        ),
+        click.option("--memory", metavar="SIZE", default=None, help="limits.memory, e.g. 1g (16m to 64g)."),
+        click.option("--cpus", type=float, default=None, metavar="N", help="limits.cpus, e.g. 0.5 (up to 64)."),
+        click.option(
+            "--output-cap", metavar="SIZE", default=None, help="limits.output_cap per stream, e.g. 4m (1k to 256m)."
+        ),
+        click.option(
+            "--run-s",
+            type=float,
+            default=None,
+            metavar="S",
+            help="timeouts.run_s: the run deadline in seconds (up to 86400); --timeout can only shorten it.",
+        ),
+        click.option("--call-s", type=float, default=None, metavar="S", help="timeouts.call_s: per-call timeout."),
+        click.option(
+            "--idle-s", type=float, default=None, metavar="S", help="timeouts.idle_s: end the run after S s idle."
+        ),
+    ]
+
+
+def _allow_rules(hosts: tuple[str, ...]) -> list[dict[str, Any]]:
+    rules = []
+    for host in hosts:
+        if "://" in host or "/" in host or ":" in host:
+            raise UsageError(
+                f"--allow-host wants a host name such as api.example.com (https, port 443), not {host!r}; "
+                "for another scheme, port or the methods, write a policy file with network.allow "
+                "(README, Network)"
+            )
+        rules.append({"host": host})
+    return rules
+
+
+def overlay(opts: dict[str, Any], base: Policy) -> dict[str, Any]:
+    """The flags as a mapping of policy fields over ``base`` (empty: no flag given)."""
+    from toolcage.policies.typed import to_dict
+
+    out: dict[str, Any] = {}
+    for name, (section, field) in FIELDS.items():
+        if opts.get(name) is not None:
+            out.setdefault(section, {})[field] = opts[name]
+    hosts = tuple(opts.get("allow_host") or ())
+    if hosts:
+        # added to the policy's rules, never replacing them; the egress proxy is the only way out
+        # of a sandbox, so an allowlist needs mode proxy (mode none has no interface but lo)
+        out["network"] = {"mode": "proxy", "allow": to_dict(base)["network"]["allow"] + _allow_rules(hosts)}
+    if out:  # the named policy's description would no longer be true ("No network, 512 MiB ...")
+        given = [f"--{n.replace('_', '-')} {_shown(opts[n])}" for n in FIELDS if opts.get(n) is not None]
+        given += [f"--allow-host {h}" for h in hosts]
+        out["description"] = f"{base.name} with {' '.join(given)}"
+    return out
+
+
+def _bounds(section: str, field: str) -> str:
+    """What the policy model declares for a field, for the fix in an error message."""
+    import typing
+
+    import annotated_types as at
+
+    from toolcage.policies import model
+
+    cls = {"limits": model.Limits, "timeouts": model.Timeouts}[section]
+    metas = typing.get_args(typing.get_type_hints(cls, include_extras=True)[field])[1:]
+    lo = next((f"more than {m.gt}" for m in metas if isinstance(m, at.Gt)), None)
+    lo = lo or next((f"at least {_human(m.ge, field)}" for m in metas if isinstance(m, at.Ge)), "")
+    hi = next((f"at most {_human(m.le, field)}" for m in metas if isinstance(m, at.Le)), "")
+    return " and ".join(p for p in (lo, hi) if p)
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _human(n: Any, field: str) -> str:
+    if field not in _SIZES:
+        return f"{n:g}"
+    for unit, size in (("g", 1024**3), ("m", 1024**2), ("k", 1024)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def apply(base: Policy, opts: dict[str, Any]) -> Policy:
+    """``base`` with the flags' fields set: one overlay that extends it, validated by the loader and
+    the policy model (a value out of bounds is a usage error naming the flag and the bounds)."""
+    from toolcage.cli.output import say
+    from toolcage.policies import PolicyError, load_policy
+
+    over = overlay(opts, base)
+    if not over:
+        return base
+    try:
+        pol = load_policy({"extends": base, **over})
+    except PolicyError as exc:
+        text = str(exc)
+        for name, (section, field) in FIELDS.items():
+            if opts.get(name) is not None and f"{section}.{field}:" in text:
+                flag = f"--{name.replace('_', '-')} {_shown(opts[name])}"
+                detail = text.split(f"{section}.{field}:", 1)[1].split(";", 1)[0].strip()
+                if detail.startswith("Input should be") and " than " in detail:  # a bound: in the flag's units
+                    detail = "out of bounds"
+                raise UsageError(f"{flag}: {detail}; the policy model takes {_bounds(section, field)}") from None
+        if opts.get("allow_host") and "network.allow" in text:
+            raise UsageError(f"--allow-host: {text.split('network.allow', 1)[1].lstrip('.0123456789: ')}") from None
+        raise
+    if opts.get("allow_host") and base.network.mode == "none":
+        hosts = ", ".join(r.host for r in pol.network.allow)
+        say(f"--allow-host: network mode proxy instead of the policy's none: only {hosts}, https, via the egress proxy")
+    return pol
+
+
+__all__ = ["FIELDS", "apply", "complete_policy", "complete_tool", "overlay", "policy_options"]
