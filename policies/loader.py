@@ -4,6 +4,7 @@ every failure into one clear PolicyError."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -94,18 +95,59 @@ def _load(name_or_path: str | Path, depth: int, relative_to: Path | None = None)
     import yaml  # only the host side loads YAML; the worker gets canonical JSON
 
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw_bytes = path.read_bytes()
     except FileNotFoundError:
         raise PolicyError(f"policy file not found: {path}") from None
     except OSError as exc:
         raise PolicyError(f"cannot read policy file {path}: {exc.strerror}") from None
     try:
+        raw = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, column = _line_column(raw_bytes, exc.start)
+        raise _at(path, line, column, f"policy file is not UTF-8 text (byte 0x{raw_bytes[exc.start]:02x})") from None
+    try:
         data = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
-        raise PolicyError(f"policy file {path} is not valid YAML: {exc}") from None
+        raise _yaml_error(path, raw, exc) from None
     if isinstance(data, dict) and "extends" in data:
         return _from_mapping(data, repr(str(path)), path.parent, depth)
     return validate_policy(data, repr(str(path)))
+
+
+def _line_column(text: str | bytes, pos: int) -> tuple[int, int]:
+    """1-based line and column of offset ``pos`` (columns count characters, or bytes in bytes)."""
+    nl = "\n" if isinstance(text, str) else b"\n"
+    start = text.rfind(nl, 0, pos) + 1  # type: ignore[arg-type]
+    return text.count(nl, 0, pos) + 1, pos - start + 1  # type: ignore[arg-type]
+
+
+def _at(path: Path, line: int, column: int, what: str) -> PolicyError:
+    """An error at a place in a policy file, said as compilers say it (``FILE:LINE:COLUMN: what``), on
+    one line: the CLI prints one line per error and shows any control character in it as an escape."""
+    return PolicyError(f"{path}:{line}:{column}: {_one_line(what)}", file=str(path), line=line, column=column)
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", text)
+
+
+def _yaml_error(path: Path, text: str, exc: Any) -> PolicyError:
+    """What PyYAML found wrong, where: its multi-line report (a snippet and a caret under
+    ``in "<unicode string>"``) becomes the file, line and column, and its words."""
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is not None:
+        line, column = mark.line + 1, mark.column + 1
+    elif isinstance(getattr(exc, "position", None), int):  # a ReaderError: a character YAML refuses
+        line, column = _line_column(text, exc.position)
+        problem = str(exc).split("\n")[0]
+    else:
+        return PolicyError(f"policy file {path} is not valid YAML: {_one_line(str(exc))}")
+    what = f"policy file is not valid YAML: {problem or 'a syntax error'}"
+    context, cmark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and cmark is not None and context != problem:
+        what += f" ({context} that starts at line {cmark.line + 1}, column {cmark.column + 1})"
+    return _at(path, line, column, what)
 
 
 def _from_mapping(data: Mapping[str, Any], source: str, relative_to: Path | None, depth: int) -> Policy:
