@@ -38,6 +38,7 @@ _EXPORTS = {
     "CallResult": "toolcage.results",
     "RunSummary": "toolcage.results",
     "DEFAULT_IMAGE": "toolcage.sandbox",
+    "AsyncPool": "toolcage.aio",
     "AsyncSandbox": "toolcage.aio",
     "Sandbox": "toolcage.sandbox",
     "Pool": "toolcage.pool",
@@ -48,6 +49,7 @@ _EXPORTS = {
 __all__ = [
     "DEFAULT_IMAGE",
     "STATUSES",
+    "AsyncPool",
     "AsyncSandbox",
     "CallResult",
     "Cancel",
@@ -87,7 +89,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the names, for type checkers and IDEs
-    from toolcage.aio import AsyncSandbox
+    from toolcage.aio import AsyncPool, AsyncSandbox
     from toolcage.errors import (
         DockerUnavailable,
         ImageMissing,

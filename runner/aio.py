@@ -1,23 +1,84 @@
-"""``AsyncSandbox``: the async twin of :class:`~toolcage.sandbox.Sandbox`. Calls are native (the
-sandbox's one reader thread wakes the event loop with each answer); start and close, which wait on
-the engine, run on a thread so the loop never does."""
+"""``AsyncSandbox`` and ``AsyncPool``: the async twins of :class:`~toolcage.sandbox.Sandbox` and
+:class:`~toolcage.pool.Pool`. Calls, and taking a pool's slot, are native (the thread that has the
+answer or the slot wakes the event loop); what waits on the engine (a cold start, close) runs on a thread."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import functools
+import os
 import time
-from typing import Any
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
+from toolcage.errors import ToolcageError, UsageError
+from toolcage.pool import READY_WAIT_S, Pool, _Slot
 from toolcage.results import CallResult, RunSummary
 from toolcage.rpc.session import Ended, OnProgress
 from toolcage.sandbox import Sandbox
 
+T = TypeVar("T")
+
+
+async def take(pool: Pool, timeout: float = READY_WAIT_S * 2) -> _Slot:
+    """:meth:`Pool.take` for an event loop: the oldest waiting slot, or the next one to start. No thread
+    waits: the pool hands the slot over from whichever thread has it (a filler, mostly) by waking the
+    loop. A taker cancelled or timed out while its slot was on the way gives it back, first in line."""
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future[_Slot] = loop.create_future()
+
+    def settle(item: _Slot | ToolcageError) -> None:  # in the loop
+        if got.done():  # the taker gave up while the slot was on its way
+            if isinstance(item, _Slot):
+                pool._give_back(item)
+        elif isinstance(item, _Slot):
+            got.set_result(item)
+        else:
+            got.set_exception(item)
+
+    def handoff(item: _Slot | ToolcageError) -> bool:  # under the pool's lock, from any thread
+        try:
+            loop.call_soon_threadsafe(settle, item)
+        except RuntimeError:  # the loop is closed: nobody takes it
+            return False
+        return True
+
+    def expire() -> None:
+        if pool._forget(handoff) and not got.done():
+            got.set_exception(ToolcageError("no pooled sandbox became ready in time"))
+
+    timer = loop.call_later(timeout, expire)
+    pool._take_later(handoff)
+    try:
+        return await got
+    except asyncio.CancelledError:
+        if not pool._forget(handoff) and got.done() and not got.cancelled() and got.exception() is None:
+            pool._give_back(got.result())  # handed over, but the task was cancelled before it resumed
+        raise
+    finally:
+        timer.cancel()
+
+
+async def _on_thread(executor: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on ``executor`` (None: the loop's default one), with the caller's context (as ``to_thread``)."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(executor, call)
+
 
 class AsyncSandbox:
-    """The async twin of :class:`Sandbox`: the same run; calls awaited natively, start and close on a thread."""
+    """The async twin of :class:`Sandbox`: the same run; calls awaited natively, a cold start and close on a thread.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._sync = Sandbox(*args, **kwargs)
+    ``pool``: a :class:`Pool` or an :class:`AsyncPool`; ``start()`` then takes a slot without a
+    thread (and adopts it in the loop: one request sent, its answer read with the first call's);
+    from an AsyncPool, within its ``max_concurrent_starts``, and close runs on the pool's own threads."""
+
+    def __init__(self, *args: Any, pool: Pool | AsyncPool | None = None, **kwargs: Any) -> None:
+        self._apool = pool if isinstance(pool, AsyncPool) else None
+        self._sync = Sandbox(*args, pool=pool.pool if isinstance(pool, AsyncPool) else pool, **kwargs)
 
     @property
     def run_id(self) -> str:
@@ -43,8 +104,23 @@ class AsyncSandbox:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @property
+    def _executor(self) -> ThreadPoolExecutor | None:
+        return self._apool._threads() if self._apool is not None else None
+
     async def start(self) -> AsyncSandbox:
-        await asyncio.to_thread(self._sync.start)
+        sb = self._sync
+        pool = sb._pool
+        if pool is None:  # a cold start waits on the engine
+            await _on_thread(None, sb.start)
+            return self
+        async with self._apool._start_slot() if self._apool is not None else contextlib.nullcontext():
+            sb._claim_start()
+            slot = await take(pool)
+            if sb.tool_sources:  # adoption waits for the worker to list the connectors' tools
+                await _on_thread(self._executor, sb._adopt, slot)
+            else:
+                sb._adopt(slot)  # sends the run's configuration; its answer is read with the first call's
         return self
 
     async def call(
@@ -65,8 +141,125 @@ class AsyncSandbox:
         started = time.monotonic()
         answer = await session.request_async(tool, params, until, on_progress=on_progress)
         if isinstance(answer, Ended):  # the sandbox is killed on the way: not in the event loop
-            return await asyncio.to_thread(sb._after_call, tool, params, answer, started)
+            return await _on_thread(self._executor, sb._after_call, tool, params, answer, started)
         return sb._after_call(tool, params, answer, started)
 
     async def close(self) -> RunSummary | None:
-        return await asyncio.to_thread(self._sync.close)
+        return await _on_thread(self._executor, self._sync.close)
+
+
+class AsyncPool:
+    """The async twin of :class:`Pool`: the same warm slots; ``async with pool.sandbox() as sb:`` takes one
+    without a thread waiting, and ``await pool.wait_ready()`` leaves the loop free.
+
+    ``max_concurrent_starts``: at most this many of its sandboxes start at once (wait for a slot, adopt
+    it); the rest wait their turn in the loop, holding no thread. None (default): no bound. It also
+    sizes the pool's own threads, for what must block (a close, an adoption that lists connector
+    tools), so runs never queue behind asyncio's default executor (default: as many as that one's,
+    ``min(32, cpus + 4)``). The other arguments are :class:`Pool`'s; ``.pool`` is the Pool itself,
+    which sync code may share (``Sandbox(pool=apool.pool)``)."""
+
+    def __init__(
+        self, policy: Any = "default", *, max_concurrent_starts: int | None = None, **pool_options: Any
+    ) -> None:
+        if max_concurrent_starts is not None and (
+            isinstance(max_concurrent_starts, bool) or not isinstance(max_concurrent_starts, int)
+            or max_concurrent_starts < 1
+        ):  # fmt: skip
+            raise UsageError("max_concurrent_starts must be a positive integer (or None: no bound)")
+        self.max_concurrent_starts = max_concurrent_starts
+        self.pool = Pool(policy, **pool_options)
+        self._executor = ThreadPoolExecutor(
+            max_workers=max_concurrent_starts or min(32, (os.cpu_count() or 1) + 4),
+            thread_name_prefix=f"toolcage-pool-{self.pool.id}",
+        )
+        # one bound per event loop (an asyncio.Semaphore belongs to the loop that first waits on it)
+        self._bounds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.starting = 0  # starts under way now (within the bound)
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        return self.pool.id
+
+    @property
+    def size(self) -> int:
+        return self.pool.size
+
+    @property
+    def adopted(self) -> int:
+        """Runs served."""
+        return self.pool.adopted
+
+    def sandbox(self, *, secrets: Mapping[str, str] | None = None) -> AsyncSandbox:
+        """An AsyncSandbox that adopts one slot when started (``async with pool.sandbox() as sb:``)."""
+        return AsyncSandbox(pool=self, secrets=secrets)
+
+    def ready(self) -> int:
+        """How many slots wait, started and answering."""
+        return self.pool.ready()
+
+    async def wait_ready(self, count: int | None = None, timeout: float = 60.0) -> bool:
+        """Until ``count`` (default: ``size``) slots wait; False on timeout (as :meth:`Pool.wait_ready`,
+        without blocking the loop or holding a thread). Raises what stops slots from starting."""
+        pool, loop = self.pool, asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def watcher() -> None:  # under the pool's lock, from any thread
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(changed.set)
+
+        want = pool._wanted_ready(count)
+        until = loop.time() + timeout
+        pool._watch(watcher)
+        try:
+            while True:
+                changed.clear()
+                done = pool._ready_for(want)
+                if done is not None:
+                    return done
+                left = until - loop.time()
+                if left <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(left, 0.5))
+        finally:
+            pool._watch(watcher, on=False)
+
+    @contextlib.asynccontextmanager
+    async def _start_slot(self) -> AsyncIterator[None]:
+        """One start's turn, within ``max_concurrent_starts``."""
+        bound = None
+        if self.max_concurrent_starts is not None:
+            loop = asyncio.get_running_loop()
+            bound = self._bounds.get(loop)
+            if bound is None:
+                bound = self._bounds[loop] = asyncio.Semaphore(self.max_concurrent_starts)
+        async with bound if bound is not None else contextlib.nullcontext():
+            self.starting += 1
+            try:
+                yield
+            finally:
+                self.starting -= 1
+
+    def _threads(self) -> ThreadPoolExecutor | None:
+        """The pool's own threads; once it is closed, the loop's default executor (a sandbox taken
+        before may close after its pool)."""
+        return None if self._closed else self._executor
+
+    async def close(self) -> None:
+        """Remove every waiting slot and stop refilling (on a thread: it waits for the removals). Idempotent."""
+        await _on_thread(self._threads(), self.pool.close)
+        self._closed = True
+        self._executor.shutdown(wait=False)
+
+    async def __aenter__(self) -> AsyncPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+__all__ = ["AsyncPool", "AsyncSandbox"]

@@ -86,6 +86,10 @@ class _Slot:
         return redact(obj) if redact is not None else obj
 
 
+# an async taker's side of a hand-off: called under the pool's lock with its slot (or the error that
+# stops slots from starting), from any thread; never blocks; False: nobody can take the slot any more
+Handoff = Callable[["_Slot | ToolcageError"], bool]
+
 _POOLS: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
@@ -148,7 +152,11 @@ class Pool:
         self._cond = threading.Condition()
         self._ready: collections.deque[_Slot] = collections.deque()
         self._starting = 0
-        self._waiting = 0
+        self._waiting = 0  # takers waiting: threads in take(), and async takers (_handoffs)
+        # async takers (toolcage.aio), oldest first: handed a slot, or what stops slots from starting, by
+        # whichever thread has it (a filler, mostly); no thread waits for them
+        self._handoffs: collections.deque[Handoff] = collections.deque()
+        self._watchers: list[Callable[[], None]] = []  # told of every change (an async wait_ready)
         self._closed = False
         self._error: ToolcageError | None = None
         self._failures = 0
@@ -178,21 +186,43 @@ class Pool:
     def wait_ready(self, count: int | None = None, timeout: float = 60.0) -> bool:
         """Block until ``count`` (default: ``size``) slots wait; False on timeout. Raises what stops
         slots from starting (the image missing, Docker down)."""
-        want = self.size if count is None else min(count, self.size)
+        want = self._wanted_ready(count)
         until = time.monotonic() + timeout
         with self._cond:
-            # asking is using: a pool gone cold refills; counted once, from now (counted on every
-            # wake-up, slots made meanwhile would outlive the pool's use and be replaced when idle)
-            self._last_used = time.monotonic()
-            self._cond.notify_all()
-            while len(self._ready) < want:
-                if self._error is not None and self._failures >= 2:
-                    raise self._error
+            while (done := self._ready_for(want)) is None:
                 left = until - time.monotonic()
-                if left <= 0 or self._closed:
+                if left <= 0:
                     return False
                 self._cond.wait(min(left, 0.5))
-            return True
+            return done
+
+    def _wanted_ready(self, count: int | None) -> int:
+        """How many slots a wait_ready waits for (asking is using: a pool gone cold refills; counted
+        once, from now: counted on every wake-up, slots made meanwhile would outlive the pool's use)."""
+        want = self.size if count is None else min(count, self.size)
+        with self._cond:
+            self._last_used = time.monotonic()
+            self._changed()
+        return want
+
+    def _ready_for(self, want: int) -> bool | None:
+        """Has a wait for ``want`` ready slots ended (True: they wait; False: the pool is closed), or
+        None: not yet. Raises what stops slots from starting."""
+        with self._cond:
+            if len(self._ready) >= want:
+                return True
+            if self._error is not None and self._failures >= 2:
+                raise self._error
+            return False if self._closed else None
+
+    def _watch(self, watcher: Callable[[], None], on: bool = True) -> None:
+        """``watcher()`` is called (under the lock, from any thread; it must not block) on every change
+        from now on (``on=False``: no longer)."""
+        with self._cond:
+            if on:
+                self._watchers.append(watcher)
+            else:
+                self._watchers.remove(watcher)
 
     def take(self, timeout: float = READY_WAIT_S * 2) -> _Slot:
         """The oldest waiting slot, for one run; waits for one to start when none waits."""
@@ -203,24 +233,90 @@ class Pool:
             self._cond.notify_all()
             try:
                 while True:
-                    if self._closed:
-                        raise UsageError("the pool is closed")
-                    while self._ready and not self._has_a_run_left(self._ready[0]):
-                        self._retire(self._ready.popleft(), "expired")
-                    if self._ready:
-                        slot = self._ready.popleft()
-                        self.adopted += 1
-                        self._last_taken = time.monotonic()
-                        self._cond.notify_all()  # a filler starts its replacement
+                    if (stop := self._why_no_slot()) is not None:
+                        raise stop
+                    slot = self._pop_ready()
+                    if slot is not None:
+                        self._changed()  # a filler starts its replacement
                         return slot
-                    if self._error is not None and self._starting == 0 and self._failures >= 1:
-                        raise self._error
+                    if (stop := self._why_no_slot(starting=True)) is not None:
+                        raise stop
                     left = until - time.monotonic()
                     if left <= 0:
                         raise ToolcageError("no pooled sandbox became ready in time")
                     self._cond.wait(min(left, 0.5))
             finally:
                 self._waiting -= 1
+
+    def _why_no_slot(self, starting: bool = False) -> ToolcageError | None:
+        """Held under the lock: why a taker gets no slot (the pool closed; with ``starting``: what made
+        the last start fail, none being under way), or None."""
+        if self._closed:
+            return UsageError("the pool is closed")
+        if starting and self._error is not None and self._starting == 0 and self._failures >= 1:
+            return self._error
+        return None
+
+    def _pop_ready(self) -> _Slot | None:
+        """Held under the lock: the oldest waiting slot that can still give a whole run, counted as taken."""
+        while self._ready and not self._has_a_run_left(self._ready[0]):
+            self._retire(self._ready.popleft(), "expired")
+        if not self._ready:
+            return None
+        self.adopted += 1
+        self._last_taken = time.monotonic()
+        return self._ready.popleft()
+
+    # async takers (toolcage.aio.AsyncPool, AsyncSandbox(pool=...)): no thread waits for them ---------
+    def _take_later(self, handoff: Handoff) -> None:
+        """Hand ``handoff`` the oldest slot when there is one (now, if one waits), or the error that
+        stops slots from starting; meanwhile fillers count it as a taker waiting."""
+        with self._cond:
+            self._last_used = time.monotonic()
+            self._handoffs.append(handoff)
+            self._waiting += 1
+            self._changed()
+
+    def _forget(self, handoff: Handoff) -> bool:
+        """An async taker gave up (timeout, cancelled): True if it was still waiting, False if it was
+        handed something already (a slot on its way comes back through _give_back)."""
+        with self._cond:
+            try:
+                self._handoffs.remove(handoff)
+            except ValueError:
+                return False
+            self._waiting -= 1
+            return True
+
+    def _give_back(self, slot: _Slot) -> None:
+        """A slot handed to an async taker who was gone by the time it arrived: first in line again."""
+        with self._cond:
+            if not self._closed:
+                self.adopted -= 1
+                self._ready.appendleft(slot)
+                self._changed()
+                return
+        self._retire(slot, "closed")
+
+    def _changed(self) -> None:
+        """Held under the lock: slots, errors or demand changed. Wakes threads (fillers, takers), hands
+        waiting slots to async takers, oldest first, and tells the watchers."""
+        self._cond.notify_all()
+        while self._handoffs:
+            slot = self._pop_ready()
+            if slot is None:
+                break
+            handoff = self._handoffs.popleft()
+            self._waiting -= 1
+            if not handoff(slot):  # its event loop is gone: the slot goes to the next taker
+                self.adopted -= 1
+                self._ready.appendleft(slot)
+        if self._handoffs and (stop := self._why_no_slot(starting=True)) is not None:
+            while self._handoffs:
+                self._waiting -= 1
+                self._handoffs.popleft()(stop)
+        for watcher in list(self._watchers):
+            watcher()
 
     def _has_a_run_left(self, slot: _Slot) -> bool:
         """Can the slot still give a whole run_s from now? Its container, worker and proxy stop at the
@@ -263,7 +359,7 @@ class Pool:
                     self._starting -= 1
                     self._error, self._failures = err, self._failures + 1
                     pause = min(FAIL_BACKOFF_S[0] * 2 ** (self._failures - 1), FAIL_BACKOFF_S[1])
-                    self._cond.notify_all()
+                    self._changed()
                     self._cond.wait(pause)
                 continue
             with self._cond:
@@ -274,7 +370,7 @@ class Pool:
                 else:
                     closed = False
                     self._ready.append(slot)
-                    self._cond.notify_all()
+                    self._changed()
             if closed:
                 self._retire(slot, "closed")
 
@@ -368,7 +464,7 @@ class Pool:
             self._closed = True
             waiting = list(self._ready)
             self._ready.clear()
-            self._cond.notify_all()
+            self._changed()  # async takers still waiting learn that the pool is closed
         for slot in waiting:
             self._retire(slot, "closed")
         for t in self._threads:

@@ -42,7 +42,7 @@ from toolcage.run import AdoptedBackend, Run
 from toolcage.run import interrupted_error as interrupted_error  # re-exported (mcp serve)
 
 if TYPE_CHECKING:
-    from toolcage.pool import Pool
+    from toolcage.pool import Pool, _Slot
 
 
 _LIVE: set[Sandbox] = set()
@@ -150,19 +150,9 @@ class Sandbox:
         self.close()
 
     def start(self) -> Sandbox:
-        with self._lock:
-            if self._closed and not self._start_called:
-                raise UsageError("this sandbox was closed before it started: make a new one")
-            # a Sandbox is one run: a second start() would adopt a second slot (orphaning the first) or
-            # create a second container under the first one's name
-            if self._start_called:
-                raise UsageError(
-                    "this sandbox was already started: a Sandbox is one run; make a new one for another run"
-                    " (Sandbox(...), pool.sandbox())"
-                )
-            self._start_called = True
+        self._claim_start()
         if self._pool is not None:
-            return self._adopt(self._pool)
+            return self._adopt(self._pool.take())
         self._run.start_clock()
         self._session = Session(
             max_line=self._run.max_line,
@@ -196,11 +186,26 @@ class Sandbox:
                 raise
         return self
 
-    def _adopt(self, pool: Pool) -> Sandbox:
-        """Take one of the pool's pre-started sandboxes for this run, and this run only: the slot's id
-        is the run id (its labels were set when it was made); the run's deadline and secrets go to the
-        worker now, over the protocol."""
-        slot = pool.take()
+    def _claim_start(self) -> None:
+        """The one start of this run (AsyncSandbox.start claims it too, before it awaits a slot)."""
+        with self._lock:
+            if self._closed and not self._start_called:
+                raise UsageError("this sandbox was closed before it started: make a new one")
+            # a Sandbox is one run: a second start() would adopt a second slot (orphaning the first) or
+            # create a second container under the first one's name
+            if self._start_called:
+                raise UsageError(
+                    "this sandbox was already started: a Sandbox is one run; make a new one for another run"
+                    " (Sandbox(...), pool.sandbox())"
+                )
+            self._start_called = True
+
+    def _adopt(self, slot: _Slot) -> Sandbox:
+        """Take ``slot``, one of a pool's pre-started sandboxes (``pool.take()``), for this run, and this
+        run only: the slot's id is the run id (its labels were set when it was made); the run's deadline
+        and secrets go to the worker now, over the protocol: without waiting for its answer unless the
+        pool has connector sources (``tools=``: the answer lists their tools), so adopting never blocks."""
+        pool = slot.pool
         self._run = slot.run.adopted(self.options)  # the pool's prestarted run, now this one's
         self._run.start_clock()
         self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log

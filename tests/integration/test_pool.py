@@ -316,3 +316,37 @@ def test_mcp_serve_pool_fresh_per_call(engine: Any) -> None:
 
     _session(["--pool", "2", "--fresh-per-call"], body)
     assert [c for c in engine.containers("toolcage.pool") if c["Labels"].get("toolcage.tool") == "mcp"] == []
+
+
+def test_async_pool_runs_start_without_the_default_executor(engine: Any) -> None:
+    """AsyncPool: four runs gathered while the loop's one default-executor thread is busy each adopt a
+    container of their own (fresh scratch), and everything the pool made is removed after."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from toolcage import AsyncPool
+
+    async def body() -> tuple[str, list[tuple[str, str | None]]]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        release = threading.Event()
+        busy = loop.run_in_executor(None, release.wait)
+        try:
+            async with AsyncPool(size=2, audit=False, max_concurrent_starts=2) as pool:
+                assert await pool.wait_ready(timeout=60)
+
+                async def one() -> tuple[str, str | None]:
+                    async with pool.sandbox() as sb:
+                        r = await sb.call("run_shell", {"command": "ls /scratch | wc -l"})
+                        assert r.ok and r.result["stdout"].strip() == "0"
+                        return sb.run_id, sb.container_id
+
+                return pool.id, await asyncio.gather(*(one() for _ in range(4)))
+        finally:
+            release.set()
+            await busy
+
+    pool_id, runs = asyncio.run(asyncio.wait_for(body(), 120))
+    assert len({r for r, _ in runs}) == 4 and len({c for _, c in runs}) == 4
+    assert eventually(lambda: pool_objects(engine, pool_id) == [])

@@ -10,10 +10,10 @@ import click
 import toolcage
 
 PUBLIC = [
-    "DEFAULT_IMAGE", "STATUSES", "AsyncSandbox", "CallResult", "Cancel", "DockerUnavailable", "ImageMissing",
-    "Policy", "PolicyError", "Pool", "ProtocolError", "RunSummary", "Sandbox", "SandboxError", "SandboxInterrupted",
-    "SandboxOOM", "SandboxTimeout", "ToolcageError", "UsageError", "WorkerCrashed", "WorkspaceError", "__version__",
-    "load_policy", "wait_removed",
+    "DEFAULT_IMAGE", "STATUSES", "AsyncPool", "AsyncSandbox", "CallResult", "Cancel", "DockerUnavailable",
+    "ImageMissing", "Policy", "PolicyError", "Pool", "ProtocolError", "RunSummary", "Sandbox", "SandboxError",
+    "SandboxInterrupted", "SandboxOOM", "SandboxTimeout", "ToolcageError", "UsageError", "WorkerCrashed",
+    "WorkspaceError", "__version__", "load_policy", "wait_removed",
 ]  # fmt: skip
 COMMANDS = [
     "audit", "doctor", "gc", "image", "image build", "mcp", "mcp serve", "mcp wrap", "policy", "policy test", "ps",
