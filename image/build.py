@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolcage.errors import BuildError
+from toolcage.image.debs import WORKER_PACKAGES, NoApt, copy_debs, download_debs
 from toolcage.image.wheels import Report, copy_wheels, download_wheels
 from toolcage.policies import contract
 
@@ -166,9 +167,12 @@ def _copy_package(name: str, dest: Path) -> None:
     shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "schemas.json"))
 
 
-def assemble_context(wheels: Path, into: Path) -> None:
+def assemble_context(wheels: Path, into: Path, debs: tuple[Path, list[str]] | None = None) -> None:
     img = Path(str(resources.files("toolcage.image")))
     shutil.copy(img / "Dockerfile", into / "Dockerfile")
+    shutil.copy(img / INSTALL_DEBS, into / INSTALL_DEBS)
+    debs_dir, names = debs or (into, [])
+    copy_debs(debs_dir, names, into / "debs")  # an empty debs/ when there are none (the Dockerfile copies it)
     copy_wheels(wheels, into / "wheels")
     shutil.copy(_requirements(), into / "wheels" / "requirements-worker.txt")
     (into / "toolcage").mkdir()
@@ -177,6 +181,19 @@ def assemble_context(wheels: Path, into: Path) -> None:
         _copy_package(pkg, into)
     for mod in _IMAGE_MODULES:
         shutil.copy(_toplevel(mod), into / "toolcage" / mod)
+
+
+INSTALL_DEBS = "install-debs.sh"  # installs the context's debs/ in the build (worker and derived)
+
+
+def worker_debs(report: Report) -> tuple[Path, list[str]] | None:
+    """The worker image's Debian packages (Node.js), or None where this host cannot fetch them: the
+    image is then built without them, and run_node says that node is missing."""
+    try:
+        return download_debs(report, WORKER_PACKAGES, what="Node.js in the worker image")
+    except NoApt as exc:
+        report(f"note: {exc}; building without Node.js (run_node will not work)")
+        return None
 
 
 def _toplevel(module_file: str) -> Path:
@@ -199,7 +216,7 @@ def source_sha256() -> str:
     requirements): `toolcage doctor` compares it with the image's label to tell it is current."""
     h = hashlib.sha256()
     img = Path(str(resources.files("toolcage.image")))
-    for f in (img / "Dockerfile", _requirements()):
+    for f in (img / "Dockerfile", img / INSTALL_DEBS, _requirements()):
         h.update(f.read_bytes())
     h.update(_IMAGE_INIT.encode())
     for mod in _IMAGE_MODULES:
@@ -248,9 +265,10 @@ def build_image(
         raise BuildError(f"base image {base_ref} disappeared")
     report(f"base image {base_ref}")
     wheels = download_wheels(report, _requirements())
+    debs = worker_debs(report)
     with tempfile.TemporaryDirectory(prefix="toolcage-ctx-") as tmp:
         ctx = Path(tmp)
-        assemble_context(wheels, ctx)
+        assemble_context(wheels, ctx, debs)
         digest = context_sha256(ctx, base_info["Id"])
         existing = engine.image(tag)
         labels = image_labels(existing)

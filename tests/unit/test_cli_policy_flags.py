@@ -155,7 +155,7 @@ def complete(line: str, cwd: Path | None = None) -> list[str]:
 
 def test_completion_of_tool_names() -> None:
     """`toolcage run <TAB>` offers the built-in tools, filtered by what is typed."""
-    assert complete("toolcage run run_") == ["run_python", "run_shell"]
+    assert complete("toolcage run run_") == ["run_node", "run_python", "run_shell"]
     assert "http_fetch" in complete("toolcage run ")
 
 

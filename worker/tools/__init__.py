@@ -28,11 +28,13 @@ BAKED_SCHEMAS = os.path.join(os.path.dirname(__file__), "schemas.json")
 BUILTIN: dict[str, str] = {
     "run_python": "toolcage.worker.tools.proc",
     "run_shell": "toolcage.worker.tools.proc",
+    "run_node": "toolcage.worker.tools.node",
     "list_files": "toolcage.worker.tools.files",
     "read_file": "toolcage.worker.tools.files",
     "grep": "toolcage.worker.tools.files",
     "write_file": "toolcage.worker.tools.files",
     "http_fetch": "toolcage.worker.tools.net",
+    "exec": "toolcage.worker.tools.exec",
 }
 
 
