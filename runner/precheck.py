@@ -73,8 +73,10 @@ def unknown_tool(tool: str, valid: list[str]) -> NoReturn:
 
 def _describe(err: Any) -> str:
     """One bad field as ``field: what is wrong`` (the worker's -32602 data: field, error)."""
-    if isinstance(err, dict) and "field" in err:
+    if isinstance(err, dict) and err.get("field"):
         return f"{err['field']}: {err.get('error', 'invalid')}"
+    if isinstance(err, dict) and "error" in err:  # about the params as a whole (a rule across fields)
+        return str(err["error"])
     return str(err)
 
 

@@ -1,4 +1,5 @@
-"""run_python and run_shell: a child process in scratch, killed as a whole group at its timeout.
+"""run_python and run_shell (and, through run_child, exec and run_node): a child process in scratch,
+killed as a whole group at its timeout; its output comes back binary-safe (``stream_fields``).
 
 Threats handled here: output floods (kept up to the policy's cap per stream, the rest
 drained and dropped), runaway children and their descendants (own process group,
@@ -9,6 +10,8 @@ memory guard that kills it, ``worker.children.memguard``).
 
 from __future__ import annotations
 
+import base64
+import codecs
 import contextlib
 import os
 import resource
@@ -115,8 +118,9 @@ def run_child(
     argv: list[str],
     settings: Settings,
     timeout_s: float | None,
-    stdin: str | None,
+    stdin: str | bytes | None,
     *,
+    cwd: str | None = None,
     link: Any = None,
     extra_env: dict[str, str] | None = None,
     pass_fds: tuple[int, ...] = (),
@@ -128,7 +132,9 @@ def run_child(
     (``worker.calls``) can be cancelled meanwhile, and gets the output as progress when it asked for
     it and ``stream_output`` is on (a connector's output is its log, not its progress).
     ``fast_source``: argv is ``python3 -c fast_source``, which a fork of the zygote may serve
-    (``worker.children.zygote``); everything after the start is the same for both."""
+    (``worker.children.zygote``); everything after the start is the same for both. ``cwd``: where
+    it starts (default scratch; the caller has checked it). The streams come back as
+    :func:`stream_fields` gives them."""
     cap = settings.policy.limits.output_cap
     timeout = min(timeout_s or settings.policy.timeouts.call_s, settings.policy.timeouts.run_s)
     if _SHUTTING_DOWN:
@@ -136,17 +142,18 @@ def run_child(
     oom_before = cgroup.oom_kills()
     guarded = memguard.enabled()
     env = {**_child_env(settings), **(extra_env or {})}
+    workdir = cwd or settings.scratch
     started = time.monotonic()
     proc: Any = None
     # spawned and registered under the lock the orphan reaper takes: a child that exits at once is
     # never reaped as an orphan by a concurrent call before it is known to be a call's own
     with _SPAWN_LOCK:
         if fast_source is not None and not pass_fds and zygote.enabled():
-            proc = zygote.spawn(fast_source, stdin is not None, env, settings.scratch)
+            proc = zygote.spawn(fast_source, stdin is not None, env, workdir)
         elif not pass_fds and not settings.policy.unsafe_background_processes and zygote.enabled():
             # under gVisor only: an exec from a fork of the zygote (never where processes outlive their
             # call: that takes nsinit's keeper, and an earlier call's process could tamper with the zygote)
-            proc = zygote.spawn_argv(argv, stdin is not None, env, settings.scratch)
+            proc = zygote.spawn_argv(argv, stdin is not None, env, workdir)
         try:
             proc = proc or subprocess.Popen(
                 # under gVisor: in namespaces of its own (worker.children.namespaces)
@@ -154,7 +161,7 @@ def run_child(
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                cwd=settings.scratch,
+                cwd=workdir,
                 env=env,
                 start_new_session=True,  # own process group: killpg reaches every descendant
                 close_fds=True,
@@ -173,7 +180,7 @@ def run_child(
         if call.cancelled:
             _kill_group(pgid)
     out = {"stdout": bytearray(), "stderr": bytearray()}
-    truncated = False
+    cut = {"stdout": False, "stderr": False}  # each stream's own: kept up to the cap, the rest dropped
     timed_out = False
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None and proc.stderr is not None
@@ -184,7 +191,7 @@ def run_child(
     control = calls.control_fd()
     if control is not None:
         sel.register(control, selectors.EVENT_READ, "control")
-    pending = memoryview(stdin.encode()) if stdin is not None else None
+    pending = memoryview(stdin.encode() if isinstance(stdin, str) else stdin) if stdin is not None else None
     if proc.stdin is not None:
         os.set_blocking(proc.stdin.fileno(), False)
         sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
@@ -250,7 +257,17 @@ def run_child(
                 if room > 0:
                     buf += chunk[:room]
                 if len(chunk) > room:
-                    truncated = True  # keep draining so the child never blocks on a full pipe
+                    cut[key.data] = True  # keep draining so the child never blocks on a full pipe
+        if reaped is None and not timed_out:
+            # its streams closed before it ended (coreutils close stdout and stderr at exit): let it
+            # finish exiting, briefly, rather than kill it on its way out (its exit status became -9)
+            until = min(time.monotonic() + _GRACE_AFTER_EXIT_S, deadline)
+            while reaped is None and time.monotonic() < until:
+                pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    reaped = (status, rusage)
+                else:
+                    time.sleep(0.001)
     except BaseException:
         # whatever went wrong in the worker, the call's processes must not outlive it
         _kill_group(pgid)
@@ -288,17 +305,31 @@ def run_child(
     # the kernel's OOM killer (runc), or under gVisor the memory guard, which stands in for it
     oom_killed = killed_by == signal.SIGKILL and not timed_out and (cgroup.oom_kills() > oom_before or guard_killed)
     return {
-        "stdout": out["stdout"].decode("utf-8", errors="replace"),
-        "stderr": out["stderr"].decode("utf-8", errors="replace"),
+        **stream_fields("stdout", bytes(out["stdout"]), cut["stdout"]),
+        **stream_fields("stderr", bytes(out["stderr"]), cut["stderr"]),
         "exit_code": exit_code,  # negative: killed by that signal (Python's convention)
         "signal": signal.Signals(killed_by).name if killed_by else None,  # SIGKILL at a timeout, too
         "timed_out": timed_out,
-        "truncated": truncated,
+        "truncated": cut["stdout"] or cut["stderr"],
         "oom_killed": oom_killed,
         "wall_ms": round((time.monotonic() - started) * 1000, 3),
         "cpu_ms": round((rusage.ru_utime + rusage.ru_stime) * 1000, 3),
         "peak_rss_bytes": rusage.ru_maxrss * 1024,
     }
+
+
+def stream_fields(name: str, data: bytes, cut: bool) -> dict[str, str]:
+    """One output stream in a result, by one rule for every tool that runs a child: ``name`` is
+    always text (a byte that is not UTF-8 shows as U+FFFD, as before); when the bytes are not
+    UTF-8, ``name_b64`` is added with them exactly, in base64 (binary output round-trips). A
+    stream cut at the output cap in the middle of a character is still text: it ends at the
+    last whole character (``truncated`` says it was cut), and ``name_b64``, if any, keeps every byte kept."""
+    try:
+        if cut:  # an incomplete character at the very end is left in the decoder, not an error
+            return {name: codecs.getincrementaldecoder("utf-8")().decode(data, final=False)}
+        return {name: data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {name: data.decode("utf-8", errors="replace"), f"{name}_b64": base64.b64encode(data).decode("ascii")}
 
 
 # Linux caps one argv string at 128 KiB (MAX_ARG_STRLEN): longer code goes through a file
@@ -330,6 +361,10 @@ def run_shell(settings: Settings, p: RunShellParams) -> dict[str, Any]:
     return run_child(_program(settings, ["/bin/sh"], p.command, ".sh"), settings, p.timeout_s, p.stdin)
 
 
+_RETURNS = (
+    "returns stdout, stderr (text; plus stdout_b64/stderr_b64, the exact bytes in base64, when they are not UTF-8), "
+    "exit_code, timed_out, truncated"
+)
 # the same rule as the file tools' (worker.tools.files.PATH_RULE), from the child's side
 _WHERE = (
     "The working directory is /scratch (writable; relative paths resolve there, as in the file tools); "
@@ -340,7 +375,7 @@ _WHERE = (
 TOOLS = [
     Tool(
         "run_python",
-        f"Run Python code in a child process; returns stdout, stderr, exit_code, timed_out, truncated. {_WHERE}",
+        f"Run Python code in a child process; {_RETURNS}. {_WHERE}",
         RunPythonParams,
         run_python,
         in_process_timeout=False,
@@ -348,7 +383,7 @@ TOOLS = [
     ),
     Tool(
         "run_shell",
-        f"Run a /bin/sh command; returns stdout, stderr, exit_code, timed_out, truncated. {_WHERE}",
+        f"Run a /bin/sh command; {_RETURNS}. {_WHERE}",
         RunShellParams,
         run_shell,
         in_process_timeout=False,
