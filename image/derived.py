@@ -1,14 +1,17 @@
 """``toolcage image build --requirements FILE --tag NAME``: the worker image plus third-party
-packages in /opt/toolcage/deps, for tool code and connector handlers.
+packages in /opt/toolcage/deps, for tool code and connector handlers; with ``--apt PKG``, Debian
+packages too (``git``, ``curl``), installed as in any Debian.
 
-Offline like the worker build (wheels from the host, ``image/Dockerfile.deps``), FROM the
-worker image by id, and only when the requirements, the parent or the Dockerfile changed.
+Offline like the worker build (wheels and .deb files from the host, ``image/Dockerfile.deps``),
+FROM the worker image by id, and only when the requirements, the Debian package names, the parent
+or the Dockerfile changed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,12 +22,14 @@ from typing import TYPE_CHECKING
 from toolcage.errors import ImageMissing, RequirementsError, UsageError
 from toolcage.image.build import (
     CONTEXT_LABEL,
+    INSTALL_DEBS,
     SOURCE_LABEL,
     build_image,
     image_labels,
     run_build,
     source_sha256,
 )
+from toolcage.image.debs import check_names, copy_debs, download_debs
 from toolcage.image.wheels import Report, copy_wheels, download_wheels
 from toolcage.policies import contract
 
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
 
 DEPS_DIR = contract.DEPS_DIR  # tool code finds its packages here
 REQUIREMENTS_LABEL = "toolcage.requirements_sha256"
+APT_LABEL = "toolcage.apt"  # the Debian packages named with --apt, space-separated
 PARENT_LABEL = "toolcage.parent_id"
 
 # a Docker image reference: [host[:port]/]path[:tag], lowercase path components
@@ -46,10 +52,11 @@ _REFERENCE = re.compile(
 class DerivedSpec:
     """What to build, checked on the host before Docker is asked anything."""
 
-    requirements: bytes
+    requirements: bytes  # empty: Debian packages only (--apt)
     tag: str
     parent: str
     refresh_parent: bool  # the parent is the default worker image: build or refresh it first
+    apt: tuple[str, ...] = ()  # Debian package names (--apt), sorted
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,15 @@ def prepare_pip(packages: tuple[str, ...], tag: str, parent: str | None, worker:
     return DerivedSpec(pip_requirements(packages), tag, parent or worker, refresh_parent=parent is None)
 
 
+def with_apt(spec: DerivedSpec | None, apt: tuple[str, ...], tag: str, parent: str | None, worker: str) -> DerivedSpec:
+    """``spec`` (from --requirements or --pip; None: Debian packages only) with ``--apt`` names added."""
+    names = check_names(apt)
+    if spec is None:
+        check_tag(tag, (parent or worker, worker))
+        return DerivedSpec(b"", tag, parent or worker, refresh_parent=parent is None, apt=names)
+    return DerivedSpec(spec.requirements, spec.tag, spec.parent, spec.refresh_parent, apt=names)
+
+
 def requirements_sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -158,19 +174,44 @@ def dockerfile() -> bytes:
     return Path(str(resources.files("toolcage.image") / "Dockerfile.deps")).read_bytes()
 
 
-def recipe_sha256(parent_id: str, requirements: bytes, dockerfile_text: bytes) -> str:
-    """What the derived image is made of, known before any download: the parent, the file, the Dockerfile."""
+def recipe_sha256(parent_id: str, requirements: bytes, dockerfile_text: bytes, apt: tuple[str, ...] = ()) -> str:
+    """What the derived image is made of, known before any download: the parent, the file, the Dockerfile
+    and the Debian package names (the versions are those apt on the host picks at the build, as pip picks
+    an unpinned name's)."""
     h = hashlib.sha256()
     for part in (parent_id.encode(), requirements, dockerfile_text):
         h.update(hashlib.sha256(part).digest())
+    if apt:
+        h.update(hashlib.sha256(" ".join(apt).encode()).digest())
     return h.hexdigest()
 
 
-def assemble_context(wheels: Path, requirements: bytes, into: Path) -> None:
-    """Dockerfile (Dockerfile.deps), requirements.txt and wheels/ (pip's wheel among them)."""
+def _wanted(parent_id: str, spec: DerivedSpec) -> dict[str, str]:
+    """The labels an up-to-date derived image carries."""
+    wanted = {
+        CONTEXT_LABEL: recipe_sha256(parent_id, spec.requirements, dockerfile(), spec.apt),
+        REQUIREMENTS_LABEL: requirements_sha256(spec.requirements),
+        PARENT_LABEL: parent_id,
+    }
+    if spec.apt:
+        wanted[APT_LABEL] = " ".join(spec.apt)
+    return wanted
+
+
+def assemble_context(
+    wheels: Path | None, requirements: bytes, into: Path, debs: tuple[Path, list[str]] | None = None
+) -> None:
+    """Dockerfile (Dockerfile.deps), requirements.txt, wheels/ (pip's wheel among them; empty with no
+    requirements), install-debs.sh and debs/ (the --apt packages and their dependencies; maybe empty)."""
     (into / "Dockerfile").write_bytes(dockerfile())
     (into / "requirements.txt").write_bytes(requirements)
-    copy_wheels(wheels, into / "wheels")
+    if wheels is None:
+        (into / "wheels").mkdir(exist_ok=True)
+    else:
+        copy_wheels(wheels, into / "wheels")
+    shutil.copy(Path(str(resources.files("toolcage.image") / INSTALL_DEBS)), into / INSTALL_DEBS)
+    debs_dir, names = debs or (into, [])
+    copy_debs(debs_dir, names, into / "debs")
 
 
 def _parent(engine: EngineAPI, spec: DerivedSpec, report: Report, base: str | None) -> tuple[str, bool | None]:
@@ -221,11 +262,7 @@ def derived_current(engine: EngineAPI, spec: DerivedSpec) -> bool:
     labels = image_labels(parent)
     if parent is None or labels.get(SOURCE_LABEL) != source_sha256() or REQUIREMENTS_LABEL in labels:
         return False
-    wanted = {
-        CONTEXT_LABEL: recipe_sha256(str(parent["Id"]), spec.requirements, dockerfile()),
-        REQUIREMENTS_LABEL: requirements_sha256(spec.requirements),
-        PARENT_LABEL: str(parent["Id"]),
-    }
+    wanted = _wanted(str(parent["Id"]), spec)
     have = image_labels(engine.image(spec.tag))
     return all(have.get(k) == v for k, v in wanted.items())
 
@@ -236,9 +273,8 @@ def build_derived(
     """Build ``spec.tag`` FROM the worker image with the packages in DEPS_DIR, unless it is up to date."""
     started = time.monotonic()
     parent_id, worker_built = _parent(engine, spec, report, base)
-    req_sha = requirements_sha256(spec.requirements)
-    recipe = recipe_sha256(parent_id, spec.requirements, dockerfile())
-    wanted = {CONTEXT_LABEL: recipe, REQUIREMENTS_LABEL: req_sha, PARENT_LABEL: parent_id}
+    wanted = _wanted(parent_id, spec)
+    req_sha, recipe = wanted[REQUIREMENTS_LABEL], wanted[CONTEXT_LABEL]
     existing = engine.image(spec.tag)
     labels = image_labels(existing)
     if existing is not None and SOURCE_LABEL in labels and REQUIREMENTS_LABEL not in labels:
@@ -257,15 +293,20 @@ def build_derived(
     with tempfile.TemporaryDirectory(prefix="toolcage-deps-") as tmp:
         ctx = Path(tmp)
         (ctx / "requirements.txt").write_bytes(spec.requirements)
-        wheels = download_wheels(report, ctx / "requirements.txt")
-        assemble_context(wheels, spec.requirements, ctx)
+        wheels = download_wheels(report, ctx / "requirements.txt") if spec.requirements else None
+        debs = download_debs(report, spec.apt) if spec.apt else None
+        assemble_context(wheels, spec.requirements, ctx, debs)
         names = sorted(w.name for w in (ctx / "wheels").glob("*.whl") if not w.name.startswith("pip-"))
-        report(f"wheels for {DEPS_DIR}: {', '.join(names)}")
+        if names:
+            report(f"wheels for {DEPS_DIR}: {', '.join(names)}")
+        if debs:
+            report(f"Debian packages: {', '.join(spec.apt)} ({len(debs[1])} files with their dependencies)")
         run_build(engine, ctx, spec.tag, {"PARENT": parent_id}, wanted, report)
     return result(True)
 
 
 __all__ = [
+    "APT_LABEL",
     "DEPS_DIR",
     "PARENT_LABEL",
     "REQUIREMENTS_LABEL",
@@ -280,4 +321,5 @@ __all__ = [
     "prepare_pip",
     "read_requirements",
     "unpinned",
+    "with_apt",
 ]

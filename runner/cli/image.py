@@ -49,6 +49,14 @@ def image() -> None:
     help="Like --requirements, with the packages named here (repeatable), e.g. --pip mcp-server-time (needs --tag).",
 )
 @click.option(
+    "--apt",
+    "apt",
+    metavar="PKG",
+    multiple=True,
+    help="A Debian package for the derived image (repeatable), e.g. --apt git; alone or with --pip/--requirements "
+    "(needs --tag). Downloaded on this host by its apt, from the mirror it uses (a Debian bookworm host).",
+)
+@click.option(
     "--from",
     "parent",
     metavar="REF",
@@ -57,38 +65,49 @@ def image() -> None:
     "(default toolcage-worker:<version>, built or refreshed first).",
 )
 def image_build(
-    tag: str | None, base: str | None, force: bool, requirements: str | None, pip: tuple[str, ...], parent: str | None
+    tag: str | None,
+    base: str | None,
+    force: bool,
+    requirements: str | None,
+    pip: tuple[str, ...],
+    apt: tuple[str, ...],
+    parent: str | None,
 ) -> None:
     """Build the worker image (idempotent: nothing happens when nothing changed).
 
     With --requirements FILE --tag NAME (or --pip PKG ... --tag NAME): build NAME from the worker
     image, with the packages installed in /opt/toolcage/deps (wheels downloaded on this host; the
-    build is offline).
+    build is offline). With --apt PKG (repeatable), Debian packages too, e.g. --apt git.
     """
     from toolcage.engine.hostconfig import worker_image
 
     default = worker_image()  # $TOOLCAGE_IMAGE, as every run uses it, else toolcage-worker:<version>
     use_json(True)
-    if requirements is None and not pip:
+    if requirements is None and not pip and not apt:
         if parent is not None:
-            raise UsageError("--from applies only with --requirements FILE or --pip PKG")
+            raise UsageError("--from applies only with --requirements FILE, --pip PKG or --apt PKG")
         _build_worker(tag or default, base, force)
         return
     if requirements is not None and pip:
         raise UsageError("give the packages either with --requirements FILE or with --pip PKG, not both")
     if parent is not None and base is not None:
         raise UsageError("--base applies to the worker image; --from REF is used as it is")
-    from toolcage.image.derived import prepare, prepare_pip
+    from toolcage.image.derived import prepare, prepare_pip, with_apt
 
     # exit 2 before Docker is asked anything
+    spec = None
     if requirements is not None:
         spec = prepare(requirements, tag, parent, default)
     elif not tag:
         raise UsageError(
-            "--pip needs --tag NAME: the derived image gets a name of its own, the worker image keeps its."
+            f"{'--pip' if pip else '--apt'} needs --tag NAME: the derived image gets a name of its own, "
+            "the worker image keeps its."
         )
-    else:
+    elif pip:
         spec = prepare_pip(pip, tag, parent, default)
+    if apt:
+        spec = with_apt(spec, apt, tag or "", parent, default)
+    assert spec is not None
     build_derived_image(spec, base, force)
 
 
@@ -127,6 +146,7 @@ def build_derived_image(
         "parent_id": r.parent_id,
         "worker_built": r.worker_built,
         "requirements_sha256": r.requirements_sha256,
+        "apt": list(spec.apt),
         "context_sha256": r.context_sha256,
         "deps_dir": DEPS_DIR,
     }
