@@ -131,3 +131,47 @@ def test_context_has_the_debs_and_their_installer(tmp_path: Path) -> None:
         assert (ctx / "install-debs.sh").read_text().startswith("#!/bin/sh")
     dockerfile = (ctx / "Dockerfile").read_text()
     assert "COPY install-debs.sh debs/ /tmp/debs/" in dockerfile
+
+
+# install-debs.sh, with dpkg's tools replaced by stand-ins: which files it hands to `dpkg -i`
+
+FAKES = {
+    "dpkg-deb": '[ "$1" = -f ] && sed -n "s/^$3=//p" "$2"',
+    "dpkg-query": 'f="$STATE/$(eval echo \\${$#})"; [ -f "$f" ] && cat "$f" || exit 1',
+    "dpkg": (
+        'if [ "$1" = --compare-versions ]; then [ "$3" = lt ] || exit 2; [ "$2" != "$4" ] && '
+        '[ "$(printf "%s\\n%s\\n" "$2" "$4" | sort -V | head -n 1)" = "$2" ]; exit; fi\n'
+        'echo "$@" > "$STATE/installed-with"'
+    ),
+}
+
+
+def test_installer_takes_what_is_missing_or_older(tmp_path: Path) -> None:
+    """A package the image lacks, or has at an older version, is installed; one it has at that version or newer
+    is left as it is; with nothing to install, dpkg is not run."""
+    bin_, state, debs_dir = tmp_path / "bin", tmp_path / "state", tmp_path / "debs"
+    for d in (bin_, state, debs_dir):
+        d.mkdir()
+    for name, body in FAKES.items():
+        (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    for pkg, version, have in (
+        ("nodejs", "18.20.4", None),
+        ("libssl3", "3.0.22", "3.0.20"),
+        ("libc6", "2.36-9", "2.36-9"),
+        ("zlib1g", "1.2.13", "1.3"),
+    ):
+        (debs_dir / f"{pkg}_{version}.deb").write_text(f"Package={pkg}\nVersion={version}\n")
+        if have:
+            (state / pkg).write_text(f"installed {have}\n")
+    script = Path(build.__file__).with_name(build.INSTALL_DEBS)
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "STATE": str(state)}
+    subprocess.run(["sh", str(script), str(debs_dir)], env=env, check=True)
+    args = (state / "installed-with").read_text().split()
+    assert args[0] == "-i" and "--path-exclude=/usr/share/doc/*" in args
+    assert sorted(Path(a).name for a in args if a.endswith(".deb")) == ["libssl3_3.0.22.deb", "nodejs_18.20.4.deb"]
+    (state / "installed-with").unlink()
+    for deb in debs_dir.iterdir():
+        deb.unlink()
+    subprocess.run(["sh", str(script), str(debs_dir)], env=env, check=True)
+    assert not (state / "installed-with").exists()
