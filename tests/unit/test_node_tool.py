@@ -1,8 +1,7 @@
-"""run_node called directly (no Docker): argv, heap size, staging, and a real node where the host has one."""
+"""run_node called directly (no Docker): argv, heap size, staging, the child through run_child."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,6 @@ from toolcage.worker.errors import BadParams, ToolError
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import BUILTIN, Catalog, describe_tool
 from toolcage.worker.tools import node as node_tool
-
-needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="no node on this host")
 
 
 def settings(tmp_path: Path, **limits: object) -> Settings:
@@ -65,39 +62,18 @@ def test_no_node_is_a_tool_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         call(settings(tmp_path), code="1")
 
 
-@needs_node
-def test_hello_stdin_exit_code(tmp_path: Path) -> None:
-    """stdout, stdin and the exit code, in the result shape of run_python."""
+def test_runs_through_run_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child (a stand-in for node) gets the flags, the code, stdin, /scratch as cwd and HOME, and the small
+    thread pool; its output, exit code and the run_python result shape come back. (Real node runs in
+    tests/integration/test_node.py, in the image.)"""
+    fake = tmp_path / "node"
+    fake.write_text('#!/bin/sh\necho "$@"; echo "$PWD $HOME $UV_THREADPOOL_SIZE"; cat; exit 4\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(node_tool, "node_binary", lambda: str(fake))
     s = settings(tmp_path)
-    out = call(s, code="console.log('hello', process.cwd())")
-    assert out["stdout"] == f"hello {tmp_path / 'scratch'}\n" and out["exit_code"] == 0
-    assert set(out) == set(Catalog().get("run_python").handler(s, Catalog().get("run_python").validate({"code": "1"})))
-    echo = "let d='';process.stdin.on('data',c=>d+=c).on('end',()=>console.log(d.toUpperCase()))"
-    assert call(s, code=echo, stdin="abc")["stdout"] == "ABC\n"
-    fail = call(s, code="console.error('bad'); process.exit(3)")
-    assert fail["exit_code"] == 3 and fail["stderr"] == "bad\n"
-    thrown = call(s, code="throw new Error('boom')")
-    assert thrown["exit_code"] == 1 and "Error: boom" in thrown["stderr"]
-
-
-@needs_node
-def test_timeout_keeps_partial_output(tmp_path: Path) -> None:
-    """A loop past its timeout is killed (SIGKILL); what it printed before comes back."""
-    out = call(settings(tmp_path), code="console.log('before'); while (true) {}", timeout_s=1)
-    assert out["timed_out"] and out["signal"] == "SIGKILL" and out["stdout"] == "before\n"
-
-
-@needs_node
-def test_staged_code_runs(tmp_path: Path) -> None:
-    """Code over the argv limit runs from its staged file."""
-    out = call(settings(tmp_path), code="//" + "x" * 200_000 + "\nconsole.log(6 * 7)")
-    assert out["stdout"] == "42\n" and out["exit_code"] == 0
-
-
-@needs_node
-def test_heap_limit_is_a_clean_error(tmp_path: Path) -> None:
-    """A memory bomb meets V8's heap limit (from the policy's memory): it ends, with V8's message on stderr."""
-    bomb = "const a = []; while (true) a.push(new Array(1e6).fill(1.5));"
-    out = call(settings(tmp_path, memory="64MiB"), code=bomb, timeout_s=20)
-    assert not out["timed_out"] and out["exit_code"] != 0
-    assert "heap" in out["stderr"].lower()
+    out = call(s, code="console.log(1)", stdin="in")
+    scratch = tmp_path / "scratch"
+    assert out["stdout"] == f"--max-old-space-size=384 --v8-pool-size=2 -e console.log(1)\n{scratch} {scratch} 2\nin"
+    assert out["exit_code"] == 4
+    python = Catalog().get("run_python")
+    assert set(out) == set(python.handler(s, python.validate({"code": "1"})))
