@@ -67,3 +67,16 @@ def test_cli_run_exec(engine: Any) -> None:
     assert doc["status"] == "ok" and doc["result"]["exit_code"] == 0 and "total" in doc["result"]["stdout"]
     bad = subprocess.run([*cli, "run", "exec", "--params", '{"argv": ["ls"], "command": "ls"}'], capture_output=True)
     assert bad.returncode == 2 and b"exactly one of argv" in bad.stderr
+
+
+def test_exec_output_streams_as_progress(engine: Any) -> None:
+    """Output arrives as progress notifications while the program runs, before the answer (as for run_shell)."""
+    seen: list[str] = []
+    with Sandbox(tool="exec") as sb:
+        r = sb.call(
+            "exec",
+            {"argv": ["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.3; done"]},
+            on_progress=lambda p: seen.append(p.get("message", "")),
+        )
+    assert r.ok and r.result["stdout"] == "1\n2\n3\n", r
+    assert "".join(seen) == "1\n2\n3\n" and len(seen) >= 2, seen  # in pieces, as it came
