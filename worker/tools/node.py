@@ -84,10 +84,11 @@ def run_node(settings: Settings, p: RunNodeParams) -> dict[str, Any]:
 TOOLS = [
     Tool(
         "run_node",
-        "Run JavaScript (Node.js, CommonJS) in a child process; returns stdout, stderr, exit_code, timed_out, "
-        "truncated, as run_python. The working directory is /scratch (writable); the workspace, if any, is "
-        "/workspace (read-only). Where they are elsewhere (--sandbox none), process.env.TOOLCAGE_SCRATCH and "
-        "process.env.TOOLCAGE_WORKSPACE name them.",
+        "Run JavaScript (Node.js, CommonJS) as `node -e code` in a child process; returns what run_python "
+        "returns: stdout, stderr (plus stdout_b64/stderr_b64 when they are not UTF-8), exit_code, signal, "
+        "timed_out, truncated, oom_killed. V8's heap is three quarters of the sandbox's memory. The working "
+        "directory is /scratch (writable); the workspace, if any, is /workspace (read-only). Where they are "
+        "elsewhere (--sandbox none), process.env.TOOLCAGE_SCRATCH and process.env.TOOLCAGE_WORKSPACE name them.",
         RunNodeParams,
         run_node,
         in_process_timeout=False,
