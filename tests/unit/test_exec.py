@@ -212,3 +212,14 @@ def test_exit_status_of_a_program_that_closes_its_streams_first(sb: Sandbox) -> 
     codes = {sb.call("exec", {"argv": ["test", "-e", "/nonexistent"]}).result["exit_code"] for _ in range(40)}  # type: ignore[index]
     codes |= {sb.call("run_shell", {"command": "exec test -e /nonexistent"}).result["exit_code"] for _ in range(20)}  # type: ignore[index]
     assert codes == {1}, codes
+
+
+def test_timeout_is_cut_to_the_run_left_as_for_run_shell(tmp_path: Path) -> None:
+    """Past the run's end, exec's child is ended by the worker with its partial output (status timeout), as
+    run_shell's is (runner/timing.py), rather than the whole sandbox killed and the output lost."""
+    policy = tmp_path / "short.yaml"
+    policy.write_text("version: 1\nname: short\ntimeouts: {run_s: 3, idle_s: 3, call_s: 30}\n")
+    with Sandbox(policy, sandbox="none", audit=False) as box:
+        r = box.call("exec", {"command": "echo partial; sleep 10", "timeout_s": 10})
+        assert r.status == "timeout" and r.result is not None and r.result["stdout"] == "partial\n", r
+        assert r.result["timed_out"]
