@@ -177,6 +177,8 @@ def test_relative_program_runs_from_cwd(sb: Sandbox) -> None:
     """argv[0] with a slash is found from cwd, as a shell would."""
     ok(sb, command="mkdir -p bin && printf '#!/bin/sh\\necho ran $1\\n' > bin/t.sh && chmod +x bin/t.sh")
     assert ok(sb, argv=["./t.sh", "x"], cwd="bin")["stdout"] == "ran x\n"
+    # a relative PATH entry is relative to cwd, as execvp takes it
+    assert ok(sb, argv=["t.sh", "y"], cwd="bin", env={"PATH": ".:/usr/bin:/bin"})["stdout"] == "ran y\n"
 
 
 @pytest.mark.skipif(shutil.which("python3") is None, reason="needs python3 on PATH")

@@ -123,7 +123,7 @@ def _check_program(program: str, workdir: str, path: str) -> None:
     if "/" in program:
         candidates = [os.path.join(workdir, program)]
     else:
-        candidates = [os.path.join(d or ".", program) for d in path.split(os.pathsep)]
+        candidates = [os.path.join(workdir, d, program) for d in path.split(os.pathsep)]  # "": the cwd, as execvp
     present = [c for c in candidates if os.path.isfile(c)]
     if any(_runnable(c) for c in present):
         return
