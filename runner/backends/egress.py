@@ -40,6 +40,7 @@ from toolcage.rpc.transport import StreamParser
 
 READY_TIMEOUT_S = 15.0
 DRAIN_TIMEOUT_S = 5.0
+STOP_GRACE_S = 2.0  # the proxy's own exit on SIGTERM, its queued decisions written (then SIGKILL)
 MAX_LINE = 64 * 1024  # the proxy cuts its fields to 512 chars; anything longer is not one of its records
 MAX_FIELD = 512
 KEEP_DECISIONS = 256  # the last decisions, kept for debugging and tests (the audit log has them all)
@@ -264,20 +265,27 @@ class Egress:
     def stop(self) -> None:
         """Stop the proxy and read its stream to the end, removing nothing (``--keep``: the run's objects
         stay for inspection, but no proxy stays live to relay for anything left in the sandbox)."""
-        if self.proxy_id is not None:
-            self.engine.kill(self.proxy_id)
-            self._stream.ended.wait(DRAIN_TIMEOUT_S)
+        self._end_proxy()
         if self._transport is not None:
             self._transport.close()
         records.flush_refusals(self.run.run_id)
+
+    def _end_proxy(self) -> None:
+        """SIGTERM, so the proxy writes the decisions it still holds and exits; SIGKILL if it has not within
+        STOP_GRACE_S. Either way its stream is read to the end (at most DRAIN_TIMEOUT_S more)."""
+        if self.proxy_id is None:
+            return
+        self.engine.kill(self.proxy_id, signal="SIGTERM")
+        if not self._stream.ended.wait(STOP_GRACE_S):
+            self.engine.kill(self.proxy_id)
+            self._stream.ended.wait(DRAIN_TIMEOUT_S)
 
     def down(self, before_volume: Callable[[], None] | None = None) -> None:
         """Stop the proxy, read its stream to the end, then remove it, the volume and any network made here.
         ``before_volume`` (the sandbox's own removal, run meanwhile) must end before the volume goes."""
         try:
             if self.proxy_id is not None:
-                self.engine.kill(self.proxy_id)
-                self._stream.ended.wait(DRAIN_TIMEOUT_S)  # the last decisions arrive before the stream ends
+                self._end_proxy()  # the last decisions arrive before the stream ends
                 self.engine.remove(self.proxy_id)
             if self._transport is not None:
                 self._transport.close()

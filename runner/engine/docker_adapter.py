@@ -170,9 +170,9 @@ class Engine:
     def start(self, cid: str) -> None:
         _call(self.api.start, cid)
 
-    def kill(self, cid: str) -> None:
+    def kill(self, cid: str, signal: str = "SIGKILL") -> None:
         try:
-            _call(self.api.kill, cid, on_missing=None)
+            _call(self.api.kill, cid, signal=signal, on_missing=None)
         except SandboxError as exc:
             if isinstance(exc, DockerUnavailable):
                 raise  # anything else: already stopped or gone, the goal is reached

@@ -54,7 +54,7 @@ def _run_objects(engine: Any, run_id: str) -> tuple[list[dict[str, Any]], list[A
 def test_keep_leaves_the_egress_proxy_stopped_not_live(engine: Any) -> None:
     """--keep keeps the run's objects for inspection; its egress proxy ran on until the run's deadline.
     Now the kept proxy is stopped, like the kept sandbox."""
-    out = run_cli("run", "ping", "--policy", "connector-http", "--keep", "--json")
+    out = run_cli("run", "ping", "--policy", "connector-http", "--keep")
     assert out.returncode == 0, out.stderr
     run_id = json.loads(out.stdout)["run_id"]
     try:

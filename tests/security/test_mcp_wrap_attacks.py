@@ -18,7 +18,7 @@ import yaml
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from tests.helpers import MCP_FETCH, PROBE, PROBE_DIR, WRAP_LABEL, wrap_image, wrap_session
+from tests.helpers import MCP_FETCH, PROBE, PROBE_DIR, wrap_image, wrap_session
 from toolcage.lifecycle import audit as audit_mod
 
 PROBE_IMAGE = "toolcage-test-mcp-fetch:1"  # mcp-server-fetch's image: it holds the mcp SDK the probe imports
@@ -62,9 +62,10 @@ def test_secret_reaches_the_server_process_only(engine: Any, image: str, tmp_pat
         assert await probe(s, "has_env", {"name": "API_KEY"}) is True
         res = await s.call_tool("leak_env", {"name": "API_KEY"})
         seen["leaked"] = text(res)
-        live = engine.containers(WRAP_LABEL, all=False)
-        (running,) = [c for c in live if c["Labels"].get("toolcage.role") == "sandbox"]
-        seen["inspect"] = json.dumps(engine.inspect(running["Id"]))
+        # this run's container, by the name its audit record gives (on disk before the container existed):
+        # another runner on the engine may have a wrapped server running too
+        (started,) = [r for r in audit_mod.read(log) if r["event"] == "run.started"]
+        seen["inspect"] = json.dumps(engine.inspect(started["name"]))
         seen["whoami"] = await probe(s, "whoami")
         seen["raw"] = await probe(s, "raw_connect", {"host": gateway, "port": 2375})
 

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -368,14 +369,18 @@ async def main() -> None:
         host, _, port = listen.rpartition(":")
         server = await asyncio.start_server(proxy.handle, host, int(port), limit=MAX_HEAD)
     deadline = os.environ.get(contract.ENV_DEADLINE)
+    # the runner ends the proxy with SIGTERM when its run ends: the decisions still queued are written before
+    # it exits (a SIGKILL lost the last ones, so a refusal went unaccounted in the audit log under load)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     log.emit("proxy.listening", listen=listen, policy=policy.name, upstream=bool(proxy.upstream))
     try:
         async with server:
-            if deadline:
-                await asyncio.sleep(max(float(deadline) + 2 - time.time(), 0))
+            wait = max(float(deadline) + 2 - time.time(), 0) if deadline else None
+            try:
+                await asyncio.wait_for(stop.wait(), wait)
+            except TimeoutError:
                 log.emit("proxy.deadline")
-            else:
-                await server.serve_forever()
     finally:
         log.close()
 
