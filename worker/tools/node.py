@@ -51,8 +51,8 @@ def node_binary() -> str:
     found = shutil.which("node", path=_PATH) or shutil.which("nodejs", path=_PATH)
     if found is None:
         raise ToolError(
-            "node is not installed in this image: rebuild it with `toolcage image build` (the worker image has "
-            "Node.js from Debian's nodejs package)"
+            "node is not installed in this image: `toolcage image build` adds Debian's nodejs package when it runs "
+            "on a Debian bookworm host with apt (it said so when it left it out)"
         )
     return found
 
