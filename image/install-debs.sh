@@ -3,8 +3,6 @@
 # version (the files were downloaded on the host: toolcage.image.debs). Run as root in an image build.
 set -eu
 dir=$1
-changed=${2:-}  # if given: every file the install made or changed is copied there, as under /
-[ -z "$changed" ] || mkdir -p "$changed"
 set --
 for f in "$dir"/*.deb; do
     [ -e "$f" ] || continue
@@ -17,14 +15,8 @@ for f in "$dir"/*.deb; do
     set -- "$@" "$f"
 done
 [ $# -eq 0 ] && exit 0
-since=$(mktemp)
 # documentation is left out as in the base (copyright notices stay)
 DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold \
     --path-exclude='/usr/share/doc/*' --path-include='/usr/share/doc/*/copyright' \
     --path-exclude='/usr/share/man/*' --path-exclude='/usr/share/info/*' --path-exclude='/usr/share/locale/*' \
     "$@" >/dev/null
-[ -n "$changed" ] || exit 0
-# what dpkg made or changed (its status change time is after the mark: no package can set that)
-find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp -o -path /run \) -prune \
-    -o -cnewer "$since" ! -path / -print > "$since.list"
-tar -C / --no-recursion --numeric-owner -cf - -T "$since.list" | tar -C "$changed" --numeric-owner -xpf -
