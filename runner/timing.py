@@ -19,7 +19,7 @@ from toolcage.policies.contract import GRACE_S
 DEADLINE_SLACK_S = 1.0  # the watchdog kills at the deadline; a wait ends this much after it at the latest
 MIN_CHILD_S = 0.05  # a child asked for in the run's last moments still gets a (tiny) positive timeout
 # tools whose timeout_s bounds a child the worker kills, answering with what it printed so far
-CHILD_TIMEOUT_TOOLS = frozenset(("run_python", "run_shell", "exec"))
+CHILD_TIMEOUT_TOOLS = frozenset(("run_python", "run_shell", "run_node", "exec"))
 
 
 def _asked(params: Any) -> float | None:

@@ -77,3 +77,12 @@ def test_runs_through_run_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert out["exit_code"] == 4
     python = Catalog().get("run_python")
     assert set(out) == set(python.handler(s, python.validate({"code": "1"})))
+
+
+def test_timeout_is_cut_to_the_time_left_in_the_run() -> None:
+    """As run_python's: near the run's deadline the worker ends node itself (partial output kept, status
+    timeout) instead of the deadline killing the sandbox and losing the output (runner/timing.py)."""
+    from toolcage.timing import GRACE_S, fit_params
+
+    assert fit_params("run_node", {"code": "1", "timeout_s": 60}, 30, 10) == {"code": "1", "timeout_s": 10 - GRACE_S}
+    assert fit_params("run_node", {"code": "1"}, 30, 100) == {"code": "1"}
