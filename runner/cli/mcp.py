@@ -85,12 +85,20 @@ def _wrap_command() -> Any:
         multiple=True,
         help="A PyPI package the server needs (repeatable): an image with them is built once, offline, and reused.",
     )
+    @click.option(
+        "--apt",
+        "apt",
+        metavar="PKG",
+        multiple=True,
+        help="A Debian package the server needs (repeatable, e.g. --apt git): in the same image as --pip, "
+        "downloaded on this host by its apt (a Debian bookworm host).",
+    )
     @click.option("--allow-tool", metavar="TOOL", multiple=True, help="Offer only these tools (repeatable).")
     @click.option("--deny-tool", metavar="TOOL", multiple=True, help="Hide and refuse these tools (repeatable).")
     @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS]...")
     def wrap(
-        command: tuple[str, ...], image: str | None, pip: tuple[str, ...], allow_tool: tuple[str, ...],
-        deny_tool: tuple[str, ...], **opts: Any,
+        command: tuple[str, ...], image: str | None, pip: tuple[str, ...], apt: tuple[str, ...],
+        allow_tool: tuple[str, ...], deny_tool: tuple[str, ...], **opts: Any,
     ) -> None:  # fmt: skip
         """Run a third-party stdio MCP server in a hardened container and relay MCP to it on stdin/stdout.
 
@@ -115,21 +123,24 @@ def _wrap_command() -> Any:
             )
         if allow_tool and deny_tool:
             raise UsageError("give --allow-tool or --deny-tool, not both")
-        if image and pip:
-            raise UsageError("give --image REF or --pip PKG, not both (--pip builds the image)")
+        if image and (pip or apt):
+            raise UsageError("give --image REF or --pip/--apt PKG, not both (--pip and --apt build the image)")
         if opts["sandbox"] == "none":
             from toolcage.servers.mcp_wrap import WRAP_NEEDS_A_CONTAINER
 
             raise UsageError(WRAP_NEEDS_A_CONTAINER)
         policy = _policy(opts)  # a bad policy or --timeout fails here, before anything starts
-        if pip:
+        if pip or apt:
+            from toolcage.image.debs import check_names
             from toolcage.image.derived import pip_requirements
 
-            pip_requirements(pip)  # packages only, checked before Docker is asked anything
+            if pip:
+                pip_requirements(pip)  # packages only, checked before Docker is asked anything
+            check_names(apt)
         secrets = parse_secret_options(opts["secret"])
         secret_store(secrets)  # names and values checked before Docker is asked anything
         logs.configure(opts["verbose"], json_logs=False)
-        engine, ref = _wrap_image(image, pip, warn)
+        engine, ref = _wrap_image(image, pip, warn, apt)
         tool_filter = ToolFilter(frozenset(allow_tool) if allow_tool else None, frozenset(deny_tool))
         server = McpWrap(
             policy, list(command), image=ref, workspace=opts["workspace"], secrets=secrets, tool_filter=tool_filter,
@@ -141,9 +152,9 @@ def _wrap_command() -> Any:
     return wrap
 
 
-def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any) -> tuple[Any, str]:
-    """The engine and the image the server runs from: --image as it is, --pip's derived image (built
-    when missing or stale), or the worker image."""
+def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any, apt: tuple[str, ...] = ()) -> tuple[Any, str]:
+    """The engine and the image the server runs from: --image as it is, the derived image of --pip and
+    --apt (built when missing or stale), or the worker image."""
     from toolcage.engine.docker_adapter import Engine
     from toolcage.errors import ImageMissing
     from toolcage.options import worker_image
@@ -154,18 +165,27 @@ def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any) -> tuple[Any
     if image:
         image_check(engine, image, warn)
         return engine, image
-    if not pip:
+    if not pip and not apt:
         if engine.image(worker) is None:
             raise ImageMissing(f"image {worker} is missing: run `toolcage image build`", image=worker)
         return engine, worker
     from toolcage.cli.image import build_derived_image
-    from toolcage.image.derived import REQUIREMENTS_LABEL, derived_current, pip_requirements, prepare_pip, unpinned
+    from toolcage.image.derived import (
+        REQUIREMENTS_LABEL,
+        derived_current,
+        pip_requirements,
+        prepare_pip,
+        unpinned,
+        with_apt,
+    )
 
     existing = engine.image(worker)
     if existing is not None and REQUIREMENTS_LABEL in ((existing.get("Config") or {}).get("Labels") or {}):
         raise UsageError(f"{worker} ($TOOLCAGE_IMAGE) is a derived image: --pip derives from the worker image")
-    tag = wrap_image_tag(pip_requirements(pip), worker)
-    spec = prepare_pip(pip, tag, None, worker)
+    tag = wrap_image_tag(pip_requirements(pip) if pip else b"", worker, apt)
+    spec = prepare_pip(pip, tag, None, worker) if pip else None
+    spec = with_apt(spec, apt, tag, None, worker) if apt else spec
+    assert spec is not None
     if derived_current(engine, spec):
         return engine, tag  # nothing to build: nothing printed (an MCP client's log gets this at every session)
     loose = unpinned(pip)
@@ -199,11 +219,13 @@ def image_check(engine: Any, image: str, say_warning: Any) -> None:
         say_warning(f"--image {image} was built from other toolcage sources; rebuild it if the server does not start")
 
 
-def wrap_image_tag(requirements: bytes, parent: str) -> str:
-    """The derived image for ``--pip``, named by what it holds: the same packages on the same worker image reuse it."""
+def wrap_image_tag(requirements: bytes, parent: str, apt: tuple[str, ...] = ()) -> str:
+    """The derived image for ``--pip``/``--apt``, named by what it holds: the same packages on the same worker
+    image reuse it (with no --apt the name is what it was before --apt existed)."""
     import hashlib
 
-    return f"toolcage-mcp:{hashlib.sha256(parent.encode() + bytes(1) + requirements).hexdigest()[:16]}"
+    key = parent.encode() + bytes(1) + requirements + (bytes(1) + " ".join(sorted(apt)).encode() if apt else b"")
+    return f"toolcage-mcp:{hashlib.sha256(key).hexdigest()[:16]}"
 
 
 def register(group: click.Group) -> None:

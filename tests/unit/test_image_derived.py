@@ -450,3 +450,27 @@ def test_wrap_pip_is_quiet_when_the_image_is_current_and_warns_on_an_unpinned_bu
     capsys.readouterr()
     cli_mcp._wrap_image(None, ("six",), warnings.append)
     assert len(builds) == 1 and warnings == [] and capsys.readouterr().err == ""
+
+
+def test_wrap_apt_builds_one_image_named_by_its_packages(
+    wheel_cache: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mcp wrap --apt git (alone or with --pip): one derived image with the Debian packages, named by what it
+    holds; without --apt the name is the one --pip alone always had (images built before are reused)."""
+    from toolcage.cli import image as cli_image
+    from toolcage.cli import mcp as cli_mcp
+    from toolcage.engine import docker_adapter
+
+    engine = FakeEngine({"toolcage-worker:test": WORKER})
+    engine.ping = lambda: {}  # type: ignore[attr-defined]
+    monkeypatch.setenv("TOOLCAGE_IMAGE", "toolcage-worker:test")
+    monkeypatch.setattr(docker_adapter.Engine, "default", classmethod(lambda cls: engine))
+    builds: list[Any] = []
+    monkeypatch.setattr(cli_image, "build_derived_image", lambda spec, *a, **k: builds.append(spec))
+    _, only_apt = cli_mcp._wrap_image(None, (), lambda _w: None, ("git",))
+    _, both = cli_mcp._wrap_image(None, ("six==1.16.0",), lambda _w: None, ("git",))
+    _, pip_only = cli_mcp._wrap_image(None, ("six==1.16.0",), lambda _w: None)
+    assert [b.apt for b in builds] == [("git",), ("git",), ()]
+    assert builds[0].requirements == b"" and builds[1].requirements == b"six==1.16.0\n"
+    assert len({only_apt, both, pip_only}) == 3
+    assert pip_only == cli_mcp.wrap_image_tag(b"six==1.16.0\n", "toolcage-worker:test")
