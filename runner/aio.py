@@ -13,13 +13,16 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.pool import READY_WAIT_S, Pool, _Slot
 from toolcage.results import CallResult, RunSummary
 from toolcage.rpc.session import Ended, OnProgress
 from toolcage.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from toolcage.transfer import DownloadResult
 
 T = TypeVar("T")
 
@@ -143,6 +146,22 @@ class AsyncSandbox:
         if isinstance(answer, Ended):  # the sandbox is killed on the way: not in the event loop
             return await _on_thread(self._executor, sb._after_call, tool, params, answer, started)
         return sb._after_call(tool, params, answer, started)
+
+    async def download(
+        self,
+        remote_path: str,
+        local_dir: str | os.PathLike[str],
+        *,
+        max_bytes: int | None = None,
+        max_files: int | None = None,
+    ) -> DownloadResult:
+        """As :meth:`Sandbox.download`, on a thread (it writes files as the chunks come)."""
+        return await _on_thread(
+            self._executor,
+            functools.partial(self._sync.download, max_bytes=max_bytes, max_files=max_files),
+            remote_path,
+            local_dir,
+        )
 
     async def close(self) -> RunSummary | None:
         return await _on_thread(self._executor, self._sync.close)

@@ -43,6 +43,7 @@ from toolcage.run import interrupted_error as interrupted_error  # re-exported (
 
 if TYPE_CHECKING:
     from toolcage.pool import Pool, _Slot
+    from toolcage.transfer import DownloadResult
 
 
 _LIVE: set[Sandbox] = set()
@@ -383,6 +384,27 @@ class Sandbox:
                 self._calls += 1
             records.audit_call(self.audit, self.run_id, params, result)
             return result
+
+    def download(
+        self,
+        remote_path: str,
+        local_dir: str | os.PathLike[str],
+        *,
+        max_bytes: int | None = None,
+        max_files: int | None = None,
+    ) -> DownloadResult:
+        """Copy a file or directory out of /scratch or /workspace into ``local_dir`` (made if missing),
+        streamed in bounded chunks and checked as hostile: nothing is written outside ``local_dir``,
+        and nothing under its final name unless the whole download succeeded (toolcage.transfer)."""
+        from toolcage import transfer
+
+        return transfer.download(
+            lambda params: self.call("download", params),
+            remote_path,
+            local_dir,
+            max_bytes=transfer.DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+            max_files=transfer.DEFAULT_MAX_FILES if max_files is None else max_files,
+        )
 
     def usage(self) -> dict[str, Any]:
         """CPU time and peak memory of the whole sandbox so far (from its cgroup)."""

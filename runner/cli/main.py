@@ -20,7 +20,7 @@ import click
 
 from toolcage.cli import policy_flags
 from toolcage.cli.output import ToolcageGroup, emit, say, use_json, warn
-from toolcage.errors import UsageError
+from toolcage.errors import ToolcageError, UsageError
 from toolcage.policies import Policy, codes, contract
 from toolcage.textsafe import dumps, escape
 
@@ -262,9 +262,17 @@ def _dry_run(tool: str, opts: dict[str, Any], params: dict[str, Any] | None = No
 @cli.command()
 @click.argument("tool", shell_complete=policy_flags.complete_tool)
 @click.option("--params", default=None, help="Tool params as a JSON object, or '-' to read it from stdin.")
+@click.option(
+    "--download",
+    "downloads",
+    multiple=True,
+    metavar="REMOTE:LOCAL",
+    help="After the call, copy REMOTE (a file or directory under /scratch or /workspace) into the local "
+    "directory LOCAL (made if missing), checked as hostile. Repeatable.",
+)
 @sandbox_options
 @dry_run_option
-def run(tool: str, params: str | None, dry_run: bool, **opts: Any) -> None:
+def run(tool: str, params: str | None, dry_run: bool, downloads: tuple[str, ...], **opts: Any) -> None:
     """Run one TOOL call in a fresh sandbox and print the result as JSON.
 
     Example: toolcage run run_python --params '{"code": "print(2+2)"}'
@@ -273,6 +281,7 @@ def run(tool: str, params: str | None, dry_run: bool, **opts: Any) -> None:
     --run-s 120 --params '{"url": "https://api.github.com/zen"}' (add --dry-run to see the policy that makes).
     """
     use_json(True)
+    pairs = [_download_pair(d) for d in downloads]
     parsed = _prepared_call(tool, params, opts)
     if dry_run:
         _dry_run(tool, opts, parsed)
@@ -290,6 +299,7 @@ def run(tool: str, params: str | None, dry_run: bool, **opts: Any) -> None:
 
                 check_connector(tool, sb.connector_tools)
             res = sb.call(tool, parsed)
+            fetched = [_fetch(sb, remote, local) for remote, local in pairs]  # before the sandbox goes
     except (KeyboardInterrupt, SystemExit):
         # SIGINT/SIGTERM mid-run: the sandbox is gone (status interrupted); say so on stdout, then exit
         # with the signal's code (130 SIGINT, 143 SIGTERM), which main() and the signal handler choose
@@ -301,11 +311,35 @@ def run(tool: str, params: str | None, dry_run: bool, **opts: Any) -> None:
     out["name"] = sb.name
     if summary is not None:
         out.update(run_wall_ms=summary.wall_ms, cpu_ms=summary.cpu_ms, peak_memory_bytes=summary.peak_memory_bytes)
+    if fetched:
+        out["downloads"] = [d for d, _ in fetched]
     emit(out)
     if res.error and res.error.get("code") in codes.USAGE_CODES:
         say(f"{res.error.get('message')}: {dumps(res.error.get('data'))}")
         sys.exit(2)
+    failed = [code for _, code in fetched if code]
+    if failed and res.exit_code == 0:
+        sys.exit(max(failed))  # the call went well, a download did not: its error's code (2 bad input, 3 refused)
     sys.exit(res.exit_code)  # the status's own (toolcage.results.Status)
+
+
+def _download_pair(spec: str) -> tuple[str, str]:
+    """``--download REMOTE:LOCAL``, split at its first colon (a sandbox path has none to spare)."""
+    remote, sep, local = spec.partition(":")
+    if not sep or not remote or not local:
+        raise UsageError(f"--download takes REMOTE:LOCAL, e.g. /scratch/out:./out (got {escape(spec)!r})")
+    return remote, local
+
+
+def _fetch(sb: Any, remote: str, local: str) -> tuple[dict[str, Any], int]:
+    """One ``--download``: what it wrote, or its error (said on stderr too), and that error's exit code."""
+    try:
+        got = sb.download(remote, local)
+    except ToolcageError as exc:
+        say(exc.message)
+        return {"remote": remote, "local": local, "error": exc.to_dict()}, exc.exit_code
+    info = {k: v for k, v in dataclasses.asdict(got).items() if k != "local_dir"}
+    return {"remote": remote, "local": got.local_dir, **info}, 0
 
 
 @cli.command()

@@ -35,6 +35,7 @@ BUILTIN: dict[str, str] = {
     "write_file": "toolcage.worker.tools.files",
     "http_fetch": "toolcage.worker.tools.net",
     "exec": "toolcage.worker.tools.exec",
+    "download": "toolcage.worker.tools.download",
 }
 
 

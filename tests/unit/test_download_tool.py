@@ -1,0 +1,142 @@
+"""The worker's download tool (toolcage.worker.tools.download) end to end with the host's extractor,
+in process: bounded chunks, symlinks sent as symlinks and never followed, special files skipped."""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolcage import transfer
+from toolcage.policies import validate_policy
+from toolcage.results import CallResult
+from toolcage.transfer import DownloadUsage
+from toolcage.worker.errors import WorkerError
+from toolcage.worker.settings import Settings
+from toolcage.worker.tools import Catalog
+
+
+def settings(ws: Path, scratch: Path, output_cap: int | None = None) -> Settings:
+    raw: dict[str, Any] = {"timeouts": {"call_s": 5, "run_s": 20}}
+    if output_cap:
+        raw["limits"] = {"output_cap": output_cap}
+    return Settings(validate_policy(raw).canonical_json(), str(ws), str(scratch), "test")
+
+
+class InProcess:
+    """The download tool as Sandbox.call would reach it, recording each chunk's size; ``between`` runs
+    after the first chunk (to change the tree mid-download)."""
+
+    def __init__(self, s: Settings, between: Any = None) -> None:
+        self.s, self.between, self.sizes = s, between, []
+        self.tool = Catalog().get("download")
+
+    def __call__(self, params: dict[str, Any]) -> CallResult:
+        try:
+            res = self.tool.handler(self.s, self.tool.validate(params))
+        except WorkerError as exc:
+            err = {"code": exc.code, "message": str(exc), "data": getattr(exc, "data", None)}
+            return CallResult("error", "download", "run", error=err)
+        self.sizes.append(len(base64.b64decode(res["data"])))
+        if len(self.sizes) == 1 and self.between is not None:
+            self.between()
+        return CallResult("ok", "download", "run", result=res)
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> tuple[Path, Path]:
+    ws, scratch = tmp_path / "ws", tmp_path / "scratch"
+    ws.mkdir()
+    scratch.mkdir()
+    return ws, scratch
+
+
+def test_tree_round_trip(roots: tuple[Path, Path], tmp_path: Path) -> None:
+    """Text, binary, modes and an inside symlink arrive; a symlink out, a FIFO and setuid do not."""
+    ws, scratch = roots
+    out = scratch / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "a.txt").write_text("hello\n")
+    (out / "sub/b.bin").write_bytes(bytes(range(256)) * 4)
+    (out / "sub/b.bin").chmod(0o4755)
+    (out / "l").symlink_to("a.txt")
+    (out / "etc").symlink_to("/etc")
+    os.mkfifo(out / "fifo")
+    got = transfer.download(InProcess(settings(ws, scratch)), "/scratch/out", tmp_path / "dl")
+    dl = tmp_path / "dl"
+    assert (dl / "a.txt").read_text() == "hello\n"
+    assert (dl / "sub/b.bin").read_bytes() == bytes(range(256)) * 4
+    assert stat.S_IMODE((dl / "sub/b.bin").stat().st_mode) == 0o755
+    assert os.readlink(dl / "l") == "a.txt"
+    assert not os.path.lexists(dl / "etc") and not os.path.lexists(dl / "fifo")
+    reasons = {d["path"]: d["reason"] for d in got.skipped}
+    assert "FIFO" in reasons["fifo"] and "absolute" in reasons["etc"]
+
+
+def test_single_file(roots: tuple[Path, Path], tmp_path: Path) -> None:
+    """A file lands in local_dir by its own name; a relative path is relative to /scratch."""
+    ws, scratch = roots
+    (scratch / "r.csv").write_text("a,b\n")
+    transfer.download(InProcess(settings(ws, scratch)), "r.csv", tmp_path / "dl")
+    assert (tmp_path / "dl/r.csv").read_text() == "a,b\n"
+
+
+def test_large_file_in_bounded_chunks(roots: tuple[Path, Path], tmp_path: Path) -> None:
+    """A 20 MiB file comes in chunks no larger than the tool's cap (8x the output cap)."""
+    ws, scratch = roots
+    data = os.urandom(20 << 20)
+    (scratch / "big.bin").write_bytes(data)
+    call = InProcess(settings(ws, scratch, output_cap=256 * 1024))
+    transfer.download(call, "/scratch/big.bin", tmp_path / "dl")
+    assert (tmp_path / "dl/big.bin").read_bytes() == data
+    assert max(call.sizes) <= 2 << 20 and len(call.sizes) >= 10
+
+
+def test_top_symlink_out_refused(roots: tuple[Path, Path], tmp_path: Path) -> None:
+    """A remote path that is a symlink out of the roots is a path error (exit 2), not followed."""
+    ws, scratch = roots
+    (scratch / "etc").symlink_to("/etc")
+    with pytest.raises(DownloadUsage, match="symlink"):
+        transfer.download(InProcess(settings(ws, scratch)), "/scratch/etc", tmp_path / "dl")
+    assert not (tmp_path / "dl/passwd").exists()
+
+
+def test_outside_roots_refused(roots: tuple[Path, Path], tmp_path: Path) -> None:
+    """A remote path outside /scratch and /workspace is bad input."""
+    ws, scratch = roots
+    with pytest.raises(DownloadUsage, match="outside the allowed"):
+        transfer.download(InProcess(settings(ws, scratch)), "/etc", tmp_path / "dl")
+
+
+def test_symlink_swapped_in_mid_download(roots: tuple[Path, Path], tmp_path: Path) -> None:
+    """A file swapped for a symlink to /etc/passwd after the stream began is never followed."""
+    ws, scratch = roots
+    out = scratch / "out"
+    out.mkdir()
+    (out / "a.bin").write_bytes(os.urandom(9 << 20))  # the first chunk ends inside it
+    (out / "z.txt").write_text("fine")
+
+    def swap() -> None:
+        (out / "z.txt").unlink()
+        (out / "z.txt").symlink_to("/etc/passwd")
+
+    got = transfer.download(InProcess(settings(ws, scratch), between=swap), "/scratch/out", tmp_path / "dl")
+    assert not os.path.lexists(tmp_path / "dl/z.txt")
+    assert any(d["path"] == "z.txt" for d in got.skipped)
+
+
+def test_streams_are_bounded(roots: tuple[Path, Path]) -> None:
+    """A worker keeps at most 4 open streams: the oldest is dropped, with a clear error."""
+    ws, scratch = roots
+    (scratch / "f").write_bytes(os.urandom(9 << 20))
+    s = settings(ws, scratch)
+    tool = Catalog().get("download")
+    first = tool.handler(s, tool.validate({"path": "f", "chunk_bytes": 1024}))
+    for _ in range(4):
+        tool.handler(s, tool.validate({"path": "f", "chunk_bytes": 1024}))
+    with pytest.raises(WorkerError, match="unknown or finished stream"):
+        tool.handler(s, tool.validate({"stream": first["stream"]}))

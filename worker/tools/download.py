@@ -1,0 +1,232 @@
+"""download: a file or directory under /scratch or /workspace as a tar stream, in bounded chunks.
+
+The first call (``path``) opens a stream and answers its first chunk; each later call (``stream``)
+answers the next, until ``done``. The tar is written entry by entry from a generator (a header,
+then the file read in 1 MiB pieces), so neither side holds more than one chunk whatever the size.
+Every entry is opened beneath its root by descriptor and never through a symlink (worker.tools.paths,
+``O_NOFOLLOW`` under ``os.fwalk``'s directory fds): a symlink is sent as a symlink, never followed,
+and one swapped in mid-walk is skipped. FIFOs, sockets and devices are skipped and reported.
+The host treats the stream as hostile anyway (toolcage.transfer).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import os
+import secrets
+import stat
+import tarfile
+import threading
+from collections.abc import Generator, Iterator
+from typing import Annotated, Any
+
+from annotated_types import Ge, Le, MaxLen
+
+from toolcage.worker.errors import ToolError
+from toolcage.worker.settings import SCRATCH, Settings
+from toolcage.worker.tools import Tool
+from toolcage.worker.tools._params import doc, params
+from toolcage.worker.tools.files import _READ, _walk
+from toolcage.worker.tools.paths import MAX_PATH, locate, opened, path_data
+
+MAX_CHUNK = 4 << 20  # raw bytes per answer (base64 makes it 5.3 MiB; the runner's line limit is 16x the output cap)
+_PIECE = 1 << 20  # a file is read this much at a time
+_MAX_STREAMS = 4  # open streams a worker keeps; the oldest is closed to make room
+_MAX_SKIPPED = 100  # skipped entries named per answer (the count is always given)
+
+
+@params
+class DownloadParams:
+    path: Annotated[str, MaxLen(MAX_PATH)] | None = doc(
+        f"file or directory to send (opens a stream); relative to {SCRATCH}", None
+    )
+    stream: Annotated[str, MaxLen(64)] | None = doc("the stream id an earlier call answered: its next chunk", None)
+    chunk_bytes: Annotated[int, Ge(1), Le(MAX_CHUNK)] = MAX_CHUNK
+
+
+class _Stream:
+    def __init__(self, gen: Generator[bytes, None, None]) -> None:
+        self.raw = gen  # closed when the stream ends or is dropped: its fds go with it
+        self.gen: Iterator[bytes] = gen
+        self.left = b""  # what the last chunk did not take
+        self.offset = 0
+        self.skipped: list[dict[str, str]] = []
+        self.skipped_count = 0
+
+    def skip(self, name: str, reason: str) -> None:
+        self.skipped_count += 1
+        if len(self.skipped) < _MAX_SKIPPED:
+            self.skipped.append({"path": name, "reason": reason})
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+_streams: dict[str, _Stream] = {}
+_lock = threading.Lock()
+
+
+def _header(name: str, kind: bytes, mode: int, mtime: float, size: int = 0, linkname: str = "") -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.mode = stat.S_IMODE(mode)
+    info.mtime = int(mtime)
+    info.size = size
+    info.linkname = linkname
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def _file(st: _Stream, name: str, fd: int) -> Iterator[bytes]:
+    """One regular file's entry: its header, then exactly the size it had when opened (a file that
+    shrank is padded with zeros and reported; one that grew is cut)."""
+    fst = os.fstat(fd)
+    yield _header(name, tarfile.REGTYPE, fst.st_mode, fst.st_mtime, fst.st_size)
+    sent = 0
+    while sent < fst.st_size:
+        piece = os.pread(fd, min(_PIECE, fst.st_size - sent), sent)
+        if not piece:
+            st.skip(name, "shrank while it was read: padded with zeros")
+            piece = bytes(min(_PIECE, fst.st_size - sent))
+        sent += len(piece)
+        yield piece
+    if fst.st_size % tarfile.BLOCKSIZE:
+        yield bytes(tarfile.BLOCKSIZE - fst.st_size % tarfile.BLOCKSIZE)
+
+
+def _entry(st: _Stream, name: str, dfd: int, base: str) -> Iterator[bytes]:
+    """The entry for ``base`` in the directory ``dfd``, named ``name`` in the archive."""
+    try:
+        lst = os.stat(base, dir_fd=dfd, follow_symlinks=False)
+    except OSError as exc:
+        st.skip(name, f"cannot stat: {exc.strerror}")
+        return
+    if stat.S_ISDIR(lst.st_mode):
+        yield _header(name, tarfile.DIRTYPE, lst.st_mode, lst.st_mtime)
+    elif stat.S_ISLNK(lst.st_mode):
+        try:
+            target = os.readlink(base, dir_fd=dfd)
+        except OSError as exc:
+            st.skip(name, f"cannot read the link: {exc.strerror}")
+            return
+        yield _header(name, tarfile.SYMTYPE, 0o777, lst.st_mtime, linkname=target)
+    elif stat.S_ISREG(lst.st_mode):
+        try:
+            # O_NOFOLLOW: a file swapped for a symlink after it was listed is skipped, not followed
+            fd = os.open(base, _READ | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError as exc:
+            st.skip(name, f"cannot open: {exc.strerror}")
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                st.skip(name, "not a regular file any more")
+                return
+            yield from _file(st, name, fd)
+        finally:
+            os.close(fd)
+    else:
+        st.skip(name, "not a file, directory or symlink (a FIFO, socket or device)")
+
+
+def _tar(st: _Stream, fd: int, top: str) -> Iterator[bytes]:
+    """The whole tar: a file as ``top``; a directory's contents by their paths beneath it."""
+    fst = os.fstat(fd)
+    if stat.S_ISREG(fst.st_mode):
+        yield from _file(st, top, fd)
+    elif stat.S_ISDIR(fst.st_mode):
+        for dirpath, dirnames, filenames, dfd in _walk(fd):
+            for base in sorted(dirnames + filenames):
+                yield from _entry(st, os.path.normpath(os.path.join(dirpath, base)), dfd, base)
+    else:
+        st.skip(top, "not a file or directory")
+    yield bytes(2 * tarfile.BLOCKSIZE)
+
+
+def _open(s: Settings, path: str) -> _Stream:
+    loc = locate(path, s.workspace, s.scratch)
+    holder: list[_Stream] = []
+
+    def gen() -> Generator[bytes, None, None]:
+        with opened(loc, _READ) as fd:
+            yield from _tar(holder[0], fd, os.path.basename(loc.rel) if loc.rel != "." else loc.name.strip("/"))
+
+    st = _Stream(gen())
+    holder.append(st)
+    try:
+        first = next(st.gen)  # opens now: a missing path is this call's error, not a broken stream
+    except StopIteration:  # pragma: no cover - _tar always ends with the end blocks
+        first = b""
+    except ToolError:
+        raise
+    except OSError as exc:
+        st.close()
+        raise ToolError(f"cannot read {loc.shown!r}: {exc.strerror}", path_data(loc)) from None
+    st.gen = itertools.chain([first], st.gen)
+    return st
+
+
+def download(s: Settings, p: DownloadParams) -> dict[str, Any]:
+    if (p.path is None) == (p.stream is None):
+        raise ToolError("give either path (to open a stream) or stream (for its next chunk)", {})
+    if p.path is not None:
+        st = _open(s, p.path)
+        sid = secrets.token_hex(8)
+        with _lock:
+            while len(_streams) >= _MAX_STREAMS:
+                _streams.pop(next(iter(_streams))).close()
+            _streams[sid] = st
+    else:
+        sid = p.stream or ""
+        with _lock:
+            found = _streams.get(sid)
+        if found is None:
+            raise ToolError("unknown or finished stream (a worker keeps 4 open; the oldest is closed first)", {})
+        st = found
+    limit = min(p.chunk_bytes, 8 * s.policy.limits.output_cap)
+    buf = bytearray(st.left)
+    done = False
+    try:
+        while len(buf) < limit:
+            try:
+                buf += next(st.gen)
+            except StopIteration:
+                done = True
+                break
+    except BaseException:
+        with _lock:
+            _streams.pop(sid, None)
+        st.close()
+        raise
+    data, st.left = bytes(buf[:limit]), bytes(buf[limit:])
+    done = done and not st.left
+    offset = st.offset
+    st.offset += len(data)
+    skipped, count = st.skipped, st.skipped_count
+    st.skipped, st.skipped_count = [], 0
+    if done:
+        with _lock:
+            _streams.pop(sid, None)
+        st.close()
+    return {
+        "stream": sid,
+        "offset": offset,
+        "data": base64.b64encode(data).decode("ascii"),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "done": done,
+        "skipped": skipped,
+        "skipped_count": count,
+    }
+
+
+TOOLS = [
+    Tool(
+        "download",
+        f"Read a file or directory under /workspace or {SCRATCH} as a tar stream (PAX), in base64 chunks: "
+        "call with path to open it, then with stream until done. Symlinks are sent as symlinks, never "
+        "followed; FIFOs, sockets and devices are skipped and named in skipped. Hosts use "
+        "Sandbox.download, which checks and extracts it.",
+        DownloadParams,
+        download,
+    ),
+]
