@@ -24,10 +24,35 @@ from toolcage.worker.errors import BadParams, NoSpace, PathEscape, ToolError
 from toolcage.worker.settings import SCRATCH, WORKSPACE, Settings
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
+from toolcage.worker.tools.gitignore import Rules, ignored, matches
 from toolcage.worker.tools.names import from_wire
-from toolcage.worker.tools.paths import MAX_PATH, Located, locate, opened, path_data, root_fd, translate
+from toolcage.worker.tools.paths import (
+    MAX_PATH,
+    Located,
+    locate,
+    open_beneath,
+    opened,
+    path_data,
+    root_fd,
+    translate,
+)
 
 _MAX_GREP_FILE = 8 * 1024 * 1024
+_MAX_GITIGNORE = 1024 * 1024  # a .gitignore larger than this is read up to here
+
+_Glob = Annotated[str, MinLen(1), MaxLen(MAX_PATH)]
+_Globs = Annotated[tuple[_Glob, ...], MaxLen(256)]
+_GITIGNORE_DOC = (
+    "skip what the .gitignore files say git ignores (those of the directory, of its parents up to the "
+    "root, and nested ones; an ignored directory is not entered) and .git itself"
+)
+_INCLUDE_DOC = (
+    "globs, .gitignore syntax, relative to path (*.py matches at any depth, src/**/*.ts from path): "
+    "only matching files are returned"
+)
+_EXCLUDE_DOC = (
+    "globs, .gitignore syntax, relative to path (node_modules/, *.min.js): matches are skipped, directories not entered"
+)
 
 # said in every file tool's description (and run_python's): the rule an agent must not have to guess
 PATH_RULE = (
@@ -42,13 +67,18 @@ class ListFilesParams:
     path: Annotated[str, MaxLen(MAX_PATH)] = doc(f"directory; relative to {SCRATCH}", WORKSPACE)
     recursive: bool = False
     max_entries: Annotated[int, Ge(1), Le(100_000)] = 1000
+    gitignore: bool = doc(_GITIGNORE_DOC, False)
+    include: _Globs = doc(_INCLUDE_DOC.replace("files", "entries"), ())
+    exclude: _Globs = doc(_EXCLUDE_DOC, ())
 
 
 @params
 class ReadFileParams:
     path: Annotated[str, MaxLen(MAX_PATH)] = doc(f"file, e.g. {WORKSPACE}/README.md; relative to {SCRATCH}")
-    offset: Annotated[int, Ge(0)] = 0
+    offset: Annotated[int, Ge(0)] = doc("bytes to skip: into the file, or into the lines asked for", 0)
     max_bytes: Annotated[int, Ge(1)] | None = doc("default: the policy's output cap", None)
+    start_line: Annotated[int, Ge(1)] | None = doc("first line to read (1-based; lines end at \\n)", None)
+    end_line: Annotated[int, Ge(1)] | None = doc("last line to read, inclusive (default: to the end)", None)
 
 
 @params
@@ -58,6 +88,9 @@ class GrepParams:
     fixed_string: bool = False
     ignore_case: bool = False
     max_matches: Annotated[int, Ge(1), Le(100_000)] = 200
+    gitignore: bool = doc(_GITIGNORE_DOC, False)
+    include: _Globs = doc(_INCLUDE_DOC, ())
+    exclude: _Globs = doc(_EXCLUDE_DOC, ())
 
 
 @params
@@ -83,16 +116,110 @@ def _kind(mode: int) -> str:
 _READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
 
 
-def _walk(fd: int) -> Iterator[tuple[str, list[str], list[str], int]]:
+class _Filter:
+    """Which entries a walk skips: .gitignore (``gitignore``), ``include`` and ``exclude`` globs.
+
+    .gitignore paths are matched relative to the root (/workspace, /scratch), so the files of
+    the walk's parents apply; the globs relative to the walk's top. ``stack`` of a directory is
+    the .gitignore files above it (shallowest first); the walk adds its own when it enters it.
+    """
+
+    def __init__(self, loc: Located, gitignore: bool, include: tuple[str, ...], exclude: tuple[str, ...]) -> None:
+        self.gitignore = gitignore
+        self.include = Rules(include) if include else None
+        self.exclude = Rules(exclude) if exclude else None
+        self.top = "" if loc.rel == "." else loc.rel
+        self.pending: dict[str, tuple[Rules, ...]] = {}
+        if gitignore:
+            self.pending[""] = self._parents(loc)
+
+    @property
+    def active(self) -> bool:
+        return self.gitignore or self.include is not None or self.exclude is not None
+
+    def _parents(self, loc: Located) -> tuple[Rules, ...]:
+        """The .gitignore files of the root and of each directory down to (not including) the top."""
+        if loc.real is None or not self.top:
+            return ()
+        parts = self.top.split("/")
+        stack: list[Rules] = []
+        with root_fd(loc.real) as rfd:
+            for depth in range(len(parts)):
+                base = "/".join(parts[:depth])
+                try:
+                    fd = open_beneath(rfd, os.path.join(base, ".gitignore") if base else ".gitignore", _READ)
+                except OSError:
+                    continue
+                try:
+                    rules = _load_rules(fd, base)
+                finally:
+                    os.close(fd)
+                if rules is not None:
+                    stack.append(rules)
+        return tuple(stack)
+
+    def enter(self, rel: str, dfd: int) -> tuple[Rules, ...]:
+        """The .gitignore stack in force inside the directory ``rel`` (relative to the top)."""
+        stack = self.pending.pop(rel, ())
+        if not self.gitignore:
+            return stack
+        try:
+            fd = os.open(".gitignore", _READ | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError:
+            return stack
+        try:
+            own = _load_rules(fd, self._rooted(rel))
+        finally:
+            os.close(fd)
+        return stack if own is None else (*stack, own)
+
+    def _rooted(self, rel: str) -> str:
+        if not self.top:
+            return rel
+        return f"{self.top}/{rel}" if rel else self.top
+
+    def skip(self, stack: tuple[Rules, ...], rel: str, is_dir: bool) -> bool:
+        """Whether ``rel`` (relative to the top) is neither returned nor, for a directory, entered."""
+        if self.gitignore:
+            if is_dir and rel.rsplit("/", 1)[-1] == ".git":
+                return True
+            if stack and ignored(stack, self._rooted(rel), is_dir):
+                return True
+        return self.exclude is not None and matches(self.exclude, rel, is_dir)
+
+    def wanted(self, rel: str, is_dir: bool) -> bool:
+        """Whether ``include`` (if given) lets ``rel`` be returned; directories are still entered."""
+        return self.include is None or matches(self.include, rel, is_dir)
+
+
+def _load_rules(fd: int, base: str) -> Rules | None:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return None
+    data = _read_fd(fd, _MAX_GITIGNORE)
+    return Rules(data.decode("utf-8", errors="surrogateescape").split("\n"), base)
+
+
+def _walk(fd: int, filt: _Filter | None = None) -> Iterator[tuple[str, list[str], list[str], int]]:
     """os.fwalk from an open directory fd, never following symlinks: a directory swapped for a
-    symlink mid-walk is not entered (fwalk compares the opened fd with the lstat it listed)."""
+    symlink mid-walk is not entered (fwalk compares the opened fd with the lstat it listed).
+    With a filter, skipped directories are taken out of the walk (never entered) and skipped
+    files out of the names; ``dirpath`` is relative to the top ("" for the top itself)."""
     walker: Generator[tuple[str, list[str], list[str], int], None, None]
     walker = os.fwalk(".", dir_fd=fd, follow_symlinks=False)  # type: ignore[assignment]
     with contextlib.closing(walker):
         for dirpath, dirnames, filenames, dfd in walker:
+            rel = "" if dirpath == "." else dirpath[2:]
+            if filt is not None and filt.active:
+                stack = filt.enter(rel, dfd)
+                prefix = f"{rel}/" if rel else ""
+                dirnames[:] = [d for d in dirnames if not filt.skip(stack, prefix + d, True)]
+                filenames[:] = [f for f in filenames if not filt.skip(stack, prefix + f, False)]
+                if filt.gitignore:
+                    for d in dirnames:
+                        filt.pending[prefix + d] = stack
             dirnames.sort()
             filenames.sort()
-            yield dirpath, dirnames, filenames, dfd
+            yield rel, dirnames, filenames, dfd
 
 
 def list_files(s: Settings, p: ListFilesParams) -> dict[str, Any]:
@@ -100,8 +227,12 @@ def list_files(s: Settings, p: ListFilesParams) -> dict[str, Any]:
     entries: list[dict[str, Any]] = []
     truncated = False
     with opened(loc, _READ | os.O_DIRECTORY) as fd:
-        for dirpath, dirnames, filenames, dfd in _walk(fd):
+        filt = _Filter(loc, p.gitignore, p.include, p.exclude)
+        for dirpath, dirnames, filenames, dfd in _walk(fd, filt):
+            dirs = set(dirnames)
             for name in sorted(dirnames + filenames):
+                if not filt.wanted(f"{dirpath}/{name}" if dirpath else name, name in dirs):
+                    continue
                 try:
                     lst = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                 except OSError:
@@ -136,75 +267,164 @@ def _read_fd(fd: int, limit: int, offset: int = 0) -> bytes:
     return b"".join(chunks)
 
 
+_CHUNK = 1 << 20
+
+
+def _skip_lines(fd: int, count: int, pos: int = 0) -> tuple[int, int]:
+    """Scan from byte ``pos`` past ``count`` newlines: (the byte after the last, newlines passed);
+    fewer passed means the file ended first. Memory: one chunk."""
+    passed = 0
+    while passed < count:
+        chunk = os.pread(fd, _CHUNK, pos)
+        if not chunk:
+            break
+        need = count - passed
+        n = chunk.count(b"\n")
+        if n < need:
+            passed += n
+            pos += len(chunk)
+            continue
+        i = -1
+        for _ in range(need):
+            i = chunk.index(b"\n", i + 1)
+        return pos + i + 1, count
+    return pos, passed
+
+
+def _read_lines(fd: int, p: ReadFileParams, limit: int) -> tuple[bytes, dict[str, Any]]:
+    """Lines start_line..end_line (``offset`` bytes into them), up to ``limit`` bytes; cut after
+    the last whole line when the cap falls inside the range (unless it holds no whole line)."""
+    start = p.start_line or 1
+    if p.end_line is not None and p.end_line < start:
+        problem = f"end_line ({p.end_line}) is before start_line ({start})"
+        raise BadParams(f"invalid params: {problem}", [{"field": "end_line", "error": problem}])
+    begin, passed = _skip_lines(fd, start - 1)
+    if passed < start - 1:  # the file has fewer lines
+        return b"", {"start_line": start, "end_line": start - 1}
+    first = start  # the line at which the content begins
+    if p.offset:
+        skipped = _read_fd(fd, p.offset, begin)
+        first += skipped.count(b"\n")
+        begin += len(skipped)
+    data = _read_fd(fd, limit + 1, begin)
+    if p.end_line is not None:
+        left = p.end_line - first + 1  # lines still wanted
+        if left <= 0:
+            data = b""
+        else:
+            end, got = _skip_lines_in(data, left)
+            if got == left:
+                data = data[:end]
+    truncated = len(data) > limit
+    if truncated:
+        data = data[:limit]
+        cut = data.rfind(b"\n")
+        if cut != -1:
+            data = data[: cut + 1]
+    last = first + data.count(b"\n") - (1 if data.endswith(b"\n") else 0)
+    return data, {"start_line": first, "end_line": last if data else first - 1, "truncated": truncated}
+
+
+def _skip_lines_in(data: bytes, count: int) -> tuple[int, int]:
+    i = -1
+    for got in range(count):
+        i = data.find(b"\n", i + 1)
+        if i == -1:
+            return len(data), got
+    return i + 1, count
+
+
 def read_file(s: Settings, p: ReadFileParams) -> dict[str, Any]:
     loc = locate(p.path, s.workspace, s.scratch)
     limit = min(p.max_bytes or s.policy.limits.output_cap, s.policy.limits.output_cap)
+    lines: dict[str, Any] = {}
     with opened(loc, _READ) as fd:
         st = os.fstat(fd)  # the file that was opened, not whatever the name points at now
         if not stat.S_ISREG(st.st_mode):
             raise ToolError(f"not a regular file: {loc.shown!r}", path_data(loc))
-        data = _read_fd(fd, limit + 1, p.offset)
-    truncated = len(data) > limit
-    content, encoding = _encode(data[:limit])
+        if p.start_line is None and p.end_line is None:
+            data = _read_fd(fd, limit + 1, p.offset)
+            truncated = len(data) > limit
+            data = data[:limit]
+        else:
+            data, lines = _read_lines(fd, p, limit)
+            truncated = lines.pop("truncated", False)
+    content, encoding = _encode(data)
     size = st.st_size
-    return {"path": loc.shown, "size": size, "content": content, "encoding": encoding, "truncated": truncated}
+    return {
+        "path": loc.shown,
+        "size": size,
+        "content": content,
+        "encoding": encoding,
+        "truncated": truncated,
+        **lines,
+    }
 
 
-_BINARY = 0  # the line number _grep_fd gives a binary file that matches (real lines count from 1)
+_BINARY = 0  # the line number _grep_text gives a binary file that matches (real lines count from 1)
+
+# a pattern with these may match a line alone but not the same line inside the whole text (a
+# negative look-around sees the neighbouring line; \A, \Z and possessive or atomic groups do
+# not backtrack the same way): such a pattern is tried line by line on every file
+_LINE_ONLY = re.compile(r"\(\?<?!|\\[AZz]|\(\?>|[*+?}]\+")
 
 
-def _grep_fd(fd: int, rx: re.Pattern[str]) -> Iterator[tuple[int, str]]:
-    """(line number, text) of each matching line; one (_BINARY, "") for a binary file (a NUL in its
-    first 8 KiB, as GNU grep decides) that matches: its "lines" are not text worth returning."""
+def _grep_text(data: bytes, rx: re.Pattern[str], whole: re.Pattern[str] | None) -> list[tuple[int, str]]:
+    """(line number, text) of each matching line; [(_BINARY, "")] for a binary file (a NUL in its
+    first 8 KiB, as GNU grep decides) that matches: its "lines" are not text worth returning.
+    Lines end at "\\n" (a "\\r" before it is dropped), as GNU grep and read_file's start_line count them.
+    ``whole`` (the pattern with re.MULTILINE, when :data:`_LINE_ONLY` allows) is first tried on the
+    whole text: one search rules out a file that has no match, which most files are."""
+    text = data.decode("utf-8", errors="replace")
+    if data.find(b"\x00", 0, 8192) != -1:
+        if any(rx.search(line) for line in text.replace("\x00", "\n").splitlines()):
+            return [(_BINARY, "")]
+        return []
+    if b"\r" in data:
+        text = text.replace("\r\n", "\n")
+    if whole is not None and whole.search(text) is None:
+        return []
+    return [(n, line[:1000]) for n, line in enumerate(text.split("\n"), 1) if rx.search(line)]
+
+
+def _read_small(fd: int) -> bytes | None:
+    """A regular file's bytes, None if it is not one or is over _MAX_GREP_FILE; one read for a small file."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_GREP_FILE:
-        return
-    data = _read_fd(fd, _MAX_GREP_FILE + 1)
-    if len(data) > _MAX_GREP_FILE:
-        return  # grew past the cap
-    text = data.decode("utf-8", errors="replace")
-    if b"\x00" in data[:8192]:
-        if any(rx.search(line) for line in text.replace("\x00", "\n").splitlines()):
-            yield _BINARY, ""
-        return
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if rx.search(line):
-            yield lineno, line[:1000]
-
-
-def _grep_files(loc: Located, fd: int) -> Iterator[tuple[tuple[str, ...], int]]:
-    """(path parts, fd) of every file to search under an opened fd; each fd is closed after use."""
-    if not stat.S_ISDIR(os.fstat(fd).st_mode):
-        yield (), fd
-        return
-    for dirpath, _dirs, filenames, dfd in _walk(fd):
-        for name in filenames:
-            try:
-                # O_NOFOLLOW: a file swapped for a symlink after it was listed is skipped, not followed
-                ffd = os.open(name, _READ | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-            except OSError:
-                continue
-            try:
-                yield (dirpath, name), ffd
-            finally:
-                os.close(ffd)
+        return None
+    want = st.st_size + 1  # one more: a short read is the end of the file
+    data = os.pread(fd, want, 0)
+    if len(data) == want:  # it grew since fstat
+        data += _read_fd(fd, _MAX_GREP_FILE + 1 - len(data), len(data))
+        if len(data) > _MAX_GREP_FILE:
+            return None
+    return data
 
 
 def grep(s: Settings, p: GrepParams) -> dict[str, Any]:
     loc = locate(p.path, s.workspace, s.scratch)
     flags = re.IGNORECASE if p.ignore_case else 0
+    source = re.escape(p.pattern) if p.fixed_string else p.pattern
     try:
-        rx = re.compile(re.escape(p.pattern) if p.fixed_string else p.pattern, flags)
+        rx = re.compile(source, flags)
+        whole = None if _LINE_ONLY.search(source) else re.compile(source, flags | re.MULTILINE)
     except re.error as exc:
         raise BadParams(f"invalid regular expression: {exc}", {"pattern": p.pattern}) from None
     matches: list[dict[str, Any]] = []
     binary: list[str] = []  # binary files that match, by name only (GNU grep: "Binary file X matches")
     out_bytes = 0
     cap = s.policy.limits.output_cap
+    # O_NOFOLLOW: a file swapped for a symlink after it was listed is skipped, not followed
+    flags_open = _READ | os.O_NOFOLLOW | os.O_CLOEXEC
     with opened(loc, _READ) as fd:
-        for parts, ffd in _grep_files(loc, fd):
+        is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+        files = _grep_walk(loc, fd, p, flags_open) if is_dir else iter([((), fd)])
+        for parts, ffd in files:
             try:
-                found = list(_grep_fd(ffd, rx))
+                data = _read_small(ffd)
+                if data is None:
+                    continue
+                found = _grep_text(data, rx, whole)
             except OSError:
                 continue
             for lineno, text in found:
@@ -217,6 +437,23 @@ def grep(s: Settings, p: GrepParams) -> dict[str, Any]:
                 else:
                     matches.append({"path": path, "line": lineno, "text": text})
     return {"matches": matches, "binary_matches": binary, "truncated": False}
+
+
+def _grep_walk(loc: Located, fd: int, p: GrepParams, flags: int) -> Iterator[tuple[tuple[str, ...], int]]:
+    """(path parts, fd) of every file to search under a directory fd; each fd is closed after use."""
+    filt = _Filter(loc, p.gitignore, p.include, p.exclude)
+    for dirpath, _dirs, filenames, dfd in _walk(fd, filt):
+        for name in filenames:
+            if filt.include is not None and not filt.wanted(f"{dirpath}/{name}" if dirpath else name, False):
+                continue
+            try:
+                ffd = os.open(name, flags, dir_fd=dfd)
+            except OSError:
+                continue
+            try:
+                yield (dirpath, name), ffd
+            finally:
+                os.close(ffd)
 
 
 def _parent_fd(rfd: int, parts: list[str]) -> int:
