@@ -287,8 +287,10 @@ def test_read_file_line_range(tmp_path: Path) -> None:
     assert r["content"] == "line 2\n" and "start_line" not in r
     with pytest.raises(BadParams, match="before start_line"):
         call(s, "read_file", path="/workspace/f.txt", start_line=5, end_line=4)
-    with pytest.raises(BadParams):
-        call(s, "read_file", path="/workspace/f.txt", start_line=0)
+    for field in ("start_line", "end_line"):
+        with pytest.raises(BadParams) as info:
+            call(s, "read_file", path="/workspace/f.txt", **{field: -1})
+        assert info.value.data == [{"field": field, "error": "must be greater than or equal to 0"}]
 
 
 def test_grep_line_numbers_agree_with_read_file(tmp_path: Path) -> None:
@@ -342,7 +344,7 @@ def test_new_params_in_schema_and_host_precheck() -> None:
     for tool, params in [
         ("grep", {"pattern": "x", "gitignore": "yes"}),
         ("list_files", {"include": "*.py"}),
-        ("read_file", {"path": "a", "start_line": 0}),
+        ("read_file", {"path": "a", "start_line": -1}),
     ]:
         with pytest.raises(BadToolCall):
             check_call(tool, params)

@@ -77,8 +77,9 @@ class ReadFileParams:
     path: Annotated[str, MaxLen(MAX_PATH)] = doc(f"file, e.g. {WORKSPACE}/README.md; relative to {SCRATCH}")
     offset: Annotated[int, Ge(0)] = doc("bytes to skip: into the file, or into the lines asked for", 0)
     max_bytes: Annotated[int, Ge(1)] | None = doc("default: the policy's output cap", None)
-    start_line: Annotated[int, Ge(1)] | None = doc("first line to read (1-based; lines end at \\n)", None)
-    end_line: Annotated[int, Ge(1)] | None = doc("last line to read, inclusive (default: to the end)", None)
+    # ints with defaults, not optional: a bad value is then named plainly ("must be greater than or equal to 1")
+    start_line: Annotated[int, Ge(0)] = doc("first line to read, 1-based (lines end at \\n); 0: not by lines", 0)
+    end_line: Annotated[int, Ge(0)] = doc("last line to read, inclusive; 0: to the end of the file", 0)
 
 
 @params
@@ -295,7 +296,7 @@ def _read_lines(fd: int, p: ReadFileParams, limit: int) -> tuple[bytes, dict[str
     """Lines start_line..end_line (``offset`` bytes into them), up to ``limit`` bytes; cut after
     the last whole line when the cap falls inside the range (unless it holds no whole line)."""
     start = p.start_line or 1
-    if p.end_line is not None and p.end_line < start:
+    if p.end_line and p.end_line < start:
         problem = f"end_line ({p.end_line}) is before start_line ({start})"
         raise BadParams(f"invalid params: {problem}", [{"field": "end_line", "error": problem}])
     begin, passed = _skip_lines(fd, start - 1)
@@ -307,7 +308,7 @@ def _read_lines(fd: int, p: ReadFileParams, limit: int) -> tuple[bytes, dict[str
         first += skipped.count(b"\n")
         begin += len(skipped)
     data = _read_fd(fd, limit + 1, begin)
-    if p.end_line is not None:
+    if p.end_line:
         left = p.end_line - first + 1  # lines still wanted
         if left <= 0:
             data = b""
@@ -342,7 +343,7 @@ def read_file(s: Settings, p: ReadFileParams) -> dict[str, Any]:
         st = os.fstat(fd)  # the file that was opened, not whatever the name points at now
         if not stat.S_ISREG(st.st_mode):
             raise ToolError(f"not a regular file: {loc.shown!r}", path_data(loc))
-        if p.start_line is None and p.end_line is None:
+        if p.start_line == 0 and p.end_line == 0:  # no lines asked for: bytes, as ever
             data = _read_fd(fd, limit + 1, p.offset)
             truncated = len(data) > limit
             data = data[:limit]
@@ -535,16 +536,25 @@ def write_file(s: Settings, p: WriteFileParams) -> dict[str, Any]:
 TOOLS = [
     Tool(
         "list_files",
-        f"List a directory (default {WORKSPACE}), optionally recursive. {PATH_RULE}",
+        f"List a directory (default {WORKSPACE}), optionally recursive. gitignore: true skips what the "
+        f"repository's .gitignore files ignore (an ignored directory is not entered, nor .git); include and "
+        f"exclude take globs in .gitignore syntax. {PATH_RULE}",
         ListFilesParams,
         list_files,
     ),
-    Tool("read_file", f"Read a file, up to the output cap. {PATH_RULE}", ReadFileParams, read_file),
+    Tool(
+        "read_file",
+        f"Read a file, up to the output cap; start_line and end_line (1-based, inclusive) read those lines "
+        f"(grep's line numbers), and the result says which lines it holds. {PATH_RULE}",
+        ReadFileParams,
+        read_file,
+    ),
     Tool(
         "grep",
         f"Search text files under a directory (default {WORKSPACE}) or one file for a regex or fixed string. "
         f"A binary file (a NUL byte in its first 8 KiB) that matches is named in binary_matches, without "
-        f"lines; read it with read_file. {PATH_RULE}",
+        f"lines; read it with read_file. gitignore, include and exclude filter the files as in list_files. "
+        f"{PATH_RULE}",
         GrepParams,
         grep,
     ),
