@@ -182,7 +182,7 @@ class _Filter:
     def skip(self, stack: tuple[Rules, ...], rel: str, is_dir: bool) -> bool:
         """Whether ``rel`` (relative to the top) is neither returned nor, for a directory, entered."""
         if self.gitignore:
-            if is_dir and rel.rsplit("/", 1)[-1] == ".git":
+            if rel.rsplit("/", 1)[-1] == ".git":  # the repository (a file in a worktree or submodule)
                 return True
             if stack and ignored(stack, self._rooted(rel), is_dir):
                 return True
