@@ -43,6 +43,7 @@ MAX_CHUNK = 6 << 20  # raw bytes one answer may carry (the worker sends at most 
 _MAX_HEADER = 1 << 20  # a PAX or GNU long-name header's payload
 _MAX_SKIPPED = 1000  # skipped entries named in the result (all are counted)
 _PIECE = 1 << 20
+_MAX_EMPTY = 16  # the worker always sends data or ends the stream: more empty chunks than this is a stall
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _META_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE, b"X")
 
@@ -113,6 +114,7 @@ class _Chunks(io.RawIOBase):
         self._buf = memoryview(b"")
         self._stream: str | None = None
         self._done = False
+        self._empty = 0  # empty chunks in a row (a worker that never ends the stream)
         self.total = 0
 
     def readable(self) -> bool:
@@ -142,6 +144,9 @@ class _Chunks(io.RawIOBase):
         if not ok or len(data) > MAX_CHUNK:
             raise DownloadError("download: a chunk does not match its sha256 (or is too large); nothing was kept")
         self._stream, self._done = stream, ans["done"]
+        self._empty = 0 if data or self._done else self._empty + 1
+        if self._empty > _MAX_EMPTY:
+            raise DownloadError(f"download: the worker sent {_MAX_EMPTY} empty chunks in a row; nothing was kept")
         for item in skipped[:_MAX_SKIPPED]:
             if isinstance(item, dict):
                 self._result.skip(str(item.get("path", "?")), f"in the sandbox: {escape(item.get('reason', '?'))}")

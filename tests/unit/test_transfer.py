@@ -320,3 +320,14 @@ def test_failed_download_removes_the_directory_it_made(tmp_path: Path) -> None:
     with pytest.raises(DownloadError):
         fetch(tmp_path, [info("/abs", data=b"x")])
     assert not (tmp_path / "out").exists()
+
+
+def test_endless_empty_chunks_refused(tmp_path: Path) -> None:
+    """A worker that answers empty chunks and never ends the stream is stopped, not waited on forever."""
+
+    def call(params: dict[str, Any]) -> CallResult:
+        res = {"stream": "s", "data": "", "sha256": hashlib.sha256(b"").hexdigest(), "done": False}
+        return CallResult("ok", "download", "run", result=res)
+
+    with pytest.raises(DownloadError, match="empty chunks"):
+        transfer.download(call, "/scratch/x", tmp_path / "out")
