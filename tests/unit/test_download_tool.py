@@ -140,3 +140,14 @@ def test_streams_are_bounded(roots: tuple[Path, Path]) -> None:
         tool.handler(s, tool.validate({"path": "f", "chunk_bytes": 1024}))
     with pytest.raises(WorkerError, match="unknown or finished stream"):
         tool.handler(s, tool.validate({"stream": first["stream"]}))
+
+
+def test_names_that_are_not_utf8_round_trip(roots: tuple[Path, Path], tmp_path: Path) -> None:
+    """A file whose name is not UTF-8 arrives under the same bytes; one with an escape sequence is skipped."""
+    ws, scratch = roots
+    (scratch / "o").mkdir()
+    (Path(os.fsdecode(bytes(scratch / "o") + b"/caf\xe9"))).write_text("x")
+    (scratch / "o" / "evil\x1b[2J").write_text("y")
+    got = transfer.download(InProcess(settings(ws, scratch)), "/scratch/o", tmp_path / "dl")
+    assert os.listdir(os.fsencode(tmp_path / "dl")) == [b"caf\xe9"]
+    assert got.skipped[0]["path"] == "evil\\x1b[2J"
