@@ -400,3 +400,23 @@ def test_random_gitignores_agree_with_real_git(tmp_path: Path, seed: int) -> Non
     by_git = {x for x in out.decode().split("\0") if x}
     ours = _files(call(settings(ws, scratch), "list_files", recursive=True, gitignore=True, max_entries=10_000))
     assert ours == by_git, {"gitignore": (ws / ".gitignore").read_text()}
+
+
+def test_hostile_gitignore_files_are_not_followed(tmp_path: Path) -> None:
+    """A .gitignore that is a FIFO does not hang the walk; one that is a symlink out of the root
+    is not read (its rules would hide files); a parent's symlinked .gitignore neither."""
+    ws, scratch = tmp_path / "ws", tmp_path / "scratch"
+    (ws / "fifo").mkdir(parents=True)
+    (ws / "link" / "deeper").mkdir(parents=True)
+    scratch.mkdir()
+    outside = tmp_path / "outside-rules"
+    outside.write_text("*\n")
+    os.mkfifo(ws / "fifo" / ".gitignore")
+    (ws / "link" / ".gitignore").symlink_to(outside)
+    for d in ("fifo", "link", "link/deeper"):
+        (ws / d / "kept.txt").write_text("x\n")
+    s = settings(ws, scratch)
+    got = _files(call(s, "list_files", recursive=True, gitignore=True))
+    assert {"fifo/kept.txt", "link/kept.txt", "link/deeper/kept.txt"} <= got
+    below = call(s, "list_files", path="/workspace/link/deeper", gitignore=True)
+    assert [e["path"] for e in below["entries"]] == ["/workspace/link/deeper/kept.txt"]
