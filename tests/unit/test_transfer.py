@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from toolcage import transfer
+from toolcage import safetar, transfer
 from toolcage.results import CallResult
 from toolcage.transfer import DownloadError, DownloadLimit, DownloadUsage
 
@@ -231,13 +231,13 @@ def test_file_count_cap_in_bounded_memory(tmp_path: Path, monkeypatch: pytest.Mo
             yield batch
 
     kept: list[int] = []
-    member = transfer._Extractor.member
+    member = safetar.Extractor.member
 
     def spy(self: Any, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         kept.append(len(tf.members))  # type: ignore[attr-defined]
         member(self, tf, m)
 
-    monkeypatch.setattr(transfer._Extractor, "member", spy)
+    monkeypatch.setattr(safetar.Extractor, "member", spy)
     worker = Worker(batches())
     with pytest.raises(DownloadLimit, match="max_files"):
         transfer.download(worker, "/scratch/many", tmp_path / "out", max_files=2000)
