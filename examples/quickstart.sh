@@ -17,7 +17,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 step "installing toolcage into .venv"  # dev: the test tools and the mcp extra (the SDK of `toolcage mcp serve`)
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# Editable in setuptools' strict mode: a tree of links under build/, on sys.path, so the installed package is
+# a regular one there. (The default editable finder comes after the path: a script run beside a folder named
+# toolcage, such as this clone, got that folder as an empty namespace package instead.) An edit shows at once;
+# a new module needs this install again.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' --config-settings editable_mode=strict
 step "building the worker image (idempotent; the first build takes a minute or two)"
 .venv/bin/toolcage image build >&2
 step "running print(2+2) in a sandbox"
