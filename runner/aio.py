@@ -23,6 +23,7 @@ from toolcage.sandbox import Sandbox
 
 if TYPE_CHECKING:
     from toolcage.transfer import DownloadResult
+    from toolcage.upload import UploadResult
 
 T = TypeVar("T")
 
@@ -162,6 +163,10 @@ class AsyncSandbox:
             remote_path,
             local_dir,
         )
+
+    async def upload(self, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
+        """As :meth:`Sandbox.upload`, on a thread (it reads files as the chunks go)."""
+        return await _on_thread(self._executor, self._sync.upload, local_path, remote_dir)
 
     async def close(self) -> RunSummary | None:
         return await _on_thread(self._executor, self._sync.close)

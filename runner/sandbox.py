@@ -44,6 +44,7 @@ from toolcage.run import interrupted_error as interrupted_error  # re-exported (
 if TYPE_CHECKING:
     from toolcage.pool import Pool, _Slot
     from toolcage.transfer import DownloadResult
+    from toolcage.upload import UploadResult
 
 
 _LIVE: set[Sandbox] = set()
@@ -405,6 +406,14 @@ class Sandbox:
             max_bytes=transfer.DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
             max_files=transfer.DEFAULT_MAX_FILES if max_files is None else max_files,
         )
+
+    def upload(self, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
+        """Copy a local file or directory into ``remote_dir`` under /scratch (made if missing), streamed
+        in bounded chunks; the worker refuses what would land outside it and keeps nothing unless the
+        whole upload succeeded (toolcage.upload)."""
+        from toolcage import upload
+
+        return upload.upload(lambda params: self.call("upload", params), local_path, remote_dir)
 
     def usage(self) -> dict[str, Any]:
         """CPU time and peak memory of the whole sandbox so far (from its cgroup)."""

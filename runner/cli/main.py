@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import os
 import signal
 import sys
 from typing import Any
@@ -270,9 +271,19 @@ def _dry_run(tool: str, opts: dict[str, Any], params: dict[str, Any] | None = No
     help="After the call, copy REMOTE (a file or directory under /scratch or /workspace) into the local "
     "directory LOCAL (made if missing), checked as hostile. Repeatable.",
 )
+@click.option(
+    "--upload",
+    "uploads",
+    multiple=True,
+    metavar="LOCAL:REMOTE",
+    help="Before the call, copy the local file or directory LOCAL into the directory REMOTE under /scratch "
+    "(made if missing). Repeatable.",
+)
 @sandbox_options
 @dry_run_option
-def run(tool: str, params: str | None, dry_run: bool, downloads: tuple[str, ...], **opts: Any) -> None:
+def run(
+    tool: str, params: str | None, dry_run: bool, downloads: tuple[str, ...], uploads: tuple[str, ...], **opts: Any
+) -> None:
     """Run one TOOL call in a fresh sandbox and print the result as JSON.
 
     Example: toolcage run run_python --params '{"code": "print(2+2)"}'
@@ -282,6 +293,7 @@ def run(tool: str, params: str | None, dry_run: bool, downloads: tuple[str, ...]
     """
     use_json(True)
     pairs = [_download_pair(d) for d in downloads]
+    sends = [_upload_pair(u) for u in uploads]
     parsed = _prepared_call(tool, params, opts)
     if dry_run:
         _dry_run(tool, opts, parsed)
@@ -298,6 +310,7 @@ def run(tool: str, params: str | None, dry_run: bool, downloads: tuple[str, ...]
                 from toolcage.precheck import check_connector
 
                 check_connector(tool, sb.connector_tools)
+            sent = [_send(sb, local, remote) for local, remote in sends]  # a failed upload stops the run
             res = sb.call(tool, parsed)
             fetched = [_fetch(sb, remote, local) for remote, local in pairs]  # before the sandbox goes
     except (KeyboardInterrupt, SystemExit):
@@ -311,6 +324,8 @@ def run(tool: str, params: str | None, dry_run: bool, downloads: tuple[str, ...]
     out["name"] = sb.name
     if summary is not None:
         out.update(run_wall_ms=summary.wall_ms, cpu_ms=summary.cpu_ms, peak_memory_bytes=summary.peak_memory_bytes)
+    if sent:
+        out["uploads"] = sent
     if fetched:
         out["downloads"] = [d for d, _ in fetched]
     emit(out)
@@ -329,6 +344,22 @@ def _download_pair(spec: str) -> tuple[str, str]:
     if not sep or not remote or not local:
         raise UsageError(f"--download takes REMOTE:LOCAL, e.g. /scratch/out:./out (got {escape(spec)!r})")
     return remote, local
+
+
+def _upload_pair(spec: str) -> tuple[str, str]:
+    """``--upload LOCAL:REMOTE``, split at its last colon (a sandbox path has none to spare)."""
+    local, sep, remote = spec.rpartition(":")
+    if not sep or not remote or not local:
+        raise UsageError(f"--upload takes LOCAL:REMOTE, e.g. ./in:/scratch/in (got {escape(spec)!r})")
+    if not os.path.lexists(local):
+        raise UsageError(f"--upload: no such local file or directory: {escape(local)!r}")
+    return local, remote
+
+
+def _send(sb: Any, local: str, remote: str) -> dict[str, Any]:
+    """One ``--upload``: what it wrote (its error propagates: the call does not run without its input)."""
+    got = sb.upload(local, remote)
+    return {"local": local, **dataclasses.asdict(got)}
 
 
 def _fetch(sb: Any, remote: str, local: str) -> tuple[dict[str, Any], int]:

@@ -36,6 +36,7 @@ BUILTIN: dict[str, str] = {
     "http_fetch": "toolcage.worker.tools.net",
     "exec": "toolcage.worker.tools.exec",
     "download": "toolcage.worker.tools.download",
+    "upload": "toolcage.worker.tools.upload",
 }
 
 

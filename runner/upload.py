@@ -1,0 +1,197 @@
+"""Files into a sandbox: ``Sandbox.upload`` writes a local file or directory as a tar, in bounded chunks.
+
+The tar is made entry by entry from a generator (a header, then the file read 1 MiB at a time) and
+sent 1 MiB at a time to the worker's ``upload`` tool (toolcage.worker.tools.upload), which checks
+and extracts it: the runner holds one chunk whatever the size. Symlinks are sent as symlinks and
+never followed, so nothing outside the local tree is read; FIFOs, sockets and devices are refused
+before anything is sent. A directory's contents go into ``remote_dir``; a file goes there by its name.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import stat
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from toolcage.errors import SandboxError, UsageError
+from toolcage.policies import codes
+from toolcage.textsafe import escape
+
+if TYPE_CHECKING:
+    from toolcage.results import CallResult
+
+CHUNK = 1 << 20  # raw bytes per call: a call holds ~11 copies of its params (base64, JSON, audit), ~13 MiB peak
+_PIECE = 1 << 20
+
+Call = Callable[[dict[str, Any]], "CallResult"]  # one ``upload`` call
+
+
+class UploadError(SandboxError):
+    """The worker could not take the upload (a refused entry, a full /scratch, a broken call)."""
+
+    status = "error"
+    reason = "upload_failed"
+
+
+class UploadUsage(UsageError):
+    """Bad input: a local path that is missing or holds a FIFO, socket or device; a remote_dir in /workspace."""
+
+    reason = "upload_usage"
+
+
+@dataclass
+class UploadResult:
+    """What an upload wrote under ``remote_dir``: entries and bytes of file content."""
+
+    remote_dir: str
+    files: int = 0
+    dirs: int = 0
+    symlinks: int = 0
+    bytes: int = 0
+
+
+def _show(path: str) -> str:
+    return escape(os.fsencode(path).decode("utf-8", "backslashreplace"))
+
+
+def _kind(mode: int) -> str | None:
+    """What an upload refuses, by name (None: a file, directory or symlink)."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device node"
+
+
+def _refuse(path: str, kind: str) -> UploadUsage:
+    return UploadUsage(f"upload: '{_show(path)}' is {kind}; an upload takes files, directories and symlinks")
+
+
+def _entries(local: str) -> Iterator[tuple[str, str]]:
+    """(path on disk, name in the tar) for each entry, never following a symlink."""
+    st = os.lstat(local)
+    if not stat.S_ISDIR(st.st_mode):
+        yield local, os.path.basename(local)
+        return
+    for dirpath, dirnames, filenames in os.walk(local):  # followlinks=False: a link to a directory is a link
+        dirnames.sort()
+        for base in sorted(dirnames + filenames):
+            path = os.path.join(dirpath, base)
+            yield path, os.path.relpath(path, local)
+
+
+def _header(name: str, kind: bytes, st: os.stat_result, size: int = 0, linkname: str = "") -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime, info.size, info.linkname = (
+        kind,
+        stat.S_IMODE(st.st_mode),
+        int(st.st_mtime),
+        size,
+        linkname,
+    )
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def _tar(local: str) -> Iterator[bytes]:
+    for path, name in _entries(local):
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode):
+            yield _header(name, tarfile.DIRTYPE, st)
+        elif stat.S_ISLNK(st.st_mode):
+            yield _header(name, tarfile.SYMTYPE, st, linkname=os.readlink(path))
+        elif stat.S_ISREG(st.st_mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # swapped for a link: refused, not followed
+            try:
+                fst = os.fstat(fd)
+                if not stat.S_ISREG(fst.st_mode):
+                    raise _refuse(path, _kind(fst.st_mode) or "no longer a file")
+                yield _header(name, tarfile.REGTYPE, fst, fst.st_size)
+                sent = 0
+                while sent < fst.st_size:
+                    piece = os.pread(fd, min(_PIECE, fst.st_size - sent), sent)
+                    if not piece:
+                        raise UploadUsage(f"upload: '{_show(path)}' shrank while it was read; nothing was kept")
+                    sent += len(piece)
+                    yield piece
+                if fst.st_size % tarfile.BLOCKSIZE:
+                    yield bytes(tarfile.BLOCKSIZE - fst.st_size % tarfile.BLOCKSIZE)
+            finally:
+                os.close(fd)
+        else:
+            raise _refuse(path, _kind(st.st_mode) or "?")
+    yield bytes(2 * tarfile.BLOCKSIZE)
+
+
+def _chunks(local: str) -> Iterator[bytes]:
+    """The tar in pieces of at most CHUNK bytes (one held at a time, plus the piece being cut)."""
+    buf = bytearray()
+    for piece in _tar(local):
+        buf += piece
+        while len(buf) >= CHUNK:
+            yield bytes(buf[:CHUNK])
+            del buf[:CHUNK]
+    yield bytes(buf)
+
+
+def _answer(res: CallResult, first: bool) -> dict[str, Any]:
+    if res.ok and isinstance(res.result, dict):
+        return res.result
+    err = res.error or {}
+    msg = escape(str(err.get("message", res.status)))
+    if err.get("code") == codes.METHOD_NOT_FOUND:
+        raise UploadError("upload: this worker image has no upload tool; rebuild it (toolcage image build)")
+    if first and res.status == "error":
+        raise UploadUsage(f"upload: {msg}")
+    raise UploadError(f"upload failed ({res.status}): {msg}")
+
+
+def upload(call: Call, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
+    """Send ``local_path`` (a file or directory) into ``remote_dir`` in the sandbox (module doc)."""
+    local = os.path.abspath(os.fspath(local_path))
+    try:
+        st = os.lstat(local)
+    except OSError as exc:
+        raise UploadUsage(f"upload: cannot read '{_show(local)}': {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UploadUsage(f"upload: '{_show(local)}' is a symlink; upload what it points to, or its directory")
+    for path, _ in _entries(local):  # before anything is sent: a special file is the caller's mistake
+        kind = _kind(os.lstat(path).st_mode)
+        if kind is not None:
+            raise _refuse(path, kind)
+    ans = _answer(call({"path": remote_dir}), True)
+    stream = str(ans.get("stream", ""))
+    chunks = _chunks(local)
+    try:
+        data = next(chunks)
+        while True:
+            nxt = next(chunks, None)
+            params = {
+                "stream": stream,
+                "data": base64.b64encode(data).decode("ascii"),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "done": nxt is None,
+            }
+            ans = _answer(call(params), False)
+            if nxt is None:
+                break
+            data = nxt
+    except OSError as exc:  # the local tree changed under the walk
+        call({"stream": stream, "abort": True})  # the worker drops what it spooled
+        raise UploadUsage(f"upload: reading '{_show(local)}' failed: {exc.strerror}; nothing was kept") from None
+    except UploadUsage:
+        call({"stream": stream, "abort": True})
+        raise
+    return UploadResult(
+        str(ans.get("path", remote_dir)),
+        **{k: int(ans.get(k, 0)) for k in ("files", "dirs", "symlinks", "bytes")},
+    )
+
+
+__all__ = ["UploadError", "UploadResult", "UploadUsage", "upload"]

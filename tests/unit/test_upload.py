@@ -1,0 +1,312 @@
+"""Sandbox.upload: the worker's extractor (toolcage.worker.tools.upload) against hand-made hostile tars,
+each refused by its own check with its own message, leaving nothing behind; and the host half
+(toolcage.upload) through the tool in-process: chunks bounded, special files and missing paths refused."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import io
+import os
+import stat
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolcage import upload as host
+from toolcage.policies import validate_policy
+from toolcage.results import CallResult
+from toolcage.upload import UploadError, UploadUsage
+from toolcage.worker.errors import WorkerError
+from toolcage.worker.settings import Settings
+from toolcage.worker.tools import Catalog
+
+Entry = tuple[tarfile.TarInfo, bytes]
+
+
+def info(name: str, kind: bytes = tarfile.REGTYPE, *, data: bytes = b"", mode: int = 0o644, link: str = "") -> Entry:
+    ti = tarfile.TarInfo(name)
+    ti.type, ti.mode, ti.linkname, ti.size = kind, mode, link, len(data) if kind == tarfile.REGTYPE else 0
+    return ti, data
+
+
+def tar_bytes(entries: Iterable[Entry]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for ti, data in entries:
+            t.addfile(ti, io.BytesIO(data) if ti.isreg() else None)
+    return buf.getvalue()
+
+
+class InProcess:
+    """The upload tool as Sandbox.call would reach it; records each chunk's raw size."""
+
+    def __init__(self, s: Settings) -> None:
+        self.s, self.sizes = s, []
+        self.tool = Catalog().get("upload")
+
+    def __call__(self, params: dict[str, Any]) -> CallResult:
+        if "data" in params:
+            self.sizes.append(len(base64.b64decode(params["data"])))
+        try:
+            res = self.tool.handler(self.s, self.tool.validate(params))
+        except WorkerError as exc:
+            err = {"code": exc.code, "message": str(exc), "data": getattr(exc, "data", None)}
+            return CallResult("error", "upload", "run", error=err)
+        return CallResult("ok", "upload", "run", result=res)
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "scratch").mkdir()
+    return tmp_path / "scratch"
+
+
+@pytest.fixture
+def call(scratch: Path) -> InProcess:
+    raw = validate_policy({"timeouts": {"call_s": 5, "run_s": 20}}).canonical_json()
+    return InProcess(Settings(raw, str(scratch.parent / "ws"), str(scratch), "test"))
+
+
+def send(call: InProcess, entries: Iterable[Entry] | bytes, target: str = "/scratch/in", chunk: int = 700) -> Any:
+    """Send a tar (made from ``entries``) in chunks straight to the worker tool; its last answer."""
+    raw = entries if isinstance(entries, bytes) else tar_bytes(entries)
+    opened = call({"path": target})
+    assert opened.ok, opened.error
+    pieces = [raw[i : i + chunk] for i in range(0, len(raw), chunk)] or [b""]
+    for i, piece in enumerate(pieces):
+        params = {
+            "stream": opened.result["stream"],
+            "data": base64.b64encode(piece).decode(),
+            "sha256": hashlib.sha256(piece).hexdigest(),
+            "done": i == len(pieces) - 1,
+        }
+        res = call(params)
+        if not res.ok:
+            return res
+    return res
+
+
+def everything(scratch: Path) -> list[str]:
+    return sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*"))
+
+
+def refused(call: InProcess, scratch: Path, entries: Iterable[Entry], match: str) -> None:
+    res = send(call, entries)
+    assert not res.ok and match in res.error["message"], res.error
+    assert "nothing was kept" in res.error["message"]
+    assert everything(scratch) == []  # no target, no spool, no staging
+
+
+def test_good_tree(call: InProcess, scratch: Path) -> None:
+    res = send(
+        call,
+        [
+            info("d", tarfile.DIRTYPE, mode=0o750),
+            info("d/a.txt", data=b"hello\n", mode=0o640),
+            info("d/b.bin", data=bytes(range(256)) * 40, mode=0o755),
+            info("d/l", tarfile.SYMTYPE, link="a.txt"),
+        ],
+    )
+    assert res.ok and res.result["files"] == 2 and res.result["symlinks"] == 1, res.error
+    d = scratch / "in" / "d"
+    assert (d / "a.txt").read_bytes() == b"hello\n" and (d / "b.bin").read_bytes() == bytes(range(256)) * 40
+    assert stat.S_IMODE((d / "b.bin").stat().st_mode) == 0o755 and stat.S_IMODE((d / "a.txt").stat().st_mode) == 0o640
+    assert stat.S_IMODE(d.stat().st_mode) == 0o750 and os.readlink(d / "l") == "a.txt"
+    assert sorted(os.listdir(scratch)) == ["in"]  # spool and staging gone
+
+
+def test_absolute_name_refused(call: InProcess, scratch: Path) -> None:
+    refused(call, scratch, [info("/etc/evil", data=b"x")], "is an absolute path")
+
+
+def test_dotdot_refused(call: InProcess, scratch: Path) -> None:
+    refused(call, scratch, [info("a/../../evil", data=b"x")], "climbs out with '..'")
+
+
+@pytest.mark.parametrize("target", ["/tmp", "..", "."])
+def test_write_through_archive_symlink_refused(call: InProcess, scratch: Path, target: str) -> None:
+    refused(call, scratch, [info("l", tarfile.SYMTYPE, link=target), info("l/evil", data=b"x")], "through a symlink")
+
+
+def test_symlink_then_same_name_refused(call: InProcess, scratch: Path) -> None:
+    """A file entry after a symlink of its name would be opened through it (or replace it)."""
+    refused(call, scratch, [info("l", tarfile.SYMTYPE, link="/tmp/x"), info("l", data=b"x")], "comes twice")
+
+
+def test_entry_under_a_file_refused(call: InProcess, scratch: Path) -> None:
+    refused(call, scratch, [info("f", data=b"x"), info("f/g", data=b"y")], "through a file")
+
+
+def test_hardlink_refused(call: InProcess, scratch: Path) -> None:
+    refused(call, scratch, [info("a", data=b"x"), info("h", tarfile.LNKTYPE, link="/etc/passwd")], "hard link")
+
+
+@pytest.mark.parametrize(
+    ("kind", "what"), [(tarfile.CHRTYPE, "device node"), (tarfile.BLKTYPE, "device node"), (tarfile.FIFOTYPE, "FIFO")]
+)
+def test_special_entries_refused(call: InProcess, scratch: Path, kind: bytes, what: str) -> None:
+    refused(call, scratch, [info("s", kind)], what)
+
+
+def test_unknown_type_refused(call: InProcess, scratch: Path) -> None:
+    refused(call, scratch, [info("u", b"Z")], "entry type")
+
+
+def test_setuid_bits_cleared(call: InProcess, scratch: Path) -> None:
+    res = send(call, [info("s", data=b"#!/bin/sh\n", mode=0o6755), info("k", tarfile.DIRTYPE, mode=0o1777)])
+    assert res.ok, res.error
+    assert stat.S_IMODE((scratch / "in" / "s").stat().st_mode) == 0o755
+    assert stat.S_IMODE((scratch / "in" / "k").stat().st_mode) == 0o777
+
+
+def test_failure_keeps_nothing_under_a_final_name(call: InProcess, scratch: Path) -> None:
+    """A good file before a refused entry is not in place: everything is staged, then renamed."""
+    (scratch / "in").mkdir()
+    (scratch / "in" / "a").write_bytes(b"old")
+    res = send(call, [info("a", data=b"new"), info("b", data=b"y"), info("/abs", data=b"z")])
+    assert not res.ok
+    assert everything(scratch) == ["in", "in/a"] and (scratch / "in" / "a").read_bytes() == b"old"
+
+
+def test_merge_into_existing_replaces_files(call: InProcess, scratch: Path) -> None:
+    (scratch / "in" / "d").mkdir(parents=True)
+    (scratch / "in" / "d" / "keep").write_bytes(b"k")
+    (scratch / "in" / "d" / "a").write_bytes(b"old")
+    assert send(call, [info("d/a", data=b"new")]).ok
+    assert (scratch / "in" / "d" / "a").read_bytes() == b"new" and (scratch / "in" / "d" / "keep").exists()
+
+
+def test_sandbox_symlink_at_target_never_followed(call: InProcess, scratch: Path, tmp_path: Path) -> None:
+    """Code in the sandbox made /scratch/in a symlink out: the upload is refused, nothing lands outside."""
+    out = tmp_path / "outside"
+    out.mkdir()
+    (scratch / "in").symlink_to(out)
+    res = send(call, [info("a", data=b"x")])
+    assert not res.ok and "cannot use /scratch/in as the target directory" in res.error["message"]
+    assert list(out.iterdir()) == [] and sorted(os.listdir(scratch)) == ["in"]
+
+
+def test_sandbox_symlink_inside_target_not_merged_through(call: InProcess, scratch: Path, tmp_path: Path) -> None:
+    out = tmp_path / "outside"
+    out.mkdir()
+    (scratch / "in").mkdir()
+    (scratch / "in" / "d").symlink_to(out)
+    res = send(call, [info("d/a", data=b"x")])
+    assert not res.ok and "exists as a file or symlink" in res.error["message"]
+    assert list(out.iterdir()) == []
+
+
+def test_workspace_refused(call: InProcess, scratch: Path) -> None:
+    res = call({"path": "/workspace/in"})
+    assert not res.ok and "/workspace is read-only" in res.error["message"]
+    assert everything(scratch) == []
+
+
+def test_chunk_hash_mismatch_refused(call: InProcess, scratch: Path) -> None:
+    sid = call({"path": "in"}).result["stream"]
+    res = call({"stream": sid, "data": base64.b64encode(b"abc").decode(), "sha256": "0" * 64, "done": True})
+    assert not res.ok and "sha256" in res.error["message"] and everything(scratch) == []
+
+
+def test_scratch_full_is_clear_and_cleans_up(call: InProcess, scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC while spooling: a clear error naming limits.scratch, and the spool file removed."""
+    from toolcage.worker.tools import upload as tool
+
+    real = os.write
+
+    def full(fd: int, data: Any) -> int:
+        if len(data) > 100:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(tool.os, "write", full)
+    res = send(call, [info("big", data=b"x" * 5000)], chunk=1 << 20)
+    assert not res.ok and "/scratch is full" in res.error["message"] and "limits.scratch" in res.error["message"]
+    assert res.error["data"] == {"reason": "scratch_full"} and everything(scratch) == []
+
+
+def test_scratch_full_while_extracting_removes_staging(
+    call: InProcess, scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolcage.worker.tools import upload as tool
+
+    def full(self: Any, tf: Any, m: Any, pfd: int, name: str) -> None:
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=pfd))  # a partial file in staging
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tool.Extractor, "write", full)
+    res = send(call, [info("a", data=b"x")])
+    assert not res.ok and "/scratch is full" in res.error["message"] and everything(scratch) == []
+
+
+def test_abort_drops_the_spool(call: InProcess, scratch: Path) -> None:
+    sid = call({"path": "in"}).result["stream"]
+    call({"stream": sid, "data": base64.b64encode(b"abc").decode(), "sha256": hashlib.sha256(b"abc").hexdigest()})
+    assert call({"stream": sid, "abort": True}).ok and everything(scratch) == []
+
+
+# the host half
+
+
+def test_host_round_trip_and_bounded_chunks(call: InProcess, scratch: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    big = os.urandom(9 << 20)
+    (src / "sub" / "big.bin").write_bytes(big)
+    (src / "t.txt").write_text("text\n")
+    (src / "run.sh").write_bytes(b"#!/bin/sh\n")
+    (src / "run.sh").chmod(0o755)
+    (src / "link").symlink_to("t.txt")
+    (src / "out").symlink_to("/etc")  # sent as a link, never followed
+    got = host.upload(call, src, "/scratch/in")
+    assert (got.files, got.dirs, got.symlinks, got.bytes) == (3, 1, 2, len(big) + 15)
+    assert (scratch / "in" / "sub" / "big.bin").read_bytes() == big
+    assert stat.S_IMODE((scratch / "in" / "run.sh").stat().st_mode) == 0o755
+    assert os.readlink(scratch / "in" / "out") == "/etc" and not (scratch / "in" / "passwd").exists()
+    assert max(call.sizes) <= host.CHUNK and len(call.sizes) >= 9
+
+
+def test_host_single_file_goes_by_its_name(call: InProcess, scratch: Path, tmp_path: Path) -> None:
+    (tmp_path / "one.csv").write_text("1,2\n")
+    host.upload(call, tmp_path / "one.csv", "data")
+    assert (scratch / "data" / "one.csv").read_text() == "1,2\n"
+
+
+def test_host_missing_path_is_usage(call: InProcess, scratch: Path, tmp_path: Path) -> None:
+    with pytest.raises(UploadUsage, match="No such file") as exc:
+        host.upload(call, tmp_path / "nope", "/scratch/in")
+    assert exc.value.exit_code == 2 and everything(scratch) == []
+
+
+def test_host_special_file_refused_before_sending(call: InProcess, scratch: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_text("x")
+    os.mkfifo(src / "pipe")
+    with pytest.raises(UploadUsage, match="is a FIFO"):
+        host.upload(call, src, "/scratch/in")
+    assert call.sizes == [] and everything(scratch) == []
+
+
+def test_host_workspace_is_usage(call: InProcess, tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UploadUsage, match="/workspace is read-only"):
+        host.upload(call, tmp_path / "f", "/workspace/in")
+
+
+def test_host_refusal_is_upload_error(scratch: Path, tmp_path: Path) -> None:
+    def worker(params: dict[str, Any]) -> CallResult:
+        if "path" in params:
+            return CallResult("ok", "upload", "run", result={"stream": "s"})
+        return CallResult("error", "upload", "run", error={"code": -32000, "message": "upload refused: 'x'"})
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UploadError, match="upload refused") as exc:
+        host.upload(worker, tmp_path / "f", "in")
+    assert exc.value.exit_code == 3
