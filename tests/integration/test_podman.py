@@ -1,4 +1,5 @@
-"""Podman's Docker-compatible service as the engine (issue 12): the same sandbox, its knobs translated.
+"""Podman's Docker-compatible service as the engine (issue 12): the same sandbox, its knobs translated;
+files in and out through it (issue 24: upload and download byte-exact, modes kept).
 
 Needs a Podman service (`podman system service`, rootful here) at $TOOLCAGE_TEST_PODMAN_SOCKET
 (default /run/podman/podman.sock) with the worker image loaded into its storage; `.ci/start-podman`
@@ -7,9 +8,12 @@ does both. Without it these tests skip, saying so, unless TOOLCAGE_REQUIRE_PODMA
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +22,8 @@ from toolcage import DEFAULT_IMAGE, Sandbox, wait_removed
 from toolcage.ops.views import inspect_findings
 
 SOCKET = os.environ.get("TOOLCAGE_TEST_PODMAN_SOCKET", "/run/podman/podman.sock")
-IMAGE = f"localhost/{DEFAULT_IMAGE}"
+TAG = os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)  # the image .ci/start-podman loads
+IMAGE = f"localhost/{TAG}"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +39,7 @@ def podman() -> Iterator[Any]:
         try:
             eng = Engine(base_url=f"unix://{SOCKET}")
             if eng.image(IMAGE) is None:
-                reason = f"{IMAGE} is not in Podman's storage (docker save {DEFAULT_IMAGE} | podman load)"
+                reason = f"{IMAGE} is not in Podman's storage (docker save {TAG} | podman load)"
         except ToolcageError as exc:
             reason = f"the Podman service does not answer: {exc.message}"
     if reason is not None:
@@ -73,3 +78,74 @@ def test_a_sandbox_through_podman_has_the_same_walls(podman: Any) -> None:
         assert inspect_findings(info) == [], inspect_findings(info)
     wait_removed(60)
     assert [c for c in podman.containers("toolcage.run_id") if c["Labels"].get("toolcage.tool") == "podman-check"] == []
+
+
+def _tree(root: Path) -> dict[str, tuple[int, str]]:
+    """A local tree of text, binary and a symlink with chosen modes: {relative path: (mode, sha256)}."""
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / "a.txt").write_text("hello\nvia podman\n")
+    (root / "sub" / "b.bin").write_bytes(os.urandom(70000) + bytes(range(256)))
+    (root / "sub" / "deeper" / "c").write_bytes(b"\x00\xff\r\n")
+    (root / "a.txt").chmod(0o755)
+    (root / "sub" / "b.bin").chmod(0o600)
+    (root / "sub" / "deeper" / "c").chmod(0o444)
+    (root / "sub").chmod(0o750)
+    (root / "link").symlink_to("a.txt")
+    return _seen(root)
+
+
+def _seen(root: Path) -> dict[str, tuple[int, str]]:
+    """Every file and directory under root (symlinks not followed): its mode and its content's sha256."""
+    out: dict[str, tuple[int, str]] = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            out[str(p.relative_to(root))] = (-1, os.readlink(p))
+        elif stat.S_ISDIR(st.st_mode):
+            out[str(p.relative_to(root))] = (stat.S_IMODE(st.st_mode), "dir")
+        else:
+            out[str(p.relative_to(root))] = (stat.S_IMODE(st.st_mode), hashlib.sha256(p.read_bytes()).hexdigest())
+    return out
+
+
+LOOK_IN = (
+    "cd in && stat -c '%a %n' a.txt sub sub/b.bin sub/deeper/c"
+    " && sha256sum a.txt sub/b.bin sub/deeper/c && readlink link"
+)
+MAKE_OUT = (
+    "mkdir -p out/d && printf 'made inside\\n' > out/t.txt && head -c 50000 /dev/urandom > out/d/r.bin"
+    " && chmod 640 out/t.txt && chmod 700 out/d/r.bin && chmod 711 out/d && sha256sum out/t.txt out/d/r.bin"
+)
+
+
+def test_files_in_and_out_through_podman(podman: Any, tmp_path: Path) -> None:
+    """Through Podman: a local tree (text, binary, modes, a symlink) uploaded arrives byte-exact with its
+    modes (seen from inside), downloads back equal to what was sent, and a tree made inside comes out
+    byte-exact with its modes; nothing is left behind."""
+    sent = _tree(tmp_path / "src")
+    with Sandbox(image=IMAGE, engine=podman, tool="podman-files", audit=False) as sb:
+        got = sb.upload(tmp_path / "src", "/scratch/in")
+        assert (got.remote_dir, got.files, got.dirs, got.symlinks) == ("/scratch/in", 3, 2, 1)
+        assert got.bytes == sum((tmp_path / "src" / f).stat().st_size for f in ("a.txt", "sub/b.bin", "sub/deeper/c"))
+        r = sb.call("run_shell", {"command": LOOK_IN})
+        assert r.ok and r.result["exit_code"] == 0, r.result
+        inside = r.result["stdout"].split()
+        assert inside[:8] == ["755", "a.txt", "750", "sub", "600", "sub/b.bin", "444", "sub/deeper/c"]
+        assert inside[8:14] == [sent["a.txt"][1], "a.txt", sent["sub/b.bin"][1], "sub/b.bin",
+                                sent["sub/deeper/c"][1], "sub/deeper/c"]  # fmt: skip
+        assert inside[14:] == ["a.txt"]
+        back = sb.download("/scratch/in", tmp_path / "back")
+        assert (back.files, back.dirs, back.symlinks, back.skipped) == (3, 2, 1, [])
+
+        made = sb.call("run_shell", {"command": MAKE_OUT})
+        assert made.ok and made.result["exit_code"] == 0, made.result
+        t_sum, r_sum = made.result["stdout"].split()[::2]
+        out = sb.download("/scratch/out", tmp_path / "out")
+        one = sb.download("/scratch/out/d/r.bin", tmp_path / "one")
+    assert _seen(tmp_path / "back") == sent
+    assert (out.files, out.dirs, out.skipped, one.files) == (2, 1, [], 1)
+    assert _seen(tmp_path / "out") == {"t.txt": (0o640, t_sum), "d": (0o711, "dir"), "d/r.bin": (0o700, r_sum)}
+    assert (tmp_path / "out/t.txt").read_text() == "made inside\n"
+    assert _seen(tmp_path / "one") == {"r.bin": (0o700, r_sum)}
+    wait_removed(60)
+    assert [c for c in podman.containers("toolcage.run_id") if c["Labels"].get("toolcage.tool") == "podman-files"] == []
