@@ -29,6 +29,7 @@ ENV_CA_FILE = "TOOLCAGE_CA_FILE"  # the same, as a file
 ENV_POOLED = "TOOLCAGE_POOLED"  # "1": a pool's pre-started slot
 ENV_TOOL_NAMESPACES = "TOOLCAGE_TOOL_NAMESPACES"  # gVisor: the tool's namespaces are made by the worker
 ENV_TOOL_MODULES = "TOOLCAGE_TOOL_MODULES"  # extra tool modules to load
+ENV_WORKSPACE_COPY = "TOOLCAGE_WORKSPACE_COPY"  # "1": /workspace is the run's writable copy (workspace_mode copy)
 # Inside the sandbox, set by the worker for its own children.
 ENV_PROXY = "TOOLCAGE_PROXY"  # host:port of the in-sandbox relay to the egress proxy
 ENV_HANDLER_FD = "TOOLCAGE_HANDLER_FD"  # a connector handler's private protocol fd
@@ -45,7 +46,7 @@ ENV_BASE_IMAGE = "TOOLCAGE_BASE_IMAGE"  # image build: the base image
 ENV_DEBIAN_MIRROR = "TOOLCAGE_DEBIAN_MIRROR"  # image build: the Debian mirror
 
 # -- in-sandbox paths --------------------------------------------------------------------------
-WORKSPACE = "/workspace"  # the read-only project directory, in every mode
+WORKSPACE = "/workspace"  # the project directory: read-only, or the run's writable copy (workspace_mode copy)
 SCRATCH = "/scratch"  # the writable directory, the children's working directory
 PROXY_DIR = "/run/toolcage"  # the proxy socket's volume
 PROXY_SOCKET = f"{PROXY_DIR}/proxy.sock"
@@ -124,6 +125,7 @@ __all__ = [
     "ENV_TOOL_NAMESPACES",
     "ENV_WATCH_RUNNER",
     "ENV_WORKSPACE",
+    "ENV_WORKSPACE_COPY",
     "ENV_ZYGOTE",
     "EXIT_CONFIG",
     "EXIT_DEADLINE",

@@ -36,6 +36,9 @@ class Limits:
     pids: Annotated[int, Ge(8), Le(32768)] = 64
     nofile: Annotated[int, Ge(16), Le(65536)] = 256
     scratch: Annotated[int, SIZE, Ge(1 * MiB), Le(16 * GiB)] = 64 * MiB
+    # the writable copy of the workspace (workspace_mode copy): a tmpfs of this size at /workspace. Like
+    # scratch, its pages count against ``memory``: the copy and what the code writes there share it.
+    workspace_copy: Annotated[int, SIZE, Ge(1 * MiB), Le(16 * GiB)] = 256 * MiB
     output_cap: Annotated[int, SIZE, Ge(1024), Le(256 * MiB)] = 1 * MiB
     # calls that run code (run_python, run_shell, connectors) in flight at once on one sandbox; they
     # share its memory, CPU and pids limits. More wait, in order, for one to end.

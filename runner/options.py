@@ -31,7 +31,9 @@ def _default_image() -> str:
     return f"toolcage-worker:{__version__}"
 
 
-DEFAULT_IMAGE = _default_image()  # the image this version builds (`toolcage image build`)
+DEFAULT_IMAGE = _default_image()
+# "ro": the workspace is mounted read-only at /workspace (the default); "copy": /workspace is a writable copy
+WORKSPACE_MODES = ("ro", "copy")  # the image this version builds (`toolcage image build`)
 
 
 def worker_image(image: str | None = None) -> str:
@@ -94,6 +96,11 @@ class RunOptions:
     audit: Audit | None = None
     keep: bool = False
     engine: EngineAPI | None = None
+    # workspace_mode copy: /workspace is a writable copy of ``workspace`` (a tmpfs of limits.workspace_copy,
+    # filled by the runner at start; the host's directory is never mounted); ``workspace_gitignore``: the
+    # copy leaves out what the workspace's .gitignore files ignore, and .git
+    workspace_copy: bool = False
+    workspace_gitignore: bool = False
 
     @classmethod
     def resolve(
@@ -112,6 +119,8 @@ class RunOptions:
         ca_file: str | os.PathLike[str] | None = None,
         audit: Any = None,
         keep: bool = False,
+        workspace_mode: str = "ro",
+        workspace_gitignore: bool = False,
     ) -> RunOptions:
         """Check and resolve every option before anything starts (UsageError/PolicyError with the fix)."""
         from toolcage import connectors
@@ -119,6 +128,10 @@ class RunOptions:
         from toolcage.workspace import validate_workspace
 
         pol = resolve_policy(policy, run_timeout)
+        if workspace_mode not in WORKSPACE_MODES:
+            raise UsageError(f"workspace_mode must be one of {', '.join(WORKSPACE_MODES)}, not {workspace_mode!r}")
+        if workspace_gitignore and workspace_mode != "copy":
+            raise UsageError("workspace_gitignore applies to a workspace copy: give workspace_mode='copy' too")
         return cls(
             policy=pol,
             # auto: the strongest the engine has; a policy's isolation minimum is checked here
@@ -134,6 +147,8 @@ class RunOptions:
             audit=resolve_audit(audit),
             keep=keep,
             engine=engine,
+            workspace_copy=workspace_mode == "copy",
+            workspace_gitignore=workspace_gitignore,
         )
 
     def backend_options(self) -> dict[str, Any]:
@@ -155,13 +170,23 @@ class RunOptions:
             "policy": self.policy.name,
             "policy_sha256": self.policy.sha256(),
             "workspace": str(self.workspace) if self.workspace else None,
+            "workspace_mode": self.workspace_mode,
         }
+
+    @property
+    def workspace_mode(self) -> str:
+        return "copy" if self.workspace_copy else "ro"
 
     def warn_unreadable_workspace(self, log: Any, sandbox_user: bool) -> None:
         """A workspace the sandbox user cannot read is mounted all the same: say so once, with the fix."""
         from toolcage.workspace import readable_by_sandbox
 
-        if self.workspace is not None and sandbox_user and not readable_by_sandbox(self.workspace):
+        if (
+            self.workspace is not None
+            and sandbox_user
+            and not self.workspace_copy
+            and not readable_by_sandbox(self.workspace)
+        ):
             log.warning(
                 "workspace.unreadable",
                 workspace=str(self.workspace),

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from toolcage import connectors, timing
 from toolcage.backends import Backend, in_container
@@ -42,7 +42,9 @@ from toolcage.run import AdoptedBackend, Run
 from toolcage.run import interrupted_error as interrupted_error  # re-exported (mcp serve)
 
 if TYPE_CHECKING:
+    from toolcage.changes import Changes
     from toolcage.pool import Pool, _Slot
+    from toolcage.snapshot import SnapshotInfo
     from toolcage.transfer import DownloadResult
     from toolcage.upload import UploadResult
 
@@ -89,21 +91,39 @@ class Sandbox:
         tools: Iterable[str | os.PathLike[str]] = (),
         secrets: Mapping[str, str] | None = None,
         pool: Pool | None = None,
+        workspace_mode: str = "ro",
+        workspace_gitignore: bool = False,
+        resume: str | os.PathLike[str] | IO[bytes] | None = None,
+        snapshot_key: bytes | None = None,
     ) -> None:
         # pool: start() adopts one of its pre-started sandboxes, made for the pool's policy, workspace,
         # tools and image (toolcage.pool); this run brings its secrets, and its deadline starts at adoption
         self._pool = pool
+        self._resume = None
+        if resume is not None and pool is None:  # checked before anything starts: a tampered one never runs
+            from toolcage import snapshot
+
+            self._resume = snapshot.verify(resume, snapshot_key)
+            if self._resume.workspace:  # a snapshot with a workspace copy resumes into one
+                workspace_mode = "copy"
         if pool is not None:
             if keep or run_timeout is not None or workspace is not None or tools or image is not None:
                 raise UsageError("a pooled sandbox takes its policy, workspace, tools, image and timeout from its pool")
+            if workspace_mode != "ro" or resume is not None:
+                raise UsageError(
+                    "a pooled sandbox has no workspace copy and cannot resume a snapshot: use Sandbox(...)"
+                )
             opts = pool.options if audit is None else dataclasses.replace(pool.options, audit=resolve_audit(audit))
         else:
             opts = RunOptions.resolve(
                 policy, tool=tool, sandbox=sandbox, image=image, workspace=workspace, tools=tools,
                 run_timeout=run_timeout, engine=engine, egress_network=egress_network, egress_proxy=egress_proxy,
-                ca_file=ca_file, audit=audit, keep=keep,
+                ca_file=ca_file, audit=audit, keep=keep, workspace_gitignore=workspace_gitignore,
+                workspace_mode=workspace_mode,
             )  # fmt: skip
         self.options = opts
+        self._snapshot_key = snapshot_key
+        self._prior_changes: list[str] = list(self._resume.changed) if self._resume is not None else []
         self.policy, self.kind, self.image, self.tool = opts.policy, opts.kind, opts.image, opts.tool
         self.workspace, self.tool_sources, self.keep, self.audit = opts.workspace, opts.tool_sources, keep, opts.audit
         # the run's secrets, checked against the policy before anything starts
@@ -180,13 +200,35 @@ class Sandbox:
         session = self._session
         self._watchdog = self._run.watch(session)
         self.log.info("run.started", container_id=self.container_id, **started)
-        if self.tool_sources or self._secrets:
-            try:
+        try:
+            if self.tool_sources or self._secrets:
                 self._configure()
-            except BaseException:
-                self.close()
-                raise
+            self._fill()
+        except BaseException:
+            self.close()
+            raise
         return self
+
+    def _fill(self) -> None:
+        """A resumed run's files (its snapshot's scratch, and its workspace copy), or the workspace copy."""
+        from toolcage import upload
+
+        def call(params: dict[str, Any]) -> CallResult:
+            return self.call("upload", params)
+
+        if self._resume is not None:
+            try:
+                if self.options.workspace_copy:
+                    upload.send(call, self._resume.tar_of("workspace"), contract.WORKSPACE, base=True)
+                upload.send(call, self._resume.tar_of("scratch"), contract.SCRATCH)
+            finally:
+                self._resume.close()
+            self.log.info("run.resumed", entries=len(self._resume.manifest.get("entries") or ()))
+        elif self.options.workspace_copy and self.workspace is not None:
+            got = upload.upload(
+                call, self.workspace, contract.WORKSPACE, gitignore=self.options.workspace_gitignore, base=True
+            )
+            self.log.info("workspace.copied", files=got.files, bytes=got.bytes)
 
     def _claim_start(self) -> None:
         """The one start of this run (AsyncSandbox.start claims it too, before it awaits a slot)."""
@@ -414,6 +456,51 @@ class Sandbox:
         from toolcage import upload
 
         return upload.upload(lambda params: self.call("upload", params), local_path, remote_dir)
+
+    def changes(self, *, download_to: str | os.PathLike[str] | None = None, max_bytes: int | None = None) -> Changes:
+        """What the run changed in its writable workspace copy, against the host's workspace: ``added``,
+        ``changed`` and ``removed`` paths and a ``diff`` that ``git apply`` takes in that directory (binary
+        files included); ``download_to``: also write the added and changed files there (toolcage.changes)."""
+        from toolcage import changes
+
+        if not self.options.workspace_copy:
+            raise changes.ChangesUsage(
+                "this run's workspace is read-only, so nothing in it changed: start it with workspace_mode='copy'"
+            )
+        return changes.collect(
+            self.call, self.workspace, gitignore=self.options.workspace_gitignore, prior=self._prior_changes,
+            download_to=download_to, max_bytes=changes.DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+        )  # fmt: skip
+
+    def snapshot(self, target: str | os.PathLike[str] | IO[bytes]) -> SnapshotInfo:
+        """Write what the session holds (/scratch, and the workspace copy) to ``target``, a path or a binary
+        stream, as a tar with a manifest, each file's sha256 and an HMAC under this host's key; resume it with
+        ``Sandbox(resume=target)``, always in a fresh sandbox (toolcage.snapshot)."""
+        from toolcage import __version__, snapshot
+
+        prior = list(self._prior_changes)
+        if self.options.workspace_copy and self.workspace is not None:
+            hints = self.call("workspace_changes", {"gitignore": self.options.workspace_gitignore})
+            if hints.ok and isinstance(hints.result, dict):
+                from toolcage.changes import _unwire
+
+                for raw in (hints.result.get("changed") or []) + (hints.result.get("removed") or []):
+                    rel = _unwire(raw) if isinstance(raw, str) else None
+                    if rel is not None and rel not in prior:
+                        prior.append(rel)
+        meta = {
+            "toolcage": __version__,
+            "run_id": self.run_id,
+            "policy": self.policy.name,
+            "workspace_from": str(self.workspace) if self.workspace is not None else None,
+            "workspace_gitignore": self.options.workspace_gitignore,
+            "changed": sorted(prior),
+        }
+        secret_values = list(self._secrets.wire().values()) if self._secrets else []
+        return snapshot.write(
+            self.call, target, workspace=self.options.workspace_copy, meta=meta,
+            secret_values=secret_values, key=self._snapshot_key,
+        )  # fmt: skip
 
     def usage(self) -> dict[str, Any]:
         """CPU time and peak memory of the whole sandbox so far (from its cgroup)."""

@@ -18,8 +18,8 @@ import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from toolcage import safetar
 from toolcage.policies import codes
@@ -54,8 +54,8 @@ def _answer(res: CallResult, first: bool) -> dict[str, Any]:
 class _Chunks(io.RawIOBase):
     """The worker's stream as a file: one chunk held at a time, every answer checked."""
 
-    def __init__(self, call: Call, remote: str, raw_cap: int, result: DownloadResult) -> None:
-        self._call, self._remote, self._cap, self._result = call, remote, raw_cap, result
+    def __init__(self, call: Call, first: dict[str, Any], raw_cap: int, result: DownloadResult) -> None:
+        self._call, self._first, self._cap, self._result = call, first, raw_cap, result
         self._buf = memoryview(b"")
         self._stream: str | None = None
         self._done = False
@@ -75,7 +75,7 @@ class _Chunks(io.RawIOBase):
 
     def _next(self) -> bytes:
         first = self._stream is None
-        ans = _answer(self._call({"path": self._remote} if first else {"stream": self._stream}), first)
+        ans = _answer(self._call(self._first if first else {"stream": self._stream}), first)
         try:
             data = base64.b64decode(ans["data"], validate=True)
             ok = hashlib.sha256(data).hexdigest() == ans["sha256"] and isinstance(ans["done"], bool)
@@ -102,6 +102,70 @@ class _Chunks(io.RawIOBase):
         return data
 
 
+def _raw_cap(max_bytes: int, max_files: int) -> int:
+    """The most tar a stream within the caps can be: the content, a PAX header and padding per entry."""
+    return max_bytes + (max_files + 2) * 4 * tarfile.BLOCKSIZE + (4 << 20)
+
+
+def members(
+    call: Call, first: dict[str, Any], *, max_bytes: int, max_files: int, result: DownloadResult
+) -> Iterator[tuple[str, tarfile.TarInfo, IO[bytes]]]:
+    """The worker's tar stream (``first``: the opening call's params) as ``(name, entry, content)``, entry
+    by entry, never written to disk: a name is normalised and refused if it is absolute, climbs with
+    ``..`` or is too long; only files, directories and symlinks are taken. ``content`` reads a file's
+    bytes (read it before the next entry; a short read means a broken stream). For the host's own
+    archives and diffs."""
+    chunks = _Chunks(call, first, _raw_cap(max_bytes, max_files), result)
+    reader = io.BufferedReader(chunks, 1 << 20)
+    entries = total = 0
+    seen: set[str] = set()
+    try:
+        with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="surrogateescape") as tf:
+            while (m := tf.next()) is not None:
+                cast(Any, tf).members.clear()
+                entries += 1
+                if entries > max_files:
+                    raise DownloadLimit(f"stopped: more than {max_files} entries (max_files)")
+                name = safe_name(m.name)
+                if name is None or name in seen:
+                    raise DownloadError(
+                        f"refused: the entry '{show(m.name)}' is absolute, climbs with '..', "
+                        "is too long or comes twice; nothing was kept"
+                    )
+                seen.add(name)
+                if m.sparse is not None or not (m.isreg() or m.isdir() or m.issym()):
+                    raise DownloadError(f"refused: '{show(m.name)}' is not a file, directory or symlink")
+                src: IO[bytes] = io.BytesIO()
+                if m.isreg():
+                    total += m.size
+                    if total > max_bytes:
+                        raise DownloadLimit(f"stopped: more than {max_bytes} bytes of files (max_bytes)")
+                    got = tf.extractfile(m)
+                    assert got is not None
+                    src = got
+                yield name, m, src
+    except (tarfile.TarError, RecursionError, EOFError, UnicodeError, OverflowError, ValueError) as exc:
+        raise DownloadError(
+            f"the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
+        ) from None
+
+
+def safe_name(name: str) -> str | None:
+    """``name`` as a relative path of plain components, or None (absolute, ``..``, NUL, too long, empty)."""
+    if name.startswith("/") or "\x00" in name:
+        return None
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        return None
+    try:
+        raw = os.fsencode(name)
+    except UnicodeError:
+        return None
+    if len(raw) > 4096 or any(len(os.fsencode(p)) > 255 for p in parts):
+        return None
+    return "/".join(parts)
+
+
 def download(
     call: Call,
     remote: str,
@@ -123,7 +187,7 @@ def download(
     try:
         ex = safetar.Extractor(staging, local, max_bytes, max_files, result)
         try:
-            chunks = _Chunks(call, remote, max_bytes + (max_files + 2) * 4 * tarfile.BLOCKSIZE + (4 << 20), result)
+            chunks = _Chunks(call, {"path": remote}, _raw_cap(max_bytes, max_files), result)
             reader = io.BufferedReader(chunks, 1 << 20)
             try:
                 with tarfile.open(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolcage.errors import SandboxError, UsageError
 from toolcage.policies import codes
+from toolcage.policies.gitignore import Rules, ignored
 from toolcage.textsafe import escape
 
 if TYPE_CHECKING:
@@ -74,17 +75,44 @@ def _refuse(path: str, kind: str) -> UploadUsage:
     return UploadUsage(f"upload: '{_show(path)}' is {kind}; an upload takes files, directories and symlinks")
 
 
-def _entries(local: str) -> Iterator[tuple[str, str]]:
-    """(path on disk, name in the tar) for each entry, never following a symlink."""
+def _entries(local: str, gitignore: bool = False) -> Iterator[tuple[str, str]]:
+    """(path on disk, name in the tar) for each entry, never following a symlink; ``gitignore``: without
+    what the tree's .gitignore files ignore (an ignored directory is not entered), nor ``.git``."""
     st = os.lstat(local)
     if not stat.S_ISDIR(st.st_mode):
         yield local, os.path.basename(local)
         return
+    stacks: dict[str, tuple[Rules, ...]] = {"": ()}
     for dirpath, dirnames, filenames in os.walk(local):  # followlinks=False: a link to a directory is a link
+        rel = os.path.relpath(dirpath, local)
+        rel = "" if rel == "." else rel
+        if gitignore:
+            prefix = f"{rel}/" if rel else ""
+            stack = _own_rules(stacks.pop(rel, ()), dirpath, rel)
+            keep = [d for d in dirnames if d != ".git" and not (stack and ignored(stack, prefix + d, True))]
+            dirnames[:] = keep
+            for d in keep:
+                stacks[prefix + d] = stack
+            filenames = [f for f in filenames if f != ".git" and not (stack and ignored(stack, prefix + f, False))]
         dirnames.sort()
         for base in sorted(dirnames + filenames):
             path = os.path.join(dirpath, base)
             yield path, os.path.relpath(path, local)
+
+
+def _own_rules(stack: tuple[Rules, ...], dirpath: str, rel: str) -> tuple[Rules, ...]:
+    """``stack`` with the directory's own .gitignore (a regular file, not followed) after it."""
+    try:
+        fd = os.open(os.path.join(dirpath, ".gitignore"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return stack
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return stack
+        data = os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    return (*stack, Rules(data.decode("utf-8", errors="surrogateescape").split("\n"), rel))
 
 
 def _header(name: str, kind: bytes, st: os.stat_result, size: int = 0, linkname: str = "") -> bytes:
@@ -99,8 +127,8 @@ def _header(name: str, kind: bytes, st: os.stat_result, size: int = 0, linkname:
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
-def _tar(local: str) -> Iterator[bytes]:
-    for path, name in _entries(local):
+def _tar(local: str, gitignore: bool) -> Iterator[bytes]:
+    for path, name in _entries(local, gitignore):
         st = os.lstat(path)
         if stat.S_ISDIR(st.st_mode):
             yield _header(name, tarfile.DIRTYPE, st)
@@ -129,10 +157,10 @@ def _tar(local: str) -> Iterator[bytes]:
     yield bytes(2 * tarfile.BLOCKSIZE)
 
 
-def _chunks(local: str) -> Iterator[bytes]:
+def _chunks(pieces: Iterator[bytes]) -> Iterator[bytes]:
     """The tar in pieces of at most CHUNK bytes (one held at a time, plus the piece being cut)."""
     buf = bytearray()
-    for piece in _tar(local):
+    for piece in pieces:
         buf += piece
         while len(buf) >= CHUNK:
             yield bytes(buf[:CHUNK])
@@ -152,8 +180,12 @@ def _answer(res: CallResult, first: bool) -> dict[str, Any]:
     raise UploadError(f"upload failed ({res.status}): {msg}")
 
 
-def upload(call: Call, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
-    """Send ``local_path`` (a file or directory) into ``remote_dir`` in the sandbox (module doc)."""
+def upload(
+    call: Call, local_path: str | os.PathLike[str], remote_dir: str, *, gitignore: bool = False, base: bool = False
+) -> UploadResult:
+    """Send ``local_path`` (a file or directory) into ``remote_dir`` in the sandbox (module doc).
+    ``gitignore``: leave out what the tree's .gitignore files ignore, and .git; ``base``: this is the
+    run's workspace copy (into /workspace, whose changes the worker then tracks)."""
     local = os.path.abspath(os.fspath(local_path))
     try:
         st = os.lstat(local)
@@ -161,13 +193,19 @@ def upload(call: Call, local_path: str | os.PathLike[str], remote_dir: str) -> U
         raise UploadUsage(f"upload: cannot read '{_show(local)}': {exc.strerror}") from None
     if stat.S_ISLNK(st.st_mode):
         raise UploadUsage(f"upload: '{_show(local)}' is a symlink; upload what it points to, or its directory")
-    for path, _ in _entries(local):  # before anything is sent: a special file is the caller's mistake
+    for path, _ in _entries(local, gitignore):  # before anything is sent: a special file is the caller's mistake
         kind = _kind(os.lstat(path).st_mode)
         if kind is not None:
             raise _refuse(path, kind)
-    ans = _answer(call({"path": remote_dir}), True)
+    return send(call, _tar(local, gitignore), remote_dir, base=base, shown=local)
+
+
+def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = False, shown: str = "") -> UploadResult:
+    """Send the tar ``tar`` yields into ``remote_dir``, in chunks (an OSError or UploadUsage while it is
+    made aborts the stream: the worker keeps nothing)."""
+    ans = _answer(call({"path": remote_dir, **({"base": True} if base else {})}), True)
     stream = str(ans.get("stream", ""))
-    chunks = _chunks(local)
+    chunks = _chunks(tar)
     try:
         data = next(chunks)
         while True:
@@ -183,9 +221,9 @@ def upload(call: Call, local_path: str | os.PathLike[str], remote_dir: str) -> U
                 break
             data = nxt
     except OSError as exc:  # the local tree changed under the walk
-        call({"stream": stream, "abort": True})  # the worker drops what it spooled
-        raise UploadUsage(f"upload: reading '{_show(local)}' failed: {exc.strerror}; nothing was kept") from None
-    except UploadUsage:
+        call({"stream": stream, "abort": True})  # the worker drops what it extracted
+        raise UploadUsage(f"upload: reading '{_show(shown)}' failed: {exc.strerror}; nothing was kept") from None
+    except (UploadUsage, UsageError):
         call({"stream": stream, "abort": True})
         raise
     return UploadResult(
@@ -194,4 +232,4 @@ def upload(call: Call, local_path: str | os.PathLike[str], remote_dir: str) -> U
     )
 
 
-__all__ = ["UploadError", "UploadResult", "UploadUsage", "upload"]
+__all__ = ["UploadError", "UploadResult", "UploadUsage", "send", "upload"]

@@ -18,7 +18,7 @@ from toolcage.policies import contract
 if TYPE_CHECKING:
     from toolcage.policies import Policy
 
-WORKSPACE = contract.WORKSPACE  # the name of the read-only project directory, in every mode
+WORKSPACE = contract.WORKSPACE  # the name of the project directory (read-only, or the run's writable copy)
 SCRATCH = contract.SCRATCH  # the name of the writable directory, the children's working directory
 
 
@@ -61,6 +61,7 @@ class Settings:
         watch_runner: bool = False,
         proxy_socket: str | None = None,
         pooled: bool = False,
+        workspace_copy: bool = False,
     ) -> None:
         self._policy_json = policy_json
         self._policy: Policy | None = None
@@ -72,6 +73,20 @@ class Settings:
         self.watch_runner = watch_runner  # exit when the runner's end of the stream closes
         self.proxy_socket = proxy_socket  # network.mode proxy: the egress proxy's Unix socket
         self.pooled = pooled  # a warm pool's slot: ready what adoption needs while idle
+        # /workspace is the run's writable copy (workspace_mode copy): the file tools write there too
+        self.workspace_copy = workspace_copy and self.workspace is not None
+
+    @property
+    def writable_roots(self) -> tuple[str, ...]:
+        """The roots a tool may write under, by their names: /scratch, and /workspace when it is a copy."""
+        return (SCRATCH, WORKSPACE) if self.workspace_copy else (SCRATCH,)
+
+    def real_root(self, name: str) -> str:
+        """Where the root named ``name`` (/workspace or /scratch) is on this machine."""
+        if name == WORKSPACE:
+            assert self.workspace is not None
+            return self.workspace
+        return self.scratch
 
     @property
     def policy(self) -> Policy:
@@ -113,4 +128,5 @@ class Settings:
             watch_runner=os.environ.get(contract.ENV_WATCH_RUNNER) == "1",
             proxy_socket=os.environ.get(contract.ENV_PROXY_SOCKET) or None,
             pooled=os.environ.get(contract.ENV_POOLED) == "1",
+            workspace_copy=os.environ.get(contract.ENV_WORKSPACE_COPY) == "1",
         )

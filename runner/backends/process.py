@@ -57,6 +57,11 @@ class ProcessBackend:
         scratch = tempfile.mkdtemp(prefix=f"toolcage-{run.run_id}-scratch-")
         self._tmpdirs.append(scratch)
         workspace = self.workspace or ""  # "": no workspace (the worker says so instead of listing nothing)
+        copy = {}
+        if run.workspace_copy:  # a directory of its own, filled over the protocol (no size cap here)
+            workspace = tempfile.mkdtemp(prefix=f"toolcage-{run.run_id}-workspace-")
+            self._tmpdirs.append(workspace)
+            copy = {contract.ENV_WORKSPACE_COPY: "1"}
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
@@ -66,6 +71,7 @@ class ProcessBackend:
             contract.ENV_WORKSPACE: workspace,
             contract.ENV_SCRATCH: scratch,
             contract.ENV_WATCH_RUNNER: "1",
+            **copy,
             **({contract.ENV_CA_PEM: self.ca_pem} if self.ca_pem else {}),
         }
         transport = ProcessTransport(list(LOCAL_WORKER_ARGV), env, scratch, parser)

@@ -60,6 +60,9 @@ class RunSpec:
     owner: str  # host:pid of the runner
     owner_started: str  # the runner process's start time, so a reused pid is not the owner
     workspace: Path | None = None
+    # workspace_mode copy: /workspace is a tmpfs of limits.workspace_copy, filled by the runner over the
+    # protocol (nothing of the host is mounted; ``workspace`` is None then)
+    workspace_copy: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
     proxy_volume: str | None = None  # network.mode proxy: the volume holding the egress proxy's socket
     keep: bool = False  # --keep: the container stays after the run, and gc/the reaper leave it alone
@@ -171,6 +174,8 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
         contract.ENV_IN_CONTAINER: "1",
         contract.ENV_WATCH_RUNNER: "1",
     }
+    if run.workspace_copy:
+        reserved[contract.ENV_WORKSPACE_COPY] = "1"
     if runtime.tool_namespaces:
         # tool code starts in namespaces of its own, where gVisor's procfs and signals would let it
         # reach the worker (toolcage.worker.children.namespaces)
@@ -178,11 +183,19 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
     # Threat: extra_env carrying a looser policy (or no deadline) to the worker while the
     # labels and HostConfig say otherwise. The policy's own values always win.
     env = {**run.extra_env, **reserved}
+    tmpfs = {SCRATCH: f"rw,nosuid,nodev,size={lim.scratch},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700"}
+    if run.workspace_copy:
+        # Threat: the tool changing the caller's files. Nothing of the host is mounted: a tmpfs the runner
+        # fills over the protocol, size-capped by the kernel; exec (a repository's scripts run in place),
+        # never setuid or device nodes.
+        tmpfs[WORKSPACE] = (
+            f"rw,nosuid,nodev,exec,size={lim.workspace_copy},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755"
+        )
     host_config: dict[str, Any] = {
         "ReadonlyRootfs": True,  # tool code cannot alter the image (or plant files for later calls)
         "Mounts": mounts,
-        # The only writable place: size-capped, no device nodes, no setuid, owned by the sandbox user.
-        "Tmpfs": {SCRATCH: f"rw,nosuid,nodev,size={lim.scratch},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700"},
+        # The writable places: size-capped, no device nodes, no setuid, owned by the sandbox user.
+        "Tmpfs": tmpfs,
         "CapDrop": ["ALL"],  # no capabilities: no raw sockets, no chown, no ptrace, no mount
         # setuid binaries and file caps cannot raise privileges; toolcage's seccomp profile (Docker's
         # default minus ptrace, process_vm_*, io_uring, userfaultfd, bpf, keyrings, ...: toolcage.engine.seccomp)

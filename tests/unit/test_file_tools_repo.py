@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from toolcage.policies import validate_policy
+from toolcage.policies.gitignore import Rules, ignored
 from toolcage.worker.errors import BadParams
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Catalog
-from toolcage.worker.tools.gitignore import Rules, ignored
 
 GITIGNORES = {
     ".gitignore": "\n".join(

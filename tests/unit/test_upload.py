@@ -204,7 +204,7 @@ def test_sandbox_symlink_inside_target_not_merged_through(call: InProcess, scrat
 
 def test_workspace_refused(call: InProcess, scratch: Path) -> None:
     res = call({"path": "/workspace/in"})
-    assert not res.ok and "/workspace is read-only" in res.error["message"]
+    assert not res.ok and "in the workspace, which is read-only" in res.error["message"]
     assert everything(scratch) == []
 
 
@@ -296,7 +296,7 @@ def test_host_special_file_refused_before_sending(call: InProcess, scratch: Path
 
 def test_host_workspace_is_usage(call: InProcess, tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
-    with pytest.raises(UploadUsage, match="/workspace is read-only"):
+    with pytest.raises(UploadUsage, match="in the workspace, which is read-only"):
         host.upload(call, tmp_path / "f", "/workspace/in")
 
 

@@ -33,10 +33,12 @@ BUILTIN: dict[str, str] = {
     "read_file": "toolcage.worker.tools.files",
     "grep": "toolcage.worker.tools.files",
     "write_file": "toolcage.worker.tools.files",
+    "remove": "toolcage.worker.tools.files",
     "http_fetch": "toolcage.worker.tools.net",
     "exec": "toolcage.worker.tools.exec",
     "download": "toolcage.worker.tools.download",
     "upload": "toolcage.worker.tools.upload",
+    "workspace_changes": "toolcage.worker.tools.workspace",
 }
 
 

@@ -12,6 +12,7 @@ The host treats the stream as hostile anyway (toolcage.transfer).
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import itertools
 import os
@@ -24,12 +25,12 @@ from typing import Annotated, Any
 
 from annotated_types import Ge, Le, MaxLen
 
-from toolcage.worker.errors import ToolError
+from toolcage.worker.errors import BadParams, ToolError
 from toolcage.worker.settings import SCRATCH, Settings
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
 from toolcage.worker.tools.files import _READ, _walk
-from toolcage.worker.tools.paths import MAX_PATH, locate, opened, path_data
+from toolcage.worker.tools.paths import MAX_PATH, Located, locate, open_beneath, opened, path_data
 
 MAX_CHUNK = 4 << 20  # raw bytes per answer (base64 makes it 5.3 MiB; the runner's line limit is 16x the output cap)
 _PIECE = 1 << 20  # a file is read this much at a time
@@ -44,6 +45,11 @@ class DownloadParams:
     )
     stream: Annotated[str, MaxLen(64)] | None = doc("the stream id an earlier call answered: its next chunk", None)
     chunk_bytes: Annotated[int, Ge(1), Le(MAX_CHUNK)] = MAX_CHUNK
+    paths: Annotated[tuple[Annotated[str, MaxLen(MAX_PATH)], ...], MaxLen(100_000)] | None = doc(
+        "only these entries, relative to path (a directory), each by its own path in the tar (a directory "
+        "is sent as one, not its contents); one that is missing is named in skipped",
+        None,
+    )
 
 
 class _Stream:
@@ -143,12 +149,57 @@ def _tar(st: _Stream, fd: int, top: str) -> Iterator[bytes]:
     yield bytes(2 * tarfile.BLOCKSIZE)
 
 
-def _open(s: Settings, path: str) -> _Stream:
+def _some(st: _Stream, s: Settings, loc: Located, fd: int, paths: tuple[str, ...]) -> Iterator[bytes]:
+    """The tar of the entries ``paths`` (as the tools take paths) beneath the directory ``loc``, each
+    named by its path relative to it; a directory is sent as one entry, not its contents."""
+    top = "" if loc.rel == "." else loc.rel + "/"
+    for given in paths:
+        try:
+            one = locate(given, s.workspace, s.scratch)
+        except (ToolError, BadParams):
+            st.skip(given, "not a valid path")
+            continue
+        if one.name != loc.name or not one.rel.startswith(top) or one.rel == loc.rel:
+            st.skip(given, f"not beneath {loc.shown}")
+            continue
+        rel = one.rel[len(top) :]
+        parent, base = os.path.split(rel)
+        try:
+            dfd = open_beneath(fd, parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            st.skip(given, "missing" if exc.errno == errno.ENOENT else f"cannot open its directory: {exc.strerror}")
+            continue
+        try:
+            if _exists(dfd, base):
+                yield from _entry(st, rel, dfd, base)
+            else:
+                st.skip(given, "missing")
+        finally:
+            os.close(dfd)
+    yield bytes(2 * tarfile.BLOCKSIZE)
+
+
+def _exists(dfd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # _entry says why it cannot be read
+    return True
+
+
+def _open(s: Settings, path: str, paths: tuple[str, ...] | None = None) -> _Stream:
     loc = locate(path, s.workspace, s.scratch)
     holder: list[_Stream] = []
 
     def gen() -> Generator[bytes, None, None]:
         with opened(loc, _READ) as fd:
+            if paths is not None:
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    raise ToolError(f"paths needs a directory, and {loc.shown!r} is not one", path_data(loc))
+                yield from _some(holder[0], s, loc, fd, paths)
+                return
             yield from _tar(holder[0], fd, os.path.basename(loc.rel) if loc.rel != "." else loc.name.strip("/"))
 
     st = _Stream(gen())
@@ -170,7 +221,7 @@ def download(s: Settings, p: DownloadParams) -> dict[str, Any]:
     if (p.path is None) == (p.stream is None):
         raise ToolError("give either path (to open a stream) or stream (for its next chunk)", {})
     if p.path is not None:
-        st = _open(s, p.path)
+        st = _open(s, p.path, p.paths)
         sid = secrets.token_hex(8)
         with _lock:
             while len(_streams) >= _MAX_STREAMS:

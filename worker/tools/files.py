@@ -14,17 +14,18 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 import stat
 from collections.abc import Generator, Iterator
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Le, MaxLen, MinLen
 
+from toolcage.policies.gitignore import Rules, ignored, matches
 from toolcage.worker.errors import BadParams, NoSpace, PathEscape, ToolError
 from toolcage.worker.settings import SCRATCH, WORKSPACE, Settings
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
-from toolcage.worker.tools.gitignore import Rules, ignored, matches
 from toolcage.worker.tools.names import from_wire
 from toolcage.worker.tools.paths import (
     MAX_PATH,
@@ -56,9 +57,9 @@ _EXCLUDE_DOC = (
 
 # said in every file tool's description (and run_python's): the rule an agent must not have to guess
 PATH_RULE = (
-    f"Paths: absolute under {WORKSPACE} (the project, read-only; present only if the run has a "
-    f"workspace) or {SCRATCH} (writable); a relative path is relative to {SCRATCH}, the working "
-    f"directory of run_python and run_shell. Results give absolute paths."
+    f"Paths: absolute under {WORKSPACE} (the project, read-only unless the run has a writable copy of it; "
+    f"present only if the run has a workspace) or {SCRATCH} (writable); a relative path is relative to "
+    f"{SCRATCH}, the working directory of run_python and run_shell. Results give absolute paths."
 )
 
 
@@ -480,15 +481,27 @@ def _parent_fd(rfd: int, parts: list[str]) -> int:
     return fd
 
 
-def _write_target(s: Settings, path: str) -> Located:
-    """Where write_file writes ``path``: a file beneath /scratch, by the same rule as the readers."""
-    loc = locate(path, s.workspace, s.scratch)
-    if loc.name != SCRATCH:
+def full_message(root: str) -> str:
+    """What a full root is called, with the policy limit that sizes it."""
+    if root == WORKSPACE:
+        return f"{WORKSPACE} is full (limits.workspace_copy, the size of the workspace copy)"
+    return f"{SCRATCH} is full (limits.scratch)"
+
+
+def writable(s: Settings, loc: Located, tool: str) -> None:
+    """Refuse ``loc`` unless it is under a root the run may write (/scratch; /workspace when it is a copy)."""
+    if loc.name not in s.writable_roots:
         raise PathEscape(
-            f"{loc.shown!r} is in the workspace, which is read-only: write_file writes under {SCRATCH} "
-            f"(a relative path lands there)",
-            path_data(loc, allowed=[SCRATCH]),
+            f"{loc.shown!r} is in the workspace, which is read-only: {tool} writes under {SCRATCH} "
+            f"(a relative path lands there; a run with workspace_mode copy may write {WORKSPACE} too)",
+            path_data(loc, allowed=list(s.writable_roots)),
         )
+
+
+def _write_target(s: Settings, path: str) -> Located:
+    """Where write_file writes ``path``: a file beneath a writable root, by the same rule as the readers."""
+    loc = locate(path, s.workspace, s.scratch)
+    writable(s, loc, "write_file")
     if loc.rel == "." or os.path.basename(from_wire(path)) in ("", ".", ".."):
         problem = f"is not a file name (resolved: {loc.shown!r})"
         raise BadParams(f"invalid params: path {problem}", [{"field": "path", "error": problem}])
@@ -505,7 +518,7 @@ def write_file(s: Settings, p: WriteFileParams) -> dict[str, Any]:
     # O_NOFOLLOW: a planted symlink cannot redirect the write; O_NONBLOCK: nor can a FIFO hang it
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     flags |= os.O_APPEND if p.append else os.O_TRUNC
-    with root_fd(s.scratch) as rfd:
+    with root_fd(s.real_root(loc.name)) as rfd:
         try:
             pfd = _parent_fd(rfd, [x for x in parent.split("/") if x])
             try:
@@ -522,7 +535,7 @@ def write_file(s: Settings, p: WriteFileParams) -> dict[str, Any]:
                 os.close(fd)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
-                raise NoSpace(f"scratch is full (limits.scratch): {loc.shown!r}", path_data(loc)) from None
+                raise NoSpace(f"{full_message(loc.name)}: {loc.shown!r}", path_data(loc)) from None
             if exc.errno == errno.ELOOP:
                 raise ToolError(f"refusing to write through a symlink: {loc.shown!r}", path_data(loc)) from None
             raise (
@@ -533,7 +546,80 @@ def write_file(s: Settings, p: WriteFileParams) -> dict[str, Any]:
     return {"path": loc.shown, "bytes_written": len(data)}
 
 
+@params
+class RemoveParams:
+    paths: Annotated[tuple[Annotated[str, MaxLen(MAX_PATH)], ...], MinLen(1), MaxLen(10_000)] = doc(
+        "files, symlinks or directories to remove (a symlink is removed, never followed)"
+    )
+    recursive: bool = doc("remove directories with what they hold (otherwise only empty ones)", False)
+    missing_ok: bool = doc("a path that does not exist is not an error (it is listed in missing)", False)
+
+
+def _parent_of(rfd: int, parts: list[str]) -> int:
+    """An fd of the existing directory ``parts`` beneath ``rfd``, never through a symlink."""
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=rfd)
+    try:
+        for part in parts:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove(s: Settings, p: RemoveParams) -> dict[str, Any]:
+    """Remove each path (all checked before any is removed); by directory fd, never through a symlink."""
+    locs = []
+    for path in p.paths:
+        loc = locate(path, s.workspace, s.scratch)
+        writable(s, loc, "remove")
+        if loc.rel == ".":
+            raise BadParams(
+                f"invalid params: refusing to remove {loc.shown}, a root itself",
+                [{"field": "paths", "error": "is a root"}],
+            )
+        locs.append(loc)
+    removed, missing = [], []
+    for loc in locs:
+        parent, name = os.path.split(loc.rel)
+        try:
+            with root_fd(s.real_root(loc.name)) as rfd:
+                pfd = _parent_of(rfd, [x for x in parent.split("/") if x])
+                try:
+                    st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                    if not stat.S_ISDIR(st.st_mode):
+                        os.unlink(name, dir_fd=pfd)
+                    elif p.recursive:
+                        shutil.rmtree(name, dir_fd=pfd)  # fd-based: a symlink swapped in is removed, not followed
+                    else:
+                        os.rmdir(name, dir_fd=pfd)
+                finally:
+                    os.close(pfd)
+        except FileNotFoundError:
+            if not p.missing_ok:
+                raise ToolError(f"no such file or directory: {loc.shown!r}", path_data(loc)) from None
+            missing.append(loc.shown)
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ENOTEMPTY:
+                raise ToolError(f"directory not empty: {loc.shown!r} (pass recursive: true)", path_data(loc)) from None
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise ToolError(f"cannot remove {loc.shown!r}: a symlink or file on the way", path_data(loc)) from None
+            raise ToolError(f"cannot remove {loc.shown!r}: {exc.strerror}", path_data(loc)) from None
+        removed.append(loc.shown)
+    return {"removed": removed, "missing": missing}
+
+
 TOOLS = [
+    Tool(
+        "remove",
+        f"Remove files, symlinks or directories (recursive: with their contents) under {SCRATCH}, or under "
+        f"{WORKSPACE} in a run with a writable copy of it; up to 10,000 paths in one call. {PATH_RULE}",
+        RemoveParams,
+        remove,
+    ),
     Tool(
         "list_files",
         f"List a directory (default {WORKSPACE}), optionally recursive. gitignore: true skips what the "
@@ -560,7 +646,8 @@ TOOLS = [
     ),
     Tool(
         "write_file",
-        f"Write a file under {SCRATCH}, the only writable place (parents are created). {PATH_RULE}",
+        f"Write a file under {SCRATCH} (or {WORKSPACE} in a run with a writable workspace copy); parents are "
+        f"created. {PATH_RULE}",
         WriteFileParams,
         write_file,
     ),

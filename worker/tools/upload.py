@@ -1,15 +1,16 @@
 """Files into a sandbox: the worker half of ``Sandbox.upload`` (the host writes the tar: toolcage.upload).
 
-A call with ``path`` (a directory under /scratch; /workspace is read-only) opens a stream; each
-later call brings the next base64 chunk of a tar (with its sha256) and ``done`` on the last. The
-chunks are spooled to a file in /scratch (one chunk in memory at a time); at ``done`` the tar is
-extracted, entry by entry, into a staging directory next to the target, then renamed into place:
-a failure leaves nothing under a final name, and the spool and the staging are removed.
+A call with ``path`` (a directory under /scratch, or under /workspace when the run has a writable
+copy of it) opens a stream; each later call brings the next base64 chunk of a tar (with its sha256)
+and ``done`` on the last. Each chunk is written into a pipe that a thread extracts from, entry by
+entry, into a staging directory on the target's own file system (one chunk in memory at a time, and
+nothing spooled: an upload takes its size in space, not twice it); at ``done`` the staging is renamed
+into place: a failure leaves nothing under a final name, and the staging is removed.
 
 Checked here, whoever wrote the tar: absolute names, ``..``, hard links, devices, FIFOs and unknown
 entry types are refused, as is any entry under (or named like) a symlink or file the archive made;
 everything is opened by directory fd with ``O_NOFOLLOW``, so a symlink already in /scratch is never
-written through either. setuid, setgid and sticky bits are cleared. A full /scratch is a clear error.
+written through either. setuid, setgid and sticky bits are cleared. A full root is a clear error (-32005).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from typing import Annotated, Any, cast
 
 from annotated_types import MaxLen
 
-from toolcage.worker.errors import ToolError
+from toolcage.worker.errors import NoSpace, ToolError
 from toolcage.worker.settings import SCRATCH, WORKSPACE, Settings
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
-from toolcage.worker.tools.paths import MAX_PATH, locate
+from toolcage.worker.tools.files import full_message, writable
+from toolcage.worker.tools.paths import MAX_PATH, Located, locate
 
 MAX_CHUNK = 4 << 20  # raw bytes per call (base64 makes it 5.3 MiB, under the worker's 16 MiB request line)
 _PIECE = 1 << 20
@@ -44,13 +46,15 @@ _STAGE = ".toolcage-upload-"
 @params
 class UploadParams:
     path: Annotated[str, MaxLen(MAX_PATH)] | None = doc(
-        f"directory under {SCRATCH} to extract into (made if missing; opens a stream)", None
+        f"directory under {SCRATCH} (or a writable {WORKSPACE}) to extract into (made if missing; opens a stream)",
+        None,
     )
     stream: Annotated[str, MaxLen(64)] | None = doc("the stream id the opening call answered", None)
     data: Annotated[str, MaxLen(4 * MAX_CHUNK // 3 + 8)] = doc("the next chunk of the tar, base64", "")
     sha256: Annotated[str, MaxLen(64)] = doc("sha256 of the chunk's raw bytes", "")
     done: bool = doc("the last chunk: extract and move into place", False)
-    abort: bool = doc("drop the stream and what it spooled (the host could not finish it)", False)
+    abort: bool = doc("drop the stream and what it extracted so far (the host could not finish it)", False)
+    base: bool = doc(f"the run's copy of the workspace itself, into {WORKSPACE} (at start or resume)", False)
 
 
 def _refuse(name: str, why: str) -> ToolError:
@@ -203,41 +207,96 @@ def merge(src: int, dst: int, shown: str) -> None:
 
 
 class _Stream:
-    def __init__(self, scratch: str, target: str, shown: str) -> None:
-        self.scratch, self.target, self.shown = scratch, target, shown
+    """One upload: its tar is extracted as it arrives, by a thread reading a pipe the calls write into,
+    into a staging directory on the target's own file system (renamed into place at ``done``)."""
+
+    def __init__(self, s: Settings, loc: Located, base: bool) -> None:
+        self.root_path = s.real_root(loc.name)
+        self.target, self.shown, self.root_name, self.base = loc.rel, loc.shown, loc.name, base
         self.id = secrets.token_hex(8)
-        self.spool = os.path.join(scratch, f"{_STAGE}{self.id}.tar")
-        self.fd = os.open(self.spool, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self.stage_name = f"{_STAGE}{self.id}"
+        self.root = os.open(self.root_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.mkdir(self.stage_name, 0o700, dir_fd=self.root)
+            self.stage = os.open(
+                self.stage_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.root
+            )
+        except BaseException:
+            os.close(self.root)
+            raise
+        r, self.w = os.pipe2(os.O_CLOEXEC)
         self.received = 0
+        self.result: Extractor | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._extract, args=(r,), daemon=True, name=f"upload-{self.id}")
+        self.thread.start()
+
+    def _extract(self, r: int) -> None:
+        with os.fdopen(r, "rb", buffering=_PIECE) as f:
+            try:
+                self.result = extract(f, self.stage)
+            except BaseException as exc:  # reported by the call that writes next, or by done
+                self.error = exc
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.w, view) :]
+        except BrokenPipeError:  # the extractor stopped: its error says why
+            self.thread.join()
+            raise self._failure() from None
+        except OSError as exc:
+            raise _full(exc, self.root_name) from None
+        self.received += len(data)
+
+    def _failure(self) -> BaseException:
+        exc = self.error
+        if isinstance(exc, OSError):
+            return _full(exc, self.root_name)
+        return exc if exc is not None else ToolError("upload: the tar stream ended early; nothing was kept", {})
+
+    def finish(self) -> Extractor:
+        """The end of the tar: wait for the extractor, then its result (or its error)."""
+        os.close(self.w)
+        self.w = -1
+        self.thread.join()
+        if self.error is not None or self.result is None:
+            raise self._failure()
+        return self.result
 
     def close(self) -> None:
+        if self.w >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.w)  # the extractor sees the end of a short tar and stops
+            self.w = -1
+        self.thread.join()
         with contextlib.suppress(OSError):
-            os.close(self.fd)
+            os.close(self.stage)
+        shutil.rmtree(os.path.join(self.root_path, self.stage_name), ignore_errors=True)
         with contextlib.suppress(OSError):
-            os.unlink(self.spool)
+            os.close(self.root)
 
 
 _streams: dict[str, _Stream] = {}
 _lock = threading.Lock()
 
 
-def _full(exc: OSError) -> ToolError:
+def _full(exc: OSError, root: str = SCRATCH) -> ToolError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return ToolError(
-            f"upload: {SCRATCH} is full (raise limits.scratch in the policy); nothing was kept",
-            {"reason": "scratch_full"},
-        )
+        return NoSpace(f"upload: {full_message(root)}; nothing was kept", {"reason": f"{root.strip('/')}_full"})
     return ToolError(f"upload: {exc.strerror}; nothing was kept", {})
 
 
-def _open(s: Settings, path: str) -> dict[str, Any]:
+def _open(s: Settings, path: str, base: bool) -> dict[str, Any]:
     loc = locate(path, s.workspace, s.scratch)
-    if loc.name == WORKSPACE:
-        raise ToolError(f"{WORKSPACE} is read-only: upload into {SCRATCH} (e.g. {SCRATCH}/in)", {"path": path})
+    writable(s, loc, "upload")
+    if base and (loc.name != WORKSPACE or loc.rel != "."):
+        raise ToolError(f"upload: base is for the workspace copy itself ({WORKSPACE})", {"path": path})
     try:
-        st = _Stream(s.scratch, loc.rel, loc.shown)
+        st = _Stream(s, loc, base)
     except OSError as exc:
-        raise _full(exc) from None
+        raise _full(exc, loc.name) from None
     with _lock:
         while len(_streams) >= _MAX_STREAMS:
             _streams.pop(next(iter(_streams))).close()
@@ -246,33 +305,23 @@ def _open(s: Settings, path: str) -> dict[str, Any]:
 
 
 def _finish(st: _Stream) -> dict[str, Any]:
-    root = os.open(st.scratch, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    stage_name = f"{_STAGE}{st.id}"
     try:
-        os.mkdir(stage_name, 0o700, dir_fd=root)
-        stage = os.open(stage_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+        ex = st.finish()
+        parts = [p for p in st.target.split("/") if p not in ("", ".")]
         try:
-            os.lseek(st.fd, 0, os.SEEK_SET)
-            with os.fdopen(os.dup(st.fd), "rb", buffering=_PIECE) as f:
-                ex = extract(f, stage)
-            os.close(st.fd)
-            os.unlink(st.spool)  # before the rename: the space it held is free again
-            parts = [p for p in st.target.split("/") if p not in ("", ".")]
-            try:
-                tfd = _dir_fd(root, parts, create=True)
-            except OSError as exc:
-                raise ToolError(f"upload: cannot use {st.shown} as the target directory: {exc.strerror}", {}) from None
-            try:
-                merge(stage, tfd, st.shown)
-            finally:
-                os.close(tfd)
+            tfd = _dir_fd(st.root, parts, create=True)
+        except OSError as exc:
+            raise ToolError(f"upload: cannot use {st.shown} as the target directory: {exc.strerror}", {}) from None
+        try:
+            merge(st.stage, tfd, st.shown)
         finally:
-            os.close(stage)
+            os.close(tfd)
     except OSError as exc:
-        raise _full(exc) from None
-    finally:
-        shutil.rmtree(os.path.join(st.scratch, stage_name), ignore_errors=True)
-        os.close(root)
+        raise _full(exc, st.root_name) from None
+    if st.base:
+        from toolcage.worker.tools import workspace
+
+        workspace.record_base(ex.kinds)
     return {
         "path": st.shown,
         "files": ex.files,
@@ -288,7 +337,7 @@ def upload(s: Settings, p: UploadParams) -> dict[str, Any]:
     if (p.path is None) == (p.stream is None):
         raise ToolError("give either path (to open a stream) or stream (with its next chunk)", {})
     if p.path is not None:
-        return _open(s, p.path)
+        return _open(s, p.path, p.base)
     with _lock:
         found = _streams.get(p.stream or "")
     if found is None:
@@ -306,13 +355,7 @@ def upload(s: Settings, p: UploadParams) -> dict[str, Any]:
             raise ToolError("upload: a chunk is not base64; nothing was kept", {}) from None
         if hashlib.sha256(data).hexdigest() != p.sha256:
             raise ToolError("upload: a chunk does not match its sha256; nothing was kept", {})
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(st.fd, view) :]
-        except OSError as exc:
-            raise _full(exc) from None
-        st.received += len(data)
+        st.write(data)
         if not p.done:
             return {"stream": st.id, "received": st.received, "done": False}
         out = _finish(st)
@@ -330,7 +373,8 @@ def upload(s: Settings, p: UploadParams) -> dict[str, Any]:
 TOOLS = [
     Tool(
         "upload",
-        f"Receive a tar (PAX) in base64 chunks and extract it into a directory under {SCRATCH}: call with "
+        f"Receive a tar (PAX) in base64 chunks and extract it into a directory under {SCRATCH} (or a "
+        f"writable {WORKSPACE}): call with "
         "path to open a stream, then with stream, data and sha256 for each chunk, done on the last. Absolute "
         "names, '..', hard links, devices and writes through symlinks are refused; nothing is kept unless "
         "the whole tar was good. Hosts use Sandbox.upload.",

@@ -1,4 +1,4 @@
-"""``.gitignore`` matching in pure Python, for the file tools (no git in the image is assumed).
+"""``.gitignore`` matching in pure Python, shared by the file tools and the host's workspace copy (no git is assumed).
 
 The rules git documents (gitignore(5)), for the cases repositories use:
 

@@ -1,0 +1,152 @@
+"""The writable workspace copy's side of ``Sandbox.changes``: which paths may have changed since the copy.
+
+With ``workspace_mode: copy`` the host uploads the workspace into /workspace (a tmpfs of
+``limits.workspace_copy``) with ``upload``'s ``base`` flag; :func:`record_base` then keeps the list of
+files and symlinks it made, and a ctime threshold: every later write, chmod, rename or utime of a
+file sets its ctime at or past it (the kernel sets ctime, code cannot set it back). The
+``workspace_changes`` tool answers the paths that are new, touched since, or gone: hints only. The
+host downloads those paths, compares each with its own copy of the workspace and writes the diff
+itself (toolcage.changes), so a hostile answer can hide the sandbox's own edits at most, never name
+a path outside the workspace or put bytes in the diff that the sandbox's files do not hold.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from typing import Any
+
+from toolcage.policies.gitignore import Rules, ignored
+from toolcage.worker.errors import ToolError
+from toolcage.worker.settings import WORKSPACE, Settings
+from toolcage.worker.tools import Tool
+from toolcage.worker.tools._params import doc, params
+from toolcage.worker.tools.names import to_wire
+from toolcage.worker.tools.paths import root_fd
+
+_STAGE = ".toolcage-upload-"  # upload's staging directories (worker.tools.upload)
+_CLOCK_REALTIME_COARSE = 5  # Linux's clock id: the clock file times are set from
+MAX_PATHS = 100_000  # paths one answer names (the rest: truncated)
+
+_base: str | None = None  # the copy's files and symlinks, "\0"-joined (compact: 100,000 paths in ~5 MB)
+_threshold_ns = 0  # a file whose ctime is at or past this was touched after the copy
+
+
+def _coarse_ns() -> int:
+    try:
+        return time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
+    except OSError:  # pragma: no cover - every Linux has it
+        return time.time_ns()
+
+
+def record_base(kinds: dict[str, str]) -> None:
+    """The copy just made (``upload``'s entries: path -> "dir", "file" or "link"), and the time after it:
+    wait until the clock file times come from has moved past every time the copy set."""
+    global _base, _threshold_ns
+    _base = "\0".join(sorted(k for k, v in kinds.items() if v != "dir"))
+    start = _coarse_ns()
+    while (now := _coarse_ns()) <= start:
+        time.sleep(0.001)
+    _threshold_ns = now
+
+
+@params
+class ChangesParams:
+    gitignore: bool = doc("skip what the copy's .gitignore files ignore (as the copy was made)", False)
+
+
+def _git_dir(name: str) -> bool:
+    return name == ".git"
+
+
+def changes(s: Settings, p: ChangesParams) -> dict[str, Any]:
+    if not s.workspace_copy or s.workspace is None:
+        raise ToolError(
+            f"this run has no writable copy of the workspace (workspace_mode copy): {WORKSPACE} is "
+            "read-only, nothing in it can have changed",
+            {},
+        )
+    base = set(_base.split("\0")) if _base else set()
+    changed: list[str] = []
+    seen: set[str] = set()
+    truncated = False
+    with root_fd(s.workspace) as rfd:
+        walker = os.fwalk(".", dir_fd=rfd, follow_symlinks=False)
+        rules: dict[str, tuple[Rules, ...]] = {"": ()}
+        for dirpath, dirnames, filenames, dfd in walker:
+            rel = "" if dirpath == "." else dirpath[2:]
+            prefix = f"{rel}/" if rel else ""
+            stack = rules.pop(rel, ())
+            if p.gitignore:
+                stack = _with_own(stack, dfd, rel)
+            keep_dirs = []
+            for d in dirnames:
+                if _git_dir(d) or (not rel and d.startswith(_STAGE)):
+                    continue
+                if p.gitignore and stack and ignored(stack, prefix + d, True):
+                    continue
+                keep_dirs.append(d)
+                rules[prefix + d] = stack
+            dirnames[:] = keep_dirs
+            for name in filenames:
+                path = prefix + name
+                if _git_dir(name) or (p.gitignore and stack and ignored(stack, path, False)):
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                    continue
+                seen.add(path)
+                if path not in base or st.st_ctime_ns >= _threshold_ns:
+                    if len(changed) >= MAX_PATHS:
+                        truncated = True
+                        continue
+                    changed.append(path)
+        removed = []
+        for path in sorted(base - seen):
+            try:
+                st = os.stat(path, dir_fd=rfd, follow_symlinks=False)
+                gone = not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode))
+            except OSError:
+                gone = True
+            if gone:
+                if len(removed) >= MAX_PATHS:
+                    truncated = True
+                    break
+                removed.append(path)
+    changed.sort()
+    return {
+        "changed": [to_wire(f"{WORKSPACE}/{x}") for x in changed],
+        "removed": [to_wire(f"{WORKSPACE}/{x}") for x in removed],
+        "base_files": len(base),
+        "truncated": truncated,
+    }
+
+
+def _with_own(stack: tuple[Rules, ...], dfd: int, rel: str) -> tuple[Rules, ...]:
+    try:
+        fd = os.open(".gitignore", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return stack
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return stack
+        data = os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    return (*stack, Rules(data.decode("utf-8", errors="surrogateescape").split("\n"), rel))
+
+
+TOOLS = [
+    Tool(
+        "workspace_changes",
+        f"In a run with a writable copy of the workspace: the paths under {WORKSPACE} that "
+        "were added or touched since the copy was made (changed) and those removed, as hints; .git is never "
+        "named. Hosts use Sandbox.changes(), which compares each with the host's files and writes the diff.",
+        ChangesParams,
+        changes,
+    ),
+]
