@@ -13,7 +13,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.pool import READY_WAIT_S, Pool, _Slot
@@ -23,6 +23,8 @@ from toolcage.sandbox import Sandbox
 
 if TYPE_CHECKING:
     from toolcage.transfer import DownloadResult
+    from toolcage.changes import Changes
+    from toolcage.snapshot import SnapshotInfo
     from toolcage.upload import UploadResult
 
 T = TypeVar("T")
@@ -167,6 +169,18 @@ class AsyncSandbox:
     async def upload(self, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
         """As :meth:`Sandbox.upload`, on a thread (it reads files as the chunks go)."""
         return await _on_thread(self._executor, self._sync.upload, local_path, remote_dir)
+
+    async def changes(
+        self, *, download_to: str | os.PathLike[str] | None = None, max_bytes: int | None = None
+    ) -> Changes:
+        """As :meth:`Sandbox.changes`, on a thread."""
+        return await _on_thread(
+            self._executor, functools.partial(self._sync.changes, download_to=download_to, max_bytes=max_bytes)
+        )
+
+    async def snapshot(self, target: str | os.PathLike[str] | IO[bytes]) -> SnapshotInfo:
+        """As :meth:`Sandbox.snapshot`, on a thread (it writes the archive as the chunks come)."""
+        return await _on_thread(self._executor, self._sync.snapshot, target)
 
     async def close(self) -> RunSummary | None:
         return await _on_thread(self._executor, self._sync.close)

@@ -197,13 +197,13 @@ def _run_options(tool: str, opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _sandbox(tool: str, opts: dict[str, Any]) -> Any:
-    """The Sandbox the shared options describe."""
+def _sandbox(tool: str, opts: dict[str, Any], **more: Any) -> Any:
+    """The Sandbox the shared options describe (``more``: a command's own, e.g. ``run``'s workspace mode)."""
     from toolcage.connectors import parse_secret_options
     from toolcage.sandbox import Sandbox
 
     kwargs = _run_options(tool, opts)
-    return Sandbox(_policy(opts), keep=opts["keep"], secrets=parse_secret_options(opts["secret"]), **kwargs)
+    return Sandbox(_policy(opts), keep=opts["keep"], secrets=parse_secret_options(opts["secret"]), **kwargs, **more)
 
 
 def _pool(tool: str, opts: dict[str, Any], size: int) -> Any:
@@ -279,10 +279,55 @@ def _dry_run(tool: str, opts: dict[str, Any], params: dict[str, Any] | None = No
     help="Before the call, copy the local file or directory LOCAL into the directory REMOTE under /scratch "
     "(made if missing). Repeatable.",
 )
+@click.option(
+    "--workspace-mode",
+    type=click.Choice(["ro", "copy"]),
+    default="ro",
+    show_default=True,
+    help="ro: --workspace is mounted read-only; copy: /workspace is a writable copy of it (limits.workspace_copy), "
+    "the host's directory never touched.",
+)
+@click.option(
+    "--workspace-gitignore",
+    is_flag=True,
+    help="With --workspace-mode copy: leave out of the copy what the workspace's .gitignore files ignore, and .git.",
+)
+@click.option(
+    "--diff",
+    "diff_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --workspace-mode copy: after the call, write what it changed as git's diff to this file "
+    "(`git apply` takes it in the workspace); the JSON result gains changes (added, changed, removed).",
+)
+@click.option(
+    "--snapshot",
+    "snapshot_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="After the call, write the session (/scratch, and the workspace copy) to this snapshot archive.",
+)
+@click.option(
+    "--resume",
+    "resume_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Start from this snapshot (checked first; a changed one is refused): its files, in a fresh sandbox.",
+)
 @sandbox_options
 @dry_run_option
 def run(
-    tool: str, params: str | None, dry_run: bool, downloads: tuple[str, ...], uploads: tuple[str, ...], **opts: Any
+    tool: str,
+    params: str | None,
+    dry_run: bool,
+    downloads: tuple[str, ...],
+    uploads: tuple[str, ...],
+    workspace_mode: str,
+    workspace_gitignore: bool,
+    diff_file: str | None,
+    snapshot_file: str | None,
+    resume_file: str | None,
+    **opts: Any,
 ) -> None:
     """Run one TOOL call in a fresh sandbox and print the result as JSON.
 
@@ -302,8 +347,13 @@ def run(
         from toolcage.lifecycle import removal
 
         removal.start_helper()  # the container is removed after this process exits, not before
-    sb = _sandbox(tool, opts)
+    if diff_file is not None and workspace_mode != "copy" and resume_file is None:
+        raise UsageError("--diff needs --workspace-mode copy: a read-only workspace cannot change")
+    sb = _sandbox(
+        tool, opts, workspace_mode=workspace_mode, workspace_gitignore=workspace_gitignore, resume=resume_file
+    )
     _collect_from_here()
+    changes = snap = None
     try:
         with sb:
             if opts["tools"]:
@@ -313,6 +363,12 @@ def run(
             sent = [_send(sb, local, remote) for local, remote in sends]  # a failed upload stops the run
             res = sb.call(tool, parsed)
             fetched = [_fetch(sb, remote, local) for remote, local in pairs]  # before the sandbox goes
+            if diff_file is not None:
+                changes = sb.changes()
+                with open(diff_file, "w", encoding="utf-8") as f:
+                    f.write(changes.diff)
+            if snapshot_file is not None:
+                snap = sb.snapshot(snapshot_file)
     except (KeyboardInterrupt, SystemExit):
         # SIGINT/SIGTERM mid-run: the sandbox is gone (status interrupted); say so on stdout, then exit
         # with the signal's code (130 SIGINT, 143 SIGTERM), which main() and the signal handler choose
@@ -328,6 +384,10 @@ def run(
         out["uploads"] = sent
     if fetched:
         out["downloads"] = [d for d, _ in fetched]
+    if changes is not None:
+        out["changes"] = {**changes.to_dict(), "diff_file": os.path.abspath(str(diff_file))}
+    if snap is not None:
+        out["snapshot"] = snap.to_dict()
     emit(out)
     if res.error and res.error.get("code") in codes.USAGE_CODES:
         say(f"{res.error.get('message')}: {dumps(res.error.get('data'))}")
