@@ -22,9 +22,9 @@ from toolcage.rpc.session import Ended, OnProgress
 from toolcage.sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from toolcage.transfer import DownloadResult
     from toolcage.changes import Changes
     from toolcage.snapshot import SnapshotInfo
+    from toolcage.transfer import DownloadResult
     from toolcage.upload import UploadResult
 
 T = TypeVar("T")
