@@ -272,7 +272,7 @@ def _add(
 ) -> dict[str, Any]:
     info = tarfile.TarInfo(name)
     info.mode, info.mtime = stat.S_IMODE(m.mode) & 0o777, int(m.mtime)
-    entry: dict[str, Any] = {"name": name, "mode": info.mode}
+    entry: dict[str, Any] = {"name": name, "mode": info.mode, "mtime": info.mtime}
     if m.isdir():
         info.type = tarfile.DIRTYPE
         entry["type"] = "dir"
@@ -435,6 +435,8 @@ def _check_entry(tf: tarfile.TarFile, m: tarfile.TarInfo, e: Any, shown: str) ->
         raise bad("is not a plain path under scratch/ or workspace/")
     if (m.mode & 0o7777) != e.get("mode") or m.mode & 0o7000:
         raise bad("has another mode than its manifest says")
+    if int(m.mtime) != e.get("mtime"):
+        raise bad("has another mtime than its manifest says")
     kind = "dir" if m.isdir() else "symlink" if m.issym() else "file" if m.isreg() else None
     if kind is None or kind != e.get("type"):
         raise bad("is of another type than its manifest says (or one a snapshot never holds)")
