@@ -52,7 +52,8 @@ def repo(tmp_path: Path) -> Path:
 
 
 EDIT = (
-    "cd \"${TOOLCAGE_WORKSPACE:-/workspace}\" && printf 'one\\n2\\nthree\\nfour' > a.txt && rm gone.txt && chmod +x src/m.py"
+    "cd \"${TOOLCAGE_WORKSPACE:-/workspace}\" && printf 'one\\n2\\nthree\\nfour' > a.txt && rm gone.txt"
+    " && chmod +x src/m.py"
     " && head -c 3000 /dev/urandom > blob.bin && mkdir -p new/deep && printf 'n\\n' > new/deep/n.txt"
     " && ln -sfn src/m.py link && printf 'caf\\303\\251\\n' > 'sp ace.txt'"
 )
