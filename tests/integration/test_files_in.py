@@ -66,7 +66,7 @@ def test_errors(engine: Any, tmp_path: Path) -> None:
     """/workspace is read-only, a missing local path is bad input (exit 2); the sandbox goes on."""
     (tmp_path / "f").write_text("x")
     with Sandbox(tool="files-in") as sb:
-        with pytest.raises(UploadUsage, match="/workspace is read-only") as err:
+        with pytest.raises(UploadUsage, match="in the workspace, which is read-only") as err:
             sb.upload(tmp_path / "f", "/workspace/in")
         assert err.value.exit_code == 2
         with pytest.raises(UploadUsage, match="No such file"):
