@@ -11,7 +11,7 @@ import functools
 import os
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
@@ -169,6 +169,14 @@ class AsyncSandbox:
     async def upload(self, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
         """As :meth:`Sandbox.upload`, on a thread (it reads files as the chunks go)."""
         return await _on_thread(self._executor, self._sync.upload, local_path, remote_dir)
+
+    async def write_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> UploadResult:
+        """As :meth:`Sandbox.write_files`, on a thread."""
+        return await _on_thread(self._executor, functools.partial(self._sync.write_files, files, mode=mode))
+
+    async def read_files(self, paths: Iterable[str], *, missing_ok: bool = False) -> dict[str, bytes]:
+        """As :meth:`Sandbox.read_files`, on a thread."""
+        return await _on_thread(self._executor, functools.partial(self._sync.read_files, paths, missing_ok=missing_ok))
 
     async def changes(
         self, *, download_to: str | os.PathLike[str] | None = None, max_bytes: int | None = None

@@ -122,6 +122,8 @@ class Sandbox:
                 workspace_mode=workspace_mode,
             )  # fmt: skip
         self.options = opts
+        if opts.workspace_copy and opts.workspace is not None and self._resume is None:
+            self._check_copy_size()
         self._snapshot_key = snapshot_key
         self._prior_changes: list[str] = list(self._resume.changed) if self._resume is not None else []
         self.policy, self.kind, self.image, self.tool = opts.policy, opts.kind, opts.image, opts.tool
@@ -147,6 +149,23 @@ class Sandbox:
         self.summary: RunSummary | None = None
         if pool is None:
             opts.warn_unreadable_workspace(self.log, self._backend.sandbox_user)
+
+    def _check_copy_size(self) -> None:
+        """A workspace whose copy would not fit in limits.workspace_copy is refused before anything starts."""
+        from toolcage.errors import WorkspaceError
+        from toolcage.upload import measure
+
+        assert self.options.workspace is not None
+        entries, need = measure(self.options.workspace, self.options.workspace_gitignore)
+        cap = self.options.policy.limits.workspace_copy
+        if need > cap:
+            mib = 1 << 20
+            hint = "" if self.options.workspace_gitignore else ", or leave out what git ignores (workspace_gitignore)"
+            raise WorkspaceError(
+                f"the workspace {str(self.options.workspace)!r} takes about {need / mib:.1f} MiB as a copy ({entries} "
+                f"entries; a tmpfs keeps each file in whole 4 KiB pages), more than limits.workspace_copy "
+                f"({cap / mib:.1f} MiB): raise it in the policy (it counts against limits.memory){hint}"
+            )
 
     @property
     def container_id(self) -> str | None:
@@ -456,6 +475,19 @@ class Sandbox:
         from toolcage import upload
 
         return upload.upload(lambda params: self.call("upload", params), local_path, remote_dir)
+
+    def write_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> UploadResult:
+        """Write many files in one upload: ``{path: content}`` (text as UTF-8), paths under /scratch (relative
+        ones land there) or a writable /workspace; parents are made (toolcage.batch)."""
+        from toolcage import batch
+
+        return batch.write_files(self.call, files, mode)
+
+    def read_files(self, paths: Iterable[str], *, missing_ok: bool = False) -> dict[str, bytes]:
+        """Read many files in one download: ``{path: bytes}`` by the paths as given (toolcage.batch)."""
+        from toolcage import batch
+
+        return batch.read_files(self.call, paths, missing_ok=missing_ok)
 
     def changes(self, *, download_to: str | os.PathLike[str] | None = None, max_bytes: int | None = None) -> Changes:
         """What the run changed in its writable workspace copy, against the host's workspace: ``added``,

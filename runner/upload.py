@@ -115,6 +115,20 @@ def _own_rules(stack: tuple[Rules, ...], dirpath: str, rel: str) -> tuple[Rules,
     return (*stack, Rules(data.decode("utf-8", errors="surrogateescape").split("\n"), rel))
 
 
+_PAGE = 4096  # a tmpfs keeps each file's data in whole pages
+
+
+def measure(local: str | os.PathLike[str], gitignore: bool = False) -> tuple[int, int]:
+    """Entries under ``local`` as an upload sends them, and the tmpfs space their files take (whole pages)."""
+    entries = size = 0
+    for path, _ in _entries(os.fspath(local), gitignore):
+        entries += 1
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode):
+            size += -(-st.st_size // _PAGE) * _PAGE
+    return entries, size
+
+
 def _header(name: str, kind: bytes, st: os.stat_result, size: int = 0, linkname: str = "") -> bytes:
     info = tarfile.TarInfo(name)
     info.type, info.mode, info.mtime, info.size, info.linkname = (
@@ -232,4 +246,4 @@ def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = Fals
     )
 
 
-__all__ = ["UploadError", "UploadResult", "UploadUsage", "send", "upload"]
+__all__ = ["UploadError", "UploadResult", "UploadUsage", "measure", "send", "upload"]

@@ -25,11 +25,13 @@ FIELDS: dict[str, tuple[str, str]] = {
     "memory": ("limits", "memory"),
     "cpus": ("limits", "cpus"),
     "output_cap": ("limits", "output_cap"),
+    "scratch": ("limits", "scratch"),
+    "workspace_copy": ("limits", "workspace_copy"),
     "run_s": ("timeouts", "run_s"),
     "call_s": ("timeouts", "call_s"),
     "idle_s": ("timeouts", "idle_s"),
 }
-_SIZES = ("memory", "output_cap")
+_SIZES = ("memory", "output_cap", "scratch", "workspace_copy")
 
 
 def complete_policy(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
@@ -70,6 +72,13 @@ def policy_options() -> list[Callable[[Any], Any]]:
             "mode none gets mode proxy, allowing only these hosts.",
         ),
         click.option("--memory", metavar="SIZE", default=None, help="limits.memory, e.g. 1g (16m to 64g)."),
+        click.option("--scratch", metavar="SIZE", default=None, help="limits.scratch, the /scratch tmpfs, e.g. 1g."),
+        click.option(
+            "--workspace-copy",
+            metavar="SIZE",
+            default=None,
+            help="limits.workspace_copy, the tmpfs of a --workspace-mode copy, e.g. 1g (counts against --memory).",
+        ),
         click.option("--cpus", type=float, default=None, metavar="N", help="limits.cpus, e.g. 0.5 (up to 64)."),
         click.option(
             "--output-cap", metavar="SIZE", default=None, help="limits.output_cap per stream, e.g. 4m (1k to 256m)."

@@ -17,6 +17,7 @@ import pytest
 
 from toolcage import AsyncSandbox, Sandbox
 from toolcage.changes import ChangesUsage
+from toolcage.errors import UsageError
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -199,3 +200,21 @@ def test_tools_list_has_the_new_tools(engine: Any) -> None:
     for name in ("remove", "workspace_changes", "upload", "download", "exec", "run_node"):
         assert name in listed and listed[name]["params_schema"]["type"] == "object"
     assert "paths" in listed["download"]["params_schema"]["properties"]
+
+
+def test_batch_write_and_read_in_a_few_calls(engine: Any, repo: Path) -> None:
+    files = {f"many/d{i % 10}/f{i}.txt": f"file {i}\n" for i in range(1000)}
+    files["bin/x.bin"] = bytes(range(256))  # type: ignore[assignment]
+    with Sandbox(workspace=repo, workspace_mode="copy") as sb:
+        before = sb._calls
+        wrote = sb.write_files({**files, "/workspace/w.txt": "in the copy\n"})
+        got = sb.read_files([*files, "/workspace/w.txt"])
+        assert sb._calls - before <= 6  # one upload per root (open + chunk) and one download
+        assert wrote.files == 1002 and got["many/d3/f3.txt"] == b"file 3\n" and got["bin/x.bin"] == bytes(range(256))
+        assert got["/workspace/w.txt"] == b"in the copy\n"
+        with pytest.raises(UsageError, match=r"nope\.txt"):
+            sb.read_files(["nope.txt", "many/d1/f1.txt"])
+        assert sb.read_files(["nope.txt", "many/d1/f1.txt"], missing_ok=True) == {"many/d1/f1.txt": b"file 1\n"}
+        with pytest.raises(UsageError, match="not a file path"):
+            sb.write_files({"/etc/x": b"1"})
+        assert sb.changes().added == ("w.txt",)
