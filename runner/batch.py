@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tarfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from toolcage import transfer, upload
@@ -56,7 +56,7 @@ def write_files(call: ToolCall, files: Mapping[str, bytes | str], mode: int = 0o
     return total
 
 
-def _tar(entries: dict[str, bytes], mode: int) -> Iterable[bytes]:
+def _tar(entries: dict[str, bytes], mode: int) -> Iterator[bytes]:
     now = int(time.time())
     for rel in sorted(entries):
         data = entries[rel]

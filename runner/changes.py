@@ -231,7 +231,10 @@ def collect(
                 raise ChangesError(f"changes: '{show(name)}' ended before its size")
             new[name] = gitdiff.Side(data, gitdiff.EXEC if m.mode & 0o100 else gitdiff.FILE)
     tree = _HostTree(host)
-    added, changed, removed, parts = [], [], [], []
+    added: list[str] = []
+    changed: list[str] = []
+    removed: list[str] = []
+    parts: list[str] = []
     try:
         for rel in sorted(touched | gone, key=os.fsencode):
             old, now = tree.side(rel), new.get(rel)

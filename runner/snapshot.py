@@ -370,15 +370,15 @@ class Verified:
 def verify(source: str | os.PathLike[str] | IO[bytes], key: bytes | None = None) -> Verified:
     """Check a snapshot (module doc): SnapshotInvalid, before any container starts, if anything is off."""
     spooled = False
-    if hasattr(source, "read"):
-        fd, path = tempfile.mkstemp(prefix="toolcage-resume-")
-        with os.fdopen(fd, "wb") as f:
-            shutil.copyfileobj(source, f, _PIECE)  # type: ignore[misc]
-        spooled = True
-    else:
-        path = os.fspath(source)  # type: ignore[arg-type]
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
         if not os.path.isfile(path):
             raise SnapshotInvalid(f"snapshot '{show(path)}' does not exist or is not a file")
+    else:
+        fd, path = tempfile.mkstemp(prefix="toolcage-resume-")
+        with os.fdopen(fd, "wb") as f:
+            shutil.copyfileobj(source, f, _PIECE)
+        spooled = True
     try:
         manifest = _check(path, key if key is not None else host_key(create=False))
     except BaseException:

@@ -105,7 +105,7 @@ def changes(s: Settings, p: ChangesParams) -> dict[str, Any]:
                         truncated = True
                         continue
                     changed.append(path)
-        removed = []
+        removed: list[str] = []
         for path in sorted(base - seen):
             try:
                 st = os.stat(path, dir_fd=rfd, follow_symlinks=False)
