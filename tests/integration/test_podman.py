@@ -149,3 +149,31 @@ def test_files_in_and_out_through_podman(podman: Any, tmp_path: Path) -> None:
     assert _seen(tmp_path / "one") == {"r.bin": (0o700, r_sum)}
     wait_removed(60)
     assert [c for c in podman.containers("toolcage.run_id") if c["Labels"].get("toolcage.tool") == "podman-files"] == []
+
+
+def test_workspace_copy_changes_and_snapshot_through_podman(podman: Any, tmp_path: Path) -> None:
+    """Through Podman: a writable workspace copy (its tmpfs owned by the sandbox user), its diff, and a
+    snapshot resumed in a fresh container; the host's directory is untouched."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("one\n")
+    (repo / "b.bin").write_bytes(bytes(range(256)))
+    opts: dict[str, Any] = {"image": IMAGE, "engine": podman, "tool": "podman-files", "audit": False}
+    with Sandbox(workspace=repo, workspace_mode="copy", **opts) as sb:
+        r = sb.call("run_shell", {"command": "cd /workspace && echo two >> a.txt && rm b.bin && echo n > n.txt"})
+        assert r.ok and r.result["exit_code"] == 0, r.result
+        ch = sb.changes()
+        sb.snapshot(tmp_path / "s.tar")
+        first = sb.container_id
+    assert (ch.added, ch.changed, ch.removed) == (("n.txt",), ("a.txt",), ("b.bin",))
+    assert "+two" in ch.diff and "GIT binary patch" in ch.diff
+    assert (repo / "a.txt").read_text() == "one\n" and (repo / "b.bin").exists()
+    with Sandbox(workspace=repo, resume=tmp_path / "s.tar", **opts) as again:
+        assert again.container_id != first
+        assert again.read_files(["/workspace/a.txt", "/workspace/n.txt"]) == {
+            "/workspace/a.txt": b"one\ntwo\n",
+            "/workspace/n.txt": b"n\n",
+        }
+        assert again.changes().paths == ("a.txt", "b.bin", "n.txt")
+    wait_removed(60)
+    assert [c for c in podman.containers("toolcage.run_id") if c["Labels"].get("toolcage.tool") == "podman-files"] == []
