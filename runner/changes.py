@@ -6,8 +6,12 @@ memory, never written to disk by a name the sandbox chose), reads the same paths
 workspace (by directory fd, never through a symlink of the host's tree, never outside it) and decides
 itself what was added, changed and removed, and writes the diff (toolcage.gitdiff). So the sandbox can
 at most hide its own edits: it cannot make the diff name a path outside the workspace (every name is
-checked to be a plain relative path, and ``.git`` is never one), nor put in it bytes its files do not
-hold. The diff is against the host's directory as it is when ``changes()`` is called.
+checked to be a plain relative path, and ``.git`` is never one, nor a name git takes for it), nor put
+in it bytes its files do not hold, nor make the runner read what the copy never held (with
+``gitignore``, a path the host's .gitignore files leave out of the copy is never read), nor a path
+beneath a host symlink or file that stays (so ``git apply`` always takes the diff). What changes()
+holds, old and new sides, stays within ``max_bytes``. The diff is against the host's directory as it
+is when ``changes()`` is called.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from toolcage import gitdiff, transfer
 from toolcage.errors import SandboxError, UsageError
 from toolcage.policies import codes, contract
+from toolcage.policies.gitignore import Rules, ignored
 from toolcage.safetar import DownloadResult, show
 from toolcage.textsafe import escape
 
@@ -112,10 +118,26 @@ def _unwire(path: str) -> str | None:
     return clean(path[len(_PREFIX) :])
 
 
+# What git's verify_path takes for .git, and so refuses (``git apply`` then refuses the whole diff), and what
+# a case-insensitive host opens as its .git: any case, trailing dots and spaces, an NTFS stream (``:``),
+# the NTFS short name, code points HFS+ ignores. A symlink named like .gitmodules is refused by git too.
+_HFS_IGNORED = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF])
+_GITMODULES = re.compile(r"\.gitmodules|gitmod~[1-4]|gi7eba~[1-9]")
+
+
+def _folded(part: str) -> str:
+    return part.translate(_HFS_IGNORED).split(":", 1)[0].rstrip(". ").lower()
+
+
+def _dot_git(part: str) -> bool:
+    return _folded(part) in (".git", "git~1")
+
+
 def clean(rel: str) -> str | None:
-    """``rel`` if it is a plain relative path that may be in a diff, else None (``.git`` never is)."""
+    """``rel`` if it is a plain relative path that may be in a diff, else None (``.git`` never is, nor any
+    name git takes for it)."""
     name = transfer.safe_name(rel)
-    if name is None or name != rel or ".git" in name.split("/"):
+    if name is None or name != rel or any(_dot_git(p) for p in name.split("/")):
         return None
     return name
 
@@ -126,14 +148,74 @@ class _HostTree:
     def __init__(self, root: Path) -> None:
         self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
-    def side(self, rel: str) -> gitdiff.Side | None:
-        parts = rel.split("/")
+    def _dir(self, parts: list[str]) -> int:
+        """An fd of the directory ``parts`` beneath the root, never through a symlink (OSError if none)."""
         fd = os.dup(self.fd)
         try:
-            for part in parts[:-1]:
+            for part in parts:
                 nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 os.close(fd)
                 fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def kind(self, rel: str) -> str | None:
+        """``dir``, ``other`` (a file, a symlink, anything else) or None (absent, or beyond a symlink)."""
+        parts = rel.split("/")
+        try:
+            fd = self._dir(parts[:-1])
+        except OSError:
+            return None
+        try:
+            st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return "dir" if stat.S_ISDIR(st.st_mode) else "other"
+
+    def ignored(self, rel: str) -> bool:
+        """Whether the host's .gitignore files leave ``rel`` out of the copy, as the copy's walk decides
+        (toolcage.upload): an ignored directory on the way, or the entry itself."""
+        parts = rel.split("/")
+        stack: tuple[Rules, ...] = ()
+        fd: int | None = os.dup(self.fd)
+        try:
+            for i, part in enumerate(parts):
+                if fd is not None:
+                    stack = _own_rules(stack, fd, "/".join(parts[:i]))
+                path, last = "/".join(parts[: i + 1]), i == len(parts) - 1
+                if stack and ignored(stack, path, not last):
+                    return True
+                if last:
+                    return bool(stack) and self.kind(rel) == "dir" and ignored(stack, path, True)
+                if fd is not None:
+                    try:
+                        nxt: int | None = os.open(
+                            part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                        )
+                    except OSError:
+                        nxt = None  # not a directory on the host: no .gitignore of the host's below
+                    os.close(fd)
+                    fd = nxt
+        finally:
+            if fd is not None:
+                os.close(fd)
+        return False
+
+    def side(self, rel: str, budget: int) -> gitdiff.Side | None:
+        """``rel``'s side in the host's tree (None: absent, beyond a symlink, or not a file or symlink),
+        reading at most ``budget`` bytes of it (ChangesError past that)."""
+        parts = rel.split("/")
+        try:
+            fd = self._dir(parts[:-1])
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return None  # absent, or beyond a symlink of the host's tree: not this path
+            raise ChangesError(f"changes: cannot read '{show(rel)}' in the workspace: {exc.strerror}") from None
+        try:
             st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 return gitdiff.Side(os.fsencode(os.readlink(parts[-1], dir_fd=fd)), gitdiff.LINK)
@@ -141,17 +223,38 @@ class _HostTree:
                 return None
             ffd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
             with os.fdopen(ffd, "rb") as f:
-                data = f.read()
+                data = f.read(budget + 1) if st.st_size <= budget else b""
+            if st.st_size > budget or len(data) > budget:
+                raise _OverBudget
             return gitdiff.Side(data, gitdiff.EXEC if st.st_mode & 0o100 else gitdiff.FILE)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                return None  # absent, or beyond a symlink of the host's tree: not this path
+                return None
             raise ChangesError(f"changes: cannot read '{show(rel)}' in the workspace: {exc.strerror}") from None
         finally:
             os.close(fd)
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+class _OverBudget(Exception):
+    """A host file past what changes() may still hold."""
+
+
+def _own_rules(stack: tuple[Rules, ...], fd: int, rel: str) -> tuple[Rules, ...]:
+    """``stack`` with the directory ``fd``'s own .gitignore (a regular file, not followed) after it."""
+    try:
+        gfd = os.open(".gitignore", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return stack
+    try:
+        if not stat.S_ISREG(os.fstat(gfd).st_mode):
+            return stack
+        data = os.read(gfd, 1 << 20)
+    finally:
+        os.close(gfd)
+    return (*stack, Rules(data.decode("utf-8", errors="surrogateescape").split("\n"), rel))
 
 
 def _write_file(top: str, rel: str, side: gitdiff.Side) -> None:
@@ -210,7 +313,35 @@ def collect(
     for rel in prior:
         if clean(rel) is not None:
             touched.add(rel)
+    tree = _HostTree(host)
+    try:
+        return _gather(call, tree, touched, gone, skipped, gitignore, download_to, max_bytes, max_files)
+    finally:
+        tree.close()
+
+
+def _gather(
+    call: ToolCall,
+    tree: _HostTree,
+    touched: set[str],
+    gone: set[str],
+    skipped: list[dict[str, str]],
+    gitignore: bool,
+    download_to: str | os.PathLike[str] | None,
+    max_bytes: int,
+    max_files: int,
+) -> Changes:
+    def skip(rel: str, why: str) -> None:
+        skipped.append({"path": show(rel), "reason": why})
+
+    if gitignore:  # what the host's .gitignore left out never entered the copy: never read, never in the diff
+        for rel in sorted(touched | gone, key=os.fsencode):
+            if tree.ignored(rel):
+                skip(rel, "left out of the copy by the host's .gitignore")
+                touched.discard(rel)
+                gone.discard(rel)
     new: dict[str, gitdiff.Side] = {}
+    held = 0  # bytes of content held, new sides and old
     if touched:
         got = DownloadResult(str(download_to or ""))
         wanted = set(touched)
@@ -229,21 +360,51 @@ def collect(
             data = src.read(m.size)
             if len(data) != m.size:
                 raise ChangesError(f"changes: '{show(name)}' ended before its size")
+            held += len(data)
             new[name] = gitdiff.Side(data, gitdiff.EXEC if m.mode & 0o100 else gitdiff.FILE)
-    tree = _HostTree(host)
+    considered = touched | gone
+    dropped: set[str] = set()
+
+    def blocked(rel: str) -> bool:
+        """A directory of ``rel`` stays a symlink or a file (the host's, or one the copy made there): git
+        would refuse to make ``rel`` (beyond a symlink, or under a file)."""
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            up = "/".join(parts[:i])
+            if up in considered and up not in dropped:
+                if up in new:
+                    return True
+            elif tree.kind(up) == "other":
+                return True
+        return False
+
     added: list[str] = []
     changed: list[str] = []
     removed: list[str] = []
     parts: list[str] = []
-    try:
-        for rel in sorted(touched | gone, key=os.fsencode):
-            old, now = tree.side(rel), new.get(rel)
-            if old == now:
-                continue
-            (added if old is None else removed if now is None else changed).append(rel)
-            parts.append(gitdiff.file_diff(os.fsencode(rel), old, now))
-    finally:
-        tree.close()
+    for rel in sorted(considered, key=os.fsencode):
+        now = new.get(rel)
+        if now is not None and blocked(rel):
+            skip(rel, "beneath a symlink or file that stays one")
+            dropped.add(rel)
+            continue
+        try:
+            old = tree.side(rel, max_bytes - held)
+        except _OverBudget:
+            raise ChangesError(
+                f"changes: more than {max_bytes} bytes of changed files, old and new sides (max_bytes)"
+            ) from None
+        if old == now:
+            continue
+        if any(s is not None and s.mode == gitdiff.LINK for s in (old, now)) and _GITMODULES.fullmatch(
+            _folded(rel.rsplit("/", 1)[-1])
+        ):
+            skip(rel, "a symlink named like .gitmodules (git refuses one)")
+            dropped.add(rel)
+            continue
+        held += len(old.data) if old is not None else 0
+        (added if old is None else removed if now is None else changed).append(rel)
+        parts.append(gitdiff.file_diff(os.fsencode(rel), old, now))
     files_dir = None
     if download_to is not None:
         files_dir = os.path.abspath(os.fspath(download_to))

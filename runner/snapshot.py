@@ -16,13 +16,15 @@ the manifest (name, type, mode, size, sha256, in order, none extra, none missing
 fresh sandbox start, with a writable workspace copy when the snapshot has one; the entries go in
 through the worker's ``upload`` (which checks them again). No container is ever reused.
 
-A snapshot never holds a secret's value: every file is scanned for each of the run's secret values
-(as they are, and in base64 and hex) and the snapshot is refused, naming the file, if one is found.
+A snapshot never holds a secret's value: every file, name and symlink target is scanned for each of the
+run's secret values, in every form the worker's redaction recognises (toolcage.worker.redaction: as they
+are, hex, base64 at any alignment, JSON, HTML and percent escapes, UTF-16 and UTF-32), and the snapshot is
+refused, naming the file (with the value redacted from the name), if one is found. A file whose value the
+worker's redaction already cut out of the download stream is found by halving the tree's list.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import hmac
@@ -45,6 +47,7 @@ from toolcage.errors import SandboxError, UsageError
 from toolcage.policies import contract
 from toolcage.safetar import DownloadResult, show
 from toolcage.textsafe import escape
+from toolcage.worker.redaction import Redactor, text_forms
 
 if TYPE_CHECKING:
     from toolcage.results import CallResult
@@ -57,6 +60,7 @@ MANIFEST = "manifest.json"
 ROOTS = {"scratch": contract.SCRATCH, "workspace": contract.WORKSPACE}
 DEFAULT_MAX_BYTES = 16 << 30
 DEFAULT_MAX_FILES = 1_000_000
+DEFAULT_LIST = 100_000  # entries listed to find the file that holds a secret value
 _PIECE = 1 << 20
 _MAX_MANIFEST = 512 << 20
 
@@ -159,25 +163,104 @@ class _HashingWriter(io.RawIOBase):
 
 
 class _SecretScan:
-    """Finds any of the run's secret values in a file's bytes, read piece by piece."""
+    """Finds any of the run's secret values, in any recognised form, in a file's bytes read piece by piece,
+    and in names and link targets."""
 
     def __init__(self, values: list[str]) -> None:
         needles: set[bytes] = set()
+        self.redactors = []
         for v in values:
             if len(v) < 4:
                 continue
-            raw = v.encode()
-            needles |= {raw, base64.b64encode(raw), raw.hex().encode(), raw.hex().upper().encode()}
+            needles |= {n.literal.encode("utf-8", "surrogatepass") for n in text_forms(v) if n.literal}
+            needles |= {v.encode(codec, "surrogatepass") for codec in _WIDE}
+            self.redactors.append(Redactor({"value": v}))
         self.needles = sorted(needles, key=len)
         self.tail = max((len(n) for n in self.needles), default=1) - 1
+
+    def hit(self, data: bytes) -> bool:
+        return any(n in data for n in self.needles)
+
+    def shown(self, name: str) -> str:
+        """``name`` as a message may show it: each value in it replaced by ``[secret value]``."""
+        out = show(name)
+        for r in self.redactors:
+            out = r.text(out)
+        return out
 
     def found(self, pieces: Iterator[bytes]) -> Iterator[tuple[bytes, bool]]:
         carry = b""
         for piece in pieces:
             window = carry + piece
-            hit = any(n in window for n in self.needles)
-            yield piece, hit
+            yield piece, self.hit(window)
             carry = window[-self.tail :] if self.tail else b""
+
+
+_WIDE = ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
+_MARK = "[secret "  # what redaction puts in an answer's place of a value (never in base64)
+
+
+class _Redacted(Exception):
+    """A download chunk the worker's (or the runner's) redaction changed: a value was in the stream."""
+
+
+def _download(call: ToolCall) -> transfer.Call:
+    """``call`` bound to the download tool, raising _Redacted for a chunk with a value cut out of it."""
+
+    def one(params: dict[str, Any]) -> CallResult:
+        res = call("download", params)
+        if res.ok and isinstance(res.result, dict) and _MARK in str(res.result.get("data", "")):
+            raise _Redacted
+        return res
+
+    return one
+
+
+def _refused(what: str) -> SnapshotError:
+    return SnapshotError(f"snapshot refused: {what} one of the run's secret values; nothing was written")
+
+
+def _culprit(call: ToolCall, top: str, root: str, scan: _SecretScan, max_bytes: int, max_files: int) -> str | None:
+    """The entry under ``root`` that holds a value the redaction cut out of its stream: the tree listed, then
+    halves of it downloaded until one entry is left (None if it cannot be told)."""
+    res = call("list_files", {"path": root, "recursive": True, "max_entries": DEFAULT_LIST})
+    if not res.ok or not isinstance(res.result, dict):
+        return None
+    paths: list[str] = []
+    for e in res.result.get("entries") or ():
+        path = e.get("path") if isinstance(e, dict) else None
+        if not isinstance(path, str):
+            continue
+        if _MARK in path:  # the name itself holds the value: the listing shows it redacted
+            return _under(top, root, path)
+        if e.get("type") in ("file", "symlink"):
+            paths.append(path)
+
+    def holds(some: list[str]) -> bool:
+        try:
+            for name, m, src in transfer.members(
+                _download(call), {"path": root, "paths": some},
+                max_bytes=max_bytes, max_files=max_files, result=DownloadResult(""),
+            ):  # fmt: skip
+                if scan.hit(os.fsencode(name)) or (m.issym() and scan.hit(os.fsencode(m.linkname))):
+                    return True
+                if m.isreg() and any(hit for _, hit in scan.found(_pieces(src, m.size))):
+                    return True
+        except _Redacted:
+            return True
+        except (transfer.DownloadError, SnapshotError):
+            return False
+        return False
+
+    while len(paths) > 1:
+        half = len(paths) // 2
+        paths = paths[:half] if holds(paths[:half]) else paths[half:]
+    return _under(top, root, paths[0]) if paths and holds(paths) else None
+
+
+def _under(top: str, root: str, wire: str) -> str:
+    """A path as the tools show it (``/scratch/x``) as the snapshot names it (``scratch/x``), escaped."""
+    return escape(f"{top}/{wire[len(root) + 1 :]}" if wire.startswith(root + "/") else wire)
 
 
 def _pieces(src: IO[bytes], size: int) -> Iterator[bytes]:
@@ -228,13 +311,17 @@ def write(
             for top, root in ROOTS.items():
                 if top == "workspace" and not workspace:
                     continue
-                for name, m, src in transfer.members(
-                    lambda params: call("download", params), {"path": root},
-                    max_bytes=max_bytes, max_files=max_files, result=skipped,
-                ):  # fmt: skip
-                    if name.split("/", 1)[0] == ".toolcage-upload-" or name.startswith(".toolcage-upload-"):
-                        continue  # an upload's staging, in flight
-                    entries.append(_add(tf, f"{top}/{name}", m, src, scan, counts))
+                try:
+                    for name, m, src in transfer.members(
+                        _download(call), {"path": root},
+                        max_bytes=max_bytes, max_files=max_files, result=skipped,
+                    ):  # fmt: skip
+                        if name.split("/", 1)[0] == ".toolcage-upload-" or name.startswith(".toolcage-upload-"):
+                            continue  # an upload's staging, in flight
+                        entries.append(_add(tf, f"{top}/{name}", m, src, scan, counts))
+                except _Redacted:
+                    found = _culprit(call, top, root, scan, max_bytes, max_files)
+                    raise _refused(f"'{found}' holds" if found else f"a file under {root} holds") from None
             manifest = {
                 "format": FORMAT,
                 "version": VERSION,
@@ -270,6 +357,10 @@ def write(
 def _add(
     tf: tarfile.TarFile, name: str, m: tarfile.TarInfo, src: IO[bytes], scan: _SecretScan, counts: dict[str, int]
 ) -> dict[str, Any]:
+    if scan.hit(os.fsencode(name)):
+        raise _refused(f"the name '{scan.shown(name)}' holds")
+    if m.issym() and scan.hit(os.fsencode(m.linkname)):
+        raise _refused(f"'{scan.shown(name)}' is a symlink whose target holds")
     info = tarfile.TarInfo(name)
     info.mode, info.mtime = stat.S_IMODE(m.mode) & 0o777, int(m.mtime)
     entry: dict[str, Any] = {"name": name, "mode": info.mode, "mtime": info.mtime}
@@ -303,9 +394,7 @@ def _add(
                 except StopIteration:
                     return 0
                 if hit:
-                    raise SnapshotError(
-                        f"snapshot refused: '{show(name)}' holds one of the run's secret values; nothing was written"
-                    )
+                    raise _refused(f"'{scan.shown(name)}' holds")
                 digest.update(piece)
                 self.buf = piece
             n = min(len(b), len(self.buf))

@@ -60,6 +60,13 @@ def _git_dir(name: str) -> bool:
     return name == ".git"
 
 
+def _is_link(dfd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
 def changes(s: Settings, p: ChangesParams) -> dict[str, Any]:
     if not s.workspace_copy or s.workspace is None:
         raise ToolError(
@@ -80,16 +87,19 @@ def changes(s: Settings, p: ChangesParams) -> dict[str, Any]:
             stack = rules.pop(rel, ())
             if p.gitignore:
                 stack = _with_own(stack, dfd, rel)
-            keep_dirs = []
+            keep_dirs, links = [], []
             for d in dirnames:
                 if _git_dir(d) or (not rel and d.startswith(_STAGE)):
+                    continue
+                if _is_link(dfd, d):  # a symlink to a directory: an entry of its own, as git has it; never entered
+                    links.append(d)
                     continue
                 if p.gitignore and stack and ignored(stack, prefix + d, True):
                     continue
                 keep_dirs.append(d)
                 rules[prefix + d] = stack
             dirnames[:] = keep_dirs
-            for name in filenames:
+            for name in filenames + links:
                 path = prefix + name
                 if _git_dir(name) or (p.gitignore and stack and ignored(stack, path, False)):
                     continue
