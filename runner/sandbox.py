@@ -245,7 +245,12 @@ class Sandbox:
             self.log.info("run.resumed", entries=len(self._resume.manifest.get("entries") or ()))
         elif self.options.workspace_copy and self.workspace is not None:
             got = upload.upload(
-                call, self.workspace, contract.WORKSPACE, gitignore=self.options.workspace_gitignore, base=True
+                call,
+                self.workspace,
+                contract.WORKSPACE,
+                gitignore=self.options.workspace_gitignore,
+                base=True,
+                checked=True,
             )
             self.log.info("workspace.copied", files=got.files, bytes=got.bytes)
 

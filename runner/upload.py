@@ -12,8 +12,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import queue
 import stat
 import tarfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -95,9 +97,9 @@ def _entries(local: str, gitignore: bool = False) -> Iterator[tuple[str, str]]:
                 stacks[prefix + d] = stack
             filenames = [f for f in filenames if f != ".git" and not (stack and ignored(stack, prefix + f, False))]
         dirnames.sort()
+        prefix = f"{rel}/" if rel else ""
         for base in sorted(dirnames + filenames):
-            path = os.path.join(dirpath, base)
-            yield path, os.path.relpath(path, local)
+            yield os.path.join(dirpath, base), prefix + base
 
 
 def _own_rules(stack: tuple[Rules, ...], dirpath: str, rel: str) -> tuple[Rules, ...]:
@@ -195,11 +197,19 @@ def _answer(res: CallResult, first: bool) -> dict[str, Any]:
 
 
 def upload(
-    call: Call, local_path: str | os.PathLike[str], remote_dir: str, *, gitignore: bool = False, base: bool = False
+    call: Call,
+    local_path: str | os.PathLike[str],
+    remote_dir: str,
+    *,
+    gitignore: bool = False,
+    base: bool = False,
+    checked: bool = False,
 ) -> UploadResult:
     """Send ``local_path`` (a file or directory) into ``remote_dir`` in the sandbox (module doc).
     ``gitignore``: leave out what the tree's .gitignore files ignore, and .git; ``base``: this is the
-    run's workspace copy (into /workspace, whose changes the worker then tracks)."""
+    run's workspace copy (into /workspace, whose changes the worker then tracks); ``checked``: the tree was
+    already checked for FIFOs, sockets and devices (a workspace is, by toolcage.workspace), so it is walked
+    once, as it is sent (one found then still stops the upload)."""
     local = os.path.abspath(os.fspath(local_path))
     try:
         st = os.lstat(local)
@@ -207,7 +217,7 @@ def upload(
         raise UploadUsage(f"upload: cannot read '{_show(local)}': {exc.strerror}") from None
     if stat.S_ISLNK(st.st_mode):
         raise UploadUsage(f"upload: '{_show(local)}' is a symlink; upload what it points to, or its directory")
-    for path, _ in _entries(local, gitignore):  # before anything is sent: a special file is the caller's mistake
+    for path, _ in () if checked else _entries(local, gitignore):  # before anything is sent: the caller's mistake
         kind = _kind(os.lstat(path).st_mode)
         if kind is not None:
             raise _refuse(path, kind)
@@ -219,31 +229,75 @@ def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = Fals
     made aborts the stream: the worker keeps nothing)."""
     ans = _answer(call({"path": remote_dir, **({"base": True} if base else {})}), True)
     stream = str(ans.get("stream", ""))
-    chunks = _chunks(tar)
+    ahead = _Ahead(_encoded(_chunks(tar)))  # the next chunk is made while the worker takes this one
     try:
-        data = next(chunks)
-        while True:
-            nxt = next(chunks, None)
-            params = {
-                "stream": stream,
-                "data": base64.b64encode(data).decode("ascii"),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "done": nxt is None,
-            }
-            ans = _answer(call(params), False)
-            if nxt is None:
-                break
-            data = nxt
+        item = ahead.next()
+        while item is not None:
+            nxt = ahead.next()
+            data, digest = item
+            ans = _answer(call({"stream": stream, "data": data, "sha256": digest, "done": nxt is None}), False)
+            item = nxt
     except OSError as exc:  # the local tree changed under the walk
         call({"stream": stream, "abort": True})  # the worker drops what it extracted
         raise UploadUsage(f"upload: reading '{_show(shown)}' failed: {exc.strerror}; nothing was kept") from None
     except (UploadUsage, UsageError):
         call({"stream": stream, "abort": True})
         raise
+    finally:
+        ahead.stop()
     return UploadResult(
         str(ans.get("path", remote_dir)),
         **{k: int(ans.get(k, 0)) for k in ("files", "dirs", "symlinks", "bytes")},
     )
+
+
+def _encoded(chunks: Iterator[bytes]) -> Iterator[tuple[str, str]]:
+    for data in chunks:
+        yield base64.b64encode(data).decode("ascii"), hashlib.sha256(data).hexdigest()
+
+
+class _Ahead:
+    """``items`` made on a thread of their own, at most two ahead of the caller (bounded memory): reading
+    and packing the next chunk overlaps the worker extracting this one. Errors come out of ``next``."""
+
+    _END = object()
+
+    def __init__(self, items: Iterator[Any]) -> None:
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(items,), name="toolcage-upload-ahead", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stopped.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, items: Iterator[Any]) -> None:
+        try:
+            for item in items:
+                if not self._put(item):
+                    return
+            self._put(self._END)
+        except BaseException as exc:  # handed to the caller
+            self._put(exc)
+
+    def next(self) -> Any:
+        """The next item, None at the end; the producer's error, raised here."""
+        item = self._q.get()
+        if item is self._END:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
 
 
 __all__ = ["UploadError", "UploadResult", "UploadUsage", "measure", "send", "upload"]

@@ -86,6 +86,7 @@ class Extractor:
         self.kinds: dict[str, str] = {}  # every path the archive made: "dir", "file" or "link"
         self.dir_modes: list[tuple[list[str], int]] = []
         self.files = self.dirs = self.symlinks = self.bytes = 0
+        self._cached: tuple[str, int] | None = None  # the last entry's parent: (path, directory fd)
 
     def parts(self, m: tarfile.TarInfo) -> list[str] | None:
         name = m.name
@@ -121,23 +122,35 @@ class Extractor:
         for i in range(1, len(parts)):
             self.kinds.setdefault("/".join(parts[:i]), "dir")
         key = "/".join(parts)
-        pfd = _dir_fd(self.root, parts[:-1], create=True)
-        try:
-            if m.issym():
-                self.kinds[key] = "link"
-                os.symlink(m.linkname, parts[-1], dir_fd=pfd)  # made as is: nothing is ever written through it
-                self.symlinks += 1
-            elif m.isdir():
-                self.kinds[key] = "dir"
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(parts[-1], 0o700, dir_fd=pfd)
-                self.dir_modes.append((parts, (m.mode & 0o777) | 0o700))
-                self.dirs += 1
-            else:
-                self.kinds[key] = "file"
-                self.write(tf, m, pfd, parts[-1])
-        finally:
-            os.close(pfd)
+        pfd = self._parent(parts[:-1])  # kept open for the entries after it (a tar lists a directory's together)
+        if m.issym():
+            self.kinds[key] = "link"
+            os.symlink(m.linkname, parts[-1], dir_fd=pfd)  # made as is: nothing is ever written through it
+            self.symlinks += 1
+        elif m.isdir():
+            self.kinds[key] = "dir"
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(parts[-1], 0o700, dir_fd=pfd)
+            self.dir_modes.append((parts, (m.mode & 0o777) | 0o700))
+            self.dirs += 1
+        else:
+            self.kinds[key] = "file"
+            self.write(tf, m, pfd, parts[-1])
+
+    def _parent(self, parts: list[str]) -> int:
+        """The directory fd of ``parts`` beneath the root (made as needed), kept for the next entries."""
+        key = "/".join(parts)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        self.close()
+        fd = _dir_fd(self.root, parts, create=True)
+        self._cached = (key, fd)
+        return fd
+
+    def close(self) -> None:
+        if self._cached is not None:
+            os.close(self._cached[1])
+            self._cached = None
 
     def write(self, tf: tarfile.TarFile, m: tarfile.TarInfo, pfd: int, name: str) -> None:
         src = tf.extractfile(m)
@@ -175,6 +188,8 @@ def extract(fileobj: Any, root: int) -> Extractor:
                 ex.member(tf, m)
     except (tarfile.TarError, EOFError, UnicodeError, ValueError, OverflowError) as exc:
         raise ToolError(f"upload: a broken tar stream ({type(exc).__name__}); nothing was kept", {}) from None
+    finally:
+        ex.close()
     ex.finish()
     return ex
 
