@@ -1,0 +1,258 @@
+"""toolcage's tools as LangChain StructuredTools (``toolcage.integrations.langchain``), driven by LangChain's
+own agent loop (``langchain.agents.create_agent``, a LangGraph graph; ``langgraph.prebuilt.create_react_agent``
+where langchain is not installed) and a fake chat model that emits tool calls: no model, no network, no MCP
+subprocess, a real hardened container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import subprocess
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+
+from toolcage import AsyncSandbox, Sandbox
+from toolcage.errors import UsageError
+from toolcage.integrations.langchain import STREAM_TOOLS, ToolcageToolException, aget_tools, get_tools
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+class ScriptedModel(GenericFakeChatModel):
+    """LangChain's fake chat model, answering a script of AIMessages (tool calls, then a final answer),
+    with the ``bind_tools`` an agent needs (the tools are the graph's business; the script names them)."""
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedModel:  # type: ignore[override]
+        return self
+
+
+def _step(*calls: tuple[str, str, dict[str, Any]]) -> AIMessage:
+    """One model turn: tool calls given as (id, tool name, args)."""
+    return AIMessage(content="", tool_calls=[{"name": n, "args": a, "id": i, "type": "tool_call"} for i, n, a in calls])
+
+
+def _agent(tools: list[BaseTool], script: Iterable[AIMessage]) -> Any:
+    """LangChain's current agent (a LangGraph graph) over ``tools``, driven by ``script`` (a generator's next
+    step is made when the model is asked for it, after the last step's tool results came back)."""
+    model = ScriptedModel(messages=itertools.chain(script, [AIMessage(content="done")]))
+    try:
+        from langchain.agents import create_agent
+    except ImportError:  # langchain-core and langgraph only (the extra): LangGraph's prebuilt ReAct agent
+        from langgraph.prebuilt import create_react_agent
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return create_react_agent(model, tools)
+    return create_agent(model, tools)
+
+
+def _replies(messages: list[BaseMessage]) -> dict[str, ToolMessage]:
+    """The ToolMessages of a finished run, by tool call id; fails unless the loop ended with the model's answer."""
+    assert isinstance(messages[-1], AIMessage) and messages[-1].content == "done", messages[-1]
+    return {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
+
+
+def _by_name(tools: list[BaseTool]) -> dict[str, BaseTool]:
+    return {t.name: t for t in tools}
+
+
+def test_agent_commands_run_in_the_cage_and_files_come_back(engine: Any, tmp_path: Path) -> None:
+    """The agent's calls run in the toolcage container (its labels, read-only root, no network), the file it
+    wrote is read back from the host, and each tool's schema is the one tools.list gives."""
+    (tmp_path / "hello.txt").write_text("hello from the host\n")
+    tmp_path.chmod(0o755)
+    (tmp_path / "hello.txt").chmod(0o644)
+    with Sandbox(workspace=tmp_path) as sb:
+        listing = {t["name"]: t for t in sb.call("tools.list").result}
+        tools = get_tools(sb)
+        by_name = _by_name(tools)
+        # the schemas are tools.list's, as they are; the stream tools are left out
+        assert set(by_name) == set(listing) - set(STREAM_TOOLS)
+        for name, tool in by_name.items():
+            assert tool.args_schema == listing[name]["params_schema"]
+            assert tool.description == listing[name]["description"]
+            assert tool.tool_call_schema == {**listing[name]["params_schema"], "description": tool.description}
+            params = convert_to_openai_tool(tool)["function"]["parameters"]  # what a model is sent
+            assert set(params["properties"]) == set(listing[name]["params_schema"]["properties"])
+        assert set(_by_name(get_tools(sb, exclude=()))) == set(listing)
+
+        probe = (
+            "import json, socket, errno\n"
+            "r = {'host': socket.gethostname(), 'ifaces': sorted(n for _, n in socket.if_nameindex())}\n"
+            "try:\n    open('/etc/x', 'w')\nexcept OSError as e:\n    r['root'] = errno.errorcode[e.errno]\n"
+            "print(json.dumps(r))"
+        )
+        script = [
+            _step(("probe", "run_python", {"code": probe}), ("hello", "read_file", {"path": "/workspace/hello.txt"})),
+            _step(("write", "write_file", {"path": "out/report.txt", "content": "written by the agent\n"})),
+            _step(
+                ("wc", "exec", {"argv": ["sh", "-c", "wc -c < out/report.txt"]}),
+                ("bad", "list_files", {"max_entries": "ten"}),
+            ),
+        ]
+        messages = _agent(tools, script).invoke({"messages": [HumanMessage("look around")]})["messages"]
+        got = _replies(messages)
+
+        seen = json.loads(json.loads(got["probe"].content)["stdout"])
+        info = engine.inspect(sb.container_id)
+        assert info["Config"]["Labels"]["toolcage.run_id"] == sb.run_id
+        assert seen["host"] == info["Config"]["Hostname"]  # the agent's code ran in this very container
+        assert info["HostConfig"]["ReadonlyRootfs"] is True and seen["root"] in ("EROFS", "EACCES")
+        assert info["HostConfig"]["NetworkMode"] == "none" and seen["ifaces"] == ["lo"]
+        if os.environ.get("TOOLCAGE_SANDBOX") == "gvisor":
+            assert info["HostConfig"]["Runtime"] == "runsc"
+        assert json.loads(got["hello"].content)["content"] == "hello from the host\n"
+        # content is the result as JSON; the artifact is the whole CallResult
+        art = got["write"].artifact
+        assert art["status"] == "ok" and art["run_id"] == sb.run_id
+        assert art["result"] == {"path": "/scratch/out/report.txt", "bytes_written": 21}
+        assert json.loads(got["wc"].content)["stdout"].strip() == "21"
+        # bad arguments: a failed tool call naming the field, and the loop went on
+        bad = got["bad"]
+        assert bad.status == "error" and "-32602" in bad.content and "max_entries" in bad.content
+        # the file the agent wrote, read from the host
+        assert sb.read_files(["out/report.txt"]) == {"out/report.txt": b"written by the agent\n"}
+
+        # without handle_tool_error the failure reaches the caller as a ToolException carrying the status
+        strict = _by_name(get_tools(sb, include=["run_shell"], handle_tool_error=False))
+        with pytest.raises(ToolcageToolException) as exc:
+            strict["run_shell"].invoke({"command": "echo bye; exit 3"})
+        assert exc.value.status == "error" and exc.value.result["exit_code"] == 3 and not exc.value.sandbox_failed
+        # a prefix for agents holding other tools; clear errors for bad options
+        assert [t.name for t in get_tools(sb, include=["grep"], name_prefix="cage_")] == ["cage_grep"]
+        for bad_options, says in [
+            ({"include": "run_python"}, "list of tool names"),
+            ({"include": ["run_pyton"]}, "no tool named 'run_pyton'"),
+            ({"exclude": ["nope"]}, "no tool named 'nope'"),
+            ({"name_prefix": "a b"}, "name_prefix"),
+        ]:
+            with pytest.raises(UsageError, match=says):
+                get_tools(sb, **bad_options)
+    with pytest.raises(UsageError, match="not running"):
+        get_tools(Sandbox())  # never started: no container
+    with pytest.raises(UsageError, match="Sandbox or AsyncSandbox"):
+        get_tools("sb")  # type: ignore[arg-type]
+
+
+def test_async_agent_edit_arrives_as_a_diff_and_a_snapshot_resumes(tmp_path: Path) -> None:
+    """An AsyncSandbox with a workspace copy: the agent's edit comes back as a diff `git apply` takes on the
+    host checkout; a snapshot of the session resumes in a new container, where the agent finds its files."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "app.py").write_text("GREETING = 'hello'\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    repo.chmod(0o755)
+    (repo / "app.py").chmod(0o644)
+    snap = tmp_path / "session.tar"
+
+    async def first() -> tuple[list[BaseMessage], str, str | None]:
+        async with AsyncSandbox(workspace=repo, workspace_mode="copy", workspace_gitignore=True) as sb:
+            tools = await aget_tools(sb)
+            script = [
+                _step(("sed", "exec", {"command": "sed -i s/hello/bonjour/ app.py", "cwd": "/workspace"})),
+                _step(("notes", "write_file", {"path": "/workspace/notes.md", "content": "# notes\n"})),
+                _step(("progress", "run_shell", {"command": "echo step-1 > progress.txt"})),
+            ]
+            out = await _agent(tools, script).ainvoke({"messages": [HumanMessage("edit the app")]})
+            ch = await sb.changes()
+            assert ch.changed == ("app.py",) and ch.added == ("notes.md",)
+            await sb.snapshot(snap)
+            return out["messages"], ch.diff, sb.container_id
+
+    messages, diff, first_container = asyncio.run(first())
+    assert all(m.status == "success" for m in _replies(messages).values())
+    subprocess.run(["git", "apply", "-"], cwd=repo, input=diff, text=True, check=True)
+    assert (repo / "app.py").read_text() == "GREETING = 'bonjour'\n" and (repo / "notes.md").read_text() == "# notes\n"
+
+    async def resumed() -> tuple[list[BaseMessage], str | None]:
+        async with AsyncSandbox(workspace=repo, resume=snap) as sb:
+            tools = await aget_tools(sb, include=["run_shell", "read_file"])
+            script = [
+                _step(
+                    ("cat", "run_shell", {"command": "cat progress.txt"}),
+                    ("app", "read_file", {"path": "/workspace/app.py"}),
+                )
+            ]
+            out = await _agent(tools, script).ainvoke({"messages": [HumanMessage("carry on")]})
+            return out["messages"], sb.container_id
+
+    messages, second_container = asyncio.run(resumed())
+    got = _replies(messages)
+    assert second_container != first_container
+    assert json.loads(got["cat"].content)["stdout"] == "step-1\n"
+    assert json.loads(got["app"].content)["content"] == "GREETING = 'bonjour'\n"
+
+
+def test_egress_the_policy_refuses_is_a_failed_tool_call() -> None:
+    """Code reaching a host the default policy does not allow fails, and so does http_fetch to it: the agent
+    sees failed tool calls (toolcage's status in them) and the loop finishes."""
+    code = "import urllib.request\nprint(urllib.request.urlopen('http://example.com', timeout=5).status)"
+    with Sandbox() as sb:
+        script = [
+            _step(("urllib", "run_python", {"code": code})),
+            _step(("fetch", "http_fetch", {"url": "https://example.com/"})),
+            _step(("after", "run_shell", {"command": "echo still here"})),
+        ]
+        got = _replies(_agent(get_tools(sb), script).invoke({"messages": [HumanMessage("fetch it")]})["messages"])
+    urllib_call = got["urllib"]
+    assert urllib_call.status == "error" and "tool failed: status error" in urllib_call.content
+    assert "URLError" in urllib_call.content and '"exit_code": 1' in urllib_call.content
+    fetch = got["fetch"]
+    assert fetch.status == "error" and "-32010" in fetch.content and "example.com" in fetch.content
+    assert json.loads(got["after"].content)["stdout"] == "still here\n"
+
+
+@pytest.fixture
+def kill_later() -> Iterator[Callable[[str, float], None]]:
+    threads: list[threading.Thread] = []
+
+    def schedule(name: str, after: float) -> None:
+        def kill() -> None:
+            time.sleep(after)
+            subprocess.run(["docker", "kill", name], capture_output=True, check=True)
+
+        threads.append(threading.Thread(target=kill, daemon=True))
+        threads[-1].start()
+
+    yield schedule
+    for t in threads:
+        t.join(30)
+
+
+def test_a_sandbox_killed_mid_run_is_a_failed_tool_call(kill_later: Callable[[str, float], None]) -> None:
+    """`docker kill` of the container mid-call: that call and the next are failed tool calls carrying toolcage's
+    status and reason, not an exception out of the graph; the loop reaches the model's answer, and a new sandbox
+    works."""
+    with Sandbox() as sb:
+        tools = get_tools(sb)
+
+        def script() -> Iterator[AIMessage]:
+            yield _step(("before", "run_shell", {"command": "echo before"}))
+            kill_later(sb.name, 1.0)  # the next step's call sleeps; it is killed a second into it
+            yield _step(("sleep", "run_python", {"code": "import time; time.sleep(60)", "timeout_s": 60}))
+            yield _step(("after", "run_shell", {"command": "echo after"}))
+
+        started = time.monotonic()
+        got = _replies(_agent(tools, script()).invoke({"messages": [HumanMessage("go")]})["messages"])
+        assert time.monotonic() - started < 30
+        assert sb.dead is not None
+    assert json.loads(got["before"].content)["stdout"] == "before\n"
+    for call in ("sleep", "after"):  # killed mid-call; then a sandbox that takes no more calls
+        assert got[call].status == "error", got[call]
+        assert "sandbox failed: status crashed (worker_crashed)" in got[call].content, got[call].content
+    with Sandbox() as again:  # the next session works
+        (shell,) = get_tools(again, include=["run_shell"])
+        assert json.loads(shell.invoke({"command": "echo ok"}))["stdout"] == "ok\n"
