@@ -1,0 +1,751 @@
+"""A sandbox client for the OpenAI Agents SDK (``openai-agents``): ``SandboxAgent`` runs its shell and
+filesystem capabilities in a toolcage sandbox.
+
+    from agents.run import RunConfig
+    from agents.sandbox import SandboxRunConfig
+    from toolcage.integrations.openai_agents import ToolcageSandboxClient, ToolcageSandboxClientOptions
+
+    run_config = RunConfig(sandbox=SandboxRunConfig(
+        client=ToolcageSandboxClient(),
+        options=ToolcageSandboxClientOptions(allow_hosts=("pypi.org",)),
+    ))
+
+The session is a :class:`~toolcage.aio.AsyncSandbox` with a writable workspace copy at ``/workspace`` (the
+SDK's default manifest root): the same hardened container, policy, egress allowlist, secrets and audit log as
+toolcage's own API. ``exec`` is toolcage's ``exec`` tool; ``read``/``write`` its ``read_file``/``write_file``
+tools (a download/upload past a few MiB); ``persist_workspace``/``hydrate_workspace`` move a tar of the
+workspace through toolcage's ``download``/``upload`` streams; the SDK's own code applies the manifest,
+``apply_patch``, ``ls``, ``mkdir``, ``rm`` and ``mv`` over ``exec``.
+
+Snapshots: any SDK snapshot (``LocalSnapshotSpec``, ``RemoteSnapshotSpec``) works through
+``persist_workspace``/``hydrate_workspace``; :class:`ToolcageSnapshotSpec` uses toolcage's own snapshots
+instead (``/scratch`` and the workspace, signed with this host's key, refused if it holds a secret), and a
+resume starts a fresh sandbox from it. No container is ever reattached: ``resume`` always starts a new one.
+
+Not supported, declared as the SDK expects: PTY sessions (``supports_pty()`` is False, so the ``Shell``
+capability offers no ``write_stdin``; a PTY call raises ``NotImplementedError``), exposed ports
+(``resolve_exposed_port`` raises ``ExposedPortUnavailableError``: the sandbox has no network interface but
+``lo``), manifest mounts, users and groups, and ``exec(user=...)`` (refused at ``create`` or at the call with
+a ``ConfigurationError``): toolcage mounts nothing from the host and runs everything as one unprivileged user.
+
+A sandbox that dies (its memory limit, its deadline, ``docker kill``) reaches the SDK as
+:class:`ToolcageSandboxError`, an ``ExecTransportError`` carrying toolcage's ``status`` and ``reason``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import io
+import os
+import tarfile
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import IO, TYPE_CHECKING, Any, Literal, Self
+
+from agents.sandbox.errors import (
+    ConfigurationError,
+    ErrorCode,
+    ExecTimeoutError,
+    ExecTransportError,
+    OpName,
+    SnapshotPersistError,
+    SnapshotRestoreError,
+    WorkspaceArchiveReadError,
+    WorkspaceArchiveWriteError,
+    WorkspaceReadNotFoundError,
+)
+from agents.sandbox.manifest import Manifest
+from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
+from agents.sandbox.session.dependencies import Dependencies
+from agents.sandbox.session.manager import Instrumentation
+from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
+from agents.sandbox.session.sandbox_session import SandboxSession
+from agents.sandbox.session.sandbox_session_state import SandboxSessionState
+from agents.sandbox.session.workspace_payloads import coerce_write_payload
+from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
+from agents.sandbox.types import ExecResult, User
+from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
+from pydantic import ConfigDict, Field, model_validator
+
+from toolcage.aio import AsyncSandbox
+from toolcage.errors import SandboxError as ToolcageDied
+from toolcage.errors import ToolcageError, UsageError
+from toolcage.policies import codes
+
+if TYPE_CHECKING:
+    from toolcage.changes import Changes
+    from toolcage.results import CallResult
+    from toolcage.sandbox import Sandbox
+
+BACKEND_ID = "toolcage"
+SANDBOX_USER = "sandbox"  # the one user every process in the sandbox runs as (uid 65532)
+ROOTS = ("/workspace", "/scratch")  # where a manifest root may be: the writable workspace copy, or scratch
+SESSION_RUN_S = 3600.0  # the bundled default policy's 60 s run is too short for an agent session
+SESSION_IDLE_S = 600.0
+_INLINE_MAX = 4 << 20  # a file up to this size goes in one write_file call; larger ones are uploaded
+_CHUNK = 1 << 20
+KINDS = ("container", "gvisor", "auto")
+
+
+class ToolcageSandboxError(ExecTransportError):
+    """The toolcage sandbox itself ended (its memory limit, its run deadline or idle timeout, a crash, a
+    ``docker kill``): ``status`` and ``reason`` are toolcage's (``toolcage.errors``), also in ``context``.
+    Not retryable on this session; a new session starts a new sandbox."""
+
+    status: str
+    reason: str
+
+    def __init__(
+        self,
+        *,
+        status: str,
+        reason: str,
+        detail: str,
+        op: OpName = "exec",
+        command: tuple[str, ...] = (),
+        run_id: str | None = None,
+        cause: BaseException | None = None,
+    ) -> None:
+        super().__init__(
+            command=command,
+            message=f"the toolcage sandbox ended ({status}, {reason}): {detail}",
+            context={"backend": BACKEND_ID, "status": status, "reason": reason, "run_id": run_id, "detail": detail},
+            cause=cause,
+            retryable=False,
+        )
+        self.op = op
+        self.status = status
+        self.reason = reason
+
+
+def _unsupported(what: str, why: str, op: OpName = "start") -> ConfigurationError:
+    return ConfigurationError(
+        message=f"{what} is not supported by the toolcage sandbox: {why}",
+        error_code=ErrorCode.SANDBOX_CONFIG_INVALID,
+        op=op,
+        context={"backend": BACKEND_ID, "unsupported": what},
+    )
+
+
+# options --------------------------------------------------------------------------------------------------
+
+
+class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
+    """How a toolcage session is made. Every field is checked when the options are built (a bad policy,
+    allowlist entry, secret, sandbox kind or workspace is a ``ValidationError`` naming it).
+
+    - ``policy``: a bundled name (``"default"``), a policy file, or a mapping (``{"extends": "default", ...}``);
+    - ``allow_hosts``: the egress allowlist, added to the policy's (``"api.github.com"``, ``"*.pypi.org"``, or a
+      policy ``allow`` entry as a mapping); any entry turns on ``network.mode: proxy``. Empty: the policy's
+      network (the default policy has none at all);
+    - ``secrets``: values for the secrets the policy binds (``secrets:`` with ``send_to``); SafeFetch adds them
+      to requests to their origin, the sandbox's code never reads them. Never serialised with the session state;
+    - ``audit``: the audit log's path; None: toolcage's default log; False: none;
+    - ``image``: the worker image (default ``toolcage-worker:<version>``); ``sandbox``: ``"container"`` (runc),
+      ``"gvisor"`` or ``"auto"`` (default: ``$TOOLCAGE_SANDBOX``, else runc);
+    - ``workspace``: a host directory copied into ``/workspace`` at start (never mounted, never written);
+      ``workspace_gitignore``: leave out what its ``.gitignore`` files ignore, and ``.git``;
+    - ``run_s``/``idle_s``: the session's deadline and idle timeout (default: the policy's; for the bundled
+      ``default`` policy 1 h and 10 min, its 60 s being too short for an agent).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, extra="forbid")
+
+    type: Literal["toolcage"] = "toolcage"
+    policy: str | dict[str, Any] = "default"
+    allow_hosts: tuple[str | dict[str, Any], ...] = ()
+    secrets: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
+    audit: str | bool | None = None
+    image: str | None = None
+    sandbox: str | None = None
+    workspace: str | None = None
+    workspace_gitignore: bool = False
+    run_s: float | None = None
+    idle_s: float | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        try:
+            self.resolved_policy()
+            from toolcage import connectors
+            from toolcage.workspace import validate_workspace
+
+            connectors.secret_store(self.resolved_policy(), self.secrets)
+            kind = self.sandbox or os.environ.get("TOOLCAGE_SANDBOX") or "container"
+            if kind not in KINDS:
+                raise UsageError(
+                    f"sandbox must be one of {', '.join(map(repr, KINDS))}, not {kind!r} (the SDK's own "
+                    "UnixLocalSandboxClient runs commands on the host; toolcage's 'none' kind is not offered here)"
+                )
+            if self.workspace is not None:
+                validate_workspace(self.workspace)
+            elif self.workspace_gitignore:
+                raise UsageError("workspace_gitignore applies to a workspace: give workspace= too")
+            if self.audit is True:
+                raise UsageError("audit takes a path, None (toolcage's default log) or False (no log), not True")
+        except (ToolcageError, ValueError) as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def resolved_policy(self) -> Any:
+        """The run's policy (a ``toolcage.policies.Policy``): ``policy`` with ``allow_hosts`` and the
+        session's timeouts merged in."""
+        from toolcage.policies import load_policy
+
+        return load_policy(self.policy_source())
+
+    def policy_source(self) -> str | dict[str, Any]:
+        """``policy`` with ``allow_hosts``, ``run_s`` and ``idle_s`` merged in, as ``load_policy`` takes it."""
+        run_s, idle_s = self.run_s, self.idle_s
+        if self.policy == "default":
+            run_s = SESSION_RUN_S if run_s is None else run_s
+            idle_s = SESSION_IDLE_S if idle_s is None else idle_s
+        for name, value in (("run_s", run_s), ("idle_s", idle_s)):
+            if value is not None and (isinstance(value, bool) or value <= 0):
+                raise UsageError(f"{name} must be a positive number of seconds")
+        if not self.allow_hosts and run_s is None and idle_s is None:
+            return self.policy
+        merged: dict[str, Any] = (
+            {"extends": self.policy} if isinstance(self.policy, str) else copy.deepcopy(self.policy)
+        )
+        if self.allow_hosts:
+            network = dict(merged.get("network") or {})
+            allow = list(network.get("allow") or [])
+            for entry in self.allow_hosts:
+                if isinstance(entry, str):
+                    if not entry or "/" in entry or (":" in entry and not entry.startswith("[")):
+                        raise UsageError(f"allow_hosts: {entry!r} is not a host name (give a name, e.g. 'pypi.org')")
+                    allow.append({"host": entry})
+                else:
+                    allow.append(dict(entry))
+            network.update(mode="proxy", allow=allow)
+            merged["network"] = network
+        timeouts = dict(merged.get("timeouts") or {})
+        if run_s is not None:
+            timeouts["run_s"] = run_s
+        if idle_s is not None:
+            timeouts["idle_s"] = idle_s
+        if timeouts:
+            merged["timeouts"] = timeouts
+        return merged
+
+    def sandbox_kwargs(self) -> dict[str, Any]:
+        """What ``AsyncSandbox(...)`` takes from these options (always a writable workspace copy)."""
+        return {
+            "policy": self.policy_source(),
+            "workspace": self.workspace,
+            "workspace_mode": "copy",
+            "workspace_gitignore": self.workspace_gitignore,
+            "sandbox": self.sandbox,
+            "image": self.image,
+            "audit": self.audit,
+            "secrets": dict(self.secrets) or None,
+            "tool": "openai-agents",
+        }
+
+    def persisted(self) -> dict[str, Any]:
+        """The options as a session state keeps them: everything but the secrets' values."""
+        return self.model_dump(mode="json", exclude={"secrets"})
+
+    @classmethod
+    def from_persisted(cls, data: Mapping[str, Any], secrets: Mapping[str, str] | None) -> ToolcageSandboxClientOptions:
+        return cls.model_validate({**data, "secrets": dict(secrets or {})})
+
+
+# snapshots ------------------------------------------------------------------------------------------------
+
+
+class ToolcageSnapshot(SnapshotBase):
+    """A toolcage snapshot of one session (``Sandbox.snapshot``): ``/scratch`` and the workspace copy, signed
+    with this host's key; written by the session's ``stop()`` and resumed by ``ToolcageSandboxClient.resume``
+    into a fresh sandbox (checked before it starts). Only a toolcage session can write or read it."""
+
+    type: Literal["toolcage"] = "toolcage"
+    base_path: Path
+
+    def path(self) -> Path:
+        name = PurePosixPath(self.id).name
+        if not name or name != self.id or name in (".", ".."):
+            raise ValueError("a ToolcageSnapshot id must be a single path segment")
+        return self.base_path / f"{name}.toolcage.tar"
+
+    async def persist(self, data: io.IOBase, *, dependencies: Dependencies | None = None) -> None:
+        _ = (data, dependencies)
+        raise SnapshotPersistError(
+            snapshot_id=self.id,
+            path=self.path(),
+            context={"reason": "a toolcage snapshot is written by a ToolcageSandboxClient session's stop()"},
+        )
+
+    async def restore(self, *, dependencies: Dependencies | None = None) -> io.IOBase:
+        _ = dependencies
+        raise SnapshotRestoreError(
+            snapshot_id=self.id,
+            path=self.path(),
+            context={"reason": "a toolcage snapshot is resumed by ToolcageSandboxClient.resume()"},
+        )
+
+    async def restorable(self, *, dependencies: Dependencies | None = None) -> bool:
+        _ = dependencies
+        return self.path().is_file()
+
+
+class ToolcageSnapshotSpec(SnapshotSpec):
+    """``SandboxRunConfig(snapshot=ToolcageSnapshotSpec(base_path=DIR))``: toolcage snapshots in ``DIR``."""
+
+    type: Literal["toolcage"] = "toolcage"
+    base_path: Path
+
+    def build(self, snapshot_id: str) -> SnapshotBase:
+        return ToolcageSnapshot(id=snapshot_id, base_path=self.base_path)
+
+
+# the session ----------------------------------------------------------------------------------------------
+
+
+class ToolcageSandboxSessionState(SandboxSessionState):
+    type: Literal["toolcage"] = "toolcage"
+    options: dict[str, Any] = Field(default_factory=dict)  # ToolcageSandboxClientOptions.persisted()
+    run_id: str | None = None  # the toolcage run serving the session now (a resume gets a new one)
+    container_id: str | None = None
+
+
+def _posix(path: Path | str) -> str:
+    return PurePosixPath(str(path).replace("\\", "/")).as_posix()
+
+
+def _result_bytes(result: Mapping[str, Any], stream: str) -> bytes:
+    import base64
+
+    raw = result.get(f"{stream}_b64")
+    if isinstance(raw, str):
+        return base64.b64decode(raw)
+    return str(result.get(stream) or "").encode("utf-8")
+
+
+class ToolcageSandboxSession(BaseSandboxSession):
+    """A ``BaseSandboxSession`` over one toolcage sandbox (an :class:`~toolcage.aio.AsyncSandbox` with a
+    writable workspace copy). ``sandbox`` is that sandbox, for toolcage's own calls (``changes()``,
+    ``snapshot()``, ``call("grep", ...)``)."""
+
+    state: ToolcageSandboxSessionState
+
+    def __init__(
+        self,
+        *,
+        state: ToolcageSandboxSessionState,
+        options: ToolcageSandboxClientOptions,
+        resume_from: Path | None = None,
+    ) -> None:
+        self.state = state
+        self._options = options
+        self._resume_from = resume_from
+        self._sb: AsyncSandbox | None = None
+        self._env: dict[str, str] = {}
+        self._root_ready = False
+
+    # toolcage's own view ---------------------------------------------------------------------------------
+    @property
+    def sandbox(self) -> AsyncSandbox:
+        if self._sb is None:
+            raise _unsupported("using the session before start()", "start it (async with session) first", "exec")
+        return self._sb
+
+    @property
+    def _sync(self) -> Sandbox:
+        return self.sandbox._sync
+
+    async def changes(self, **kwargs: Any) -> Changes:
+        """What the session changed in ``/workspace`` against ``options.workspace`` (``Sandbox.changes``)."""
+        return await self.sandbox.changes(**kwargs)
+
+    def _died(self, exc: BaseException, op: OpName, command: tuple[str, ...] = ()) -> ToolcageSandboxError:
+        dead = self._sync.dead if self._sb is not None else None
+        why = dead if dead is not None else exc
+        return ToolcageSandboxError(
+            status=str(getattr(why, "status", None) or "crashed"),
+            reason=str(getattr(why, "reason", None) or "sandbox"),
+            detail=str(why),
+            op=op,
+            command=command,
+            run_id=self._sb.run_id if self._sb is not None else None,
+            cause=exc,
+        )
+
+    async def _call(
+        self, tool: str, params: dict[str, Any], *, op: OpName, command: tuple[str, ...] = ()
+    ) -> CallResult:
+        sb = self.sandbox
+        try:
+            return await sb.call(tool, params)
+        except ToolcageDied as exc:
+            raise self._died(exc, op, command) from exc
+        except UsageError as exc:
+            if self._sync.dead is not None or self._sync._closed:
+                raise self._died(exc, op, command) from exc
+            raise
+
+    async def _on_thread(self, op: OpName, fn: Any, *args: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except ToolcageDied as exc:
+            raise self._died(exc, op) from exc
+
+    # lifecycle --------------------------------------------------------------------------------------------
+    async def _ensure_backend_started(self) -> None:
+        if self._sb is not None:
+            return
+        sb = AsyncSandbox(**self._options.sandbox_kwargs(), resume=self._resume_from)
+        try:
+            await sb.start()
+        except ToolcageDied as exc:
+            self._sb = sb
+            raise self._died(exc, "start") from exc
+        self._sb = sb
+        self.state.run_id, self.state.container_id = sb.run_id, sb.container_id
+        self._env = await self.state.manifest.environment.resolve() if self.state.manifest.environment else {}
+
+    async def _start_workspace(self) -> None:
+        if self._resume_from is not None:  # toolcage restored the files before the first call
+            await self._reapply_ephemeral_manifest_on_resume()
+            return
+        await super()._start_workspace()
+
+    async def _after_start(self) -> None:
+        self._root_ready = True
+
+    async def _after_start_failed(self) -> None:
+        await self._close()
+
+    def _should_compute_snapshot_fingerprint_on_persist(self) -> bool:
+        return False  # a fingerprint lets a reattached container skip its restore; toolcage never reattaches
+
+    async def _persist_snapshot(self) -> None:
+        snap = self.state.snapshot
+        if not isinstance(snap, ToolcageSnapshot):
+            await super()._persist_snapshot()
+            return
+        if self._sb is None or not await self.running():
+            raise SnapshotPersistError(
+                snapshot_id=snap.id, path=snap.path(), context={"reason": "the sandbox is not running"}
+            )
+        try:
+            snap.base_path.mkdir(parents=True, exist_ok=True)
+            await self._on_thread("snapshot_persist", self._sync.snapshot, snap.path())
+        except ToolcageSandboxError:
+            raise
+        except (ToolcageError, OSError) as exc:
+            raise SnapshotPersistError(snapshot_id=snap.id, path=snap.path(), cause=exc) from exc
+
+    async def running(self) -> bool:
+        sb = self._sb
+        return sb is not None and sb._sync._running and sb._sync.dead is None and not sb._sync._closed
+
+    async def _shutdown_backend(self) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
+        if self._sb is not None:
+            try:
+                await self._sb.close()
+            except ToolcageError:
+                pass
+
+    # exec -----------------------------------------------------------------------------------------------
+    async def exec(
+        self,
+        *command: str | Path,
+        timeout: float | None = None,
+        shell: bool | list[str] = True,
+        user: str | User | None = None,
+    ) -> ExecResult:
+        self._check_user(user, "exec")
+        return await super().exec(*command, timeout=timeout, shell=shell, user=None)
+
+    @staticmethod
+    def _check_user(user: str | User | None, op: OpName) -> None:
+        name = user.name if isinstance(user, User) else user
+        if name not in (None, SANDBOX_USER):
+            raise _unsupported(
+                f"running as user {name!r}", f"every process runs as the one unprivileged user {SANDBOX_USER!r}", op
+            )
+
+    async def _exec_internal(self, *command: str | Path, timeout: float | None = None) -> ExecResult:
+        argv = tuple(str(c) for c in command)
+        root = _posix(self.state.manifest.root)
+        params: dict[str, Any] = {"argv": list(argv), "cwd": root if self._root_ready else "/scratch"}
+        if self._env:
+            params["env"] = self._env
+        if timeout is not None:
+            params["timeout_s"] = max(float(timeout), 0.001)
+        res = await self._call("exec", params, op="exec", command=argv)
+        result = res.result if isinstance(res.result, dict) else None
+        if result is not None and "exit_code" in result:
+            if result.get("timed_out"):
+                raise ExecTimeoutError(command=argv, timeout_s=timeout, context={"backend": BACKEND_ID})
+            code = result.get("exit_code")
+            exit_code = int(code) if isinstance(code, int) else 1
+            if exit_code < 0:  # killed by a signal: as a shell reports it
+                exit_code = 128 - exit_code
+            return ExecResult(
+                stdout=_result_bytes(result, "stdout"), stderr=_result_bytes(result, "stderr"), exit_code=exit_code
+            )
+        err = res.error or {}
+        code = err.get("code")
+        message = str(err.get("message") or res.status)
+        if code in (codes.TOOL_ERROR, codes.PATH_ESCAPE):  # no such program, not executable, a bad cwd
+            missing = "no such program" in message
+            return ExecResult(stdout=b"", stderr=(message + "\n").encode(), exit_code=127 if missing else 126)
+        raise ExecTransportError(
+            command=argv,
+            message=f"toolcage exec failed ({res.status}): {message}",
+            context={"backend": BACKEND_ID, "status": str(res.status), "code": code, "error": message},
+        )
+
+    # files ----------------------------------------------------------------------------------------------
+    def _abs(self, path: Path | str, *, for_write: bool = False) -> str:
+        return _posix(self.normalize_path(path, for_write=for_write))
+
+    async def read(self, path: Path, *, user: str | User | None = None) -> io.IOBase:
+        self._check_user(user, "read")
+        where = self._abs(path)
+        res = await self._call("read_file", {"path": where}, op="read")
+        if res.ok and isinstance(res.result, dict):
+            r = res.result
+            if not r.get("truncated"):
+                if r.get("encoding") == "base64":
+                    import base64
+
+                    return io.BytesIO(base64.b64decode(str(r.get("content") or "")))
+                return io.BytesIO(str(r.get("content") or "").encode("utf-8"))
+            try:  # over the output cap: one download
+                got = await self._on_thread("read", self._sync.read_files, [where])
+            except ToolcageError as exc:
+                raise WorkspaceArchiveReadError(path=Path(where), cause=exc) from exc
+            return io.BytesIO(got[where])
+        message = str((res.error or {}).get("message") or res.status)
+        if message.startswith("no such file"):
+            raise WorkspaceReadNotFoundError(path=path, context={"backend": BACKEND_ID})
+        raise WorkspaceArchiveReadError(path=Path(where), context={"backend": BACKEND_ID, "error": message})
+
+    async def write(self, path: Path, data: io.IOBase, *, user: str | User | None = None) -> None:
+        self._check_user(user, "write")
+        where = self._abs(path, for_write=True)
+        payload = coerce_write_payload(path=path, data=data)
+        content = payload.stream.read()
+        if isinstance(content, str):
+            content = content.encode("utf-8")
+        if len(content) <= _INLINE_MAX:
+            import base64
+
+            params = {"path": where, "content": base64.b64encode(content).decode("ascii"), "encoding": "base64"}
+            res = await self._call("write_file", params, op="write")
+            if not res.ok:
+                message = str((res.error or {}).get("message") or res.status)
+                raise WorkspaceArchiveWriteError(path=Path(where), context={"backend": BACKEND_ID, "error": message})
+            return
+        try:
+            await self._on_thread("write", self._sync.write_files, {where: bytes(content)})
+        except ToolcageError as exc:
+            raise WorkspaceArchiveWriteError(path=Path(where), cause=exc) from exc
+
+    # the workspace as a tar ---------------------------------------------------------------------------------
+    async def persist_workspace(self) -> io.IOBase:
+        root = _posix(self._workspace_root_path())
+        skip = {p.as_posix() for p in self._persist_workspace_skip_relpaths()}
+        try:
+            out: io.IOBase = await self._on_thread("persist_workspace", self._workspace_tar, root, skip)
+        except ToolcageSandboxError:
+            raise
+        except (ToolcageError, OSError, tarfile.TarError) as exc:
+            raise WorkspaceArchiveReadError(path=Path(root), cause=exc) from exc
+        return out
+
+    def _workspace_tar(self, root: str, skip: set[str]) -> IO[bytes]:
+        """The workspace root's tree as a tar with workspace-relative names (toolcage's download stream,
+        each entry checked as hostile), spooled to a temporary file."""
+        from toolcage import transfer
+        from toolcage.transfer import DownloadResult
+
+        out = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the SDK, which closes it
+        call = self._sync.call
+        try:
+            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tf:
+                try:
+                    for name, m, src in transfer.members(
+                        lambda params: call("download", params),
+                        {"path": root},
+                        max_bytes=transfer.DEFAULT_MAX_BYTES,
+                        max_files=transfer.DEFAULT_MAX_FILES,
+                        result=DownloadResult(""),
+                    ):
+                        if any(name == s or name.startswith(s + "/") for s in skip):
+                            continue
+                        m.name = name
+                        tf.addfile(m, src if m.isreg() else None)
+                except transfer.DownloadUsage:
+                    pass  # no workspace root yet: an empty archive
+            out.seek(0)
+        except BaseException:
+            out.close()
+            raise
+        return out
+
+    async def hydrate_workspace(self, data: io.IOBase) -> None:
+        root = _posix(self._workspace_root_path())
+        try:
+            await self._on_thread("hydrate_workspace", self._hydrate, data, root)
+        except ToolcageSandboxError:
+            raise
+        except UnsafeTarMemberError as exc:
+            raise WorkspaceArchiveWriteError(
+                path=Path(root), context={"reason": exc.reason, "member": exc.member}, cause=exc
+            ) from exc
+        except (ToolcageError, OSError, tarfile.TarError) as exc:
+            raise WorkspaceArchiveWriteError(path=Path(root), cause=exc) from exc
+
+    def _hydrate(self, data: io.IOBase, root: str) -> None:
+        """The SDK's tar checked by the SDK's own rules, rewritten with plain relative names, and sent
+        through toolcage's upload (the worker checks it again and keeps nothing unless all of it was good)."""
+        from toolcage import upload
+        from toolcage.transfer import safe_name
+
+        with tempfile.TemporaryFile() as raw, tempfile.TemporaryFile() as clean:
+            while chunk := data.read(_CHUNK):
+                raw.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
+            raw.seek(0)
+            with tarfile.open(fileobj=raw, mode="r:*") as tar:
+                validate_tarfile(tar, allow_external_symlink_targets=False)
+            raw.seek(0)
+            with (
+                tarfile.open(fileobj=raw, mode="r:*") as tar,
+                tarfile.open(fileobj=clean, mode="w", format=tarfile.PAX_FORMAT) as out,
+            ):
+                for m in tar:
+                    name = safe_name(m.name)
+                    if name is None or not (m.isreg() or m.isdir() or m.issym()):
+                        continue
+                    m.name = name
+                    out.addfile(m, tar.extractfile(m) if m.isreg() else None)
+            clean.seek(0)
+
+            def pieces() -> Iterator[bytes]:
+                while piece := clean.read(_CHUNK):
+                    yield piece
+
+            self._sync.call("exec", {"argv": ["mkdir", "-p", root]})
+            upload.send(lambda params: self._sync.call("upload", params), pieces(), root, shown=root)
+
+
+# the client -----------------------------------------------------------------------------------------------
+
+
+def toolcage_session(session: BaseSandboxSession) -> ToolcageSandboxSession:
+    """The toolcage session inside the SDK's ``SandboxSession`` wrapper (for ``changes()``, ``sandbox``)."""
+    inner = getattr(session, "_inner", session)
+    if not isinstance(inner, ToolcageSandboxSession):
+        raise TypeError(f"not a toolcage session: {type(inner).__name__}")
+    return inner
+
+
+class ToolcageSandboxClient(BaseSandboxClient[ToolcageSandboxClientOptions | None]):
+    """The OpenAI Agents SDK's sandbox client for toolcage: ``SandboxRunConfig(client=ToolcageSandboxClient(),
+    options=ToolcageSandboxClientOptions(...))``; the options may be left out (the defaults: the ``default``
+    policy, no network). ``secrets``: the values a resumed session's policy needs (a session state never
+    holds them)."""
+
+    backend_id = BACKEND_ID
+    supports_default_options = True
+
+    def __init__(
+        self,
+        options: ToolcageSandboxClientOptions | None = None,
+        *,
+        secrets: Mapping[str, str] | None = None,
+        instrumentation: Instrumentation | None = None,
+        dependencies: Dependencies | None = None,
+    ) -> None:
+        super().__init__()
+        if options is not None and not isinstance(options, ToolcageSandboxClientOptions):
+            raise TypeError("options must be a ToolcageSandboxClientOptions")
+        self.default_options = options if options is not None else ToolcageSandboxClientOptions()
+        self._secrets = dict(secrets or {})
+        self._instrumentation = instrumentation if instrumentation is not None else Instrumentation()
+        self._dependencies = dependencies
+
+    @staticmethod
+    def _check_manifest(manifest: Manifest) -> None:
+        root = _posix(manifest.root)
+        if not any(root == r or root.startswith(r + "/") for r in ROOTS):
+            raise _unsupported(
+                f"the manifest root {root!r}",
+                "it must be /workspace (the writable workspace copy), or under it or /scratch",
+            )
+        if list(manifest.mount_targets()):
+            raise _unsupported("manifest mounts", "toolcage mounts nothing into the sandbox; copy files in instead")
+        if manifest.users or manifest.groups:
+            raise _unsupported(
+                "manifest users and groups", f"every process runs as the one unprivileged user {SANDBOX_USER!r}"
+            )
+
+    async def create(
+        self,
+        *,
+        snapshot: SnapshotSpec | SnapshotBase | None = None,
+        manifest: Manifest | None = None,
+        options: ToolcageSandboxClientOptions | None = None,
+    ) -> SandboxSession:
+        if options is not None and not isinstance(options, ToolcageSandboxClientOptions):
+            raise TypeError("ToolcageSandboxClient takes ToolcageSandboxClientOptions")
+        opts = options if options is not None else self.default_options
+        manifest = manifest if manifest is not None else Manifest()
+        self._validate_manifest_for_create(manifest)
+        self._check_manifest(manifest)
+        session_id = uuid.uuid4()
+        state = ToolcageSandboxSessionState(
+            session_id=session_id,
+            manifest=manifest,
+            snapshot=resolve_snapshot(snapshot, str(session_id)),
+            options=opts.persisted(),
+        )
+        return self._wrap_session(
+            ToolcageSandboxSession(state=state, options=opts), instrumentation=self._instrumentation
+        )
+
+    async def delete(self, session: SandboxSession) -> SandboxSession:
+        await toolcage_session(session)._close()
+        return session
+
+    async def resume(self, state: SandboxSessionState) -> SandboxSession:
+        """A fresh sandbox for ``state`` (toolcage never reattaches a container): from its toolcage snapshot
+        when there is one (restored before the first call), else the SDK restores its snapshot at start."""
+        if not isinstance(state, ToolcageSandboxSessionState):
+            raise TypeError("ToolcageSandboxClient.resume expects a ToolcageSandboxSessionState")
+        self._check_manifest(state.manifest)
+        secrets = self._secrets or dict(self.default_options.secrets)
+        opts = ToolcageSandboxClientOptions.from_persisted(state.options, secrets)
+        resume_from = None
+        if isinstance(state.snapshot, ToolcageSnapshot) and await state.snapshot.restorable():
+            resume_from = state.snapshot.path()
+        state.workspace_root_ready = False
+        inner = ToolcageSandboxSession(state=state, options=opts, resume_from=resume_from)
+        inner._set_start_state_preserved(False)
+        return self._wrap_session(inner, instrumentation=self._instrumentation)
+
+    def deserialize_session_state(self, payload: dict[str, object]) -> SandboxSessionState:
+        return self._deserialize_session_state_payload(payload, ToolcageSandboxSessionState)
+
+
+__all__ = [
+    "ToolcageSandboxClient",
+    "ToolcageSandboxClientOptions",
+    "ToolcageSandboxError",
+    "ToolcageSandboxSession",
+    "ToolcageSandboxSessionState",
+    "ToolcageSnapshot",
+    "ToolcageSnapshotSpec",
+    "toolcage_session",
+]

@@ -1,0 +1,310 @@
+"""The OpenAI Agents SDK's real agent loop (``Runner.run`` with a ``SandboxAgent``), driven by the SDK's own
+scripted model (``agents.testing.ScriptedModel``), against a real toolcage container through
+``ToolcageSandboxClient``. No model, no network.
+
+The SDK ships no sandbox-client conformance suite in its package (``agents.testing`` holds the scripted
+model and a scripted sandbox session, both test doubles); what a conformance suite would check is checked
+here against the real container: exec, read/write, the manifest, apply_patch, persist/hydrate, snapshot and
+resume, the unsupported features, and a sandbox that dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agents import RunConfig, Runner
+from agents.exceptions import AgentsException
+from agents.sandbox import SandboxAgent, SandboxRunConfig
+from agents.sandbox.capabilities import Filesystem, Shell
+from agents.sandbox.entries import Dir, File
+from agents.sandbox.errors import ConfigurationError, ExposedPortUnavailableError
+from agents.sandbox.manifest import Manifest
+from agents.sandbox.snapshot import LocalSnapshotSpec
+from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
+from openai.types.responses import ResponseCustomToolCall
+from pydantic import ValidationError
+
+from toolcage.integrations.openai_agents import (
+    ToolcageSandboxClient,
+    ToolcageSandboxClientOptions,
+    ToolcageSandboxError,
+    ToolcageSnapshotSpec,
+    toolcage_session,
+)
+from toolcage.lifecycle import ownership
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def _sh(cmd: str, call_id: str) -> Any:
+    return function_call("exec_command", {"cmd": cmd}, call_id=call_id)
+
+
+def _patch(patch: str, call_id: str) -> Any:
+    return ResponseCustomToolCall(type="custom_tool_call", call_id=call_id, id=call_id, name="apply_patch", input=patch)
+
+
+def _agent(model: ScriptedModel) -> SandboxAgent[Any]:
+    return SandboxAgent(name="worker", instructions="Do the task.", model=model, capabilities=[Filesystem(), Shell()])
+
+
+def _run(agent: SandboxAgent[Any], sandbox: SandboxRunConfig) -> Any:
+    return Runner.run(agent, "go", run_config=RunConfig(sandbox=sandbox, tracing_disabled=True), max_turns=12)
+
+
+def _outputs(model: ScriptedModel) -> dict[str, str]:
+    """The tool outputs the model was shown, by call id (from the input of its last call)."""
+    last = model.last_call
+    assert last is not None
+    out = {}
+    for item in last.input if isinstance(last.input, list) else ():
+        if isinstance(item, dict) and item.get("type") in ("function_call_output", "custom_tool_call_output"):
+            out[str(item["call_id"])] = str(item.get("output"))
+    return out
+
+
+def _mine(tool: str = "openai-agents") -> list[dict[str, Any]]:
+    """This process's live toolcage containers of the client, as docker inspect shows them."""
+    host_pid, _ = ownership.owner()
+    filters = ["--filter", f"label=toolcage.tool={tool}", "--filter", f"label=toolcage.owner={host_pid}"]
+    ids = subprocess.run(["docker", "ps", "-q", *filters], capture_output=True, text=True, check=True).stdout.split()
+    if not ids:
+        return []
+    got: list[dict[str, Any]] = json.loads(
+        subprocess.run(["docker", "inspect", *ids], capture_output=True, text=True, check=True).stdout
+    )
+    return got
+
+
+def _git_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "app.py").write_text("def greet():\n    return 'hi'\n")
+    (repo / "README.md").write_text("demo\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "."], cwd=repo, check=True)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    subprocess.run(["git", "commit", "-qm", "init"], cwd=repo, check=True, env={**env, "GIT_COMMITTER_EMAIL": "t@t"})
+    return repo
+
+
+NET = "python3 -c \"import urllib.request as u; u.urlopen('http://example.com', timeout=5)\""
+PATCH = """*** Begin Patch
+*** Update File: app.py
+@@ def greet():
+-    return 'hi'
++    return 'hello from the agent'
+*** Add File: notes/todo.txt
++written by apply_patch
+*** End Patch"""
+
+
+def test_agent_loop_runs_in_the_hardened_container(tmp_path: Path) -> None:
+    """Commands run in the toolcage container (its labels, a read-only root, no network); the files the agent
+    wrote come back through the SDK's read; its edits (shell and apply_patch) arrive as a diff git applies."""
+    repo = _git_repo(tmp_path)
+    seen: dict[str, Any] = {}
+
+    def inspect(call: ModelCall) -> Any:  # the second model turn: the sandbox is live
+        seen["containers"] = _mine()
+        return [_sh(f"touch /etc/x; echo rootfs=$?; {NET}; echo net=$?", "c2"), _patch(PATCH, "c3")]
+
+    model = ScriptedModel(
+        [
+            [_sh("id -un; pwd; ls; echo made > out.txt; printf '\\000\\377' > out.bin", "c1")],
+            ModelStep.respond(inspect),
+            [assistant_message("done")],
+        ]
+    )
+    client = ToolcageSandboxClient()
+    options = ToolcageSandboxClientOptions(workspace=str(repo), workspace_gitignore=True)
+    manifest = Manifest(entries={"task.md": File(content=b"fix greet\n"), "build": Dir()})
+
+    async def main() -> None:
+        session = await client.create(manifest=manifest, options=options)
+        async with session:
+            result = await _run(_agent(model), SandboxRunConfig(session=session))
+            assert result.final_output == "done"
+            out = _outputs(model)
+            assert "Process exited with code 0" in out["c1"]
+            assert "sandbox\n/workspace\n" in out["c1"] and "app.py" in out["c1"] and "task.md" in out["c1"]
+            assert "rootfs=1" in out["c2"] and "cannot touch" in out["c2"]  # (runc: read-only; gVisor: denied)
+            assert "net=1" in out["c2"] and "URLError" in out["c2"]
+            # the files the agent wrote, through the SDK's own API
+            assert (await session.read(Path("out.txt"))).read() == b"made\n"
+            assert (await session.read(Path("out.bin"))).read() == b"\x00\xff"
+            assert (await session.read(Path("notes/todo.txt"))).read() == b"written by apply_patch"
+            ch = await toolcage_session(session).changes()
+        await client.delete(session)
+        (c,) = seen["containers"]
+        labels = c["Config"]["Labels"]
+        assert labels["toolcage.tool"] == "openai-agents"
+        assert labels["toolcage.run_id"] == toolcage_session(session).state.run_id
+        assert c["HostConfig"]["ReadonlyRootfs"] is True and c["HostConfig"]["NetworkMode"] == "none"
+        assert c["Id"] == toolcage_session(session).state.container_id
+        assert "app.py" in ch.changed and {"out.txt", "out.bin", "notes/todo.txt", "task.md"} <= set(ch.added)
+        subprocess.run(["git", "apply", "--index", "-"], cwd=repo, input=ch.diff.encode(), check=True)
+        assert "hello from the agent" in (repo / "app.py").read_text()
+        assert (repo / "out.bin").read_bytes() == b"\x00\xff"
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["toolcage", "sdk-local"])
+def test_a_snapshot_taken_in_one_run_resumes_in_a_new_container(tmp_path: Path, kind: str) -> None:
+    """Run 1 writes files and ends (its stop() takes the snapshot); run 2 resumes the session state through
+    the client, in a fresh container, and the agent finds the files. ``toolcage``: toolcage's signed
+    snapshots; ``sdk-local``: the SDK's LocalSnapshot, through persist_workspace/hydrate_workspace."""
+    spec = (
+        ToolcageSnapshotSpec(base_path=tmp_path / "snaps")
+        if kind == "toolcage"
+        else LocalSnapshotSpec(base_path=tmp_path / "snaps")
+    )
+    client = ToolcageSandboxClient()
+    first = ScriptedModel(
+        [
+            [_sh("mkdir -p keep && echo step-1 > keep/state.txt && ln -s keep/state.txt last", "a1")],
+            [assistant_message("saved")],
+        ]
+    )
+    live: list[str] = []
+
+    def look(call: ModelCall) -> Any:
+        live.extend(c["Id"] for c in _mine())
+        return [_sh("cat last; cat keep/state.txt", "b1")]
+
+    second = ScriptedModel([ModelStep.respond(look), [assistant_message("resumed")]])
+
+    async def main() -> None:
+        session = await client.create(snapshot=spec, options=ToolcageSandboxClientOptions())
+        async with session:
+            assert (await _run(_agent(first), SandboxRunConfig(session=session))).final_output == "saved"
+        await client.delete(session)  # the end of async with ran stop(): the snapshot is written
+        state = toolcage_session(session).state
+        before = state.container_id
+        assert any((tmp_path / "snaps").iterdir())
+        payload = client.serialize_session_state(state)  # the state survives a process as JSON
+        again = client.deserialize_session_state(json.loads(json.dumps(payload)))
+        result = await _run(_agent(second), SandboxRunConfig(client=client, session_state=again))
+        assert result.final_output == "resumed"
+        assert "Process exited with code 0" in _outputs(second)["b1"]
+        assert "step-1\nstep-1" in _outputs(second)["b1"]
+        assert len(live) == 1 and before is not None and live[0] != before  # a fresh container
+
+    asyncio.run(main())
+
+
+def test_egress_off_the_allowlist_is_a_failed_tool_call(tmp_path: Path) -> None:
+    """A host off the options' allowlist is refused by the egress proxy; the agent sees a failed command
+    and the loop goes on to its answer. The client is the only thing the user changed."""
+    model = ScriptedModel([[_sh(f"{NET}; echo code=$?", "e1")], [assistant_message("blocked, as expected")]])
+    options = ToolcageSandboxClientOptions(allow_hosts=("pypi.org",))
+
+    async def main() -> None:
+        result = await _run(_agent(model), SandboxRunConfig(client=ToolcageSandboxClient(), options=options))
+        assert result.final_output == "blocked, as expected"
+        out = _outputs(model)["e1"]
+        assert "code=1" in out and ("403" in out or "Forbidden" in out), out
+
+    asyncio.run(main())
+
+
+def test_a_killed_sandbox_is_the_sdks_error_with_toolcages_status() -> None:
+    """``docker kill`` of the container mid-run: the next command's error is ToolcageSandboxError (an
+    ExecTransportError) with toolcage's status; a new session afterwards works."""
+    killed: list[str] = []
+
+    def kill(call: ModelCall) -> Any:
+        (c,) = _mine()
+        subprocess.run(["docker", "kill", c["Id"]], capture_output=True, check=True)
+        killed.append(c["Id"])
+        return [_sh("echo still-here", "k2")]
+
+    model = ScriptedModel([[_sh("echo alive", "k1")], ModelStep.respond(kill), [assistant_message("unreachable")]])
+
+    async def main() -> BaseException:
+        try:
+            await _run(_agent(model), SandboxRunConfig(client=ToolcageSandboxClient()))
+        except (AgentsException, ToolcageSandboxError) as exc:
+            return exc
+        raise AssertionError("the run went on after its sandbox was killed")
+
+    exc = asyncio.run(main())
+    assert killed
+    chain: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in chain:
+        chain.append(cur)
+        cur = cur.__cause__
+    died = next(e for e in chain if isinstance(e, ToolcageSandboxError))
+    assert died.status in ("crashed", "interrupted", "oom_killed", "timeout") and died.reason
+    assert died.context["status"] == died.status and died.retryable is False
+    # the next session works
+    model2 = ScriptedModel([[_sh("echo fresh", "n1")], [assistant_message("ok")]])
+    assert asyncio.run(_run(_agent(model2), SandboxRunConfig(client=ToolcageSandboxClient()))).final_output == "ok"
+    assert "fresh" in _outputs(model2)["n1"]
+
+
+def test_unsupported_features_are_declared_as_the_sdk_expects() -> None:
+    """No PTY (so no write_stdin tool), no exposed ports, no other users: each refused the SDK's way."""
+
+    async def main() -> None:
+        client = ToolcageSandboxClient()
+        session = await client.create(manifest=None, options=None)
+        async with session:
+            assert session.supports_pty() is False
+            shell = Shell()
+            shell.bind(session)
+            assert [t.name for t in shell.tools()] == ["exec_command"]  # no write_stdin without a PTY
+            with pytest.raises(NotImplementedError):
+                await session.pty_exec_start("sh")
+            with pytest.raises(ExposedPortUnavailableError):
+                await session.resolve_exposed_port(8080)
+            with pytest.raises(ConfigurationError, match="unprivileged user"):
+                await session.exec("id", user="root")
+            r = await session.exec("nosuchprogram-x", shell=False)
+            assert r.exit_code == 127 and b"no such program" in r.stderr
+            await session.write(Path("big.bin"), io.BytesIO(os.urandom(5 << 20)))  # past one write_file call
+            assert len((await session.read(Path("big.bin"))).read()) == 5 << 20
+        await client.delete(session)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"policy": "no-such-policy"}, "no-such-policy"),
+        ({"sandbox": "none"}, "sandbox must be one of"),
+        ({"allow_hosts": ("http://x.example/",)}, "not a host name"),
+        ({"secrets": {"TOKEN": "x"}}, "binds no secret named TOKEN"),
+        ({"workspace": "/no/such/dir"}, "does not exist"),
+        ({"workspace_gitignore": True}, "give workspace="),
+        ({"run_s": -1}, "positive"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
+def test_invalid_options_fail_at_construction(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        ToolcageSandboxClientOptions(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "match"),
+    [
+        (Manifest(root="/opt/app"), "manifest root"),
+        (lambda: Manifest(users=[__import__("agents.sandbox.types", fromlist=["User"]).User(name="bob")]), "users"),
+    ],
+)
+def test_manifests_toolcage_cannot_honour_fail_at_create(manifest: Any, match: str) -> None:
+    m = manifest() if isinstance(manifest, Callable) else manifest  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=match):
+        asyncio.run(ToolcageSandboxClient().create(manifest=m, options=None))
