@@ -73,7 +73,7 @@ from pydantic import ConfigDict, Field, model_validator
 from toolcage.aio import AsyncSandbox
 from toolcage.errors import SandboxError as ToolcageDied
 from toolcage.errors import ToolcageError, UsageError
-from toolcage.policies import codes
+from toolcage.policies import codes, contract
 
 if TYPE_CHECKING:
     from toolcage.changes import Changes
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 
 BACKEND_ID = "toolcage"
 SANDBOX_USER = "sandbox"  # the one user every process in the sandbox runs as (uid 65532)
-ROOTS = ("/workspace", "/scratch")  # where a manifest root may be: the writable workspace copy, or scratch
+ROOTS = (contract.WORKSPACE, contract.SCRATCH)  # where a manifest root may be: the writable workspace copy, or scratch
 SESSION_RUN_S = 3600.0  # the bundled default policy's 60 s run is too short for an agent session
 SESSION_IDLE_S = 600.0
 _INLINE_MAX = 4 << 20  # a file up to this size goes in one write_file call; larger ones are uploaded
@@ -174,7 +174,7 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
             from toolcage.workspace import validate_workspace
 
             connectors.secret_store(self.resolved_policy(), self.secrets)
-            kind = self.sandbox or os.environ.get("TOOLCAGE_SANDBOX") or "container"
+            kind = self.sandbox or os.environ.get(contract.ENV_SANDBOX) or "container"
             if kind not in KINDS:
                 raise UsageError(
                     f"sandbox must be one of {', '.join(map(repr, KINDS))}, not {kind!r} (the SDK's own "
@@ -476,7 +476,7 @@ class ToolcageSandboxSession(BaseSandboxSession):
     async def _exec_internal(self, *command: str | Path, timeout: float | None = None) -> ExecResult:
         argv = tuple(str(c) for c in command)
         root = _posix(self.state.manifest.root)
-        params: dict[str, Any] = {"argv": list(argv), "cwd": root if self._root_ready else "/scratch"}
+        params: dict[str, Any] = {"argv": list(argv), "cwd": root if self._root_ready else contract.SCRATCH}
         if self._env:
             params["env"] = self._env
         if timeout is not None:
