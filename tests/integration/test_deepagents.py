@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from deepagents import create_deep_agent
+from deepagents.backends import CompositeBackend
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
@@ -142,6 +143,20 @@ def test_egress_off_the_policy_is_a_failed_tool_call(engine: Any) -> None:
     assert msg.artifact["exit_code"] == 1 and "[Command failed with exit code 1]" in str(msg.content)
     assert "URLError" in str(msg.content), msg.content
     assert "still-here" in str(got["call_1"].content)
+
+
+def test_large_results_are_offloaded_to_scratch_through_a_composite_backend(engine: Any) -> None:
+    """deepagents' artifacts root is "/" (read-only here); routed to /scratch, a large result is offloaded there."""
+    with ToolcageSandbox() as sandbox:
+        backend = CompositeBackend(default=sandbox, routes={}, artifacts_root="/scratch/.deepagents")
+        agent = create_deep_agent(
+            model=Scripted(messages=_calls(("execute", {"command": "seq 1 40000"}))), backend=backend
+        )
+        out = agent.invoke({"messages": [{"role": "user", "content": "go"}]})
+        (msg,) = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+        assert "/scratch/.deepagents/large_tool_results/call_0" in str(msg.content)
+        (saved,) = sandbox.download_files(["/scratch/.deepagents/large_tool_results/call_0"])
+        assert saved.content is not None and saved.content.startswith(b"1\n2\n") and b"40000" in saved.content
 
 
 def test_a_killed_container_is_a_failed_tool_call_and_a_new_backend_works(engine: Any) -> None:
