@@ -43,6 +43,7 @@ from deepagents.backends.protocol import (
 )
 from deepagents.backends.sandbox import BaseSandbox
 
+from toolcage.backends import BACKENDS
 from toolcage.errors import SandboxError, ToolcageError, UsageError
 from toolcage.policies import contract
 from toolcage.policies.loader import load_policy
@@ -117,7 +118,7 @@ class ToolcageSandbox(BaseSandbox):
         snapshot_key: bytes | None = None,
     ) -> None:
         kind = sandbox or os.environ.get(contract.ENV_SANDBOX)
-        if kind == "none":
+        if kind in BACKENDS and not BACKENDS[kind].in_container:  # the registry's fact, not its name
             raise UsageError(
                 "ToolcageSandbox needs a sandbox: sandbox='none' would run the agent's commands on this host "
                 "(use 'container', 'gvisor' or 'auto')"

@@ -2,9 +2,8 @@
 real agent loop (``create_deep_agent``), driven by a LangChain fake chat model that emits tool calls, against a
 real container (CI runs this file again under gVisor). No model, no network.
 
-At the end, deepagents' own standard sandbox tests (``langchain_tests.integration_tests.SandboxIntegrationTests``)
-run against the backend when ``langchain-tests`` is installed (it is not a dev dependency: without it they
-are reported as skipped). To run them: ``pip install langchain-tests pytest-benchmark pytest-recording``.
+At the end, deepagents' own standard sandbox tests (``langchain_tests.integration_tests.SandboxIntegrationTests``,
+from ``langchain-tests``, a dev dependency with the pytest plugins its markers need) run against the backend.
 """
 
 from __future__ import annotations
@@ -23,16 +22,12 @@ from deepagents import create_deep_agent
 from deepagents.backends import CompositeBackend
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_tests.integration_tests.sandboxes import SandboxIntegrationTests
 
 from toolcage import PolicyError, ToolcageError, UsageError
 from toolcage.integrations.deepagents import ENDED_EXIT_CODE, ToolcageSandbox
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
-
-try:
-    from langchain_tests.integration_tests.sandboxes import SandboxIntegrationTests
-except ImportError:  # langchain-tests is not a dependency of toolcage's dev extra
-    SandboxIntegrationTests = None
 
 
 class Scripted(GenericFakeChatModel):
@@ -270,32 +265,26 @@ _SKEW = {
     "test_write_existing_file_fails": "deepagents 0.7's BaseSandbox.write overwrites an existing file by design",
 }
 
-if SandboxIntegrationTests is not None:
 
-    @pytest.mark.anyio
-    @pytest.mark.filterwarnings("ignore::pytest.PytestRemovedIn10Warning")  # the suite's own class-scoped fixture
-    class TestToolcageSandboxStandard(SandboxIntegrationTests):  # type: ignore[misc,valid-type]
-        @property
-        def sandbox_root_dir(self) -> str:
-            return "/scratch/test_sandbox_ops/"
+@pytest.mark.anyio
+@pytest.mark.filterwarnings("ignore::pytest.PytestRemovedIn10Warning")  # the suite's own class-scoped fixture
+class TestToolcageSandboxStandard(SandboxIntegrationTests):  # type: ignore[misc,valid-type]
+    @property
+    def sandbox_root_dir(self) -> str:
+        return "/scratch/test_sandbox_ops/"
 
-        @pytest.fixture(scope="class")
-        @classmethod
-        def sandbox(cls, engine: Any) -> Iterator[ToolcageSandbox]:
-            with ToolcageSandbox(policy={"limits": {"scratch": "256m", "memory": "1g"}}) as sb:
-                yield sb
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sandbox(cls, engine: Any) -> Iterator[ToolcageSandbox]:
+        with ToolcageSandbox(policy={"limits": {"scratch": "256m", "memory": "1g"}}) as sb:
+            yield sb
 
-        @pytest.fixture(autouse=True)
-        def _known_skew(self, request: pytest.FixtureRequest) -> None:
-            reason = _SKEW.get(request.node.name)
-            if reason:
-                request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    @pytest.fixture(autouse=True)
+    def _known_skew(self, request: pytest.FixtureRequest) -> None:
+        reason = _SKEW.get(request.node.name)
+        if reason:
+            request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
-        @pytest.fixture
-        def anyio_backend(self) -> str:
-            return "asyncio"
-
-else:
-
-    def test_standard_sandbox_tests() -> None:
-        pytest.skip("langchain-tests is not installed (pip install langchain-tests pytest-benchmark pytest-recording)")
+    @pytest.fixture
+    def anyio_backend(self) -> str:
+        return "asyncio"
