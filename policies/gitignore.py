@@ -185,3 +185,26 @@ def matches(rules: Rules, path: str, is_dir: bool) -> bool:
 
 
 __all__ = ["Rules", "ignored", "matches", "parse_line", "translate"]
+
+
+MAX_FILE = 1 << 20  # the most of one .gitignore file that is read
+
+
+def with_own(stack: tuple[Rules, ...], dir_fd: int, base: str) -> tuple[Rules, ...]:
+    """``stack`` with the rules of the directory ``dir_fd``'s own .gitignore after it (``base``: that directory,
+    relative to the root). Only a regular file counts: a symlink is not followed, a FIFO never opened for
+    long (``O_NONBLOCK``); at most :data:`MAX_FILE` bytes of it are read."""
+    import os
+    import stat
+
+    try:
+        fd = os.open(".gitignore", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return stack
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return stack
+        data = os.read(fd, MAX_FILE)
+    finally:
+        os.close(fd)
+    return (*stack, Rules(data.decode("utf-8", errors="surrogateescape").split("\n"), base))

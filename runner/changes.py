@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from toolcage import gitdiff, transfer
 from toolcage.errors import SandboxError, UsageError
 from toolcage.policies import codes, contract
-from toolcage.policies.gitignore import Rules, ignored
+from toolcage.policies.gitignore import Rules, ignored, with_own
 from toolcage.safetar import DownloadResult, show
 from toolcage.textsafe import escape
 
@@ -185,7 +185,7 @@ class _HostTree:
         try:
             for i, part in enumerate(parts):
                 if fd is not None:
-                    stack = _own_rules(stack, fd, "/".join(parts[:i]))
+                    stack = with_own(stack, fd, "/".join(parts[:i]))
                 path, last = "/".join(parts[: i + 1]), i == len(parts) - 1
                 if stack and ignored(stack, path, not last):
                     return True
@@ -240,21 +240,6 @@ class _HostTree:
 
 class _OverBudget(Exception):
     """A host file past what changes() may still hold."""
-
-
-def _own_rules(stack: tuple[Rules, ...], fd: int, rel: str) -> tuple[Rules, ...]:
-    """``stack`` with the directory ``fd``'s own .gitignore (a regular file, not followed) after it."""
-    try:
-        gfd = os.open(".gitignore", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-    except OSError:
-        return stack
-    try:
-        if not stat.S_ISREG(os.fstat(gfd).st_mode):
-            return stack
-        data = os.read(gfd, 1 << 20)
-    finally:
-        os.close(gfd)
-    return (*stack, Rules(data.decode("utf-8", errors="surrogateescape").split("\n"), rel))
 
 
 def _write_file(top: str, rel: str, side: gitdiff.Side) -> None:

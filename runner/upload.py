@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolcage.errors import SandboxError, UsageError
 from toolcage.policies import codes
-from toolcage.policies.gitignore import Rules, ignored
+from toolcage.policies.gitignore import Rules, ignored, with_own
 from toolcage.textsafe import escape
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def _entries(local: str, gitignore: bool = False) -> Iterator[tuple[str, str]]:
         rel = "" if rel == "." else rel
         if gitignore:
             prefix = f"{rel}/" if rel else ""
-            stack = _own_rules(stacks.pop(rel, ()), dirpath, rel)
+            stack = _rules_of(stacks.pop(rel, ()), dirpath, rel)
             keep = [d for d in dirnames if d != ".git" and not (stack and ignored(stack, prefix + d, True))]
             dirnames[:] = keep
             for d in keep:
@@ -102,19 +102,16 @@ def _entries(local: str, gitignore: bool = False) -> Iterator[tuple[str, str]]:
             yield os.path.join(dirpath, base), prefix + base
 
 
-def _own_rules(stack: tuple[Rules, ...], dirpath: str, rel: str) -> tuple[Rules, ...]:
-    """``stack`` with the directory's own .gitignore (a regular file, not followed) after it."""
+def _rules_of(stack: tuple[Rules, ...], dirpath: str, rel: str) -> tuple[Rules, ...]:
+    """``stack`` with the directory's own .gitignore (toolcage.policies.gitignore.with_own)."""
     try:
-        fd = os.open(os.path.join(dirpath, ".gitignore"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        dfd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return stack
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return stack
-        data = os.read(fd, 1 << 20)
+        return with_own(stack, dfd, rel)
     finally:
-        os.close(fd)
-    return (*stack, Rules(data.decode("utf-8", errors="surrogateescape").split("\n"), rel))
+        os.close(dfd)
 
 
 _PAGE = 4096  # a tmpfs keeps each file's data in whole pages

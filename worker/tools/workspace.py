@@ -17,7 +17,7 @@ import stat
 import time
 from typing import Any
 
-from toolcage.policies.gitignore import Rules, ignored
+from toolcage.policies.gitignore import Rules, ignored, with_own
 from toolcage.worker.errors import ToolError
 from toolcage.worker.settings import WORKSPACE, Settings
 from toolcage.worker.tools import Tool
@@ -86,7 +86,7 @@ def changes(s: Settings, p: ChangesParams) -> dict[str, Any]:
             prefix = f"{rel}/" if rel else ""
             stack = rules.pop(rel, ())
             if p.gitignore:
-                stack = _with_own(stack, dfd, rel)
+                stack = with_own(stack, dfd, rel)
             keep_dirs, links = [], []
             for d in dirnames:
                 if _git_dir(d) or (not rel and d.startswith(_STAGE)):
@@ -134,20 +134,6 @@ def changes(s: Settings, p: ChangesParams) -> dict[str, Any]:
         "base_files": len(base),
         "truncated": truncated,
     }
-
-
-def _with_own(stack: tuple[Rules, ...], dfd: int, rel: str) -> tuple[Rules, ...]:
-    try:
-        fd = os.open(".gitignore", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-    except OSError:
-        return stack
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return stack
-        data = os.read(fd, 1 << 20)
-    finally:
-        os.close(fd)
-    return (*stack, Rules(data.decode("utf-8", errors="surrogateescape").split("\n"), rel))
 
 
 TOOLS = [
