@@ -39,14 +39,12 @@ async def _commands(run: Exec, n: int) -> tuple[list[float], list[float]]:
     return plain, shell
 
 
-async def toolcage_client(runs: int, commands: int) -> dict[str, list[float]]:
-    from toolcage.integrations.openai_agents import ToolcageSandboxClient, ToolcageSandboxClientOptions
-
-    client = ToolcageSandboxClient()
+async def _sessions(client: Any, options: Callable[[], Any], runs: int, commands: int) -> dict[str, list[float]]:
+    """``runs`` sessions of ``client``: create to the first command's answer, then ``commands`` warm ones."""
     out: dict[str, list[float]] = {"first": [], "plain": [], "shell": []}
     for _ in range(runs):
         t = time.perf_counter()
-        session = await client.create(options=ToolcageSandboxClientOptions())
+        session = await client.create(options=options())
         try:
             await session.start()
             r = await session.exec("true", shell=False)
@@ -58,8 +56,14 @@ async def toolcage_client(runs: int, commands: int) -> dict[str, list[float]]:
         finally:
             await session.aclose()
             await client.delete(session)
-        wait_removed(60)
+        wait_removed(60)  # toolcage removes its containers off the caller's path: not into the next run
     return out
+
+
+async def toolcage_client(runs: int, commands: int) -> dict[str, list[float]]:
+    from toolcage.integrations.openai_agents import ToolcageSandboxClient, ToolcageSandboxClientOptions
+
+    return await _sessions(ToolcageSandboxClient(), ToolcageSandboxClientOptions, runs, commands)
 
 
 async def sdk_docker(runs: int, commands: int, image: str) -> dict[str, list[float]]:
@@ -68,23 +72,12 @@ async def sdk_docker(runs: int, commands: int, image: str) -> dict[str, list[flo
 
     engine = docker.from_env()
     engine.images.get(image)  # present locally, or this row fails: the SDK client would pull it
-    client = DockerSandboxClient(engine)
-    out: dict[str, list[float]] = {"first": [], "plain": [], "shell": []}
-    for _ in range(runs):
-        t = time.perf_counter()
-        session = await client.create(options=DockerSandboxClientOptions(image=image, network_mode="none"))
-        try:
-            await session.start()
-            r = await session.exec("true", shell=False)
-            out["first"].append((time.perf_counter() - t) * 1000)
-            assert r.exit_code == 0
-            plain, shell = await _commands(lambda sh, s=session: s.exec("true", shell=sh), commands)
-            out["plain"] += plain
-            out["shell"] += shell
-        finally:
-            await session.aclose()
-            await client.delete(session)
-    return out
+    return await _sessions(
+        DockerSandboxClient(engine),
+        lambda: DockerSandboxClientOptions(image=image, network_mode="none"),
+        runs,
+        commands,
+    )
 
 
 async def toolcage_pool(runs: int, commands: int) -> dict[str, list[float]]:

@@ -30,7 +30,7 @@ from toolcage import gitdiff, transfer
 from toolcage.errors import SandboxError, UsageError
 from toolcage.policies import codes, contract
 from toolcage.policies.gitignore import Rules, ignored, with_own
-from toolcage.safetar import DownloadResult, show
+from toolcage.safetar import DownloadResult, nofollow_dir, show
 from toolcage.textsafe import escape
 
 if TYPE_CHECKING:
@@ -150,16 +150,7 @@ class _HostTree:
 
     def _dir(self, parts: list[str]) -> int:
         """An fd of the directory ``parts`` beneath the root, never through a symlink (OSError if none)."""
-        fd = os.dup(self.fd)
-        try:
-            for part in parts:
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                os.close(fd)
-                fd = nxt
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return nofollow_dir(self.fd, parts, create=False)
 
     def kind(self, rel: str) -> str | None:
         """``dir``, ``other`` (a file, a symlink, anything else) or None (absent, or beyond a symlink)."""
@@ -245,14 +236,12 @@ class _OverBudget(Exception):
 def _write_file(top: str, rel: str, side: gitdiff.Side) -> None:
     """One added or changed file under ``top`` (made by names already checked; never through a symlink)."""
     parts = rel.split("/")
-    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    top_fd = os.open(top, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for part in parts[:-1]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
+        fd = nofollow_dir(top_fd, parts[:-1], create=True, mode=0o755)
+    finally:
+        os.close(top_fd)
+    try:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(parts[-1], dir_fd=fd)
         if side.mode == gitdiff.LINK:

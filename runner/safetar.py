@@ -82,14 +82,15 @@ class Info(tarfile.TarInfo):
         return super()._proc_member(tf)  # type: ignore[misc,no-any-return]
 
 
-def _nofollow_dir(root: int, parts: list[str], create: bool) -> int:
-    """An fd of ``parts`` beneath ``root``, made when ``create``, never through a symlink."""
+def nofollow_dir(root: int, parts: list[str], create: bool, mode: int = 0o700) -> int:
+    """An fd (``O_PATH``) of ``parts`` beneath ``root``, made with ``mode`` when ``create``, never through
+    a symlink (OSError: ELOOP or ENOTDIR on the way, ENOENT when missing)."""
     fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root)
     try:
         for part in parts:
             if create:
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o700, dir_fd=fd)
+                    os.mkdir(part, mode, dir_fd=fd)
             nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             os.close(fd)
             fd = nxt
@@ -176,7 +177,7 @@ class Extractor:
         except tarfile.FilterError as exc:
             raise self.refuse(m.name, f"is refused by tarfile's data filter ({escape(type(exc).__name__)})") from None
         self.kinds["/".join(parts)] = "dir" if m.isdir() else "file"
-        pfd = _nofollow_dir(self.root, parts[:-1], create=True)
+        pfd = nofollow_dir(self.root, parts[:-1], create=True)
         try:
             if m.isdir():
                 with contextlib.suppress(FileExistsError):
@@ -233,14 +234,14 @@ class Extractor:
             if problem is not None:
                 self.result.skip("/".join(parts), f"a symlink that {problem}")
                 continue
-            pfd = _nofollow_dir(self.root, parts[:-1], create=True)
+            pfd = nofollow_dir(self.root, parts[:-1], create=True)
             try:
                 os.symlink(target, parts[-1], dir_fd=pfd)
             finally:
                 os.close(pfd)
             self.result.symlinks += 1
         for parts, mode in reversed(self.dir_modes):
-            pfd = _nofollow_dir(self.root, parts[:-1], create=False)
+            pfd = nofollow_dir(self.root, parts[:-1], create=False)
             try:
                 os.chmod(parts[-1], mode, dir_fd=pfd)  # a directory: no entry may share its name
             finally:

@@ -30,6 +30,7 @@ from toolcage.worker.tools.names import from_wire
 from toolcage.worker.tools.paths import (
     MAX_PATH,
     Located,
+    dir_beneath,
     locate,
     open_beneath,
     opened,
@@ -555,20 +556,6 @@ class RemoveParams:
     missing_ok: bool = doc("a path that does not exist is not an error (it is listed in missing)", False)
 
 
-def _parent_of(rfd: int, parts: list[str]) -> int:
-    """An fd of the existing directory ``parts`` beneath ``rfd``, never through a symlink."""
-    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=rfd)
-    try:
-        for part in parts:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def remove(s: Settings, p: RemoveParams) -> dict[str, Any]:
     """Remove each path (all checked before any is removed); by directory fd, never through a symlink."""
     locs = []
@@ -586,7 +573,7 @@ def remove(s: Settings, p: RemoveParams) -> dict[str, Any]:
         parent, name = os.path.split(loc.rel)
         try:
             with root_fd(s.real_root(loc.name)) as rfd:
-                pfd = _parent_of(rfd, [x for x in parent.split("/") if x])
+                pfd = dir_beneath(rfd, [x for x in parent.split("/") if x], create=False)
                 try:
                     st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
                     if not stat.S_ISDIR(st.st_mode):

@@ -14,6 +14,7 @@ scratch); this is the only guard when the worker runs with ``--sandbox none``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -209,6 +210,24 @@ def open_beneath(root_fd: int, rel: str, flags: int) -> int:
             if exc.errno != errno.EAGAIN:
                 raise
     raise OSError(errno.EAGAIN, "the path kept changing while it was opened")
+
+
+def dir_beneath(root: int, parts: list[str], create: bool) -> int:
+    """An fd (``O_PATH``) of the directory ``parts`` beneath ``root`` (each made, 0700, when ``create``),
+    opened component by component with ``O_NOFOLLOW``: never through a symlink (ENOTDIR on the way)."""
+    fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root)
+    try:
+        for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o700, dir_fd=fd)
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def path_data(loc: Located, **extra: Any) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from toolcage.worker.settings import SCRATCH, WORKSPACE, Settings
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
 from toolcage.worker.tools.files import full_message, writable
-from toolcage.worker.tools.paths import MAX_PATH, Located, locate
+from toolcage.worker.tools.paths import MAX_PATH, Located, dir_beneath, locate
 
 MAX_CHUNK = 4 << 20  # raw bytes per call (base64 makes it 5.3 MiB, under the worker's 16 MiB request line)
 _PIECE = 1 << 20
@@ -59,23 +59,6 @@ class UploadParams:
 
 def _refuse(name: str, why: str) -> ToolError:
     return ToolError(f"upload refused: {name!r} {why}; nothing was kept", {"path": name})
-
-
-def _dir_fd(root: int, parts: list[str], create: bool) -> int:
-    """An fd of ``parts`` beneath ``root`` (made when ``create``), never through a symlink."""
-    fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root)
-    try:
-        for part in parts:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o700, dir_fd=fd)
-            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 class Extractor:
@@ -143,7 +126,7 @@ class Extractor:
         if self._cached is not None and self._cached[0] == key:
             return self._cached[1]
         self.close()
-        fd = _dir_fd(self.root, parts, create=True)
+        fd = dir_beneath(self.root, parts, create=True)
         self._cached = (key, fd)
         return fd
 
@@ -171,7 +154,7 @@ class Extractor:
 
     def finish(self) -> None:
         for parts, mode in reversed(self.dir_modes):
-            pfd = _dir_fd(self.root, parts[:-1], create=False)
+            pfd = dir_beneath(self.root, parts[:-1], create=False)
             try:
                 os.chmod(parts[-1], mode, dir_fd=pfd)
             finally:
@@ -324,7 +307,7 @@ def _finish(st: _Stream) -> dict[str, Any]:
         ex = st.finish()
         parts = [p for p in st.target.split("/") if p not in ("", ".")]
         try:
-            tfd = _dir_fd(st.root, parts, create=True)
+            tfd = dir_beneath(st.root, parts, create=True)
         except OSError as exc:
             raise ToolError(f"upload: cannot use {st.shown} as the target directory: {exc.strerror}", {}) from None
         try:
