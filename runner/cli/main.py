@@ -349,6 +349,9 @@ def run(
         removal.start_helper()  # the container is removed after this process exits, not before
     if diff_file is not None and workspace_mode != "copy" and resume_file is None:
         raise UsageError("--diff needs --workspace-mode copy: a read-only workspace cannot change")
+    for flag, path in (("--diff", diff_file), ("--snapshot", snapshot_file)):
+        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UsageError(f"{flag}: the directory of {escape(path)!r} does not exist")  # before the run, not after
     sb = _sandbox(
         tool, opts, workspace_mode=workspace_mode, workspace_gitignore=workspace_gitignore, resume=resume_file
     )

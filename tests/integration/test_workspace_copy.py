@@ -192,6 +192,11 @@ def test_cli_diff_snapshot_resume(engine: Any, repo: Path, tmp_path: Path) -> No
         [*toolcage, "run", "ping", "--diff", str(diff)], capture_output=True, text=True, timeout=60
     )  # fmt: skip
     assert p.returncode == 2 and "--workspace-mode copy" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run(
+        [*toolcage, "run", "ping", "--snapshot", str(tmp_path / "no" / "s.tar")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 2 and "does not exist" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_tools_list_has_the_new_tools(engine: Any) -> None:
