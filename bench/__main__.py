@@ -28,12 +28,14 @@ Measures, on the same image with the same hardening flags (derived from
      sequential and pipelined calls/s), ``docker exec`` into a running container, pings
      pipelined on one ``AsyncSandbox``, and three 1-second calls gathered on one.
 Goals: cold run <= 0.7x plain docker run (the container removed off the caller's path, as
-Sandbox.close() does); `toolcage run` <= 1.2x the `docker run` CLI; RPC p50 <= 0.15 ms; >= 6,000
-sequential and >= 30,000 pipelined calls/s; three 1 s calls gathered <= 1.3 s;
+Sandbox.close() does); `toolcage run` <= 1.2x the `docker run` CLI; RPC p50 <= 1.5x and sequential
+calls/s >= 0.67x the raw attached echo's (issue 27); >= 30,000 pipelined calls/s; three 1 s calls gathered <= 1.3 s;
 a cold connector run <= 2x plain docker run; a cold proxy run <= 1.5x a cold run without
 network; pool: acquire to first answer <= 5 ms p50, a fresh pooled container per call
 <= 10 ms p50 (with and without a proxy); tools.list <= 0.5 ms; warm run_python pass
-<= 5 ms; idle sandbox <= 20 MiB; a cancel answered within 100 ms.
+<= 5 ms; idle sandbox <= 20 MiB; memory per warm slot <= 12.9 MiB (27.9 MiB with a proxy); warm run_shell
+under gVisor <= 3x runc; a cancel answered within 100 ms. Fresh sandboxes per second against the engine's
+own limit: ``python -m bench.starts``.
 """
 
 from __future__ import annotations
@@ -466,8 +468,10 @@ def main() -> int:
         "cold run <= 0.7x plain docker run (ping)": ratios["cold_ping_vs_plain"] <= 0.7,
         "cold run <= 0.7x plain docker run (run_python)": ratios["cold_run_python_vs_plain"] <= 0.7,
         "`toolcage run` <= 1.2x the `docker run` CLI (whole processes)": ratios["cli_run_vs_plain_cli"] <= 1.2,
-        "RPC p50 <= 0.15 ms": stats["rpc_round_trip"]["p50"] <= 0.15,
-        ">= 6000 sequential calls/s": calls_per_s >= 6000,
+        # the third speed issue (27) states these two against the floor measured in the same run
+        "RPC p50 <= 1.5x the raw attached echo's": stats["rpc_round_trip"]["p50"]
+        <= 1.5 * stats["raw_echo_round_trip"]["p50"],
+        "sequential calls/s >= 0.67x the raw attached echo's": calls_per_s >= 0.67 * floor["sequential_per_s"],
         ">= 30000 pipelined calls/s": pipelined_per_s >= 30000,
         "three 1 s calls gathered on one AsyncSandbox <= 1.3 s": stats["three_1s_calls_gathered"]["p50"] <= 1300,
         "cold connector run <= 2x plain docker run": ratios["cold_connector_vs_plain"] <= 2.0,
@@ -484,7 +488,13 @@ def main() -> int:
         "idle sandbox <= 20 MiB in its cgroup (after a run_python call, zygote included)": (
             memory.get("idle_after_run_python", {}).get("usage", 1 << 40) <= 20 * 1024 * 1024
         ),
+        # issue 27: half of what a warm slot held when it was filed (25.8 MiB, 55.7 MiB with its proxy)
+        "memory per warm slot <= 12.9 MiB (default policy)": pool_memory.get("pool", 1 << 40) <= 12.9 * 2**20,
+        "memory per warm slot <= 27.9 MiB (proxy policy, its proxy included)": pool_memory.get("pool_proxy", 1 << 40)
+        <= 27.9 * 2**20,
     }
+    if gvisor:
+        goals["warm run_shell under gVisor <= 3x runc"] = ratios["gvisor_warm_run_shell_vs_runc"] <= 3.0
     ratios["first_answer_worker_vs_echo_loop"] = (
         stats["first_answer_worker"]["p50"] / stats["first_answer_echo_loop"]["p50"]
     )

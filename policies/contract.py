@@ -44,6 +44,7 @@ ENV_AUDIT_LOG = "TOOLCAGE_AUDIT_LOG"
 ENV_HOST_PATHS = "TOOLCAGE_HOST_PATHS"  # a runner in a container: its paths as the engine sees them
 ENV_BASE_IMAGE = "TOOLCAGE_BASE_IMAGE"  # image build: the base image
 ENV_DEBIAN_MIRROR = "TOOLCAGE_DEBIAN_MIRROR"  # image build: the Debian mirror
+ENV_SHARED_FILES = "TOOLCAGE_SHARED_FILES"  # "off": every container reads the image's files itself (engine.sharedfiles)
 
 # -- in-sandbox paths --------------------------------------------------------------------------
 WORKSPACE = "/workspace"  # the project directory: read-only, or the run's writable copy (workspace_mode copy)
@@ -121,6 +122,7 @@ __all__ = [
     "ENV_RUN_ID",
     "ENV_SANDBOX",
     "ENV_SCRATCH",
+    "ENV_SHARED_FILES",
     "ENV_TOOL_MODULES",
     "ENV_TOOL_NAMESPACES",
     "ENV_WATCH_RUNNER",

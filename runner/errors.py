@@ -17,6 +17,9 @@ the ``status`` that says how the run ended.
         ├── SandboxOOM                     the worker itself hit the limit  status "oom_killed"
         ├── WorkerCrashed                  the worker died (stderr tail)    status "crashed"
         ├── ProtocolError                  the container sent bad framing   status "crashed"
+        ├── NodeLost                       a cluster node or its agent died status "node_lost"
+        ├── EngineUnavailable              a node's engine stopped answering status "engine_unavailable"
+        ├── NoCapacity                     no node admitted the run in time status "no_capacity"
         └── SandboxInterrupted (exit 130)  the runner was stopped mid-run   status "interrupted"
 
 ``except ToolcageError`` catches every error toolcage raises, policy errors included. Foreign errors (docker-py, OS) are
@@ -108,12 +111,38 @@ class ProtocolError(SandboxError):
     reason = "protocol"
 
 
+class NodeLost(SandboxError):
+    """A cluster run's node, or the engine agent that owned its sandbox, died (toolcage.ray). The run may
+    have had effects: it is never retried; its sandbox is removed by that node's reaper."""
+
+    status = "node_lost"
+    reason = "node_lost"
+
+
+class EngineUnavailable(DockerUnavailable):
+    """A cluster node's container engine stopped answering while it held the run (toolcage.ray)."""
+
+    status = "engine_unavailable"
+    reason = "engine_unavailable"
+
+
+class NoCapacity(SandboxError):
+    """No node of the cluster admitted the run before the caller's wait ran out (toolcage.ray): every
+    node was at its ``max_running``, or none had the image and a working engine."""
+
+    status = "no_capacity"
+    reason = "no_capacity"
+
+
 __all__ = [
     "AuditError",
     "BadToolCall",
     "BuildError",
     "DockerUnavailable",
+    "EngineUnavailable",
     "ImageMissing",
+    "NoCapacity",
+    "NodeLost",
     "NotFound",
     "PolicyError",
     "ProtocolError",

@@ -125,7 +125,11 @@ class Pool:
         egress_proxy: str | None = None,
         ca_file: str | os.PathLike[str] | None = None,
         audit: Any = None,
+        start_gate: threading.Semaphore | None = None,
     ) -> None:
+        # start_gate: held while a slot starts, shared with whatever else starts containers on the same
+        # engine (a cluster node's agent caps its engine's concurrent starts with one: toolcage.ray)
+        self.start_gate = start_gate
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise UsageError("pool size must be a positive integer")
         self.options = RunOptions.resolve(
@@ -351,7 +355,8 @@ class Pool:
                 self._starting += 1
             slot: _Slot | None = None
             try:
-                slot = self._make_slot()
+                with self.start_gate or contextlib.nullcontext():
+                    slot = self._make_slot()
             except Exception as exc:
                 err = exc if isinstance(exc, ToolcageError) else ToolcageError(f"{type(exc).__name__}: {exc}")
                 self.log.warning("pool.slot_failed", error=err.message, status=err.status)

@@ -24,6 +24,9 @@ class Status(StrEnum):
     IMAGE_MISSING = "image_missing"
     INTERRUPTED = "interrupted"
     CANCELLED = "cancelled"
+    NODE_LOST = "node_lost"  # toolcage.ray: the run's node or its engine agent died
+    ENGINE_UNAVAILABLE = "engine_unavailable"  # toolcage.ray: the node's engine stopped answering
+    NO_CAPACITY = "no_capacity"  # toolcage.ray: no node admitted the run within the caller's wait
 
     @property
     def exit_code(self) -> int:
@@ -41,6 +44,9 @@ _EXIT_CODE = {
     Status.CRASHED: 3,
     Status.IMAGE_MISSING: 3,
     Status.CANCELLED: 3,
+    Status.NODE_LOST: 3,
+    Status.ENGINE_UNAVAILABLE: 3,
+    Status.NO_CAPACITY: 3,
     Status.INTERRUPTED: 130,
 }
 

@@ -80,11 +80,19 @@ class Run:
         escaped JSON) plus 1 MiB for the rest of the answer."""
         return 16 * self.options.policy.limits.output_cap + (1 << 20)
 
-    def make_backend(self, redact: Callable[[Any], Any] | None = None) -> Backend:
+    def make_backend(self, redact: Callable[[Any], Any] | None = None, *, late_egress: bool = False) -> Backend:
         """The backend of the run's kind, made once from the run's options, name and log (``redact``: the
-        run's secrets out of its egress proxy's records); it becomes the run's backend."""
+        run's secrets out of its egress proxy's records); it becomes the run's backend. ``late_egress``: its
+        start does not wait for the egress proxy, and a proxy that fails later ends this run
+        (``BackendOptions.on_late_failure``)."""
         opts = self.options
-        options = BackendOptions(name=self.name, log=self.log, redact=redact, **opts.backend_options())
+        options = BackendOptions(
+            name=self.name,
+            log=self.log,
+            redact=redact,
+            on_late_failure=self.end if late_egress else None,
+            **opts.backend_options(),
+        )
         self.backend = make_backend(opts.kind, opts.policy, options)
         return self.backend
 

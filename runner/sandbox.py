@@ -134,7 +134,8 @@ class Sandbox:
         self._run = Run(opts)  # pooled: replaced at adoption by the slot's prestarted Run
         self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log
         if pool is None:  # (pooled: NotAdopted until adoption)
-            self._run.make_backend(redact=self._secrets.redact if self._secrets else None)  # the proxy's records
+            # (redact: the proxy's records; late_egress: the first answer does not wait for the egress proxy)
+            self._run.make_backend(redact=self._secrets.redact if self._secrets else None, late_egress=True)
         self._session = None
         self._watchdog: Watchdog | None = None
         self._lock = threading.Lock()  # the run's state; calls themselves run at once (answers matched by id)

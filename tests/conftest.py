@@ -123,7 +123,16 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.fixture(scope="session", autouse=True)
 def _final_sweep() -> Iterator[None]:
-    """At the end of the session remove anything this process created, whatever happened."""
+    """At the end of the session remove anything this process created, whatever happened: its containers,
+    and the shared-files volumes of images it made and removed (toolcage.engine.sharedfiles)."""
+    from toolcage.engine import sharedfiles
+
+    try:
+        from toolcage.engine.docker_adapter import Engine
+
+        before = {v["Name"] for v in Engine.default().volumes(sharedfiles.LABEL)}
+    except Exception:
+        before = None
     yield
     try:
         from toolcage.engine.docker_adapter import Engine
@@ -131,5 +140,9 @@ def _final_sweep() -> Iterator[None]:
         eng = Engine.default()
         for c in _mine(eng):
             eng.remove(c["Id"])
+        if before is not None:
+            for kind, name, _ in sharedfiles.stale(eng):
+                if kind == "volume" and name not in before:
+                    eng.remove_volume(name)
     except Exception:
         pass

@@ -69,10 +69,30 @@ def start_upstream(
     )
     try:
         engine.start(cid)
+        wait_listening(engine, cid)
     except BaseException:
         engine.remove(cid)
         raise
     return cid
+
+
+def wait_listening(engine: Any, cid: str, timeout: float = 60) -> None:
+    """Until the container's process has a listening TCP socket (its network namespace's /proc/net/tcp*,
+    read from the host): a sandbox answers, and its proxy connects, sooner than a cold server binds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = ((engine.inspect(cid) or {}).get("State") or {}).get("Pid") or 0
+        for table in ("tcp", "tcp6"):
+            try:
+                rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:] if pid else []
+            except OSError:
+                rows = []
+            if any(row.split()[3] == "0A" for row in rows):  # TCP_LISTEN
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{cid[:12]} did not listen within {timeout} s: {engine.logs(cid)[-2000:]}")
 
 
 # `toolcage mcp wrap` tests: real MCP servers from PyPI (pinned, so the images are cached by content),

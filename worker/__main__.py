@@ -75,16 +75,19 @@ def main() -> int:
 
     pooled = settings.pooled
 
-    def idle() -> None:
+    def idle() -> bool:
+        """Between requests, nothing in flight; True: the channel is readable (a request came meanwhile)."""
         # write queued log lines only when no request is waiting (see worker.logs)
         zygote = sys.modules.get("toolcage.worker.children.zygote")  # loaded with run_python, never at start
         if zygote is not None:
             zygote.warm()  # (re)start the fork server a run_python call asked for
-        if not readable([channel.fd_in], _IDLE_FLUSH_S):
-            logs.flush()
-            settings.warm()  # a pooled sandbox's first request (sandbox.configure) needs the policy
-            if pooled:
-                dispatcher.warm()  # ... and the connectors' module, which takes the run's secrets
+        if readable([channel.fd_in], _IDLE_FLUSH_S):
+            return True
+        logs.flush()
+        settings.warm()  # a pooled sandbox's first request (sandbox.configure) needs the policy
+        if pooled:
+            dispatcher.warm()  # ... and the connectors' module, which takes the run's secrets
+        return False
 
     from toolcage.worker.loop import Loop
 

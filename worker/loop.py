@@ -26,7 +26,7 @@ from toolcage.worker.protocol import readable
 
 
 class Loop:
-    def __init__(self, channel: Any, dispatcher: Any, idle: Callable[[], None]) -> None:
+    def __init__(self, channel: Any, dispatcher: Any, idle: Callable[[], bool]) -> None:
         self.channel = channel
         self.dispatcher = dispatcher
         self.idle = idle
@@ -47,8 +47,9 @@ class Loop:
             in_flight = self._count()
             if channel.at_eof and not in_flight:
                 return self.served
-            if not in_flight:
-                self.idle()  # logs, the zygote, the policy: only when nothing runs
+            if not in_flight and self.idle():  # logs, the zygote, the policy: only when nothing runs
+                channel.read_some()  # idle saw the channel readable: no second poll to learn it again
+                continue
             self._wait(read=channel.readable_soon)
 
     def _serve(self, line: bytes | None) -> None:

@@ -45,6 +45,11 @@ class BackendOptions:
     ca_pem: str | None = None
     # the run's secrets out of the proxy's records (a pooled slot's: its adopting run's, late)
     redact: Callable[[Any], Any] | None = None
+    # set by a Sandbox's own run: ``start`` returns once the worker is started, not also its egress proxy,
+    # which comes up beside it (the worker's relay holds a connection until it listens); a proxy that then
+    # fails to come up ends the run through this, from the thread that saw it. None (a pool's slot, mcp
+    # wrap): ``start`` waits for the proxy too, and raises what stopped it.
+    on_late_failure: Callable[[Any], None] | None = None
 
 
 class Backend(Protocol):

@@ -13,7 +13,7 @@ from toolcage.engine.api import EngineAPI
 from toolcage.engine.attach import DockerAttachTransport
 from toolcage.engine.hostconfig import PROXY_SOCKET, RunSpec, container_config, worker_image
 from toolcage.engine.knobs import RUNC, RuntimeKnobs
-from toolcage.errors import ToolcageError, UsageError
+from toolcage.errors import SandboxError, ToolcageError, UsageError
 from toolcage.lifecycle import removal
 from toolcage.policies import Policy, contract
 from toolcage.rpc.transport import StreamParser, Transport
@@ -35,7 +35,10 @@ class ContainerBackend:
         self._engine = options.engine
         self.container_id: str | None = None
         self._egress: Any = None
+        self._launch: Background | None = None  # the egress proxy's launch, when start did not wait for it
         self._image_info: dict[str, Any] | None = None
+        self._layers: Any = None  # where the image's shared files lie (engine.sharedfiles), or None
+        self._files: list[str] = []  # this run's overlay volumes over them, made at start
 
     @classmethod
     def unavailable(cls, engine: EngineAPI | None) -> str | None:
@@ -82,7 +85,15 @@ class ContainerBackend:
 
     def complete(self, run: RunSpec) -> RunSpec:
         self._check_image()
-        run = dataclasses.replace(run, runtime=self.runtime, flavor=self.engine.flavor())
+        from toolcage.engine import sharedfiles
+
+        self._layers = sharedfiles.layers(self.engine, self.image_id())
+        run = dataclasses.replace(
+            run,
+            runtime=self.runtime,
+            flavor=self.engine.flavor(),
+            shared_files=sharedfiles.run_volumes(run.run_id) if self._layers is not None else (),
+        )
         if self.policy.network.mode == "proxy":
             from toolcage.backends.egress import sandbox_env, volume_name
 
@@ -102,6 +113,14 @@ class ContainerBackend:
         from toolcage.lifecycle.reaper import reap_in_background
 
         reap_in_background(self.engine, self.log, self.options.audit)
+        if run.shared_files:
+            from toolcage.engine import sharedfiles
+            from toolcage.engine.hostconfig import LABEL_ROLE, labels
+
+            # before either container: the sandbox and its proxy (same image) mount them
+            self._files = sharedfiles.make_run_volumes(
+                self.engine, self._layers, run.shared_files, {**labels(self.policy, run), LABEL_ROLE: "files"}
+            )
         if run.proxy_volume is None:
             return self._start_sandbox(run, parser)
         from toolcage.backends.egress import Egress, audit_decisions
@@ -116,19 +135,46 @@ class ContainerBackend:
         # the proxy and the sandbox start at the same time: each start is mostly the engine's waiting
         # (the proxy's, on its bridge network, the longer); the worker connects to the proxy's socket
         # only when tool code opens a connection, and waits for it then (worker.egress.relay)
-        proxy = Background(self._egress.launch, "toolcage-egress-launch")
+        late = self.options.on_late_failure
+        proxy = Background(self._launch_late if late is not None else self._egress.launch, "toolcage-egress-launch")
         try:
             transport = self._start_sandbox(run, parser)
         except BaseException:
             with contextlib.suppress(BaseException):
                 proxy.join()  # its container is known before the caller's clean-up removes everything
             raise
+        if late is not None:
+            # the first answer does not wait for the proxy (2.4x a run without network when it did): a
+            # connection made before it listens is held by the worker's relay, and a proxy that does not
+            # come up ends the run (_launch_late); close waits for the launch before it removes anything
+            self._launch = proxy
+            return transport
         try:
             proxy.join()  # ready, or why not (the caller's clean-up removes both)
         except BaseException:
             transport.close()
             raise
         return transport
+
+    def _launch_late(self) -> None:
+        """The egress proxy's launch when ``start`` did not wait for it: a failure ends the run (the sandbox is
+        killed, and its next call, or the one waiting, raises why), from this thread."""
+        try:
+            self._egress.launch()
+        except BaseException as exc:
+            err = exc if isinstance(exc, SandboxError) else SandboxError(f"the egress proxy did not start: {exc}")
+            self.log.warning("egress.failed", error=err.message)
+            assert self.options.on_late_failure is not None
+            self.options.on_late_failure(err)
+            raise
+
+    def _launched(self) -> None:
+        """Wait for a launch ``start`` did not wait for (its outcome was reported already): the proxy's
+        container is known, or never made, before anything is stopped or removed."""
+        launch, self._launch = self._launch, None
+        if launch is not None:
+            with contextlib.suppress(BaseException):
+                launch.join()
 
     def _start_sandbox(self, run: RunSpec, parser: StreamParser) -> Transport:
         self.container_id = self.engine.create(container_config(self.policy, run), self.name)
@@ -157,6 +203,7 @@ class ContainerBackend:
         return ExitStatus(code, oom_killed=bool(state.get("OOMKilled")) and code == 137)
 
     def remove(self, keep: bool) -> None:
+        self._launched()
         if keep:
             if self._egress is not None:  # kept stopped, like the sandbox: not a live proxy until the deadline
                 with contextlib.suppress(ToolcageError):
@@ -164,14 +211,25 @@ class ContainerBackend:
             if self.container_id is not None:
                 self.log.warning("run.kept", container=self.name)
             return
+        files, self._files = self._files, []
         if self._egress is None:
-            if self.container_id is not None and not removal.hand_off(self.container_id):
+            if self.container_id is not None and removal.hand_off(self.container_id, files):
+                return
+            if self.container_id is not None:
                 self.engine.remove(self.container_id)
+            self._remove_files(files)
             return
         # the sandbox goes while the proxy is stopped and drained; the volume and network after both
         cid = self.container_id
         sandbox = Background(lambda: self.engine.remove(cid) if cid is not None else None, "toolcage-remove")
-        self._egress.down(before_volume=sandbox.join)
+        try:
+            self._egress.down(before_volume=sandbox.join)
+        finally:
+            self._remove_files(files)  # after both containers that mounted them
+
+    def _remove_files(self, names: list[str]) -> None:
+        for name in names:
+            self.engine.remove_volume(name)
 
 
 __all__ = ["ContainerBackend"]

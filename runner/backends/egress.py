@@ -239,7 +239,9 @@ class Egress:
     def launch(self) -> None:
         """Create, attach and start the proxy, and wait until it listens. The sandbox may start at the
         same time (the volume is mounted without copy-up: hostconfig._proxy_volume_mount)."""
-        run = dataclasses.replace(self.run, proxy_volume=self.volume, image=self.proxy_image)
+        # the sandbox's shared files are its image's: the proxy mounts them only when it runs that image too
+        shared = self.run.shared_files if self.proxy_image == self.run.image else ()
+        run = dataclasses.replace(self.run, proxy_volume=self.volume, image=self.proxy_image, shared_files=shared)
         cfg = proxy_container_config(self.policy, run, self.egress, self.upstream)
         self.proxy_id = self.engine.create(cfg, self.proxy_name)
         # attached before start, so not one line of the decision stream is missed

@@ -595,10 +595,43 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     try:
-        cli()
-    except KeyboardInterrupt:
-        say("interrupted; the sandbox was removed")
-        sys.exit(130)
+        try:
+            cli()
+        except KeyboardInterrupt:
+            say("interrupted; the sandbox was removed")
+            sys.exit(130)
+    except SystemExit as exc:
+        _exit_now(exc.code)
+
+
+def _exit_now(code: Any) -> None:
+    """End the command without the interpreter's tear-down (about 30 ms of freeing everything it
+    imported, on every run: issue 27). What must happen at exit happens first, in the interpreter's
+    order: other threads' work (every non-daemon thread joined), the atexit hooks (pending
+    removals, the audit writer's flush, logging's shutdown, weakref finalizers), stdout and stderr
+    flushed. Only the command's own process does this (``main``), never a program calling ``cli()``."""
+    import atexit
+    import threading
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code & 0xFF
+    else:  # SystemExit("message"): printed and 1, as the interpreter does
+        print(code, file=sys.stderr)
+        status = 1
+    try:
+        for t in threading.enumerate():
+            if t is not threading.main_thread() and not t.daemon:
+                t.join()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                status = status or 120  # as the interpreter exits when it cannot flush stdout
+        os._exit(status)
 
 
 if __name__ == "__main__":

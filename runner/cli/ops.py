@@ -44,7 +44,15 @@ def _audit_line(rec: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print records as JSON lines.")
 @click.option("--verify", is_flag=True, help="Check the hash chain; exit 1 if a line was edited, dropped or moved.")
 @click.option("--audit-log", type=click.Path(dir_okay=False), default=None, help="Audit log file.")
-def audit(run_id: str | None, since: str | None, as_json: bool, verify: bool, audit_log: str | None) -> None:
+@click.option(
+    "--ray", "ray_address", default=None, metavar="ADDRESS",
+    help="Every node of this Ray cluster (toolcage.ray): each node's log, its chain checked there.",
+)  # fmt: skip
+@click.option("--limit", default=200, show_default=True, help="With --ray: at most this many records per node.")
+def audit(
+    run_id: str | None, since: str | None, as_json: bool, verify: bool, audit_log: str | None,
+    ray_address: str | None, limit: int,
+) -> None:  # fmt: skip
     """Read the audit log: what ran, with which policy, what it did, how it ended."""
     from datetime import datetime
     from pathlib import Path
@@ -52,6 +60,9 @@ def audit(run_id: str | None, since: str | None, as_json: bool, verify: bool, au
     from toolcage.lifecycle import audit as audit_mod
 
     use_json(as_json)
+    if ray_address is not None:
+        _cluster_audit(ray_address, run_id, limit, verify, as_json)
+        return
     path = Path(audit_log).expanduser() if audit_log else audit_mod.default_path()
     if verify:
         problems = audit_mod.verify(path)
@@ -85,15 +96,81 @@ def audit(run_id: str | None, since: str | None, as_json: bool, verify: bool, au
         raise NotFound(f"no records of run {run_id!r}{window} in {path}", run_id=run_id)
 
 
+def _ray_connect(address: str) -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--ray needs Ray: pip install 'toolcage[ray]'") from None
+    import logging
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if sep and port.isdigit() and host:  # Ray's init retries an unreachable GCS for minutes: ask once first
+        try:
+            socket.create_connection((host, int(port)), timeout=3).close()
+        except OSError as exc:
+            raise UsageError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+    except Exception as exc:  # Ray's own errors: no cluster there, refused
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+    return ray
+
+
+def _cluster_audit(address: str, run_id: str | None, limit: int, verify: bool, as_json: bool) -> None:
+    """Each node's audit log through its engine agent; exit 1 if a node's chain does not verify."""
+    _ray_connect(address)
+    from toolcage.ray import cluster_audit
+
+    logs = cluster_audit(run_id=run_id, limit=limit, verify=verify)
+    if not logs:
+        raise NotFound(
+            f"no toolcage engine agent in the Ray cluster at {address} (agents live while a Cluster is used)"
+        )
+    broken = False
+    for log in logs:
+        problems = log.get("problems") or []
+        broken = broken or bool(problems) or "error" in log
+        if as_json:
+            click.echo(
+                dumps(
+                    {k: log.get(k) for k in ("node", "path", "problems", "error")}
+                    | {"records": len(log.get("records", []))}
+                )
+            )
+            continue
+        node = escape(str(log.get("node", "?"))[:12])
+        if "error" in log:
+            say(f"node {node}: no answer: {escape(log['error'])}")
+            continue
+        state = "intact" if verify and not problems else ("NOT intact" if verify else "not checked")
+        click.echo(f"== node {node} {escape(log['path'])}: {state}, {len(log['records'])} records shown")
+        for p in problems:
+            say(f"audit: node {node}: {p}")
+        for rec in log["records"]:
+            click.echo(f"{node}  {_audit_line(rec)}")
+    if broken:
+        sys.exit(1)
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (age_s in seconds, memory_bytes in bytes).")
-def ps(as_json: bool) -> None:
+@click.option(
+    "--ray", "ray_address", default=None, metavar="ADDRESS", help="Every node of this Ray cluster (toolcage.ray)."
+)
+def ps(as_json: bool, ray_address: str | None) -> None:
     """Live runs (from Docker labels): name, tool, policy, age, memory."""
     from toolcage.engine.docker_adapter import Engine
     from toolcage.ops.views import format_age, live_runs
 
     use_json(as_json)
-    rows = live_runs(Engine.default())
+    if ray_address is not None:
+        _ray_connect(ray_address)
+        from toolcage.ray import cluster_ps
+
+        rows = cluster_ps()
+    else:
+        rows = live_runs(Engine.default())
     if as_json:
         emit(rows)
         return
@@ -101,11 +178,20 @@ def ps(as_json: bool) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table("NAME", "TOOL", "POLICY", "AGE", "MEMORY", "OWNER", box=None)
+    cluster = ray_address is not None
+    table = Table(*(("NODE",) if cluster else ()), "NAME", "TOOL", "POLICY", "AGE", "MEMORY", "OWNER", box=None)
     for r in rows:
         mem = f"{r['memory_bytes'] / 2**20:.1f} MiB" if r["memory_bytes"] else "-"
         # Text, not str: a label like "[red]x" is shown, not read as rich markup
-        cells = (r["name"], r["tool"], r["policy"], format_age(r["age_s"]), mem, r["owner"])
+        cells = (
+            *((str(r["node"])[:12],) if cluster else ()),
+            r["name"],
+            r["tool"],
+            r["policy"],
+            format_age(r["age_s"]),
+            mem,
+            r["owner"],
+        )
         table.add_row(*(Text(escape("-" if c is None else c)) for c in cells))
     Console().print(table)
     if not rows:
@@ -119,20 +205,24 @@ def ps(as_json: bool) -> None:
 def gc(dry_run: bool, kept: bool, as_json: bool) -> None:
     """Remove toolcage containers, networks and volumes whose owner is gone or whose deadline passed.
 
+    Also the volumes sharing an image's files between its sandboxes, once the engine no longer has the image.
+
     What a run started with --keep left is listed but removed only with --kept.
     """
+    from toolcage.engine import sharedfiles
     from toolcage.engine.docker_adapter import Engine
-    from toolcage.lifecycle.reaper import find_orphans, remove
+    from toolcage.lifecycle.reaper import find_orphans, remove, shared_files_orphans
 
     use_json(as_json)
     engine = Engine.default()
-    found = find_orphans(engine, include_kept=True)
+    found = find_orphans(engine, include_kept=True) + shared_files_orphans(engine)
     doomed = [o for o in found if kept or not o.kept]
     left = [o for o in found if o.kept and not kept]
     if not dry_run:
         from toolcage.lifecycle import audit as audit_mod
 
         remove(engine, doomed, audit_mod.shared())
+        sharedfiles.forget()
     if as_json:
         emit(
             {

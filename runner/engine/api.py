@@ -26,6 +26,8 @@ class EngineAPI(Protocol):
     def image(self, ref: str) -> dict[str, Any] | None: ...
     def pull(self, ref: str) -> bool: ...
     def import_tarball(self, path: str, repository: str, tag: str) -> None: ...
+    def save_image(self, ref: str) -> Iterator[bytes]: ...
+    def load_image(self, data: bytes | Iterator[bytes]) -> None: ...
     def build(
         self, context: str, tag: str, buildargs: dict[str, str], labels: dict[str, str]
     ) -> Iterator[dict[str, Any]]: ...
@@ -50,6 +52,7 @@ class EngineAPI(Protocol):
 
     # volumes
     def create_tmpfs_volume(self, name: str, labels: dict[str, str], options: str) -> str: ...
+    def create_volume(self, name: str, labels: dict[str, str], options: dict[str, str] | None = None) -> str: ...
     def remove_volume(self, name: str) -> None: ...
     def volumes(self, label: str) -> list[dict[str, Any]]: ...
 
@@ -77,11 +80,17 @@ def limits_problem(info: dict[str, Any]) -> str | None:
     return None
 
 
-def detect_flavor(version: dict[str, Any], info: Callable[[], dict[str, Any]]) -> FlavorKnobs:
-    """The engine's flavour from its version info (``info``: asked only for Podman, whose limits are
-    checked: a rootless Docker says so itself, in create's warnings). SandboxError with the fix when the
-    engine cannot hold a sandbox."""
-    if not is_podman(version):
+def podman_ping(headers: Any) -> bool:
+    """The engine's ``/_ping`` headers say Podman (its Docker-compatible service adds ``Libpod-*`` ones).
+    One cheap call: ``/version`` asks the engine for every component's version (5-9 ms here)."""
+    return any(str(k).lower().startswith("libpod-") for k in headers)
+
+
+def detect_flavor(podman: bool, info: Callable[[], dict[str, Any]]) -> FlavorKnobs:
+    """The engine's flavour (``podman``: from :func:`podman_ping` or :func:`is_podman`; ``info``: asked
+    only for Podman, whose limits are checked: a rootless Docker says so itself, in create's warnings).
+    SandboxError with the fix when the engine cannot hold a sandbox."""
+    if not podman:
         return DOCKER
     problem = limits_problem(info())
     if problem:
@@ -91,4 +100,4 @@ def detect_flavor(version: dict[str, Any], info: Callable[[], dict[str, Any]]) -
     return PODMAN
 
 
-__all__ = ["EngineAPI", "detect_flavor", "is_podman", "limits_problem", "rootless"]
+__all__ = ["EngineAPI", "detect_flavor", "is_podman", "limits_problem", "podman_ping", "rootless"]

@@ -14,7 +14,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from toolcage.engine.api import detect_flavor
+from toolcage.engine.api import detect_flavor, podman_ping
 from toolcage.engine.knobs import FlavorKnobs
 from toolcage.errors import DockerUnavailable, ImageMissing, SandboxError
 
@@ -90,8 +90,18 @@ class Engine:
         Docker), asked once per engine. SandboxError (with the fix) for an engine that cannot enforce
         a sandbox's limits."""
         if self._flavor is None:
-            self._flavor = detect_flavor(self.ping(), self.info)
+            self._flavor = detect_flavor(podman_ping(self._ping_headers()), self.info)
         return self._flavor
+
+    def _ping_headers(self) -> Any:
+        """The headers of ``GET /_ping`` (DockerUnavailable when nothing answers)."""
+
+        def ping() -> Any:
+            response = self.api._get(self.api._url("/_ping"))
+            self.api._raise_for_status(response)
+            return response.headers
+
+        return _call(ping)
 
     def ping(self) -> dict[str, Any]:
         """The engine's version info, or DockerUnavailable."""
@@ -118,6 +128,18 @@ class Engine:
 
     def import_tarball(self, path: str, repository: str, tag: str) -> None:
         _call(self.api.import_image_from_file, path, repository=repository, tag=tag)
+
+    def save_image(self, ref: str) -> Iterator[bytes]:
+        """The image as ``docker save`` writes it (a tar stream, in chunks), for an engine with no registry."""
+        chunks = _call(self.api.get_image, ref, chunk_size=1 << 20, image=ref)
+        return iter(chunks)
+
+    def load_image(self, data: bytes | Iterator[bytes]) -> None:
+        """``docker load`` of a ``save_image`` stream; the image keeps its id and tags."""
+        out = _call(self.api.load_image, data, quiet=True)
+        for msg in out or ():
+            if isinstance(msg, dict) and msg.get("error"):
+                raise SandboxError(f"the engine could not load the image: {msg['error']}")
 
     def build(
         self, context: str, tag: str, buildargs: dict[str, str], labels: dict[str, str]
@@ -248,6 +270,12 @@ class Engine:
     def create_tmpfs_volume(self, name: str, labels: dict[str, str], options: str) -> str:
         opts = {"type": "tmpfs", "device": "tmpfs", "o": options}
         return str(_call(self.api.create_volume, name, driver="local", driver_opts=opts, labels=labels)["Name"])
+
+    def create_volume(self, name: str, labels: dict[str, str], options: dict[str, str] | None = None) -> str:
+        """A volume of the local driver (``options``: its mount, e.g. an overlay; none: a directory on the
+        engine's disk); one of that name already there is kept as it is."""
+        made = _call(self.api.create_volume, name, driver="local", driver_opts=options or None, labels=labels)
+        return str(made["Name"])
 
     def remove_volume(self, name: str) -> None:
         _call(self.api.remove_volume, name, force=True, on_missing=None)

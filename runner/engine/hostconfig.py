@@ -45,6 +45,13 @@ LABEL_ROLE = f"{LABEL_PREFIX}role"
 LABEL_KEEP = f"{LABEL_PREFIX}keep"
 # the pool a pre-started sandbox was made by (toolcage.pool): its run_id is the id of the one run that adopts it
 LABEL_POOL = f"{LABEL_PREFIX}pool"
+# a cluster's engine agent (toolcage.ray): the cluster's name and the Ray node id of the agent that owns the run
+LABEL_CLUSTER = f"{LABEL_PREFIX}cluster"
+LABEL_NODE = f"{LABEL_PREFIX}node"
+_OWN_LABELS = frozenset(
+    {LABEL_RUN_ID, LABEL_TOOL, LABEL_POLICY, LABEL_POLICY_SHA256, LABEL_STARTED_AT, LABEL_DEADLINE, LABEL_OWNER,
+     LABEL_OWNER_STARTED, LABEL_OWNER_NS, LABEL_ROLE, LABEL_KEEP, LABEL_POOL}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,9 @@ class RunSpec:
     proxy_runtime: RuntimeKnobs = RUNC
     # what the engine's API takes differently (PODMAN for Podman's Docker-compatible service)
     flavor: FlavorKnobs = DOCKER
+    # (volume, path) pairs holding the image's program files, shared by its containers, mounted read-only
+    # over the image's own (toolcage.engine.sharedfiles); () reads the image's files through its own root
+    shared_files: tuple[tuple[str, str], ...] = ()
     # the namespace the owner's pid means a process in (ownership.namespace_key), of the process that made the spec
     owner_ns: str = field(default_factory=ownership.namespace_key)
 
@@ -98,9 +108,23 @@ def container_name(tool: str, run_id: str) -> str:
     return f"{NAME_PREFIX}-{safe}-{run_id}"
 
 
+# labels this process adds to every object it makes: a cluster's engine agent names its cluster and node
+# (toolcage.ray), so `docker ps` on a node shows which cluster runs what. Set once, at the agent's start.
+_PROCESS_LABELS: dict[str, str] = {}
+
+
+def add_process_labels(extra: dict[str, str]) -> None:
+    """Label every object this process makes from now on with ``extra`` (keys under the toolcage. prefix)."""
+    for key in extra:
+        if not key.startswith(LABEL_PREFIX) or key in _OWN_LABELS:
+            raise ValueError(f"a process label must be under {LABEL_PREFIX} and not one of a run's own: {key}")
+    _PROCESS_LABELS.update(extra)
+
+
 def labels(policy: Policy, run: RunSpec) -> dict[str, str]:
     """Labels on every object of a run, so `docker ps --filter label=toolcage.run_id` finds it."""
     out = {
+        **_PROCESS_LABELS,
         LABEL_RUN_ID: run.run_id,
         LABEL_TOOL: run.tool,
         LABEL_POLICY: run.policy_name,
@@ -166,6 +190,12 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
                 "ReadOnly": True,
                 "BindOptions": {"Propagation": "rprivate"},
             }
+        )
+    for volume, target in run.shared_files:
+        # Threat: a sandbox changing what later sandboxes of the image run. Read-only (no capability to
+        # remount), filled by the engine from the image before any sandbox mounts it; NoCopy: never copied into
+        mounts.append(
+            {"Type": "volume", "Source": volume, "Target": target, "ReadOnly": True, "VolumeOptions": {"NoCopy": True}}
         )
     reserved = {
         contract.ENV_POLICY: policy.canonical_json(),
@@ -267,7 +297,7 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
     cfg = _hardened(policy, bare, run.proxy_runtime, PROXY_RESOURCES)
     hc = cfg["HostConfig"]
     hc["NetworkMode"] = egress_network
-    hc["Mounts"] = [_proxy_volume_mount(run.proxy_volume, read_only=False)]
+    hc["Mounts"] = [*hc["Mounts"], _proxy_volume_mount(run.proxy_volume, read_only=False)]  # (shared files)
     run.proxy_runtime.apply(hc, PROXY_RESOURCES.pids)
     run.flavor.apply(hc)
     env = [e for e in cfg["Env"] if not e.startswith(f"{contract.ENV_IN_CONTAINER}=")]

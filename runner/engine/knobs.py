@@ -101,6 +101,8 @@ class FlavorKnobs:
     readonly_tmp: tuple[str, ...] = ()  # writable tmpfs the engine adds under a read-only root: read-only ones
     nproc: int | None = None  # an explicit RLIMIT_NPROC when the runtime sets none
     volume_size: bool = True  # a tmpfs volume may have a size= (Podman reads it as a project quota)
+    # the image's program files may come from volumes shared by its containers (toolcage.engine.sharedfiles)
+    shared_files: bool = True
 
     def apply(self, host_config: dict[str, Any]) -> None:
         """Change ``host_config`` as this engine needs; Docker: nothing."""
@@ -144,6 +146,7 @@ PODMAN = FlavorKnobs(
     readonly_tmp=("/tmp", "/var/tmp"),
     nproc=PODMAN_NPROC,
     volume_size=False,
+    shared_files=False,  # left out: its storage and volume copy-up differ, and its tests run without
 )
 FLAVORS = {f.name: f for f in (DOCKER, PODMAN)}
 

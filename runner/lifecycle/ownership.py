@@ -43,6 +43,14 @@ def _ns(kind: str) -> str:
         return ""
 
 
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the kernel's fixed inode for the initial PID namespace
+
+
+def in_initial_pid_namespace() -> bool:
+    """Whether this process is in the machine's own PID namespace (whose init never exits), not a container's."""
+    return _ns("pid") == str(PROC_PID_INIT_INO)
+
+
 def proc_is_ours() -> bool:
     """Whether /proc numbers processes as this process's PID namespace does (``unshare --pid``
     without ``--mount-proc`` leaves the parent's /proc: /proc/<pid> is then someone else)."""

@@ -112,6 +112,13 @@ def find_orphans(engine: EngineAPI, now: float | None = None, include_kept: bool
     return out
 
 
+def shared_files_orphans(engine: EngineAPI) -> list[Orphan]:
+    """For ``gc``: what toolcage.engine.sharedfiles made and no longer needs (no run owns those)."""
+    from toolcage.engine import sharedfiles
+
+    return [Orphan(kind, oid, oid, "-", why) for kind, oid, why in sharedfiles.stale(engine)]
+
+
 def remove(engine: EngineAPI, orphans: list[Orphan], audit: Any = None, by: str = "gc") -> None:
     """Containers first (a network or volume in use cannot be removed). Each removal is audited
     first, with who removes it, so every container that ever existed leaves a trace even if its

@@ -10,7 +10,9 @@ hook, and if the process is SIGKILLed first, the run's owner labels let the reap
 single-threaded (:func:`start_helper`), a copy of itself that removes the containers handed
 to it (:func:`hand_off`), also after the command has exited. It holds nothing the command's
 caller waits on (no stdout, stderr or process group) and ends once the command's end of
-its pipe is closed and every container handed to it is removed.
+its pipe is closed and every container handed to it is removed. Only in the machine's own PID
+namespace: in a container the command removes its container before it exits, since the helper
+would die with the container's init (a runner container's script ends right after the command).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def start_helper() -> bool:
     global _helper_fd
     if _helper_fd is not None:
         return True
-    if sys.platform != "linux" or threading.active_count() != 1:
+    if sys.platform != "linux" or threading.active_count() != 1 or not _init_pid_namespace():
         return False
     from toolcage.engine.docker_adapter import Engine  # imported here: the helper then imports nothing
 
@@ -111,6 +113,15 @@ def start_helper() -> bool:
     return True
 
 
+def _init_pid_namespace() -> bool:
+    """Whether this process is in the machine's own PID namespace, whose init never exits. In any
+    other (a container, a pod) the namespace's init may exit right after the command does, and the
+    kernel then kills every process in it, the helper too, leaving the container to the reaper."""
+    from toolcage.lifecycle import ownership
+
+    return ownership.in_initial_pid_namespace()
+
+
 def stop_helper() -> None:
     """Removals stay in-process again (they finish before exit); what was handed off still goes.
     Safe in a signal handler: the pipe stays open (another thread may be writing to it) and the
@@ -119,13 +130,14 @@ def stop_helper() -> None:
     _helper_fd = None
 
 
-def hand_off(container_id: str) -> bool:
-    """Give the helper a container to remove (True), or False: remove it here."""
+def hand_off(container_id: str, volumes: list[str] | tuple[str, ...] = ()) -> bool:
+    """Give the helper a container to remove, then ``volumes`` (True), or False: remove them here."""
     fd = _helper_fd
     if fd is None:
         return False
     try:
-        os.write(fd, f"{container_id}\n".encode())  # one short line: a single atomic write to the pipe
+        line = " ".join([container_id, *volumes])
+        os.write(fd, f"{line}\n".encode())  # one short line: a single atomic write to the pipe
     except OSError:
         return False  # the helper is gone: the caller removes it itself
     return True
@@ -146,13 +158,15 @@ def _helper(read_end: int, engine_class: Callable[[], Any]) -> None:
     engine = None
     with os.fdopen(keep, "rb") as pipe:
         for line in pipe:
-            cid = line.strip().decode("ascii", "replace")
-            if not cid:
+            names = line.decode("ascii", "replace").split()  # a container, then the volumes it mounted
+            if not names:
                 continue
             try:
                 if engine is None:
                     engine = engine_class()  # a connection of its own, never the command's
-                engine.remove(cid)
+                engine.remove(names[0])
+                for volume in names[1:]:
+                    engine.remove_volume(volume)
             except Exception:  # noqa: S112 - the reaper and gc remove what is left
                 continue
 

@@ -258,15 +258,21 @@ class StreamParser:
 
 def write_until(fd: int, data: bytes, until: float | None, write: Callable[[memoryview], int]) -> None:
     """Threat: a worker that stops reading (stuck, or thrashing at its memory limit) must not hold
-    the caller past its own deadline: a blocking write of a large request would."""
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
+    the caller past its own deadline: a blocking write of a large request would.
+
+    ``write`` does not block: it is tried first, and only when the worker's side is full does the
+    caller wait for room (a call's line nearly always fits at once: one syscall, not a poll and a write)."""
     view = memoryview(data)
+    poller = None
     while view:
+        try:
+            view = view[write(view) :]
+            continue
+        except BlockingIOError:
+            pass
+        if poller is None:
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
         wait_ms = None if until is None else max(until - time.monotonic(), 0) * 1000
         if not poller.poll(wait_ms):
             raise TimeoutError("the worker did not take the request in time")
-        try:
-            view = view[write(view) :]
-        except BlockingIOError:
-            continue

@@ -123,7 +123,7 @@ def upstream(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         )
         ip = engine.inspect(cids[0])["NetworkSettings"]["Networks"][net]["IPAddress"]
         subnet = engine.network(net)["IPAM"]["Config"][0]["Subnet"]
-        time.sleep(0.5)  # let both servers bind
+        time.sleep(0.2)  # (start_upstream waited for each to listen; the TLS one binds just after)
         yield {"network": net, "ip": ip, "subnet": subnet, "ca_file": ca_file, "corp_proxy": cids[1]}
     finally:
         for cid in cids:
@@ -536,3 +536,60 @@ def test_decisions_survive_a_sigkilled_runner(
                 engine.remove(c["Id"])
             for v in engine.volumes(f"toolcage.run_id={run_id}"):
                 engine.remove_volume(v["Name"])
+
+
+def test_the_first_answer_does_not_wait_for_the_proxy_and_an_early_connection_is_held(
+    engine: Any, upstream: dict[str, Any], allow_api: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: a cold run's first answer comes before its egress proxy listens (the proxy starts beside the
+    sandbox), and a connection tool code makes at once is held by the worker's relay until the proxy listens,
+    then goes through it: decided and audited like any other. (The proxy is made two seconds slower here, so
+    that the connection surely comes first.)"""
+    from toolcage.backends import egress as egress_mod
+
+    made = egress_mod.proxy_container_config
+
+    def slow(*a: Any, **kw: Any) -> dict[str, Any]:
+        cfg = made(*a, **kw)
+        cfg["Entrypoint"] = ["sh", "-c", "sleep 2 && exec " + " ".join(cfg["Entrypoint"])]
+        return cfg  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(egress_mod, "proxy_container_config", slow)
+    audit = allow_api.parent / "audit.jsonl"
+    with Sandbox(allow_api, egress_network=upstream["network"], audit=audit) as sb:
+        first = sb.call("ping")
+        proxy_up = sb._backend._egress._ready.is_set()  # its proxy.listening line was read
+        r = fetch(sb, "http://api.allowed.test:8080/early")
+        assert first.result == "pong" and r.status == "ok", r
+        assert r.result["body"] == "hello api.allowed.test:8080 /early"
+    assert_run_gone(engine, sb.run_id)
+    assert not proxy_up, "the first answer waited for the proxy: this test no longer shows the early connection"
+    allowed = [
+        json.loads(line) for line in audit.read_text().splitlines() if '"egress.decision"' in line and "/early" in line
+    ]
+    assert allowed and all(rec["allowed"] is True for rec in allowed), allowed
+
+
+def test_a_proxy_that_never_comes_up_ends_the_run_with_why(
+    engine: Any, upstream: dict[str, Any], allow_api: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy starts after the run's first answer could come: when it dies instead of listening, the run
+    ends with the proxy's own words (the call waiting is answered with it, and every later one), and the
+    sandbox, the proxy, the network and the volume are removed."""
+    from toolcage.backends import egress as egress_mod
+    from toolcage.errors import SandboxError
+
+    made = egress_mod.proxy_container_config
+
+    def dying(*a: Any, **kw: Any) -> dict[str, Any]:
+        cfg = made(*a, **kw)
+        cfg["Entrypoint"] = ["python3", "-c", "import sys; sys.exit('proxy-boom: no policy for me')"]
+        return cfg  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(egress_mod, "proxy_container_config", dying)
+    sb = Sandbox(allow_api, egress_network=upstream["network"])
+    with sb, pytest.raises(SandboxError, match=r"egress proxy did not start.*proxy-boom"):
+        for _ in range(100):  # the proxy's end comes while these calls are made
+            sb.call("run_python", {"code": "import time; time.sleep(0.05)"})
+    assert_run_gone(engine, sb.run_id)
+    assert engine.volumes(f"toolcage.run_id={sb.run_id}") == []

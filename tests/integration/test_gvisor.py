@@ -71,6 +71,7 @@ def test_a_gvisor_sandbox_runs_under_runsc_with_the_same_walls(engine: Any, tmp_
         assert seen["write"] in ("EROFS", "EACCES") and seen["connect"] in ("ENETUNREACH", "EHOSTUNREACH")
         assert seen["ifaces"] == ["lo"]
         bomb = sb.call("run_python", {"code": FORK_BOMB, "timeout_s": 20})
+        assert bomb.ok and len(bomb.result["stdout"].split()) == 2, bomb
         forked, errno_ = (int(x) for x in bomb.result["stdout"].split())
         assert forked < 64 and errno_ == 11, bomb.result  # EAGAIN at RLIMIT_NPROC (the policy's pids)
         assert sb.call("run_shell", {"command": "echo alive"}).result["stdout"] == "alive\n"

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from tests.helpers import run_cli as cli
-from toolcage import Sandbox, WorkerCrashed, wait_removed
+from toolcage import DEFAULT_IMAGE, Sandbox, WorkerCrashed, wait_removed
+from toolcage.engine import sharedfiles
 from toolcage.lifecycle.audit import read, verify
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +80,10 @@ def test_sigkill_runner_then_gc_leaves_nothing(engine: Any, tmp_path: Path) -> N
     assert proc.stdout is not None
     run_id = proc.stdout.readline().strip()
     started = time.monotonic()
-    assert run_id and len(objects_of(engine, run_id)) == 4  # sandbox, proxy, egress network, socket volume
+    # sandbox, proxy, egress network, socket volume, and the run's two overlays of the shared files where the
+    # engine copies the image per container (toolcage.engine.sharedfiles)
+    shared = 2 if sharedfiles.layers(engine, engine.image(DEFAULT_IMAGE)["Id"]) else 0
+    assert run_id and len(objects_of(engine, run_id)) == 4 + shared, objects_of(engine, run_id)
     time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)

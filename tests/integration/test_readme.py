@@ -4,7 +4,8 @@ Python blocks run whole. Shell blocks run line by line with `toolcage` meaning t
 checkout's CLI; a line's trailing comment may say the exit code it documents (`exit 3`).
 Skipped, by rule and not by hand: command synopses (lines with `[--`), lines marked
 `# needs the internet`, the set-up block (`.ci/run` runs that one on a fresh machine) and
-the benchmark (minutes, and timing-sensitive: `bench/` is its own harness).
+the benchmark (minutes, and timing-sensitive: `bench/` is its own harness). Python blocks that use
+`toolcage.ray` need a Ray cluster: test_ray_cluster.py runs them against its multi-engine one.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ def test_readme_has_runnable_examples() -> None:
     assert len(_shell_lines()) >= 10
 
 
-@pytest.mark.parametrize("index", [i for i, (lang, _) in enumerate(BLOCKS) if lang == "python"])
+RAY_BLOCKS = [i for i, (lang, body) in enumerate(BLOCKS) if lang == "python" and "toolcage.ray" in body]
+
+
+@pytest.mark.parametrize("index", [i for i, (lang, _) in enumerate(BLOCKS) if lang == "python" and i not in RAY_BLOCKS])
 def test_python_example_runs(engine: Any, index: int) -> None:
     """Each Python block of the README runs as written and exits 0."""
     code = BLOCKS[index][1]

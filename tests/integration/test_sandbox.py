@@ -340,8 +340,11 @@ def test_keep_leaves_stopped_container(engine: Any) -> None:
         assert [o.kept for o in reaper.find_orphans(engine, include_kept=True) if o.name == name] == [True]
         dry = json.loads(_cli("gc", "--dry-run", "--json").stdout)
         assert name in [o["name"] for o in dry["kept"]] and name not in [o["name"] for o in dry["would_remove"]]
-    finally:
+    finally:  # everything of this run, which this test made (its overlays of the shared files too, where there are)
+        run_id = json.loads(out.stdout)["run_id"]
         engine.remove(name)
+        for v in engine.volumes(f"toolcage.run_id={run_id}"):
+            engine.remove_volume(v["Name"])
 
 
 def test_cli_serve_child_oom_is_a_call_status_and_run_has_usage(engine: Any, tmp_path: Path) -> None:

@@ -123,9 +123,11 @@ def test_a_module_planted_in_scratch_never_runs_in_a_connector_child(egress_net:
         assert not stolen, f"tool code's module ran in the connector's child: {stolen!r}"
 
 
-# in the zygote: a daemon that scans every process's memory for a while (beside whatever runs next)
+# in the zygote: a daemon that scans every process's memory for a while (beside whatever runs next). The
+# marker is joined at run time: no call's own command line (KILL_ZYGOTE's, a plant's) may hold it, or a
+# planted .pth/typing.py would start this daemon in that call, whose scan can write /scratch/zhits first
 ZYGOTE_SCAN = r"""
-    if b"The zygote: a ready" not in open("/proc/self/cmdline", "rb").read():
+    if b"The zygote" + b": a ready" not in open("/proc/self/cmdline", "rb").read():
         return
     if _os.fork():
         return
@@ -168,7 +170,7 @@ for p in filter(str.isdigit, os.listdir("/proc")):
         c = open(f"/proc/{p}/cmdline", "rb").read()
     except OSError:
         continue
-    if b"The zygote: a ready" in c and int(p) != os.getpid():
+    if b"The zygote" + b": a ready" in c and int(p) != os.getpid():
         try:
             os.kill(int(p), signal.SIGKILL)
         except OSError:
@@ -256,7 +258,7 @@ DAEMON_SCAN = (
     "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork():\n        os._exit(0)\n"
     + "    def _payload():\n"
     + ZYGOTE_SCAN.replace(
-        '    if b"The zygote: a ready" not in open("/proc/self/cmdline", "rb").read():\n        return\n', ""
+        '    if b"The zygote" + b": a ready" not in open("/proc/self/cmdline", "rb").read():\n        return\n', ""
     )
     .replace("    if _os.fork():\n        return\n    _os.setsid()\n    if _os.fork():\n        _os._exit(0)\n", "")
     .replace("\n    ", "\n        ")

@@ -58,7 +58,9 @@ ctx.sni_callback = lambda sock, name, c: out(sni=name)
 tls = http.server.ThreadingHTTPServer(("0.0.0.0", 8443), H)
 tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
 threading.Thread(target=tls.serve_forever, daemon=True).start()
-http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
+plain = http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H)
+print("listening", flush=True)  # both bound: the fixture starts the sandbox only now
+plain.serve_forever()
 """
 
 A = "api.allowed.test:8080"
@@ -282,7 +284,11 @@ def outcome(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
         )
         engine.start(cid)
         subnet = engine.network(net)["IPAM"]["Config"][0]["Subnet"]
-        time.sleep(0.5)
+        # not a fixed sleep: a sandbox now answers (and its proxy connects) before a cold upstream listens
+        deadline = time.monotonic() + 60
+        while "listening" not in engine.logs(cid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "listening" in engine.logs(cid), engine.logs(cid)[-2000:]
         pol = tmp_path_factory.mktemp("pol") / "smuggle.yaml"
         pol.write_text(
             yaml.safe_dump(

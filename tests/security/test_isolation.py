@@ -115,7 +115,17 @@ def test_inspect_matches_policy(sandbox: Sandbox, engine: Any) -> None:
     assert info["Config"]["User"] == "65532:65532"
     assert info["Config"].get("NetworkDisabled") is True or hc["NetworkMode"] == "none"  # Podman: the latter
     assert all("docker.sock" not in m["Source"] for m in info["Mounts"])
-    assert [(m["Destination"], m["RW"]) for m in info["Mounts"]] == [("/workspace", False)]
+    # beside the workspace, only the run's own overlays of the image's shared files (toolcage.engine.sharedfiles)
+    from toolcage.engine import sharedfiles
+
+    image_id = (engine.image(info["Config"]["Image"]) or {})["Id"]
+    shared = {t: v for v, t in sharedfiles.run_volumes(sandbox.run_id)} if sharedfiles.layers(engine, image_id) else {}
+    assert sorted((m["Destination"], m["RW"]) for m in info["Mounts"]) == sorted(
+        [("/workspace", False)] + [(t, False) for t in shared]
+    )
+    for m in info["Mounts"]:
+        if m["Destination"] in shared:
+            assert m["Type"] == "volume" and m["Name"] == shared[m["Destination"]], m
 
 
 @pytest.mark.parametrize("policy", ["default", "connector-http"])

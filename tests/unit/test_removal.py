@@ -124,3 +124,19 @@ def test_no_helper_with_threads_running() -> None:
     finally:
         stop.set()
         t.join()
+
+
+def test_no_helper_outside_the_machines_pid_namespace() -> None:
+    """In a PID namespace of its own (a runner container), the command removes its container itself:
+    the namespace's init may exit right after the command, and the kernel would kill the helper with
+    it, leaving the container behind (a runner container's script ends with the command)."""
+    probe = "from toolcage.lifecycle import removal; print(removal.start_helper())"
+    here = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert here.stdout.strip() == "True", here.stderr
+    inside = subprocess.run(  # (a user namespace too: no root needed)
+        ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert inside.stdout.strip() == "False", inside.stderr

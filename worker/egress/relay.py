@@ -4,6 +4,12 @@ The sandbox has no network interface but ``lo``; the proxy's socket (a read-only
 is its only way out. Ordinary HTTP clients find the relay through ``HTTP_PROXY``. One
 thread and a selector serve every connection, so the relay costs a single pid of the
 sandbox's pids limit however many connections tool code opens.
+
+The proxy starts beside the sandbox, not before it: a connection accepted before the proxy
+listens (its socket missing, or refusing) is held, unread, and joined to the proxy as soon as
+it listens, for at most PROXY_WAIT_S; then it is closed (by then the runner has ended the run
+for a proxy that never came up). Once the proxy has listened, a refused connection is closed at
+once, as before. It never goes anywhere else: there is nowhere else to go.
 """
 
 from __future__ import annotations
@@ -13,8 +19,11 @@ import resource
 import selectors
 import socket
 import threading
+import time
 
 MAX_BUFFER = 1 << 20
+PROXY_WAIT_S = 20.0  # a connection waits this long for the proxy (the runner gives the proxy 15 s to listen)
+RETRY_S = 0.01  # while connections wait: how often the proxy's socket is tried
 _RESERVED_FDS = 32  # protocol, stdio, the relay's own, a call's pipes and selector, Popen's transient pipes
 
 
@@ -39,9 +48,25 @@ def max_pairs() -> int:
     return max(1, (soft - _RESERVED_FDS) // 4)
 
 
+def _upstream(path: str) -> socket.socket | None:
+    """A connection to the proxy's socket, or None while the proxy does not listen yet (OSError: anything else)."""
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        upstream.close()
+        return None
+    except BaseException:
+        upstream.close()
+        raise
+    return upstream
+
+
 def _serve(listener: socket.socket, path: str, limit: int) -> None:
     sel = selectors.DefaultSelector()
     pairs: set[_Pair] = set()
+    waiting: list[tuple[socket.socket, float]] = []  # accepted before the proxy listened: (client, until)
+    seen = False  # the proxy has listened once: from then on a connection it refuses is closed at once
     sel.register(listener, selectors.EVENT_READ, None)
 
     def update(p: _Pair) -> None:
@@ -68,31 +93,60 @@ def _serve(listener: socket.socket, path: str, limit: int) -> None:
                 pass
             s.close()
 
+    def place(client: socket.socket, upstream: socket.socket | None, until: float) -> None:
+        """Relay ``client`` through ``upstream`` (the proxy answered); with none, hold it until ``until`` while
+        the proxy has never listened (it is still starting), else close it (expired, or a dead proxy's refusal)."""
+        nonlocal seen
+        if upstream is None:
+            if seen or time.monotonic() >= until:
+                client.close()
+            else:
+                waiting.append((client, until))
+            return
+        seen = True
+        try:
+            client.setblocking(False)
+            upstream.setblocking(False)
+            pair = _Pair(client, upstream)
+            for new in pair.socks:
+                sel.register(new, selectors.EVENT_READ, pair)
+            pairs.add(pair)
+        except (OSError, ValueError, KeyError):
+            for sock in (client, upstream):
+                with contextlib.suppress(KeyError, ValueError):
+                    sel.unregister(sock)
+                sock.close()
+
     while True:
-        for key, mask in sel.select():
+        events = sel.select(RETRY_S if waiting else None)
+        if waiting:
+            held, waiting[:] = list(waiting), []
+            up = True
+            for client, until in held:
+                upstream = None
+                if up:  # one try per round while the proxy does not listen, not one per held connection
+                    try:
+                        upstream = _upstream(path)
+                    except OSError:
+                        upstream = None
+                    up = upstream is not None
+                place(client, upstream, until)
+        for key, mask in events:
             if key.data is None:
                 # never a name bound in an earlier round: closing it would close a live pair's socket
-                client: socket.socket | None = None
-                upstream: socket.socket | None = None
                 try:
                     client, _ = listener.accept()
-                    if len(pairs) >= limit:
-                        client.close()  # refused: the worker's own descriptors come first
-                        continue
-                    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    upstream.connect(path)
-                    client.setblocking(False)
-                    upstream.setblocking(False)
-                    pair = _Pair(client, upstream)
-                    for new in pair.socks:
-                        sel.register(new, selectors.EVENT_READ, pair)
-                    pairs.add(pair)
-                except (OSError, ValueError, KeyError):
-                    for sock in (client, upstream):
-                        if sock is not None:
-                            with contextlib.suppress(KeyError, ValueError):
-                                sel.unregister(sock)
-                            sock.close()
+                except OSError:
+                    continue
+                if len(pairs) + len(waiting) >= limit:
+                    client.close()  # refused: the worker's own descriptors come first
+                    continue
+                try:
+                    upstream = _upstream(path)
+                except OSError:
+                    client.close()
+                    continue
+                place(client, upstream, time.monotonic() + PROXY_WAIT_S)
                 continue
             pair = key.data
             s = key.fileobj

@@ -1,0 +1,753 @@
+"""toolcage on a Ray cluster: one engine agent per node, placement and admission, typed node failure.
+
+    import ray, toolcage.ray as tcr
+    ray.init(address="auto")
+    cluster = tcr.Cluster("default", per_node={"warm": 4, "max_running": 32, "max_starting": 2})
+    r = cluster.run("run_python", {"code": "print(1)"})      # one fresh sandbox somewhere, then gone
+    with cluster.sandbox() as sb:                             # a session pinned to one node
+        sb.write_files({"a.py": "print(2)"}); sb.call("run_python", {"path": "/scratch/a.py"})
+
+It is :class:`~toolcage.pool.Pool` across machines: ``Pool(...)`` -> ``Cluster(...)``, ``pool.sandbox()``
+-> ``cluster.sandbox()`` (``cluster.async_sandbox()`` for ``AsyncSandbox``). Every node that has the
+``toolcage_engine`` resource gets an :class:`~toolcage.ray.agent.EngineAgent` (a Ray actor pinned to it,
+owning its engine); this driver keeps a view of their load and asks the best node first. Nothing here
+schedules containers: each node's agent does, as toolcage does on one machine.
+
+Failure is typed, never retried (a call may have had effects): a run whose node or agent dies ends in
+:class:`~toolcage.errors.NodeLost`; one whose engine stops answering in
+:class:`~toolcage.errors.EngineUnavailable`; a run no node admits before ``wait_s`` in
+:class:`~toolcage.errors.NoCapacity`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from secrets import token_hex
+from typing import TYPE_CHECKING, Any
+
+from toolcage.errors import (
+    ImageMissing,
+    NoCapacity,
+    NodeLost,
+    ToolcageError,
+    UsageError,
+)
+from toolcage.ray import placement
+from toolcage.ray.agent import NAME_PREFIX, NAMESPACE, AgentConfig, EngineAgent, Outcome, agent_name
+
+try:
+    import ray
+except ImportError as exc:  # pragma: no cover - the extra is not installed
+    raise UsageError("toolcage.ray needs Ray: pip install 'toolcage[ray]'") from exc
+
+if TYPE_CHECKING:
+    from toolcage.changes import Changes
+    from toolcage.policies import PolicySource
+    from toolcage.results import CallResult, RunSummary
+    from toolcage.safetar import DownloadResult
+    from toolcage.snapshot import SnapshotInfo
+    from toolcage.upload import UploadResult
+
+NODE_RESOURCE = "toolcage_engine"  # a node with this Ray resource runs an agent (`ray start --resources`)
+DEFAULT_PER_NODE = {"warm": 2, "max_running": 16, "max_starting": 2}
+REFRESH_S = 1.0  # how often the driver refreshes its view of the nodes and their agents
+DEFAULT_WAIT_S = 60.0  # how long a run waits for a node to admit it, by default
+WAIT_SLICE_S = (0.25, 2.0)  # a run that finds every node full waits on one this long (doubling), then asks all again
+
+__all__ = [
+    "NODE_RESOURCE",
+    "AsyncClusterSandbox",
+    "Cluster",
+    "ClusterSandbox",
+    "EngineAgent",
+    "cluster_audit",
+    "cluster_ps",
+]
+
+
+def _per_node(per_node: Mapping[str, int] | None) -> dict[str, int]:
+    out = dict(DEFAULT_PER_NODE)
+    for key, value in (per_node or {}).items():
+        if key not in out:
+            raise UsageError(f"per_node takes {', '.join(out)}, not {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "warm" else 1):
+            raise UsageError(f"per_node[{key!r}] must be an integer of at least {0 if key == 'warm' else 1}")
+        out[key] = value
+    return out
+
+
+def _actor_lost(exc: BaseException) -> bool:
+    return isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError)
+
+
+class _Agent:
+    """The driver's handle and view of one node's agent."""
+
+    def __init__(self, node_id: str, handle: Any, view: placement.NodeView) -> None:
+        self.node_id = node_id
+        self.handle = handle
+        self.view = view
+        self.lost = False
+
+
+class Cluster:
+    """Runs and sessions across every node of a Ray cluster that has a toolcage engine.
+
+    ``policy``: as for ``Sandbox`` (a bundled name, a file, a mapping, a Policy): the same on every node.
+    ``image``: the worker image every node must have, by id (``image_id``; default: this driver's engine's
+    build of ``image``, or the first node's); a node that lacks it, or has another build, is sent it
+    (``docker save`` from this driver's engine, else from a node that has it; never a pull) and takes no
+    runs until it has it. ``per_node``: ``warm`` (the never-reused pool on each node), ``max_running`` and
+    ``max_starting`` (the caps each node's agent enforces). ``placement``: ``best_of_k`` (default, K=2)
+    or ``least_loaded``. ``name``: the agents' name; another Cluster of the same name shares them (and
+    must have the same configuration). ``linger_s``: how long an agent waits for a client after the last
+    one left before it removes its pool and exits. Call ``ray.init`` first."""
+
+    def __init__(
+        self,
+        policy: PolicySource = "default",
+        *,
+        image: str | None = None,
+        image_id: str | None = None,
+        per_node: Mapping[str, int] | None = None,
+        placement_strategy: str = placement.BEST_OF_K,
+        k: int = 2,
+        name: str = "default",
+        node_resource: str = NODE_RESOURCE,
+        linger_s: float = 30.0,
+        wait_s: float = DEFAULT_WAIT_S,
+        ready_timeout: float = 120.0,
+        snapshot_key: bytes | None = None,
+    ) -> None:
+        from toolcage import snapshot
+        from toolcage.options import resolve_policy, worker_image
+
+        if not ray.is_initialized():
+            raise UsageError("call ray.init(...) before toolcage.ray.Cluster(...)")
+        if placement_strategy not in placement.PLACEMENTS:
+            raise UsageError(f"placement_strategy must be one of {', '.join(placement.PLACEMENTS)}")
+        self.policy = resolve_policy(policy)
+        self.image = worker_image(image)
+        self.name = name
+        self.node_resource = node_resource
+        self.placement, self.k, self.wait_s = placement_strategy, k, wait_s
+        limits = _per_node(per_node)
+        self._local_engine: Any = None
+        self.image_id = image_id or self._local_image_id()
+        self.config = AgentConfig(
+            cluster=name, policy=json.loads(self.policy.canonical_json()), image=self.image, image_id=self.image_id,
+            warm=limits["warm"], max_running=limits["max_running"], max_starting=limits["max_starting"],
+            linger_s=linger_s, snapshot_key=snapshot_key or snapshot.host_key(create=True),
+        )  # fmt: skip
+        # this client, as the agents know it: its Ray job (a driver, or a task of its job) and a token of its own
+        self.job = f"{ray.get_runtime_context().get_job_id()}:{token_hex(4)}"
+        self._agents: dict[str, _Agent] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._image_ref: Any = None  # the image's bytes in Ray's object store, put once
+        self._loading: dict[str, threading.Thread] = {}
+        self.events: list[dict[str, Any]] = []  # what the view saw: nodes joining, lost, images sent
+        self._refresh()
+        self._thread = threading.Thread(target=self._refresh_loop, name="toolcage-ray-view", daemon=True)
+        self._thread.start()
+        self.wait_ready(timeout=ready_timeout, count=1)
+
+    # the view ---------------------------------------------------------------------------------
+    def _local_image_id(self) -> str | None:
+        from toolcage.engine.docker_adapter import Engine
+
+        try:
+            self._local_engine = Engine.default()
+            info = self._local_engine.image(self.image)
+        except ToolcageError:
+            self._local_engine = None
+            return None
+        return str(info["Id"]) if info else None
+
+    def _nodes(self) -> list[str]:
+        return sorted(
+            n["NodeID"]
+            for n in ray.nodes()  # type: ignore[no-untyped-call]
+            if n.get("Alive") and n.get("Resources", {}).get(self.node_resource, 0) > 0
+        )
+
+    def _agent_for(self, node_id: str) -> _Agent:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        handle = (
+            ray.remote(EngineAgent)
+            .options(
+                name=agent_name(self.name, node_id), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                num_cpus=0, max_restarts=0, max_concurrency=1000,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            )
+            .remote(self.config)
+        )  # fmt: skip
+        view = placement.NodeView(node_id, self.config.max_running, healthy=False, why_not="starting its agent")
+        return _Agent(node_id, handle, view)
+
+    def _refresh(self) -> None:
+        alive = set(self._nodes())
+        with self._lock:
+            for node_id in list(self._agents):
+                if node_id not in alive:
+                    self._drop(node_id, "the node left the cluster")
+            new = [n for n in alive if n not in self._agents]
+        for node_id in new:
+            agent = self._agent_for(node_id)
+            with self._lock:
+                self._agents[node_id] = agent
+            self.events.append({"event": "node_joined", "node": node_id, "t": time.time()})
+        agents = [a for a in self._agents.values() if not a.lost]
+        if not agents:
+            return
+        refs = {a.handle.hello.remote(self.job, self.config.digest(), self.image_id): a for a in agents}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=30 if new else 5)
+        for ref in ready:
+            agent = refs[ref]
+            try:
+                load = ray.get(ref)
+                if self.image_id is None and load.get("config_image_id"):  # the build the cluster already runs
+                    self.image_id = load["config_image_id"]
+                    self.config = dataclasses.replace(self.config, image_id=self.image_id)
+                self._update(agent, load)
+            except UsageError:
+                raise
+            except Exception as exc:
+                if _actor_lost(exc):
+                    self._drop(agent.node_id, f"its agent died: {type(exc).__name__}")
+                else:
+                    agent.view.healthy, agent.view.why_not = False, str(exc)[:300]
+        for agent in agents:
+            if not agent.lost and not agent.view.image_ready and agent.view.healthy:
+                self._send_image(agent)
+
+    def _refresh_loop(self) -> None:
+        while not self._closed:
+            time.sleep(REFRESH_S)
+            if self._closed or not ray.is_initialized():  # never start a Ray of our own after ray.shutdown()
+                return
+            try:
+                self._refresh()
+            except Exception as exc:  # the view goes stale, runs still carry their own load answers
+                self.events.append({"event": "refresh_failed", "error": str(exc)[:300], "t": time.time()})
+
+    def _drop(self, node_id: str, why: str) -> None:
+        agent = self._agents.pop(node_id, None)
+        if agent is not None:
+            agent.lost = True
+            self.events.append({"event": "node_lost", "node": node_id, "why": why, "t": time.time()})
+
+    def _update(self, agent: _Agent, load: dict[str, Any]) -> None:
+        v = agent.view
+        v.running = int(load.get("running", v.running))
+        v.healthy = bool(load.get("healthy"))
+        v.image_ready = bool(load.get("image_ready"))
+        v.why_not = str(load.get("why_not") or "")
+
+    def _job_hex(self) -> str:
+        return self.job
+
+    # images -----------------------------------------------------------------------------------
+    def _send_image(self, agent: _Agent) -> None:
+        """Send the image to a node that lacks it (one thread per node, once at a time)."""
+        t = self._loading.get(agent.node_id)
+        if t is not None and t.is_alive():
+            return
+        if "loading" in agent.view.why_not:
+            return
+        t = threading.Thread(target=self._load_on, args=(agent,), name="toolcage-ray-image", daemon=True)
+        self._loading[agent.node_id] = t
+        t.start()
+
+    def _image_source(self) -> Any:
+        """An ObjectRef of the image's ``docker save`` bytes: from this driver's engine, else a node with it."""
+        if self._image_ref is not None:
+            return self._image_ref
+        if self._local_engine is not None and self._local_image_id() == self.image_id and self.image_id:
+            data = b"".join(self._local_engine.save_image(self.image))
+            self._image_ref = ray.put(data)
+            return self._image_ref
+        for peer in list(self._agents.values()):
+            if peer.view.image_ready and not peer.lost:
+                return peer.handle.export_image.remote()  # node to node: the bytes need not pass through here
+        raise ImageMissing(f"no engine in reach has {self.image} ({self.image_id}) to send: build or load it on one")
+
+    def _load_on(self, agent: _Agent) -> None:
+        t0 = time.time()
+        try:
+            src = self._image_source()
+            out = ray.get(agent.handle.load_image.remote(src))
+            self._update(agent, out)
+            self.events.append({"event": "image_sent", "node": agent.node_id, "s": round(time.time() - t0, 2)})
+        except Exception as exc:
+            msg = exc.message if isinstance(exc, ToolcageError) else str(exc)[:300]
+            agent.view.why_not = f"image not sent: {msg}"
+            self.events.append({"event": "image_failed", "node": agent.node_id, "error": msg})
+
+    def wait_ready(self, count: int | None = None, timeout: float = 120.0) -> int:
+        """Until ``count`` nodes (default: all) take runs (agent up, engine up, image there); how many do.
+        Raises ``NoCapacity`` if none does by ``timeout``."""
+        until = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                ready = sum(1 for a in self._agents.values() if a.view.eligible)
+                total = len(self._agents)
+            want = total if count is None else count
+            if ready >= max(want, 1):
+                return ready
+            if time.monotonic() >= until:
+                if ready:
+                    return ready
+                whys = "; ".join(f"{a.node_id[:12]}: {a.view.why_not}" for a in self._agents.values())
+                raise NoCapacity(
+                    f"no node of the cluster can take runs after {timeout:.0f}s"
+                    + (f" ({whys})" if whys else f": no alive node has the {self.node_resource!r} resource")
+                )
+            time.sleep(0.2)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Each node's view: id, whether it takes runs and why not, its running runs as last reported."""
+        with self._lock:
+            return [
+                {"node_id": a.node_id, "eligible": a.view.eligible, "why_not": a.view.why_not,
+                 "running": a.view.running, "inflight": a.view.inflight}
+                for a in self._agents.values()
+            ]  # fmt: skip
+
+    # placement --------------------------------------------------------------------------------
+    def _order(self, node: str | None) -> list[_Agent]:
+        with self._lock:
+            if node is not None:
+                agent = self._agents.get(node)
+                if agent is None:
+                    raise NodeLost(f"node {node[:12]} is not in the cluster (left, or lost)", node=node)
+                return [agent]
+            decision = placement.decide([a.view for a in self._agents.values()], self.placement, self.k)
+            return [self._agents[n] for n in decision.order if n in self._agents]
+
+    def _lost(self, agent: _Agent, exc: BaseException) -> NodeLost:
+        alive = agent.node_id in set(self._nodes())
+        why = "the agent died (its node is alive)" if alive else "its node died"
+        self._drop(agent.node_id, why)
+        return NodeLost(
+            f"node {agent.node_id[:12]} was lost mid-run: {why}; the run is not retried (it may have had "
+            "effects) and its sandbox is removed by that node's reaper",
+            node=agent.node_id, cause=type(exc).__name__,
+        )  # fmt: skip
+
+    def _settle(self, agent: _Agent, outcome: Outcome) -> Any:
+        kind, value, load = outcome
+        self._update(agent, load)
+        if kind == "error":
+            raise value
+        return value
+
+    def _admitted(
+        self, method: str, args: tuple[Any, ...], wait_s: float | None, node: str | None
+    ) -> tuple[_Agent, Any]:
+        """Ask the nodes in placement order until one admits the call (none waits: a full node says so at
+        once); when all are full, wait on the best one for what is left of ``wait_s``. Nothing has run on a
+        node that refused, so trying the next one is not a retry."""
+        wait = self.wait_s if wait_s is None else wait_s
+        until = time.monotonic() + wait
+        refused: list[str] = []
+        slice_s = WAIT_SLICE_S[0]
+        while True:
+            order = self._order(node)
+            for i, agent in enumerate(order):
+                last = i == len(order) - 1
+                # the last node asked waits a slice for room, then every node is asked again: room may come
+                # anywhere first; the slices grow, so many waiting runs do not flood the agents
+                left = max(min(until - time.monotonic(), slice_s), 0) if last else 0
+                agent.view.inflight += 1
+                try:
+                    outcome = ray.get(getattr(agent.handle, method).remote(*args, left))
+                except Exception as exc:
+                    if _actor_lost(exc):
+                        self._lost(agent, exc)
+                        continue
+                    raise
+                finally:
+                    agent.view.inflight -= 1
+                kind, value, load = outcome
+                self._update(agent, load)
+                refusal = kind == "error" and isinstance(value, ToolcageError) and value.details.get("refused")
+                if refusal:  # nothing ran there: ask another, or wait, or say why none took it
+                    refused.append(f"{agent.node_id[:12]}: {value.message}")
+                    if last and time.monotonic() >= until:
+                        raise NoCapacity(f"no node admitted the run within {wait:.1f}s ({'; '.join(refused[-3:])})")
+                    continue
+                return agent, outcome
+            if time.monotonic() >= until:
+                why = "; ".join(refused[-3:]) or "no node can take runs"
+                raise NoCapacity(f"no node admitted the run within {wait:.1f}s ({why})")
+            if not order:  # no node can take runs now (images loading, engines down): look again soon
+                time.sleep(min(0.2, max(until - time.monotonic(), 0)))
+            slice_s = min(slice_s * 2, WAIT_SLICE_S[1])
+            refused.clear()
+
+    # one-off runs -----------------------------------------------------------------------------
+    def run(
+        self,
+        tool: str,
+        params: dict[str, Any] | None = None,
+        *,
+        secrets: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        wait_s: float | None = None,
+        node: str | None = None,
+    ) -> CallResult:
+        """One call in one fresh sandbox on the best node, then the sandbox is gone (as ``Sandbox``, once).
+        ``wait_s``: how long to wait for a node with room (then ``NoCapacity``); ``node``: that node only."""
+        self._check_open()
+        args = (self._job_hex(), tool, params, dict(secrets) if secrets else None, timeout)
+        agent, outcome = self._admitted("run", args, wait_s, node)
+        result: CallResult = self._settle(agent, outcome)
+        return result
+
+    def map(
+        self, calls: Iterable[tuple[str, dict[str, Any] | None]], **kwargs: Any
+    ) -> list[CallResult | ToolcageError]:
+        """Many one-off runs at once (threads, within each node's caps): each result, or the error it ended with."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        calls = list(calls)
+
+        def one(c: tuple[str, dict[str, Any] | None]) -> CallResult | ToolcageError:
+            try:
+                return self.run(c[0], c[1], **kwargs)
+            except ToolcageError as exc:
+                return exc
+
+        cap = max(1, sum(1 for _ in self._agents) * self.config.max_running)
+        with ThreadPoolExecutor(max_workers=min(len(calls) or 1, cap, 256)) as ex:
+            return list(ex.map(one, calls))
+
+    async def arun(self, tool: str, params: dict[str, Any] | None = None, **kwargs: Any) -> CallResult:
+        """:meth:`run` for an event loop (the waits happen on a thread)."""
+        return await asyncio.to_thread(lambda: self.run(tool, params, **kwargs))
+
+    # sessions ---------------------------------------------------------------------------------
+    def sandbox(self, **options: Any) -> ClusterSandbox:
+        """A session pinned to one node (``with cluster.sandbox() as sb:``): ``Sandbox``'s calls, files and
+        snapshots. Options: ``workspace`` (a directory the node can see), ``workspace_mode``,
+        ``workspace_gitignore``, ``resume`` (a snapshot: a path or bytes here; it is sent to the node),
+        ``secrets``, ``node``, ``wait_s``."""
+        return ClusterSandbox(self, options)
+
+    def async_sandbox(self, **options: Any) -> AsyncClusterSandbox:
+        """The async twin of :meth:`sandbox` (``async with cluster.async_sandbox() as sb:``)."""
+        return AsyncClusterSandbox(ClusterSandbox(self, options))
+
+    # operators --------------------------------------------------------------------------------
+    def ps(self) -> list[dict[str, Any]]:
+        """Live runs on every node (``toolcage ps`` there), each row with its node."""
+        return cluster_ps()
+
+    def audit(self, run_id: str | None = None, limit: int = 200, verify: bool = True) -> list[dict[str, Any]]:
+        """Each node's audit records and whether its chain verifies (``toolcage audit`` there)."""
+        return cluster_audit(run_id=run_id, limit=limit, verify=verify)
+
+    def reap(self) -> list[dict[str, Any]]:
+        """Ask every node's agent to remove what dead owners left there."""
+        refs = [a.handle.reap.remote() for a in self._agents.values()]
+        return [o for got in ray.get(refs) for o in got]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError("this Cluster is closed")
+
+    def close(self, *, stop_agents: bool = False) -> None:
+        """Leave every agent (this driver's sessions there close); ``stop_agents``: also stop them now (their
+        warm pools go; other drivers' runs on them end). Otherwise an agent exits ``linger_s`` after its last
+        client left."""
+        if self._closed:
+            return
+        self._closed = True
+        agents = list(self._agents.values())
+        refs = [a.handle.leave.remote(self._job_hex()) for a in agents]
+        if stop_agents:
+            refs += [a.handle.shutdown.remote("stopped by its cluster") for a in agents]
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=60)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ClusterSandbox:
+    """A session on one node of a :class:`Cluster`: the sandbox stays on that node, calls go through its agent."""
+
+    def __init__(self, cluster: Cluster, options: dict[str, Any]) -> None:
+        known = {"workspace", "workspace_mode", "workspace_gitignore", "resume", "secrets", "node", "wait_s", "tool"}
+        bad = set(options) - known
+        if bad:
+            raise UsageError(f"cluster.sandbox() does not take {', '.join(sorted(bad))}")
+        self.cluster = cluster
+        self.options = dict(options)
+        self._agent: _Agent | None = None
+        self.session: str | None = None
+        self.run_id: str | None = None
+        self.name: str | None = None
+        self.summary: RunSummary | None = None
+
+    @property
+    def node(self) -> str | None:
+        return self._agent.node_id if self._agent is not None else None
+
+    def _open_args(self) -> dict[str, Any]:
+        opts = {k: v for k, v in self.options.items() if k not in {"node", "wait_s"}}
+        if opts.get("workspace") is not None:
+            opts["workspace"] = str(opts["workspace"])
+        resume = opts.get("resume")
+        if resume is not None and not isinstance(resume, bytes | bytearray):
+            with open(resume, "rb") as f:
+                opts["resume"] = f.read()
+        if opts.get("secrets"):
+            opts["secrets"] = dict(opts["secrets"])
+        return opts
+
+    def start(self) -> ClusterSandbox:
+        c = self.cluster
+        c._check_open()
+        args = (c._job_hex(), self._open_args())
+        agent, outcome = c._admitted("open", args, self.options.get("wait_s"), self.options.get("node"))
+        info = c._settle(agent, outcome)
+        self._agent, self.session, self.run_id, self.name = agent, info["session"], info["run_id"], info["name"]
+        return self
+
+    def _ref(self, method: str, *args: Any) -> Any:
+        if self._agent is None or self.session is None:
+            raise UsageError("the cluster sandbox is not started (use it in a with block, or call start())")
+        return getattr(self._agent.handle, method).remote(self.session, *args)
+
+    def _get(self, ref: Any) -> Any:
+        assert self._agent is not None
+        try:
+            outcome = ray.get(ref)
+        except Exception as exc:
+            if _actor_lost(exc):
+                raise self.cluster._lost(self._agent, exc) from None
+            raise
+        return self.cluster._settle(self._agent, outcome)
+
+    def call(self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> CallResult:
+        result: CallResult = self._get(self._ref("call", tool, params, timeout))
+        return result
+
+    def write_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> UploadResult:
+        result: UploadResult = self._get(self._ref("write_files", dict(files), mode))
+        return result
+
+    def read_files(self, paths: Iterable[str], *, missing_ok: bool = False) -> dict[str, bytes]:
+        result: dict[str, bytes] = self._get(self._ref("read_files", list(paths), missing_ok))
+        return result
+
+    def download(
+        self, remote_path: str, local_dir: str | os.PathLike[str], *, max_bytes: int | None = None,
+        max_files: int | None = None,
+    ) -> DownloadResult:  # fmt: skip
+        """``Sandbox.download`` wherever the session runs: checked as hostile on its node, then unpacked here
+        into ``local_dir`` (made if missing), nothing under a final name unless all of it arrived."""
+        result, archive = self._get(self._ref("download", remote_path, max_bytes, max_files))
+        return _unpack_download(result, archive, local_dir)
+
+    def upload(self, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
+        """``Sandbox.upload`` of a file or directory here into ``remote_dir`` of the session, wherever it runs."""
+        result: UploadResult = self._get(self._ref("upload", _pack_upload(local_path), remote_dir))
+        return result
+
+    def changes(self) -> Changes:
+        result: Changes = self._get(self._ref("changes"))
+        return result
+
+    def snapshot(self, target: str | Any) -> SnapshotInfo:
+        """The session's snapshot, written here (a path or a binary stream); resume it on any node with
+        ``cluster.sandbox(resume=...)`` (the cluster signs with one key)."""
+        info, data = self._get(self._ref("snapshot"))
+        if hasattr(target, "write"):
+            target.write(data)
+        else:
+            with open(target, "wb") as f:
+                f.write(data)
+        snap: SnapshotInfo = info
+        return snap
+
+    def close(self) -> RunSummary | None:
+        if self._agent is None or self.session is None:
+            return self.summary
+        ref = self._ref("close")
+        self.session = None
+        self.summary = self._get(ref)
+        return self.summary
+
+    def __enter__(self) -> ClusterSandbox:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._agent is not None and self._agent.lost:
+            return  # nothing to close: the node's reaper removes what is left
+        self.close()
+
+
+class AsyncClusterSandbox:
+    """:class:`ClusterSandbox` for an event loop: the same session; Ray's answers are awaited, not waited for."""
+
+    def __init__(self, sync: ClusterSandbox) -> None:
+        self._sync = sync
+
+    @property
+    def node(self) -> str | None:
+        return self._sync.node
+
+    @property
+    def run_id(self) -> str | None:
+        return self._sync.run_id
+
+    async def start(self) -> AsyncClusterSandbox:
+        await asyncio.to_thread(self._sync.start)
+        return self
+
+    async def _await(self, ref: Any) -> Any:
+        s = self._sync
+        assert s._agent is not None
+        try:
+            outcome = await ref
+        except Exception as exc:
+            if _actor_lost(exc):
+                raise s.cluster._lost(s._agent, exc) from None
+            raise
+        return s.cluster._settle(s._agent, outcome)
+
+    async def call(
+        self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None
+    ) -> CallResult:
+        result: CallResult = await self._await(self._sync._ref("call", tool, params, timeout))
+        return result
+
+    async def write_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> UploadResult:
+        result: UploadResult = await self._await(self._sync._ref("write_files", dict(files), mode))
+        return result
+
+    async def read_files(self, paths: Iterable[str], *, missing_ok: bool = False) -> dict[str, bytes]:
+        result: dict[str, bytes] = await self._await(self._sync._ref("read_files", list(paths), missing_ok))
+        return result
+
+    async def download(
+        self, remote_path: str, local_dir: str | os.PathLike[str], *, max_bytes: int | None = None,
+        max_files: int | None = None,
+    ) -> DownloadResult:  # fmt: skip
+        result, archive = await self._await(self._sync._ref("download", remote_path, max_bytes, max_files))
+        return await asyncio.to_thread(_unpack_download, result, archive, local_dir)
+
+    async def upload(self, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
+        archive = await asyncio.to_thread(_pack_upload, local_path)
+        result: UploadResult = await self._await(self._sync._ref("upload", archive, remote_dir))
+        return result
+
+    async def changes(self) -> Changes:
+        result: Changes = await self._await(self._sync._ref("changes"))
+        return result
+
+    async def close(self) -> RunSummary | None:
+        s = self._sync
+        if s._agent is None or s.session is None:
+            return s.summary
+        ref = s._ref("close")
+        s.session = None
+        s.summary = await self._await(ref)
+        return s.summary
+
+    async def __aenter__(self) -> AsyncClusterSandbox:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        s = self._sync
+        if s._agent is not None and s._agent.lost:
+            return
+        await self.close()
+
+
+def _pack_upload(local_path: str | os.PathLike[str]) -> bytes:
+    """A file or directory as one tar entry, for the session's node to upload (symlinks kept as links)."""
+    import io
+    import tarfile
+
+    path = os.path.abspath(os.fspath(local_path))
+    if not os.path.lexists(path):
+        raise UsageError(f"upload: '{local_path}' does not exist")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        tf.add(path, arcname=os.path.basename(path.rstrip(os.sep)) or "upload")
+    return buf.getvalue()
+
+
+def _unpack_download(result: DownloadResult, archive: bytes, local_dir: str | os.PathLike[str]) -> DownloadResult:
+    """What the session's node downloaded, into ``local_dir``: unpacked beside it first, then moved in."""
+    import io
+    import tarfile
+    import tempfile
+
+    from toolcage.safetar import merge
+
+    local = os.path.abspath(os.fspath(local_dir))
+    os.makedirs(local, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".toolcage-dl-", dir=local) as staging:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r") as tf:
+            tf.extractall(staging, filter="data")
+        merge(staging, local)
+    return dataclasses.replace(result, local_dir=local)
+
+
+def _agents() -> list[Any]:
+    """Every toolcage agent in the cluster ``ray.init`` connected to (any cluster name)."""
+    handles = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry.get("namespace") == NAMESPACE and str(entry.get("name", "")).startswith(NAME_PREFIX):
+            with contextlib.suppress(Exception):
+                handles.append(ray.get_actor(entry["name"], namespace=NAMESPACE))
+    return handles
+
+
+def _gather(refs: list[Any], timeout: float) -> list[Any]:
+    out = []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    for ref in refs:
+        if ref in ready:
+            try:
+                out.append(ray.get(ref))
+            except Exception as exc:
+                out.append(exc)
+        else:
+            out.append(TimeoutError("no answer"))
+    return out
+
+
+def cluster_ps(timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Live runs on every node that has an agent (``toolcage ps --ray``)."""
+    rows: list[dict[str, Any]] = []
+    for got in _gather([a.ps.remote() for a in _agents()], timeout):
+        if isinstance(got, list):
+            rows += got
+    return rows
+
+
+def cluster_audit(
+    run_id: str | None = None, limit: int = 200, verify: bool = True, timeout: float = 30.0
+) -> list[dict[str, Any]]:
+    """Each node's audit log (``toolcage audit --ray``): node, path, problems (empty: the chain verifies), records."""
+    out: list[dict[str, Any]] = []
+    for got in _gather([a.audit_log.remote(run_id, limit, verify) for a in _agents()], timeout):
+        out.append(got if isinstance(got, dict) else {"error": str(got)})
+    return out
