@@ -40,9 +40,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from bench.calls import ECHO_LINES, REQUEST
+from bench.calls import ECHO_LINES, REQUEST, bench_container
 from toolcage import DEFAULT_IMAGE, Sandbox
-from toolcage.engine.hostconfig import RunSpec, container_config
 from toolcage.policies import load_policy
 
 TOOL = "bench-split"
@@ -52,25 +51,7 @@ ns = time.perf_counter_ns
 # -- the floor: a bare echo loop over the same attach socket ---------------------------------------
 def echo_floor(image: str, calls: int) -> dict[str, float]:
     """Sequential round trips to a bare echo loop in the run's hardened configuration (as bench.calls.raw_echo)."""
-    from toolcage.engine.docker_adapter import Engine
-
-    engine = Engine.default()
-    run_id = f"{os.getpid()}{time.monotonic_ns() % 10**6}"
-    cfg = container_config(
-        load_policy("default"),
-        RunSpec(
-            run_id=f"split{run_id}",
-            tool=TOOL,
-            image=image,
-            policy_name="default",
-            started_at="",
-            deadline=time.time() + 300,
-            owner="bench",
-            owner_started="",
-        ),
-    )
-    cfg["Entrypoint"] = ["python3", "-S", "-c", ECHO_LINES]
-    cid = engine.create(cfg, name=f"toolcage-bench-split-echo-{run_id}")
+    engine, cid = bench_container(image, ["python3", "-S", "-c", ECHO_LINES])
     try:
         sock, close = engine.attach(cid)
         engine.start(cid)

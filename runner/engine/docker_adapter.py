@@ -268,8 +268,7 @@ class Engine:
 
     # volumes ------------------------------------------------------------------------
     def create_tmpfs_volume(self, name: str, labels: dict[str, str], options: str) -> str:
-        opts = {"type": "tmpfs", "device": "tmpfs", "o": options}
-        return str(_call(self.api.create_volume, name, driver="local", driver_opts=opts, labels=labels)["Name"])
+        return self.create_volume(name, labels, {"type": "tmpfs", "device": "tmpfs", "o": options})
 
     def create_volume(self, name: str, labels: dict[str, str], options: dict[str, str] | None = None) -> str:
         """A volume of the local driver (``options``: its mount, e.g. an overlay; none: a directory on the

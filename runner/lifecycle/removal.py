@@ -91,7 +91,12 @@ def start_helper() -> bool:
     global _helper_fd
     if _helper_fd is not None:
         return True
-    if sys.platform != "linux" or threading.active_count() != 1 or not _init_pid_namespace():
+    from toolcage.lifecycle import ownership
+
+    # Only in the machine's own PID namespace, whose init never exits. In any other (a container, a pod)
+    # the namespace's init may exit right after the command does, and the kernel then kills every process
+    # in it, the helper too, leaving the container to the reaper.
+    if sys.platform != "linux" or threading.active_count() != 1 or not ownership.in_initial_pid_namespace():
         return False
     from toolcage.engine.docker_adapter import Engine  # imported here: the helper then imports nothing
 
@@ -111,15 +116,6 @@ def start_helper() -> bool:
     os.close(read_end)
     _helper_fd = write_end
     return True
-
-
-def _init_pid_namespace() -> bool:
-    """Whether this process is in the machine's own PID namespace, whose init never exits. In any
-    other (a container, a pod) the namespace's init may exit right after the command does, and the
-    kernel then kills every process in it, the helper too, leaving the container to the reaper."""
-    from toolcage.lifecycle import ownership
-
-    return ownership.in_initial_pid_namespace()
 
 
 def stop_helper() -> None:
