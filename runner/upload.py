@@ -207,6 +207,14 @@ def upload(
     run's workspace copy (into /workspace, whose changes the worker then tracks); ``checked``: the tree was
     already checked for FIFOs, sockets and devices (a workspace is, by toolcage.workspace), so it is walked
     once, as it is sent (one found then still stops the upload)."""
+    local = source(local_path, gitignore=gitignore, walk=not checked)
+    return send(call, _tar(local, gitignore), remote_dir, base=base, shown=local)
+
+
+def source(local_path: str | os.PathLike[str], *, gitignore: bool = False, walk: bool = True) -> str:
+    """``local_path`` as an upload takes it (its absolute path), checked before anything is sent, since a
+    problem here is the caller's mistake: UploadUsage for a path that is missing or a symlink, and (``walk``)
+    for a FIFO, socket or device anywhere in the tree."""
     local = os.path.abspath(os.fspath(local_path))
     try:
         st = os.lstat(local)
@@ -214,11 +222,11 @@ def upload(
         raise UploadUsage(f"upload: cannot read '{_show(local)}': {exc.strerror}") from None
     if stat.S_ISLNK(st.st_mode):
         raise UploadUsage(f"upload: '{_show(local)}' is a symlink; upload what it points to, or its directory")
-    for path, _ in () if checked else _entries(local, gitignore):  # before anything is sent: the caller's mistake
+    for path, _ in _entries(local, gitignore) if walk else ():
         kind = _kind(os.lstat(path).st_mode)
         if kind is not None:
             raise _refuse(path, kind)
-    return send(call, _tar(local, gitignore), remote_dir, base=base, shown=local)
+    return local
 
 
 def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = False, shown: str = "") -> UploadResult:
@@ -297,4 +305,4 @@ class _Ahead:
         self._thread.join()
 
 
-__all__ = ["UploadError", "UploadResult", "UploadUsage", "measure", "send", "upload"]
+__all__ = ["UploadError", "UploadResult", "UploadUsage", "measure", "send", "source", "upload"]

@@ -680,13 +680,15 @@ class AsyncClusterSandbox:
 
 
 def _pack_upload(local_path: str | os.PathLike[str]) -> bytes:
-    """A file or directory as one tar entry, for the session's node to upload (symlinks kept as links)."""
+    """A file or directory as one tar entry, for the session's node to upload (symlinks inside kept as
+    links), checked here as ``Sandbox.upload`` checks it: a missing path, a symlink, a FIFO, socket or device
+    is the caller's UploadUsage, before anything is sent."""
     import io
     import tarfile
 
-    path = os.path.abspath(os.fspath(local_path))
-    if not os.path.lexists(path):
-        raise UsageError(f"upload: '{local_path}' does not exist")
+    from toolcage.upload import source
+
+    path = source(local_path)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
         tf.add(path, arcname=os.path.basename(path.rstrip(os.sep)) or "upload")

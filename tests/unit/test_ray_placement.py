@@ -1,10 +1,14 @@
-"""Placement decisions (toolcage.ray.placement) and the cluster's per-node options: pure, no Ray started."""
+"""Placement decisions (toolcage.ray.placement), the cluster's per-node options and what the driver packs for an
+upload: pure, no Ray started."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import os
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +125,28 @@ def test_a_ray_address_nobody_answers_is_refused_at_once_with_exit_2(command: li
     assert out.exit_code == 2, out.output
     assert "cannot reach the Ray cluster" in out.output and "Traceback" not in out.output
     assert time.monotonic() - t0 < 30  # not Ray's minutes of retries
+
+
+def test_a_cluster_upload_is_checked_on_the_driver_as_a_local_upload_is(tmp_path: Path) -> None:
+    """What the driver packs for a session's node: the caller's mistakes are UploadUsage here, with the same
+    words as Sandbox.upload, not a tar error from the node; a tree of files and links is packed whole."""
+    import tarfile
+
+    from toolcage.ray import _pack_upload
+    from toolcage.upload import UploadUsage
+
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "a.txt").write_text("a")
+    (tree / "link").symlink_to("sub/a.txt")
+    with tarfile.open(fileobj=io.BytesIO(_pack_upload(tree))) as tf:
+        names = tf.getnames()
+    assert sorted(names) == ["tree", "tree/link", "tree/sub", "tree/sub/a.txt"]
+
+    os.mkfifo(tree / "sub" / "pipe")
+    with pytest.raises(UploadUsage, match=r"pipe' is a FIFO; an upload takes files, directories and symlinks"):
+        _pack_upload(tree)
+    with pytest.raises(UploadUsage, match=r"is a symlink; upload what it points to"):
+        _pack_upload(tree / "link")
+    with pytest.raises(UploadUsage, match=r"cannot read '.*missing': No such file"):
+        _pack_upload(tmp_path / "missing")
