@@ -272,12 +272,14 @@ def stale(engine: EngineAPI, now: float | None = None) -> list[tuple[str, str, s
     volumes = engine.volumes(LABEL)
     present: dict[str, bool] = {}
     named: set[str] = set()
+    markers: set[str] = set()
     for v in volumes:
         labels = v.get("Labels") or {}
         image = labels.get(LABEL, "")
         if image not in present:
             present[image] = bool(image) and engine.image(image) is not None
         if v["Name"] == marker_name(image):
+            markers.add(v["Name"])
             named |= {labels.get(LABEL_USR) or "", labels.get(LABEL_OPT) or ""}
     busy = _in_use(engine)
     for v in volumes:
@@ -290,7 +292,7 @@ def stale(engine: EngineAPI, now: float | None = None) -> list[tuple[str, str, s
             )
         elif name != marker_name(image) and name not in named:
             out.append(("volume", name, "shared files no marker names (a fill that did not finish)"))
-    return sorted(out, key=lambda o: (o[0] != "container", o[1].count("-") <= 2))  # markers last
+    return sorted(out, key=lambda o: (o[0] != "container", o[1] in markers))  # markers last
 
 
 def drop(engine: EngineAPI, image_id: str) -> list[str]:

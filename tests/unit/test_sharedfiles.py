@@ -197,6 +197,7 @@ def test_gc_finds_what_no_image_or_marker_needs_and_never_what_a_live_run_is_mad
     assert found_stale[0] == ("container", "old-fill", "a fill of shared files whose process did not remove it")
     assert {n for _, n, _ in found_stale[1:]} == {"toolcage-files-cdcdcdcdcdcd", "toolcage-files-abababababab-0000-usr"}
     assert not kept & {name for _, name, _ in found_stale}
+    assert found_stale[-1][1] == "toolcage-files-cdcdcdcdcdcd"  # a marker after the volumes it names
     assert sharedfiles.stale(engine, now=sharedfiles.FILL_STALE_S - 1)[0][0] == "volume"  # a fill may be under way
     # the image goes while a run of it lives: its volumes stay until that run's overlays are gone
     engine.images.clear()
