@@ -224,8 +224,11 @@ class ContainerBackend:
         sandbox = Background(lambda: self.engine.remove(cid) if cid is not None else None, "toolcage-remove")
         try:
             self._egress.down(before_volume=sandbox.join)
-        finally:
-            self._remove_files(files)  # after both containers that mounted them
+        except BaseException:
+            with contextlib.suppress(ToolcageError):  # the proxy's error is the one to see (the reaper has the rest)
+                self._remove_files(files)
+            raise
+        self._remove_files(files)  # after both containers that mounted them
 
     def _remove_files(self, names: list[str]) -> None:
         for name in names:
