@@ -61,6 +61,8 @@ def audit(
 
     use_json(as_json)
     if ray_address is not None:
+        if since is not None or audit_log is not None:  # each node reads its own log, all of it
+            raise UsageError("audit --ray takes --run, --limit, --json and --verify, not --since or --audit-log")
         _cluster_audit(ray_address, run_id, limit, verify, as_json)
         return
     path = Path(audit_log).expanduser() if audit_log else audit_mod.default_path()

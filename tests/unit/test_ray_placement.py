@@ -127,6 +127,17 @@ def test_a_ray_address_nobody_answers_is_refused_at_once_with_exit_2(command: li
     assert time.monotonic() - t0 < 30  # not Ray's minutes of retries
 
 
+@pytest.mark.parametrize("extra", [["--since", "10m"], ["--audit-log", "/tmp/x.jsonl"]])
+def test_audit_ray_refuses_the_options_it_would_not_honour(extra: list[str]) -> None:
+    from click.testing import CliRunner
+
+    from toolcage.cli.main import cli
+
+    out = CliRunner().invoke(cli, ["audit", "--ray", "127.0.0.1:1", *extra])
+    assert out.exit_code == 2, out.output
+    assert "not --since or --audit-log" in out.output and "Traceback" not in out.output
+
+
 def test_a_cluster_upload_is_checked_on_the_driver_as_a_local_upload_is(tmp_path: Path) -> None:
     """What the driver packs for a session's node: the caller's mistakes are UploadUsage here, with the same
     words as Sandbox.upload, not a tar error from the node; a tree of files and links is packed whole."""
