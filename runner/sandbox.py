@@ -253,7 +253,12 @@ class Sandbox:
                 base=True,
                 checked=True,
             )
-            self.log.info("workspace.copied", files=got.files, bytes=got.bytes)
+            self.log.info("workspace.copied", files=got.files, bytes=got.bytes, withheld=got.withheld_count)
+            if got.withheld_count:  # what uid 65532 could not read through the mount is not in the copy either
+                self.log.warning(
+                    "workspace.withheld", count=got.withheld_count, paths=got.withheld[:20],
+                    hint=f"the sandbox user (uid {contract.SANDBOX_UID}) could not read these: `chmod o+rX` to copy them",
+                )  # fmt: skip
 
     def _claim_start(self) -> None:
         """The one start of this run (AsyncSandbox.start claims it too, before it awaits a slot)."""

@@ -5,6 +5,10 @@ sent 1 MiB at a time to the worker's ``upload`` tool (toolcage.worker.tools.uplo
 and extracts it: the runner holds one chunk whatever the size. Symlinks are sent as symlinks and
 never followed, so nothing outside the local tree is read; FIFOs, sockets and devices are refused
 before anything is sent. A directory's contents go into ``remote_dir``; a file goes there by its name.
+
+The run's workspace copy (``base``) takes only what the sandbox user could read through the read-only
+mount (toolcage.mountview): the runner reads with its own rights, often root's. A file uid/gid 65532
+could not read is left out; a directory it could not list is there, empty; each is reported (``withheld``).
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import stat
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from toolcage import mountview
 from toolcage.errors import SandboxError, UsageError
 from toolcage.policies import codes
 from toolcage.policies.gitignore import Rules, ignored, with_own
@@ -28,6 +33,7 @@ from toolcage.textsafe import escape
 if TYPE_CHECKING:
     from toolcage.results import CallResult
 
+_MAX_WITHHELD = 100  # withheld names kept for the report (all are counted)
 CHUNK = 1 << 20  # raw bytes per call: a call holds ~11 copies of its params (base64, JSON, audit), ~13 MiB peak
 _PIECE = 1 << 20
 
@@ -56,6 +62,19 @@ class UploadResult:
     dirs: int = 0
     symlinks: int = 0
     bytes: int = 0
+    withheld: list[str] = field(default_factory=list)  # left out of a workspace copy: the sandbox could not read them
+    withheld_count: int = 0
+
+
+class _Withheld(list[str]):
+    """What a workspace copy left out (the first _MAX_WITHHELD names; ``count`` counts all)."""
+
+    count = 0
+
+    def add(self, name: str) -> None:
+        self.count += 1
+        if len(self) < _MAX_WITHHELD:
+            self.append(name)
 
 
 def _show(path: str) -> str:
@@ -77,12 +96,16 @@ def _refuse(path: str, kind: str) -> UploadUsage:
     return UploadUsage(f"upload: '{_show(path)}' is {kind}; an upload takes files, directories and symlinks")
 
 
-def _entries(local: str, gitignore: bool = False) -> Iterator[tuple[str, str]]:
+def _entries(local: str, gitignore: bool = False, withheld: _Withheld | None = None) -> Iterator[tuple[str, str]]:
     """(path on disk, name in the tar) for each entry, never following a symlink; ``gitignore``: without
-    what the tree's .gitignore files ignore (an ignored directory is not entered), nor ``.git``."""
+    what the tree's .gitignore files ignore (an ignored directory is not entered), nor ``.git``;
+    ``withheld``: only what the sandbox user could read through the mount, the rest named there."""
     st = os.lstat(local)
     if not stat.S_ISDIR(st.st_mode):
         yield local, os.path.basename(local)
+        return
+    if withheld is not None and not mountview.may(local, st, mountview.LIST):
+        withheld.add("./")
         return
     stacks: dict[str, tuple[Rules, ...]] = {"": ()}
     for dirpath, dirnames, filenames in os.walk(local):  # followlinks=False: a link to a directory is a link
@@ -96,10 +119,39 @@ def _entries(local: str, gitignore: bool = False) -> Iterator[tuple[str, str]]:
             for d in keep:
                 stacks[prefix + d] = stack
             filenames = [f for f in filenames if f != ".git" and not (stack and ignored(stack, prefix + f, False))]
-        dirnames.sort()
         prefix = f"{rel}/" if rel else ""
-        for base in sorted(dirnames + filenames):
+        shut: list[str] = []  # directories copied empty: the sandbox could not list them
+        if withheld is not None:
+            dirnames[:], shut, filenames = _as_mounted(dirpath, prefix, dirnames, filenames, withheld)
+        dirnames.sort()
+        for base in sorted(dirnames + shut + filenames):
             yield os.path.join(dirpath, base), prefix + base
+
+
+def _as_mounted(
+    dirpath: str, prefix: str, dirnames: list[str], filenames: list[str], withheld: _Withheld
+) -> tuple[list[str], list[str], list[str]]:
+    """A directory's entries as the sandbox user would find them through the mount (toolcage.mountview):
+    the directories to enter, those to copy empty, the files it could read."""
+    enter: list[str] = []
+    shut: list[str] = []
+    for d in dirnames:
+        path = os.path.join(dirpath, d)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or mountview.may(path, st, mountview.LIST):
+            enter.append(d)  # a symlink is listed among the directories and never entered
+        else:
+            shut.append(d)
+            withheld.add(f"{prefix}{d}/")
+    files: list[str] = []
+    for f in filenames:
+        path = os.path.join(dirpath, f)
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and not mountview.may(path, st, mountview.READ):
+            withheld.add(prefix + f)
+        else:
+            files.append(f)
+    return enter, shut, files
 
 
 def _rules_of(stack: tuple[Rules, ...], dirpath: str, rel: str) -> tuple[Rules, ...]:
@@ -118,9 +170,9 @@ _PAGE = 4096  # a tmpfs keeps each file's data in whole pages
 
 
 def measure(local: str | os.PathLike[str], gitignore: bool = False) -> tuple[int, int]:
-    """Entries under ``local`` as an upload sends them, and the tmpfs space their files take (whole pages)."""
+    """Entries under ``local`` as the workspace copy sends them, and the tmpfs space their files take (whole pages)."""
     entries = size = 0
-    for path, _ in _entries(os.fspath(local), gitignore):
+    for path, _ in _entries(os.fspath(local), gitignore, _Withheld()):
         entries += 1
         st = os.lstat(path)
         if stat.S_ISREG(st.st_mode):
@@ -140,8 +192,8 @@ def _header(name: str, kind: bytes, st: os.stat_result, size: int = 0, linkname:
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
-def _tar(local: str, gitignore: bool) -> Iterator[bytes]:
-    for path, name in _entries(local, gitignore):
+def _tar(local: str, gitignore: bool, withheld: _Withheld | None = None) -> Iterator[bytes]:
+    for path, name in _entries(local, gitignore, withheld):
         st = os.lstat(path)
         if stat.S_ISDIR(st.st_mode):
             yield _header(name, tarfile.DIRTYPE, st)
@@ -153,6 +205,9 @@ def _tar(local: str, gitignore: bool) -> Iterator[bytes]:
                 fst = os.fstat(fd)
                 if not stat.S_ISREG(fst.st_mode):
                     raise _refuse(path, _kind(fst.st_mode) or "no longer a file")
+                if withheld is not None and not mountview.allows(fst, mountview.READ, mountview.access_acl(fd)):
+                    withheld.add(name)  # its mode changed since the walk: what is sent is what was checked
+                    continue
                 yield _header(name, tarfile.REGTYPE, fst, fst.st_size)
                 sent = 0
                 while sent < fst.st_size:
@@ -206,9 +261,14 @@ def upload(
     ``gitignore``: leave out what the tree's .gitignore files ignore, and .git; ``base``: this is the
     run's workspace copy (into /workspace, whose changes the worker then tracks); ``checked``: the tree was
     already checked for FIFOs, sockets and devices (a workspace is, by toolcage.workspace), so it is walked
-    once, as it is sent (one found then still stops the upload)."""
+    once, as it is sent (one found then still stops the upload). A ``base`` copy takes only what the sandbox
+    user could read through the mount (module doc): ``withheld`` names what it left out."""
     local = source(local_path, gitignore=gitignore, walk=not checked)
-    return send(call, _tar(local, gitignore), remote_dir, base=base, shown=local)
+    withheld = _Withheld() if base else None
+    got = send(call, _tar(local, gitignore, withheld), remote_dir, base=base, shown=local)
+    if withheld is not None:
+        got.withheld, got.withheld_count = list(withheld), withheld.count
+    return got
 
 
 def source(local_path: str | os.PathLike[str], *, gitignore: bool = False, walk: bool = True) -> str:
