@@ -257,7 +257,7 @@ class Sandbox:
             if got.withheld_count:  # what uid 65532 could not read through the mount is not in the copy either
                 self.log.warning(
                     "workspace.withheld", count=got.withheld_count, paths=got.withheld[:20],
-                    hint=f"the sandbox user (uid {contract.SANDBOX_UID}) could not read these: `chmod o+rX` to copy them",
+                    hint=f"uid {contract.SANDBOX_UID} (the sandbox) could not read these: `chmod o+rX` to copy them",
                 )  # fmt: skip
 
     def _claim_start(self) -> None:
