@@ -1,36 +1,48 @@
 """``Sandbox.changes()``: what a run did to its writable workspace copy, as git's diff and a list of paths.
 
 The worker names the paths that may have changed (``workspace_changes``: hints, chosen by the sandbox);
-the runner fetches those paths' current entries (``download`` with ``paths``: one tar stream, read in
-memory, never written to disk by a name the sandbox chose), reads the same paths in the host's
-workspace (by directory fd, never through a symlink of the host's tree, never outside it) and decides
-itself what was added, changed and removed, and writes the diff (toolcage.gitdiff). So the sandbox can
-at most hide its own edits: it cannot make the diff name a path outside the workspace (every name is
-checked to be a plain relative path, and ``.git`` is never one, nor a name git takes for it), nor put
-in it bytes its files do not hold, nor make the runner read what the copy never held (with
-``gitignore``, a path the host's .gitignore files leave out of the copy is never read), nor a path
-beneath a host symlink or file that stays (so ``git apply`` always takes the diff). What changes()
-holds, old and new sides, stays within ``max_bytes``. The diff is against the host's directory as it
-is when ``changes()`` is called.
+the runner fetches those paths' current entries (``download`` with ``paths``: one tar stream, written
+piece by piece into a private temp directory under names of the runner's own, toolcage.changesides),
+reads the same paths in the host's workspace (by directory fd, never through a symlink of the host's
+tree, never outside it), decides itself what was added, changed and removed, and has git write the
+diff in a bounded child process (toolcage.gitplumb). So the sandbox can at most hide its own edits: it
+cannot make the diff name a path outside the workspace (every name is checked to be a plain relative
+path, and ``.git`` is never one, nor a name git takes for it), nor put in it bytes its files do not
+hold, nor a symlink that points out of the workspace (Sandbox.download's rule: named in ``skipped``),
+nor make the runner read what the copy never held (with ``gitignore``, a path the host's .gitignore
+files leave out of the copy is never read), nor a path beneath a host symlink or file that stays (so
+``git apply`` always takes the diff).
+
+What it costs the host, whatever the copy holds: the bytes read (old and new sides) stay within
+``max_bytes``, on disk (holes for runs of zeros), the runner's memory within one 1 MiB piece plus the
+diff it returns (at most ``max_diff_bytes``); git's work within ``diff_seconds`` and GIT_MEMORY. A side
+over TEXT_MAX_BYTES or TEXT_MAX_LINES (or past TEXT_MAX_LINES_TOTAL for the whole diff) is a binary
+patch; one over SHOW_MAX_BYTES, one the worker did not send (a sparse file), or past ``max_diff_bytes``
+is changed but not shown (``Changes.not_shown``, with why). The diff is against the host's directory
+as it is when ``changes()`` is called. git must be installed on the host (ChangesError otherwise).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
-import stat
+import shutil
+import tempfile
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from toolcage import gitdiff, transfer
+import structlog
+
+from toolcage import gitdiff, gitplumb, transfer
+from toolcage.changesides import HostTree, OverBudget, Side, Unreadable, copy_holes, link_side, stream
 from toolcage.errors import SandboxError, UsageError
+from toolcage.gitplumb import Entry
 from toolcage.policies import codes, contract
-from toolcage.policies.gitignore import Rules, ignored, with_own
-from toolcage.safetar import DownloadResult, nofollow_dir, show
+from toolcage.safetar import DownloadResult, door_problem, nofollow_dir, show
 from toolcage.textsafe import escape
 
 if TYPE_CHECKING:
@@ -41,7 +53,14 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_BYTES = 1 << 30  # changed files' content changes() holds (new and old sides)
 DEFAULT_MAX_FILES = 100_000
+TEXT_MAX_BYTES = 8 << 20  # a side diffed as text (git's xdiff) is at most this large...
+TEXT_MAX_LINES = 200_000  # ...and this many lines (xdiff holds ~45 bytes a line; its CPU grows faster)
+TEXT_MAX_LINES_TOTAL = 2_000_000  # lines of all text sides together; past it, binary patches
+SHOW_MAX_BYTES = 32 << 20  # a side larger than this is not shown (a binary patch holds it deflated)
+MAX_DIFF_BYTES = 128 << 20  # the diff changes() returns; files past it are not shown
+DIFF_SECONDS = 60.0  # git's work on the host, all of it
 _PREFIX = contract.WORKSPACE + "/"
+log = structlog.get_logger()
 
 
 class ChangesError(SandboxError):
@@ -67,6 +86,7 @@ class Changes:
     diff: str = ""  # git's format: ``git apply`` takes it in the host's directory (binary files included)
     files_dir: str | None = None  # where download_to wrote the added and changed files
     skipped: tuple[dict[str, str], ...] = field(default_factory=tuple)  # names refused, with why
+    not_shown: tuple[dict[str, str], ...] = field(default_factory=tuple)  # changed, not in the diff: path, why
 
     def __bool__(self) -> bool:
         return bool(self.added or self.changed or self.removed)
@@ -82,6 +102,7 @@ class Changes:
             "removed": [show(p) for p in self.removed],
             "files_dir": self.files_dir,
             "skipped": list(self.skipped),
+            "not_shown": list(self.not_shown),
         }
 
 
@@ -142,119 +163,6 @@ def clean(rel: str) -> str | None:
     return name
 
 
-class _HostTree:
-    """The host's workspace, read by directory fd: never through a symlink, never outside it."""
-
-    def __init__(self, root: Path) -> None:
-        self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-
-    def _dir(self, parts: list[str]) -> int:
-        """An fd of the directory ``parts`` beneath the root, never through a symlink (OSError if none)."""
-        return nofollow_dir(self.fd, parts, create=False)
-
-    def kind(self, rel: str) -> str | None:
-        """``dir``, ``other`` (a file, a symlink, anything else) or None (absent, or beyond a symlink)."""
-        parts = rel.split("/")
-        try:
-            fd = self._dir(parts[:-1])
-        except OSError:
-            return None
-        try:
-            st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        return "dir" if stat.S_ISDIR(st.st_mode) else "other"
-
-    def ignored(self, rel: str) -> bool:
-        """Whether the host's .gitignore files leave ``rel`` out of the copy, as the copy's walk decides
-        (toolcage.upload): an ignored directory on the way, or the entry itself."""
-        parts = rel.split("/")
-        stack: tuple[Rules, ...] = ()
-        fd: int | None = os.dup(self.fd)
-        try:
-            for i, part in enumerate(parts):
-                if fd is not None:
-                    stack = with_own(stack, fd, "/".join(parts[:i]))
-                path, last = "/".join(parts[: i + 1]), i == len(parts) - 1
-                if stack and ignored(stack, path, not last):
-                    return True
-                if last:
-                    return bool(stack) and self.kind(rel) == "dir" and ignored(stack, path, True)
-                if fd is not None:
-                    try:
-                        nxt: int | None = os.open(
-                            part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-                        )
-                    except OSError:
-                        nxt = None  # not a directory on the host: no .gitignore of the host's below
-                    os.close(fd)
-                    fd = nxt
-        finally:
-            if fd is not None:
-                os.close(fd)
-        return False
-
-    def side(self, rel: str, budget: int) -> gitdiff.Side | None:
-        """``rel``'s side in the host's tree (None: absent, beyond a symlink, or not a file or symlink),
-        reading at most ``budget`` bytes of it (ChangesError past that)."""
-        parts = rel.split("/")
-        try:
-            fd = self._dir(parts[:-1])
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                return None  # absent, or beyond a symlink of the host's tree: not this path
-            raise ChangesError(f"changes: cannot read '{show(rel)}' in the workspace: {exc.strerror}") from None
-        try:
-            st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                return gitdiff.Side(os.fsencode(os.readlink(parts[-1], dir_fd=fd)), gitdiff.LINK)
-            if not stat.S_ISREG(st.st_mode):
-                return None
-            ffd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-            with os.fdopen(ffd, "rb") as f:
-                data = f.read(budget + 1) if st.st_size <= budget else b""
-            if st.st_size > budget or len(data) > budget:
-                raise _OverBudget
-            return gitdiff.Side(data, gitdiff.EXEC if st.st_mode & 0o100 else gitdiff.FILE)
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                return None
-            raise ChangesError(f"changes: cannot read '{show(rel)}' in the workspace: {exc.strerror}") from None
-        finally:
-            os.close(fd)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-class _OverBudget(Exception):
-    """A host file past what changes() may still hold."""
-
-
-def _write_file(top: str, rel: str, side: gitdiff.Side) -> None:
-    """One added or changed file under ``top`` (made by names already checked; never through a symlink)."""
-    parts = rel.split("/")
-    top_fd = os.open(top, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fd = nofollow_dir(top_fd, parts[:-1], create=True, mode=0o755)
-    finally:
-        os.close(top_fd)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(parts[-1], dir_fd=fd)
-        if side.mode == gitdiff.LINK:
-            os.symlink(os.fsdecode(side.data), parts[-1], dir_fd=fd)
-            return
-        mode = 0o755 if side.mode == gitdiff.EXEC else 0o644
-        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
-        with os.fdopen(out, "wb") as f:
-            f.write(side.data)
-    finally:
-        os.close(fd)
-
-
 def collect(
     call: ToolCall,
     host: Path | None,
@@ -264,8 +172,12 @@ def collect(
     download_to: str | os.PathLike[str] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_files: int = DEFAULT_MAX_FILES,
+    diff_seconds: float = DIFF_SECONDS,
+    max_diff_bytes: int = MAX_DIFF_BYTES,
 ) -> Changes:
-    """The run's changes against ``host`` (module doc); ``prior``: paths a resumed snapshot had changed."""
+    """The run's changes against ``host`` (module doc); ``prior``: paths a resumed snapshot had changed;
+    ``diff_seconds``: the deadline of the work git does on the host; ``max_diff_bytes``: the most diff
+    returned (files past it are changed, not shown)."""
     if host is None:
         raise ChangesUsage(
             "changes() compares the copy with the workspace it was made from, and this run has none: "
@@ -287,105 +199,258 @@ def collect(
     for rel in prior:
         if clean(rel) is not None:
             touched.add(rel)
-    tree = _HostTree(host)
+    tree = HostTree(host)
+    # the sides, on disk in a private (0700) directory: TMPDIR's file system pays up to max_bytes, less holes
+    work = tempfile.mkdtemp(prefix="toolcage-changes-")
     try:
-        return _gather(call, tree, touched, gone, skipped, gitignore, download_to, max_bytes, max_files)
+        os.mkdir(os.path.join(work, "new"), 0o700)
+        os.mkdir(os.path.join(work, "old"), 0o700)
+        got = _Gather(call, tree, work, skipped, max_bytes, max_files)
+        got.fetch(touched, gitignore, gone)
+        return got.compare(download_to, diff_seconds, max_diff_bytes)
     finally:
         tree.close()
+        shutil.rmtree(work, ignore_errors=True)
 
 
-def _gather(
-    call: ToolCall,
-    tree: _HostTree,
-    touched: set[str],
-    gone: set[str],
-    skipped: list[dict[str, str]],
-    gitignore: bool,
-    download_to: str | os.PathLike[str] | None,
-    max_bytes: int,
-    max_files: int,
-) -> Changes:
-    def skip(rel: str, why: str) -> None:
-        skipped.append({"path": show(rel), "reason": why})
+class _Gather:
+    """One changes(): the new sides fetched, each path compared, the diff made by git (toolcage.gitplumb)."""
 
-    if gitignore:  # what the host's .gitignore left out never entered the copy: never read, never in the diff
-        for rel in sorted(touched | gone, key=os.fsencode):
-            if tree.ignored(rel):
-                skip(rel, "left out of the copy by the host's .gitignore")
-                touched.discard(rel)
-                gone.discard(rel)
-    new: dict[str, gitdiff.Side] = {}
-    held = 0  # bytes of content held, new sides and old
-    if touched:
-        got = DownloadResult(str(download_to or ""))
-        wanted = set(touched)
-        for name, m, src in transfer.members(
-            call_download(call),
+    def __init__(
+        self, call: ToolCall, tree: HostTree, work: str, skipped: list[dict[str, str]], max_bytes: int, max_files: int
+    ) -> None:
+        self.call, self.tree, self.work, self.skipped = call, tree, work, skipped
+        self.max_bytes, self.max_files = max_bytes, max_files
+        self.new: dict[str, Side] = {}
+        self.unsent: dict[str, str] = {}  # paths the worker named but did not send (a sparse file): why
+        self.considered: set[str] = set()
+        self.held = 0  # bytes read, new sides and old
+        self.made: dict[str, str] | None = None
+
+    def skip(self, rel: str, why: str) -> None:
+        self.skipped.append({"path": show(rel), "reason": why})
+
+    def fetch(self, touched: set[str], gitignore: bool, gone: set[str]) -> None:
+        """The new sides of ``touched`` streamed from the worker's tar into the work directory."""
+        if gitignore:  # what the host's .gitignore left out never entered the copy: never read, never in the diff
+            for rel in sorted(touched | gone, key=os.fsencode):
+                if self.tree.ignored(rel):
+                    self.skip(rel, "left out of the copy by the host's .gitignore")
+                    touched.discard(rel)
+                    gone.discard(rel)
+        self.considered = touched | gone
+        if not touched:
+            return
+        got = DownloadResult("")
+        entries = transfer.members(
+            call_download(self.call),
             {"path": contract.WORKSPACE, "paths": [_PREFIX + p for p in sorted(touched)]},
-            max_bytes=max_bytes,
-            max_files=max_files,
+            max_bytes=self.max_bytes,
+            max_files=self.max_files,
             result=got,
-        ):
-            if name not in wanted or m.isdir():
+        )
+        for i, (name, m, src) in enumerate(entries):
+            if name not in touched or m.isdir():
                 continue  # a directory, or a name not asked for: not a file of the diff
+            file = os.path.join(self.work, "new", str(i))
             if m.issym():
-                new[name] = gitdiff.Side(os.fsencode(m.linkname), gitdiff.LINK)
+                if len(os.fsencode(m.linkname)) >= 4096:
+                    self.skip(name, "a symlink whose target is longer than a path may be")
+                    continue
+                self.new[name] = link_side(os.fsencode(m.linkname), file)
                 continue
-            data = src.read(m.size)
-            if len(data) != m.size:
-                raise ChangesError(f"changes: '{show(name)}' ended before its size")
-            held += len(data)
-            new[name] = gitdiff.Side(data, gitdiff.EXEC if m.mode & 0o100 else gitdiff.FILE)
-    considered = touched | gone
-    dropped: set[str] = set()
+            mode = gitdiff.EXEC if m.mode & 0o100 else gitdiff.FILE
+            try:
+                self.new[name] = stream(src, m.size, mode, file, self.max_bytes - self.held)
+            except OSError:
+                raise ChangesError(f"changes: '{show(name)}' ended before its size") from None
+            except OverBudget:
+                raise ChangesError(f"changes: more than {self.max_bytes} bytes of changed files (max_bytes)") from None
+            self.held += m.size
+        for item in got.skipped:  # e.g. a sparse file: the worker says so rather than send its zeros
+            named = transfer.safe_name(item.get("path", ""))
+            if named is not None and named in touched and named not in self.new:
+                self.unsent[named] = item.get("reason", "skipped in the sandbox")
 
-    def blocked(rel: str) -> bool:
+    def blocked(self, rel: str, dropped: set[str]) -> bool:
         """A directory of ``rel`` stays a symlink or a file (the host's, or one the copy made there): git
         would refuse to make ``rel`` (beyond a symlink, or under a file)."""
         parts = rel.split("/")
         for i in range(1, len(parts)):
             up = "/".join(parts[:i])
-            if up in considered and up not in dropped:
-                if up in new:
+            if up in self.considered and up not in dropped:
+                if up in self.new:
                     return True
-            elif tree.kind(up) == "other":
+            elif self.tree.kind(up) == "other":
                 return True
         return False
 
-    added: list[str] = []
-    changed: list[str] = []
-    removed: list[str] = []
-    parts: list[str] = []
-    for rel in sorted(considered, key=os.fsencode):
-        now = new.get(rel)
-        if now is not None and blocked(rel):
-            skip(rel, "beneath a symlink or file that stays one")
-            dropped.add(rel)
-            continue
+    def link_out(self, rel: str, now: Side, roots: list[str]) -> str | None:
+        """Why the copy's symlink ``rel`` may not be made on the host (None: it stays inside): the rule of every
+        door out (toolcage.safetar.door_problem), for the host's directory and for download_to."""
+        assert now.file is not None
+        with open(now.file, "rb") as f:
+            target = os.fsdecode(f.read())
+        if self.made is None:  # what the diff makes stands for the host's entry there
+            self.made = {r: "link" if s.mode == gitdiff.LINK else "file" for r, s in self.new.items()}
+        for root in roots:
+            problem = door_problem(rel, target, root, self.made)
+            if problem is not None:
+                return problem
+        return None
+
+    def compare(self, download_to: str | os.PathLike[str] | None, diff_seconds: float, max_diff_bytes: int) -> Changes:
+        files_dir = os.path.abspath(os.fspath(download_to)) if download_to is not None else None
+        roots = [self.tree.root] + ([files_dir] if files_dir is not None else [])
+        dropped: set[str] = set()
+        lists: dict[str, list[str]] = {"added": [], "changed": [], "removed": []}
+        not_shown: list[dict[str, str]] = []
+        plan = _Plan()
+        for idx, rel in enumerate(sorted(self.considered, key=os.fsencode)):
+            now = self.new.get(rel)
+            if now is not None and self.blocked(rel, dropped):
+                self.skip(rel, "beneath a symlink or file that stays one")
+                dropped.add(rel)
+                continue
+            if rel in self.unsent:  # in the copy, not sent (a sparse file): changed, not shown, never read
+                lists["changed" if self.tree.kind(rel) == "other" else "added"].append(rel)
+                not_shown.append({"path": show(rel), "reason": f"not sent by the sandbox: {self.unsent[rel]}"})
+                continue
+            try:
+                old = self.tree.side(
+                    rel, os.path.join(self.work, "old", str(idx)), SHOW_MAX_BYTES, self.max_bytes - self.held
+                )
+            except OverBudget:
+                raise ChangesError(
+                    f"changes: more than {self.max_bytes} bytes of changed files, old and new sides (max_bytes)"
+                ) from None
+            except Unreadable as exc:
+                raise ChangesError(str(exc)) from None
+            if (old is None and now is None) or (now is not None and now.same(old)):
+                continue
+            self.held += old.size if old is not None else 0
+            if any(s is not None and s.mode == gitdiff.LINK for s in (old, now)) and _GITMODULES.fullmatch(
+                _folded(rel.rsplit("/", 1)[-1])
+            ):
+                self.skip(rel, "a symlink named like .gitmodules (git refuses one)")
+                dropped.add(rel)
+                continue
+            problem = self.link_out(rel, now, roots) if now is not None and now.mode == gitdiff.LINK else None
+            if problem is not None:  # a link to /etc, or one that climbs out: git apply would make it
+                self.skip(rel, problem)
+                dropped.add(rel)
+                continue
+            lists["added" if old is None else "removed" if now is None else "changed"].append(rel)
+            why = plan.add(rel, old, now)
+            if why is not None:
+                not_shown.append({"path": show(rel), "reason": why})
+        diff = plan.run(self.work, diff_seconds, max_diff_bytes, not_shown) if plan else ""
+        if files_dir is not None:
+            os.makedirs(files_dir, exist_ok=True)
+            for rel in lists["added"] + lists["changed"]:
+                if rel in self.new:
+                    _write_file(files_dir, rel, self.new[rel])
+        return Changes(
+            added=tuple(lists["added"]),
+            changed=tuple(lists["changed"]),
+            removed=tuple(lists["removed"]),
+            diff=diff,
+            files_dir=files_dir,
+            skipped=tuple(self.skipped),
+            not_shown=tuple(not_shown),
+        )
+
+
+class _Plan:
+    """Which path git diffs as text, which as binary, and which is not shown: the bounds in the module doc."""
+
+    def __init__(self) -> None:
+        self.text: tuple[list[Entry], list[Entry]] = ([], [])
+        self.binary: tuple[list[Entry], list[Entry]] = ([], [])
+        self.headers: dict[bytes, str] = {}
+        self.lines = 0  # lines given to the text diff, all files
+
+    def __bool__(self) -> bool:
+        return bool(self.headers)
+
+    def add(self, rel: str, old: Side | None, now: Side | None) -> str | None:
+        """Plan ``rel``'s diff; why it is not shown, or None."""
+        sides = [s for s in (old, now) if s is not None]
+        if any(s.size > SHOW_MAX_BYTES or s.file is None for s in sides):
+            return f"a side is larger than {SHOW_MAX_BYTES} bytes: not shown (download_to writes it)"
+        lines = sum(s.lines for s in sides)
+        text = all(s.size <= TEXT_MAX_BYTES and s.lines <= TEXT_MAX_LINES for s in sides)
+        if text and self.lines + lines <= TEXT_MAX_LINES_TOTAL:
+            self.lines += lines
+            into = self.text
+        else:  # past the text bounds: a binary patch, linear to make (zlib) and still what git apply takes
+            into = self.binary
+        raw = os.fsencode(rel)
+        for side, entries in ((old, into[0]), (now, into[1])):
+            if side is not None:
+                assert side.file is not None
+                entries.append(Entry(raw, side.mode, side.file))
+        self.headers[b"diff --git %s %s" % (gitdiff.quote(raw, "a/").encode(), gitdiff.quote(raw, "b/").encode())] = rel
+        return None
+
+    def run(self, work: str, seconds: float, cap: int, not_shown: list[dict[str, str]]) -> str:
+        """git's patch of the plan, at most ``cap`` bytes: what does not fit (or fails) goes to ``not_shown``."""
+        start = time.monotonic()
         try:
-            old = tree.side(rel, max_bytes - held)
-        except _OverBudget:
-            raise ChangesError(
-                f"changes: more than {max_bytes} bytes of changed files, old and new sides (max_bytes)"
-            ) from None
-        if old == now:
-            continue
-        if any(s is not None and s.mode == gitdiff.LINK for s in (old, now)) and _GITMODULES.fullmatch(
-            _folded(rel.rsplit("/", 1)[-1])
-        ):
-            skip(rel, "a symlink named like .gitmodules (git refuses one)")
-            dropped.add(rel)
-            continue
-        held += len(old.data) if old is not None else 0
-        (added if old is None else removed if now is None else changed).append(rel)
-        parts.append(gitdiff.file_diff(os.fsencode(rel), old, now))
-    files_dir = None
-    if download_to is not None:
-        files_dir = os.path.abspath(os.fspath(download_to))
-        os.makedirs(files_dir, exist_ok=True)
-        for rel in added + changed:
-            _write_file(files_dir, rel, new[rel])
-    return Changes(tuple(added), tuple(changed), tuple(removed), "".join(parts), files_dir, tuple(skipped))
+            # the text pass may take two thirds of the deadline; if it fails, its files are diffed as binary
+            repo = gitplumb.Repo(work, start + seconds * 2 / 3)
+        except gitplumb.DiffFailed as exc:
+            raise ChangesError(str(exc)) from None
+        patches: list[str] = []
+        if any(self.text):
+            try:
+                gitplumb.diff_into(repo, *self.text, os.path.join(work, "text.patch"), binary=False, tag="text")
+                patches.append(os.path.join(work, "text.patch"))
+            except gitplumb.DiffFailed as exc:
+                log.warning("changes.text_diff_failed", error=str(exc))
+                self.binary[0].extend(self.text[0])
+                self.binary[1].extend(self.text[1])
+        repo.deadline = start + seconds
+        if any(self.binary):
+            try:
+                gitplumb.diff_into(repo, *self.binary, os.path.join(work, "binary.patch"), binary=True, tag="binary")
+                patches.append(os.path.join(work, "binary.patch"))
+            except gitplumb.DiffFailed as exc:
+                log.warning("changes.binary_diff_failed", error=str(exc))
+                for entry in self.binary[0] + self.binary[1]:
+                    not_shown.append({"path": show(os.fsdecode(entry.path)), "reason": f"git failed on it: {exc}"})
+        kept, over = gitplumb.read_patches(patches, self.headers, cap)
+        not_shown.extend(
+            {"path": show(rel), "reason": f"the diff passed {cap} bytes (max_diff_bytes)"} for rel in sorted(over)
+        )
+        return kept.decode("utf-8", "surrogateescape")
+
+
+def _write_file(top: str, rel: str, side: Side) -> None:
+    """One added or changed file under ``top`` (made by names already checked; never through a symlink)."""
+    assert side.file is not None
+    parts = rel.split("/")
+    top_fd = os.open(top, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = nofollow_dir(top_fd, parts[:-1], create=True, mode=0o755)
+    finally:
+        os.close(top_fd)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(parts[-1], dir_fd=fd)
+        if side.mode == gitdiff.LINK:
+            with open(side.file, "rb") as f:
+                os.symlink(f.read(), parts[-1], dir_fd=fd)
+            return
+        mode = 0o755 if side.mode == gitdiff.EXEC else 0o644
+        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        try:
+            with open(side.file, "rb", buffering=0) as src:
+                copy_holes(src, out, side.size)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
 
 
 def call_download(call: ToolCall) -> Call:

@@ -606,26 +606,27 @@ def test_hostile_names_in_the_copy_make_a_diff_that_applies(engine: Any, tmp_pat
     """Names with newlines, escapes, bytes that are not UTF-8, a leading '-', quotes and backslashes; a
     symlink to /etc and a file beneath a directory symlink; a host symlink replaced by a directory; .git
     and its aliases; the host's ignored files made anew after deleting .gitignore: the diff names only
-    plain paths, nothing of git's or of what the copy never had, no byte from outside, and applies."""
+    plain paths, nothing of git's or of what the copy never had, no byte from outside, no link out of the
+    workspace (``esc`` to /etc, ``hostlink`` retargeted to /etc/shadow: skipped), and applies."""
     ws, outside = host_workspace(tmp_path)
     before, outside_before = tree(ws), tree(outside)
     with Sandbox({"timeouts": LONG}, workspace=ws, workspace_mode="copy", workspace_gitignore=True) as sb:
         shell(sb, HOSTILE_NAMES)
         got = sb.changes(download_to=tmp_path / "files")
     added = {
-        "-rf", "bad\udcffname", "dd", "dl", "e\x1b[31m", "esc", "ff/x", "link/passwd", "new\nline",
+        "-rf", "bad\udcffname", "dd", "dl", "e\x1b[31m", "ff/x", "link/passwd", "new\nline",
         'q"uote\\back', "real/f", "trail ", "x b",
     }  # fmt: skip
     assert set(got.added) == added
-    assert set(got.changed) == {"a.txt", "bin.dat", "hostlink", "run.sh"}
+    assert set(got.changed) == {"a.txt", "bin.dat", "run.sh"}
     assert set(got.removed) == {".gitignore", "dd/f", "ff", "link"}
     assert_clean(got.diff, {os.fsencode(p) for p in added | set(got.changed) | set(got.removed)})
-    refused = {".GIT/config", "git~1/x", ".git. /x", ".gitmodules", ".env", "ignored/k"}
+    refused = {".GIT/config", "git~1/x", ".git. /x", ".gitmodules", ".env", "ignored/k", "esc", "hostlink"}
     assert {d["path"].removeprefix("/workspace/") for d in got.skipped} == refused
     assert tree(ws) == before and tree(outside) == outside_before
     done = applies(got.diff, ws, tmp_path / "applied")
-    assert os.readlink(done / "esc") == "/etc" and os.readlink(done / "dl") == "real"
-    assert os.readlink(done / "hostlink") == "/etc/shadow"
+    assert not os.path.lexists(done / "esc") and os.readlink(done / "dl") == "real"
+    assert os.readlink(done / "hostlink") == str(ws.parent / "outside" / "passwd")  # the host's own link
     assert (done / "new\nline").read_bytes() == b"nl\n" and (done / "bad\udcffname").read_bytes() == b"bad\n"
     assert (done / "link" / "passwd").read_bytes() == b"evil\n"
     assert (done / ".env").read_bytes() == DOTENV + b"\n"  # the host's own, untouched
@@ -633,7 +634,7 @@ def test_hostile_names_in_the_copy_make_a_diff_that_applies(engine: Any, tmp_pat
     files = tmp_path / "files"
     written = tree(files)
     assert not [p for p in written if p.split("/")[0].rstrip(". ").lower() in (".git", "git~1")]
-    assert written["esc"] == ("link", "/etc")
+    assert "esc" not in written and "hostlink" not in written and written["dl"] == ("link", "real")
     assert tree(outside) == outside_before
 
 

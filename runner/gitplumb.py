@@ -1,0 +1,204 @@
+"""git's own diff of two trees, in a child process the runner bounds: what ``changes()`` shows.
+
+Why git and not Python: a line diff in Python (difflib) holds every line as an object (~93 bytes of
+RSS per byte of a file of newlines) and is quadratic on a rewrite; git's xdiff is linear-ish, has a
+cost cut-off for pathological inputs, and writes the exact format ``git apply`` takes. Threat: the
+sides are chosen by the sandbox, so git runs in a throwaway bare repository in the caller's private
+temp directory, with a scrubbed environment (no system or global config, no attributes, no hooks,
+no external diff or textconv, HOME in the temp directory, no inherited ``GIT_*``), under RLIMIT_AS
+and RLIMIT_CPU, and killed at a wall-clock deadline. Nothing the sandbox wrote is ever read by git as
+config or attributes: the sides are blobs, hashed from files named by the runner.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from toolcage.errors import SandboxError
+
+GIT_MEMORY = 1 << 30  # RLIMIT_AS of each git child (the sides it holds are capped far below: toolcage.changes)
+_NULL_ID = "0" * 40
+
+
+class DiffFailed(SandboxError):
+    """git could not make the diff: not installed, past its deadline or its memory, or it failed."""
+
+    status = "error"
+    reason = "changes_failed"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One side of one path: its name in the tree, its git mode, the runner's file holding its content
+    (a symlink's target, for ``120000``)."""
+
+    path: bytes
+    mode: str
+    file: str
+
+
+# git is started through this: the limits are set in the child before it becomes git. Not preexec_fn,
+# which is unsafe when the runner has threads (it has: the channel's reader, the pool's).
+_LIMITED = (
+    "import os, resource, sys\n"
+    "cpu, mem = int(sys.argv[1]), int(sys.argv[2])\n"
+    "resource.setrlimit(resource.RLIMIT_AS, (mem, mem))\n"
+    "resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))\n"
+    "resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
+    "os.execv(sys.argv[3], sys.argv[3:])\n"
+)
+
+
+class Repo:
+    """A bare repository in ``work`` (a private directory of the caller's), git run with a deadline."""
+
+    def __init__(self, work: str, deadline: float, memory: int = GIT_MEMORY) -> None:
+        git = shutil.which("git")
+        if git is None:
+            raise DiffFailed(
+                "changes(): the diff is computed by git, and git is not installed on this host; install it"
+                " (the added, changed and removed paths and download_to need it too)"
+            )
+        self.git, self.deadline, self.memory = git, deadline, memory
+        self.dir = os.path.join(work, "repo.git")
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": work,
+            "LC_ALL": "C",
+            "GIT_DIR": self.dir,
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_ATTR_NOSYSTEM": "1",
+            "GIT_NO_REPLACE_OBJECTS": "1",
+            "GIT_OPTIONAL_LOCKS": "0",
+            "GIT_TERMINAL_PROMPT": "0",
+        }
+        self.run(["init", "-q", "--bare", self.dir])
+
+    def run(
+        self, args: Sequence[str], stdin: bytes = b"", out: str | None = None, attributes: str = os.devnull
+    ) -> bytes:
+        """``git args`` (config pinned on the command line), its stdout (or written to the file ``out``)."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise DiffFailed("changes(): the diff passed its deadline")
+        cmd = [
+            sys.executable, "-I", "-S", "-c", _LIMITED, str(int(left) + 1), str(self.memory),
+            self.git,
+            "-c", f"core.attributesFile={attributes}",
+            "-c", "core.hooksPath=/dev/null",
+            "-c", "core.quotePath=true",
+            "-c", "core.fsmonitor=false",
+            "-c", "diff.noprefix=false",
+            "-c", "diff.mnemonicPrefix=false",
+            "-c", "diff.algorithm=myers",
+            "-c", "diff.relative=false",
+            *args,
+        ]  # fmt: skip
+        sink = open(out, "wb") if out is not None else None  # noqa: SIM115 - closed below
+        try:
+            done = subprocess.run(
+                cmd,
+                input=stdin,
+                stdout=sink if sink is not None else subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.env,
+                cwd=os.path.dirname(self.dir),
+                timeout=left,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise DiffFailed(f"changes(): git {args[0]} passed the diff's deadline; nothing was shown") from None
+        finally:
+            if sink is not None:
+                sink.close()
+        if done.returncode != 0:
+            why = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+            raise DiffFailed(f"changes(): git {args[0]} failed: {why[0][:300]}")
+        return done.stdout if sink is None else b""
+
+    def hash(self, files: Sequence[str]) -> list[str]:
+        """The blob ids of ``files`` (the runner's own names), each written into the repository as is."""
+        if not files:
+            return []
+        got = self.run(["hash-object", "-w", "--no-filters", "--stdin-paths"], "\n".join(files).encode() + b"\n")
+        ids = got.decode().split()
+        if len(ids) != len(files):
+            raise DiffFailed("changes(): git hash-object gave fewer ids than files")
+        return ids
+
+    def tree(self, entries: Iterable[tuple[bytes, str, str]], index: str) -> str:
+        """The tree of ``(path, mode, blob id)``, built in the index file ``index``."""
+        info = b"".join(b"%s %s\t%s\0" % (mode.encode(), bid.encode(), path) for path, mode, bid in entries)
+        env = self.env
+        self.env = {**env, "GIT_INDEX_FILE": index}
+        try:
+            if info:
+                self.run(["update-index", "-z", "--index-info"], info)
+            return self.run(["write-tree"]).decode().strip()
+        finally:
+            self.env = env
+
+    def diff(self, old: str, new: str, out: str, *, binary: bool) -> None:
+        """The patch from tree ``old`` to tree ``new`` into the file ``out``; ``binary``: every file as a
+        binary patch (an attributes file of the runner's own: ``* -diff``)."""
+        attributes = os.devnull
+        if binary:
+            attributes = os.path.join(os.path.dirname(self.dir), "binary.attributes")
+            with open(attributes, "w") as f:
+                f.write("* -diff\n")
+        args = ["diff-tree", "-r", "-p", "--binary", "--full-index", "--no-renames", "--no-ext-diff"]
+        self.run([*args, "--no-textconv", "--no-color", old, new], out=out, attributes=attributes)
+
+
+def diff_into(repo: Repo, old: list[Entry], new: list[Entry], out: str, *, binary: bool, tag: str) -> None:
+    """Write into ``out`` the patch from the ``old`` sides to the ``new`` ones (each a tree of its own)."""
+    ids = repo.hash([e.file for e in old + new])
+    base = os.path.dirname(repo.dir)
+    a = repo.tree(((e.path, e.mode, i) for e, i in zip(old, ids[: len(old)], strict=True)), f"{base}/{tag}.a.index")
+    b = repo.tree(((e.path, e.mode, i) for e, i in zip(new, ids[len(old) :], strict=True)), f"{base}/{tag}.b.index")
+    repo.diff(a, b, out, binary=binary)
+
+
+def read_patches(paths: Sequence[str], headers: dict[bytes, str], cap: int) -> tuple[bytes, set[str]]:
+    """The patches in the files ``paths``, at most ``cap`` bytes, whole files only, and the paths (by
+    ``headers``: each ``diff --git`` line to its path) left out past the cap. A path's blocks (a file
+    that became a symlink has two) are kept or left out together; the runner holds at most ``cap``."""
+    kept: list[bytes] = []
+    over: set[str] = set()
+    room = cap
+    group: list[bytes] = []
+    size, who, first = 0, None, True
+
+    def flush() -> None:
+        nonlocal room
+        if size <= room:
+            kept.extend(group)
+            room -= size
+        elif who is not None:
+            over.add(who)
+
+    for path in paths:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.startswith(b"diff --git "):
+                    name = headers.get(line.rstrip(b"\n"))
+                    if first or name is None or name != who:
+                        if not first:
+                            flush()
+                        group, size, who, first = [], 0, name, False
+                size += len(line)
+                if size <= room:
+                    group.append(line)  # past the room the group is left out: never held
+    if not first:
+        flush()
+    return b"".join(kept), over
+
+
+__all__ = ["GIT_MEMORY", "DiffFailed", "Entry", "Repo", "diff_into", "read_patches"]
