@@ -49,9 +49,9 @@ def access_acl(where: str | int) -> bytes | None:
 
 def _acl_allows(raw: bytes, st: os.stat_result, want: int) -> bool:
     """The kernel's ACL check (posix_acl_permission) for uid/gid 65532; a malformed ACL allows nothing."""
-    if len(raw) < 4 or (len(raw) - 4) % 8 or struct.unpack_from("<I", raw)[0] != _ACL_VERSION:
+    if len(raw) < 4 or (len(raw) - 4) % 8 or struct.unpack_from("<I", raw) != (_ACL_VERSION,):
         return False
-    entries = [struct.unpack_from("<HHI", raw, off) for off in range(4, len(raw), 8)]
+    entries: list[tuple[int, int, int]] = [struct.unpack_from("<HHI", raw, off) for off in range(4, len(raw), 8)]
     mask = next((perm for tag, perm, _ in entries if tag == _MASK), 7)
     if st.st_uid == UID:
         return any(tag == _USER_OBJ and perm & want == want for tag, perm, _ in entries)

@@ -3,8 +3,11 @@
 Threat: every byte is chosen by code in the sandbox (toolcage.transfer fetches it). Refused, the whole
 download with them: absolute names, ``..``, hard links, devices, FIFOs, unknown entry types, sparse and
 oversized headers, and any entry under (or named like) a symlink or file the archive made. Skipped and
-reported: a symlink whose target leaves the target directory (absolute, climbing with ``..``, or coming
-back up through another symlink) and a name with control characters. setuid, setgid, sticky and
+reported, by the rule every door out uses (``door_problem``): ``.git`` and every name git takes for it,
+with all beneath it (git on the host would read its config, ``core.fsmonitor``, and run its hooks), a
+``HEAD`` that would make a directory a bare repository, a symlink whose target leaves the target directory
+(absolute, climbing with ``..``, coming back up through a symlink, or through a host symlink that leads
+out) or names ``.git``; and a name with control characters. setuid, setgid, sticky and
 group/other write bits are cleared; caps on bytes and entries are checked at each header. Symlinks are
 made last, each checked against every link of the archive; nothing is opened through a symlink.
 Python's ``tarfile.data_filter`` checks each entry too, as a second layer.
@@ -17,6 +20,7 @@ import os
 import re
 import stat
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from toolcage.errors import SandboxError, UsageError
@@ -82,6 +86,64 @@ class Info(tarfile.TarInfo):
         return super()._proc_member(tf)  # type: ignore[misc,no-any-return]
 
 
+_GIT_REASON = "is .git or a name git takes for it (git on the host would read its config and run its hooks)"
+
+
+def _git_part(part: str) -> bool:
+    """Whether git (or a case-insensitive host) takes the path component ``part`` for .git: the rule of the
+    diff (toolcage.changes.clean), imported, never copied (lazily: changes imports this module)."""
+    from toolcage.changes import clean
+
+    return part not in ("", ".", "..") and clean(part) is None
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def door_problem(
+    rel: str, link: str | None = None, root: str | os.PathLike[str] | None = None, made: Mapping[str, str] = {}
+) -> str | None:
+    """Why the entry ``rel`` (a plain relative path under a door's target directory ``root`` on the host; a
+    symlink to ``link`` when given) may not be written there, by any door out of a sandbox (download,
+    ``changes(download_to=)``, the diff, the adapters); None when it may. ``made``: what the door itself makes
+    ("dir", "file" or "link" by relative path), which stands for the host's entry there. Threats: git on the
+    host running the sandbox's ``core.fsmonitor`` or hooks; a link that leads a later write out of the target."""
+    if any(_git_part(p) for p in rel.split("/")):
+        return _GIT_REASON
+    if link is None:
+        return None
+    if not link:
+        return "a symlink that has an empty target"
+    if link.startswith("/"):
+        return "a symlink that points to an absolute path"
+    top = os.path.realpath(root) if root is not None else None
+    stack = rel.split("/")[:-1]
+    for p in link.split("/"):
+        if p in ("", "."):
+            continue
+        if p != "..":
+            if _git_part(p):
+                return "a symlink that points into .git"
+            stack.append(p)
+            here = "/".join(stack)
+            if top is not None and here not in made and os.path.islink(os.path.join(top, here)):
+                real = os.path.realpath(os.path.join(top, here))
+                if not _within(real, top) or any(_git_part(q) for q in os.path.relpath(real, top).split("/")):
+                    return (
+                        f"a symlink that goes through the host's symlink '{show(here)}', which leads out or into .git"
+                    )
+            continue
+        if not stack:
+            return "a symlink that points out of the target directory"
+        here = "/".join(stack)
+        host_link = top is not None and here not in made and os.path.islink(os.path.join(top, here))
+        if made.get(here) == "link" or host_link:
+            return "a symlink that climbs back up ('..') through a symlink"
+        stack.pop()
+    return None
+
+
 def nofollow_dir(root: int, parts: list[str], create: bool, mode: int = 0o700) -> int:
     """An fd (``O_PATH``) of ``parts`` beneath ``root``, made with ``mode`` when ``create``, never through
     a symlink (OSError: ELOOP or ENOTDIR on the way, ENOENT when missing)."""
@@ -108,6 +170,8 @@ class Extractor:
         self.kinds: dict[str, str] = {}  # every path the archive made (parents too): "dir", "file" or "link"
         self.links: list[tuple[list[str], str]] = []  # made last, once every name is known
         self.dir_modes: list[tuple[list[str], int]] = []
+        self.heads: list[list[str]] = []  # HEAD files: a bare repository's mark, checked once every name is known
+        self.gits: set[str] = set()  # .git directories skipped (named once in the result, each entry counted)
         self.entries = 0
 
     def refuse(self, name: str, why: str) -> DownloadError:
@@ -164,7 +228,7 @@ class Extractor:
                 path=show(m.name),
             )
         parts = self.parts(m)
-        if parts is None:
+        if parts is None or self.git(parts):
             return
         for i in range(1, len(parts)):
             self.kinds.setdefault("/".join(parts[:i]), "dir")
@@ -177,6 +241,8 @@ class Extractor:
         except tarfile.FilterError as exc:
             raise self.refuse(m.name, f"is refused by tarfile's data filter ({escape(type(exc).__name__)})") from None
         self.kinds["/".join(parts)] = "dir" if m.isdir() else "file"
+        if parts[-1] == "HEAD" and not m.isdir():
+            self.heads.append(parts)
         pfd = nofollow_dir(self.root, parts[:-1], create=True)
         try:
             if m.isdir():
@@ -207,32 +273,59 @@ class Extractor:
         self.result.files += 1
         self.result.bytes += m.size
 
-    def link_problem(self, parts: list[str], target: str) -> str | None:
-        """Why a symlink may not be made (None: it stays inside whatever follows it)."""
-        if not target:
-            return "has an empty target"
-        if target.startswith("/"):
-            return "points to an absolute path"
-        stack = parts[:-1]
-        for p in target.split("/"):
-            if p in ("", "."):
-                continue
-            if p != "..":
-                stack.append(p)
-                continue
-            if not stack:
-                return "points out of the target directory"
-            here = "/".join(stack)
-            if self.kinds.get(here) == "link" or os.path.islink(os.path.join(self.local_dir, here)):
-                return "climbs back up ('..') through a symlink"
-            stack.pop()
-        return None
+    def git(self, parts: list[str]) -> bool:
+        """Whether the entry is .git or beneath one (door_problem): skipped, its .git named once in the result."""
+        at = next((i for i, p in enumerate(parts) if _git_part(p)), None)
+        if at is None:
+            return False
+        top = "/".join(parts[: at + 1])
+        if top in self.gits:
+            self.result.skipped_count += 1
+        else:
+            self.gits.add(top)
+            self.result.skip(top, f"{_GIT_REASON}; all beneath it was left out")
+        return True
+
+    def bare(self, parts: list[str]) -> bool:
+        """Whether a HEAD here would make its directory what git takes for a bare repository (objects/ and refs/,
+        or a commondir file, beside it: the archive's or the host's), whose config git reads when run in it."""
+
+        def kind(name: str) -> str | None:
+            rel = "/".join([*parts[:-1], name])
+            if rel in self.kinds:
+                return self.kinds[rel]
+            path = os.path.join(self.local_dir, rel)
+            return (
+                "link"
+                if os.path.islink(path)
+                else "dir"
+                if os.path.isdir(path)
+                else "file"
+                if os.path.lexists(path)
+                else None
+            )
+
+        return (kind("objects") is not None and kind("refs") is not None) or kind("commondir") is not None
 
     def finish(self) -> None:
+        for parts in self.heads:
+            if self.bare(parts):
+                pfd = nofollow_dir(self.root, parts[:-1], create=False)
+                try:
+                    self.result.bytes -= os.stat(parts[-1], dir_fd=pfd, follow_symlinks=False).st_size
+                    os.unlink(parts[-1], dir_fd=pfd)
+                finally:
+                    os.close(pfd)
+                self.result.files -= 1
+                self.result.skip(
+                    "/".join(parts), "would make its directory a bare git repository (git would read its config)"
+                )
         for parts, target in self.links:
-            problem = self.link_problem(parts, target)
+            problem = door_problem("/".join(parts), target, self.local_dir, self.kinds)
+            if parts[-1] == "HEAD" and problem is None and self.bare(parts):
+                problem = "would make its directory a bare git repository (git would read its config)"
             if problem is not None:
-                self.result.skip("/".join(parts), f"a symlink that {problem}")
+                self.result.skip("/".join(parts), problem)
                 continue
             pfd = nofollow_dir(self.root, parts[:-1], create=True)
             try:

@@ -111,10 +111,14 @@ def key_path() -> Path:
 
 
 def host_key(create: bool) -> bytes:
-    """The host's snapshot key (32 random bytes, 0600), made on first use when ``create``."""
+    """The host's snapshot key (32 random bytes, 0600, in a 0700 directory), made on first use when ``create``.
+    Threat: a sandbox reading it through a workspace forges snapshots this host resumes; uid 65532 cannot read a
+    0600 file of the runner's through a mount or a copy (toolcage.mountview), and no workspace may hold it."""
     path = key_path()
     try:
         with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_mode & 0o077:
+                os.fchmod(f.fileno(), 0o600)  # widened since it was made: the owner's alone again
             key = f.read()
         if len(key) >= 32:
             return key
@@ -124,7 +128,7 @@ def host_key(create: bool) -> bytes:
                 f"no snapshot key on this host ({path}): a snapshot made on another host needs that host's key "
                 "(snapshot_key=)"
             ) from None
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = secrets.token_bytes(32)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

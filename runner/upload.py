@@ -67,12 +67,12 @@ class UploadResult:
 
 
 class _Withheld(list[str]):
-    """What a workspace copy left out (the first _MAX_WITHHELD names; ``count`` counts all)."""
+    """What a workspace copy left out (the first _MAX_WITHHELD names; ``total`` counts all)."""
 
-    count = 0
+    total = 0
 
     def add(self, name: str) -> None:
-        self.count += 1
+        self.total += 1
         if len(self) < _MAX_WITHHELD:
             self.append(name)
 
@@ -267,7 +267,7 @@ def upload(
     withheld = _Withheld() if base else None
     got = send(call, _tar(local, gitignore, withheld), remote_dir, base=base, shown=local)
     if withheld is not None:
-        got.withheld, got.withheld_count = list(withheld), withheld.count
+        got.withheld, got.withheld_count = list(withheld), withheld.total
     return got
 
 
@@ -310,10 +310,8 @@ def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = Fals
         raise
     finally:
         ahead.stop()
-    return UploadResult(
-        str(ans.get("path", remote_dir)),
-        **{k: int(ans.get(k, 0)) for k in ("files", "dirs", "symlinks", "bytes")},
-    )
+    files, dirs, symlinks, size = (int(ans.get(k, 0)) for k in ("files", "dirs", "symlinks", "bytes"))
+    return UploadResult(str(ans.get("path", remote_dir)), files, dirs, symlinks, size)
 
 
 def _encoded(chunks: Iterator[bytes]) -> Iterator[tuple[str, str]]:
