@@ -18,6 +18,7 @@ import io
 import json
 import os
 import pwd
+import struct
 import subprocess
 import tarfile
 from collections.abc import Callable
@@ -61,6 +62,29 @@ if ROOT_RUNNER:
         "owner-65532.txt": (0o600, UID, None, "read", "read"),
         "group-root.txt": (0o640, None, None, "denied", "absent"),
     }
+GVISOR = os.environ.get("TOOLCAGE_SANDBOX") == "gvisor"
+# POSIX access ACLs (set as root): runc's kernel honours them, gVisor reads the mode bits; the copy takes a file
+# only when both allow, so it never gives more than either runtime's mount.
+_ACLS: dict[str, tuple[int, list[tuple[int, int, int]], str, str]] = {
+    # 0644, but a named entry gives uid 65532 nothing
+    "acl-denies.txt": (
+        0o644,
+        [(0x01, 6, 0), (0x02, 0, UID), (0x04, 4, 0), (0x10, 4, 0), (0x20, 4, 0)],
+        "denied",
+        "absent",
+    ),
+    # 0640 root:root, a named entry gives uid 65532 read
+    "acl-grants.txt": (
+        0o640,
+        [(0x01, 6, 0), (0x02, 4, UID), (0x04, 4, 0), (0x10, 4, 0), (0x20, 0, 0)],
+        "read",
+        "absent",
+    ),
+}
+if ROOT_RUNNER:
+    for _rel, (_mode, _, _ro, _copy) in _ACLS.items():
+        _gv = {"acl-denies.txt": "read", "acl-grants.txt": "denied"}[_rel]  # gVisor: the mode bits alone
+        _LAYOUT[_rel] = (_mode, None, None, _gv if GVISOR else _ro, _copy)
 
 
 def _tree(ws: Path) -> None:
@@ -75,6 +99,9 @@ def _tree(ws: Path) -> None:
         p.chmod(mode)
         if uid is not None or gid is not None:
             os.chown(p, -1 if uid is None else uid, -1 if gid is None else gid)
+        if rel in _ACLS:
+            acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in _ACLS[rel][1])
+            os.setxattr(p, "system.posix_acl_access", acl)
 
 
 def _seen(sb: Sandbox) -> dict[str, str]:
@@ -268,17 +295,21 @@ def test_download_into_a_repository_runs_nothing_on_the_host(engine: Any, tmp_pa
 # hostile streams, no container: the rule at the door itself
 
 
-def _stream(entries: list[tuple[str, bytes | str]]) -> Callable[[dict[str, Any]], CallResult]:
-    """A worker that answers a download with a tar of ``entries`` (bytes: a file; str: a symlink's target)."""
+def _stream(entries: list[tuple[str, bytes | str | None]]) -> Callable[[dict[str, Any]], CallResult]:
+    """A worker that answers a download with a tar of ``entries`` (bytes: a file; str: a symlink's target;
+    None: a directory)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
         for name, what in entries:
             info = tarfile.TarInfo(name)
-            if isinstance(what, str):
+            if what is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tf.addfile(info)
+            elif isinstance(what, str):
                 info.type, info.linkname = tarfile.SYMTYPE, what
                 tf.addfile(info)
             else:
-                info.size, info.mode = len(what), 0o644
+                info.size, info.mode = len(what), 0o755
                 tf.addfile(info, io.BytesIO(what))
     data = buf.getvalue()
 
@@ -329,3 +360,20 @@ def test_merge_never_writes_through_a_host_link(tmp_path: Path) -> None:
     with pytest.raises(DownloadUsage):
         transfer.download(_stream([("d/f", b"x")]), "/w", target)
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("head", [b"ref: refs/heads/main\n", "refs/heads/main"])
+def test_a_bare_repository_is_never_made(tmp_path: Path, head: bytes | str) -> None:
+    """A HEAD beside objects/ and refs/ (a bare repository: git reads its config, runs its hooks) is skipped."""
+    ran = tmp_path / "ran"
+    config = f'[core]\n\trepositoryformatversion = 0\n\tbare = true\n\tfsmonitor = "echo x >> {ran}; false"\n'
+    out = tmp_path / "out"
+    stream = [("proj/", None), ("proj/objects/", None), ("proj/refs/", None), ("proj/refs/heads/", None)]
+    stream += [("proj/config", config.encode()), ("proj/HEAD", head), ("proj/file.txt", b"x\n")]
+    stream += [("proj/hooks/reference-transaction", f"#!/bin/sh\necho hook >> {ran}\n".encode())]
+    res = transfer.download(_stream(stream), "/w", out)
+    assert not os.path.lexists(out / "proj" / "HEAD")
+    assert any("bare git repository" in s["reason"] for s in res.skipped), res.skipped
+    for args in (["status"], ["log"], ["symbolic-ref", "HEAD", "refs/heads/other"]):
+        _git(out / "proj", *args)
+    assert not ran.exists()
