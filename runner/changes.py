@@ -24,25 +24,21 @@ as it is when ``changes()`` is called. git must be installed on the host (Change
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from toolcage import gitdiff, gitplumb, transfer
-from toolcage.changesides import HostTree, OverBudget, Side, Unreadable, copy_holes, link_side, stream
+from toolcage.changesides import HostTree, OverBudget, Side, Unreadable, link_side, stream, write_file
 from toolcage.errors import SandboxError, UsageError
-from toolcage.gitplumb import Entry
+from toolcage.gitplumb import DIFF_SECONDS, MAX_DIFF_BYTES, SHOW_MAX_BYTES
 from toolcage.policies import codes, contract
-from toolcage.safetar import DownloadResult, door_problem, nofollow_dir, show
+from toolcage.safetar import DownloadResult, door_problem, show
 from toolcage.textsafe import escape
 
 if TYPE_CHECKING:
@@ -53,14 +49,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_BYTES = 1 << 30  # changed files' content changes() holds (new and old sides)
 DEFAULT_MAX_FILES = 100_000
-TEXT_MAX_BYTES = 8 << 20  # a side diffed as text (git's xdiff) is at most this large...
-TEXT_MAX_LINES = 200_000  # ...and this many lines (xdiff holds ~45 bytes a line; its CPU grows faster)
-TEXT_MAX_LINES_TOTAL = 2_000_000  # lines of all text sides together; past it, binary patches
-SHOW_MAX_BYTES = 32 << 20  # a side larger than this is not shown (a binary patch holds it deflated)
-MAX_DIFF_BYTES = 128 << 20  # the diff changes() returns; files past it are not shown
-DIFF_SECONDS = 60.0  # git's work on the host, all of it
 _PREFIX = contract.WORKSPACE + "/"
-log = structlog.get_logger()
 
 
 class ChangesError(SandboxError):
@@ -305,7 +294,7 @@ class _Gather:
         dropped: set[str] = set()
         lists: dict[str, list[str]] = {"added": [], "changed": [], "removed": []}
         not_shown: list[dict[str, str]] = []
-        plan = _Plan()
+        plan = gitplumb.Plan()
         for idx, rel in enumerate(sorted(self.considered, key=os.fsencode)):
             now = self.new.get(rel)
             if now is not None and self.blocked(rel, dropped):
@@ -344,12 +333,15 @@ class _Gather:
             why = plan.add(rel, old, now)
             if why is not None:
                 not_shown.append({"path": show(rel), "reason": why})
-        diff = plan.run(self.work, diff_seconds, max_diff_bytes, not_shown) if plan else ""
+        try:
+            diff = plan.run(self.work, diff_seconds, max_diff_bytes, not_shown) if plan else ""
+        except gitplumb.DiffFailed as exc:  # git is not installed
+            raise ChangesError(str(exc)) from None
         if files_dir is not None:
             os.makedirs(files_dir, exist_ok=True)
             for rel in lists["added"] + lists["changed"]:
                 if rel in self.new:
-                    _write_file(files_dir, rel, self.new[rel])
+                    write_file(files_dir, rel, self.new[rel])
         return Changes(
             added=tuple(lists["added"]),
             changed=tuple(lists["changed"]),
@@ -359,98 +351,6 @@ class _Gather:
             skipped=tuple(self.skipped),
             not_shown=tuple(not_shown),
         )
-
-
-class _Plan:
-    """Which path git diffs as text, which as binary, and which is not shown: the bounds in the module doc."""
-
-    def __init__(self) -> None:
-        self.text: tuple[list[Entry], list[Entry]] = ([], [])
-        self.binary: tuple[list[Entry], list[Entry]] = ([], [])
-        self.headers: dict[bytes, str] = {}
-        self.lines = 0  # lines given to the text diff, all files
-
-    def __bool__(self) -> bool:
-        return bool(self.headers)
-
-    def add(self, rel: str, old: Side | None, now: Side | None) -> str | None:
-        """Plan ``rel``'s diff; why it is not shown, or None."""
-        sides = [s for s in (old, now) if s is not None]
-        if any(s.size > SHOW_MAX_BYTES or s.file is None for s in sides):
-            return f"a side is larger than {SHOW_MAX_BYTES} bytes: not shown (download_to writes it)"
-        lines = sum(s.lines for s in sides)
-        text = all(s.size <= TEXT_MAX_BYTES and s.lines <= TEXT_MAX_LINES for s in sides)
-        if text and self.lines + lines <= TEXT_MAX_LINES_TOTAL:
-            self.lines += lines
-            into = self.text
-        else:  # past the text bounds: a binary patch, linear to make (zlib) and still what git apply takes
-            into = self.binary
-        raw = os.fsencode(rel)
-        for side, entries in ((old, into[0]), (now, into[1])):
-            if side is not None:
-                assert side.file is not None
-                entries.append(Entry(raw, side.mode, side.file))
-        self.headers[b"diff --git %s %s" % (gitdiff.quote(raw, "a/").encode(), gitdiff.quote(raw, "b/").encode())] = rel
-        return None
-
-    def run(self, work: str, seconds: float, cap: int, not_shown: list[dict[str, str]]) -> str:
-        """git's patch of the plan, at most ``cap`` bytes: what does not fit (or fails) goes to ``not_shown``."""
-        start = time.monotonic()
-        try:
-            # the text pass may take two thirds of the deadline; if it fails, its files are diffed as binary
-            repo = gitplumb.Repo(work, start + seconds * 2 / 3)
-        except gitplumb.DiffFailed as exc:
-            raise ChangesError(str(exc)) from None
-        patches: list[str] = []
-        if any(self.text):
-            try:
-                gitplumb.diff_into(repo, *self.text, os.path.join(work, "text.patch"), binary=False, tag="text")
-                patches.append(os.path.join(work, "text.patch"))
-            except gitplumb.DiffFailed as exc:
-                log.warning("changes.text_diff_failed", error=str(exc))
-                self.binary[0].extend(self.text[0])
-                self.binary[1].extend(self.text[1])
-        repo.deadline = start + seconds
-        if any(self.binary):
-            try:
-                gitplumb.diff_into(repo, *self.binary, os.path.join(work, "binary.patch"), binary=True, tag="binary")
-                patches.append(os.path.join(work, "binary.patch"))
-            except gitplumb.DiffFailed as exc:
-                log.warning("changes.binary_diff_failed", error=str(exc))
-                for entry in self.binary[0] + self.binary[1]:
-                    not_shown.append({"path": show(os.fsdecode(entry.path)), "reason": f"git failed on it: {exc}"})
-        kept, over = gitplumb.read_patches(patches, self.headers, cap)
-        not_shown.extend(
-            {"path": show(rel), "reason": f"the diff passed {cap} bytes (max_diff_bytes)"} for rel in sorted(over)
-        )
-        return kept.decode("utf-8", "surrogateescape")
-
-
-def _write_file(top: str, rel: str, side: Side) -> None:
-    """One added or changed file under ``top`` (made by names already checked; never through a symlink)."""
-    assert side.file is not None
-    parts = rel.split("/")
-    top_fd = os.open(top, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fd = nofollow_dir(top_fd, parts[:-1], create=True, mode=0o755)
-    finally:
-        os.close(top_fd)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(parts[-1], dir_fd=fd)
-        if side.mode == gitdiff.LINK:
-            with open(side.file, "rb") as f:
-                os.symlink(f.read(), parts[-1], dir_fd=fd)
-            return
-        mode = 0o755 if side.mode == gitdiff.EXEC else 0o644
-        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
-        try:
-            with open(side.file, "rb", buffering=0) as src:
-                copy_holes(src, out, side.size)
-        finally:
-            os.close(out)
-    finally:
-        os.close(fd)
 
 
 def call_download(call: ToolCall) -> Call:

@@ -9,6 +9,8 @@ the runner's memory is one piece whatever the size, and what it reads is capped 
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import errno
 import hashlib
 import os
@@ -35,13 +37,15 @@ class Unreadable(Exception):
 
 @dataclass(frozen=True)
 class Side:
-    """One side of one path: git mode, size, sha256, lines, and the runner's copy (None: not kept)."""
+    """One side of one path: git mode, size, sha256, lines, the runner's copy (None: not kept), and whether
+    it is text (UTF-8 without NUL: the diff stays UTF-8, as it was when Python wrote it)."""
 
     mode: str
     size: int
     digest: bytes
     lines: int = 0
     file: str | None = None
+    text: bool = False
 
     def same(self, other: Side | None) -> bool:
         return other is not None and (self.mode, self.size, self.digest) == (other.mode, other.size, other.digest)
@@ -59,12 +63,18 @@ def stream(src: IO[bytes], size: int, mode: str, file: str | None, budget: int) 
     and OSError(EIO) when ``src`` ends early."""
     if size > budget:
         raise OverBudget
-    digest, lines = hashlib.sha256(), 0
+    digest, lines, text = hashlib.sha256(), 0, True
+    utf8 = codecs.getincrementaldecoder("utf-8")()
 
     def seen(piece: bytes) -> None:
-        nonlocal lines
+        nonlocal lines, text
         digest.update(piece)
         lines += piece.count(b"\n")
+        if text:
+            try:
+                text = b"\0" not in piece and utf8.decode(piece) is not None
+            except UnicodeDecodeError:
+                text = False
 
     out = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600) if file is not None else None
     try:
@@ -72,7 +82,12 @@ def stream(src: IO[bytes], size: int, mode: str, file: str | None, budget: int) 
     finally:
         if out is not None:
             os.close(out)
-    return Side(mode, size, digest.digest(), lines, file)
+    if text:
+        try:
+            utf8.decode(b"", final=True)
+        except UnicodeDecodeError:
+            text = False
+    return Side(mode, size, digest.digest(), lines, file, text)
 
 
 def copy_holes(src: IO[bytes], out: int | None, size: int, seen: Callable[[bytes], None] | None = None) -> None:
@@ -181,4 +196,31 @@ class HostTree:
         os.close(self.fd)
 
 
-__all__ = ["PIECE", "HostTree", "OverBudget", "Side", "Unreadable", "copy_holes", "link_side", "stream"]
+def write_file(top: str, rel: str, side: Side) -> None:
+    """One added or changed file under ``top`` (made by names already checked; never through a symlink)."""
+    assert side.file is not None
+    parts = rel.split("/")
+    top_fd = os.open(top, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = nofollow_dir(top_fd, parts[:-1], create=True, mode=0o755)
+    finally:
+        os.close(top_fd)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(parts[-1], dir_fd=fd)
+        if side.mode == LINK:
+            with open(side.file, "rb") as f:
+                os.symlink(f.read(), parts[-1], dir_fd=fd)
+            return
+        mode = 0o755 if side.mode == EXEC else 0o644
+        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        try:
+            with open(side.file, "rb", buffering=0) as src:
+                copy_holes(src, out, side.size)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["PIECE", "HostTree", "OverBudget", "Side", "Unreadable", "copy_holes", "link_side", "stream", "write_file"]

@@ -20,10 +20,21 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from toolcage.errors import SandboxError
+import structlog
 
-GIT_MEMORY = 1 << 30  # RLIMIT_AS of each git child (the sides it holds are capped far below: toolcage.changes)
-_NULL_ID = "0" * 40
+from toolcage import gitdiff
+from toolcage.changesides import Side
+from toolcage.errors import SandboxError
+from toolcage.safetar import show
+
+GIT_MEMORY = 1 << 30  # RLIMIT_AS of each git child (the sides it holds are capped far below)
+TEXT_MAX_BYTES = 8 << 20  # a side diffed as text (git's xdiff) is at most this large...
+TEXT_MAX_LINES = 200_000  # ...and this many lines (xdiff holds ~45 bytes a line; its CPU grows faster)
+TEXT_MAX_LINES_TOTAL = 2_000_000  # lines of all text sides together; past it, binary patches
+SHOW_MAX_BYTES = 32 << 20  # a side larger than this is not shown (a binary patch holds it deflated)
+MAX_DIFF_BYTES = 128 << 20  # the diff changes() returns; files past it are not shown
+DIFF_SECONDS = 60.0  # git's work on the host, all of it
+log = structlog.get_logger()
 
 
 class DiffFailed(SandboxError):
@@ -201,4 +212,65 @@ def read_patches(paths: Sequence[str], headers: dict[bytes, str], cap: int) -> t
     return b"".join(kept), over
 
 
-__all__ = ["GIT_MEMORY", "DiffFailed", "Entry", "Repo", "diff_into", "read_patches"]
+class Plan:
+    """Which path git diffs as text, which as binary, and which is not shown: the bounds in the module doc."""
+
+    def __init__(self) -> None:
+        self.text: tuple[list[Entry], list[Entry]] = ([], [])
+        self.binary: tuple[list[Entry], list[Entry]] = ([], [])
+        self.headers: dict[bytes, str] = {}
+        self.lines = 0  # lines given to the text diff, all files
+
+    def __bool__(self) -> bool:
+        return bool(self.headers)
+
+    def add(self, rel: str, old: Side | None, now: Side | None) -> str | None:
+        """Plan ``rel``'s diff; why it is not shown, or None."""
+        sides = [s for s in (old, now) if s is not None]
+        if any(s.size > SHOW_MAX_BYTES or s.file is None for s in sides):
+            return f"a side is larger than {SHOW_MAX_BYTES} bytes: not shown (download_to writes it)"
+        lines = sum(s.lines for s in sides)
+        text = all(s.text and s.size <= TEXT_MAX_BYTES and s.lines <= TEXT_MAX_LINES for s in sides)
+        if text and self.lines + lines <= TEXT_MAX_LINES_TOTAL:
+            self.lines += lines
+            into = self.text
+        else:  # past the text bounds: a binary patch, linear to make (zlib) and still what git apply takes
+            into = self.binary
+        raw = os.fsencode(rel)
+        for side, entries in ((old, into[0]), (now, into[1])):
+            if side is not None:
+                assert side.file is not None
+                entries.append(Entry(raw, side.mode, side.file))
+        self.headers[gitdiff.header(raw)] = rel
+        return None
+
+    def run(self, work: str, seconds: float, cap: int, not_shown: list[dict[str, str]]) -> str:
+        """git's patch of the plan, at most ``cap`` bytes: what does not fit (or fails) goes to ``not_shown``."""
+        start = time.monotonic()
+        repo = Repo(work, start + seconds * 2 / 3)  # the text pass: two thirds; if it fails, binary patches
+        patches: list[str] = []
+        if any(self.text):
+            try:
+                diff_into(repo, *self.text, os.path.join(work, "text.patch"), binary=False, tag="text")
+                patches.append(os.path.join(work, "text.patch"))
+            except DiffFailed as exc:
+                log.warning("changes.text_diff_failed", error=str(exc))
+                self.binary[0].extend(self.text[0])
+                self.binary[1].extend(self.text[1])
+        repo.deadline = start + seconds
+        if any(self.binary):
+            try:
+                diff_into(repo, *self.binary, os.path.join(work, "binary.patch"), binary=True, tag="binary")
+                patches.append(os.path.join(work, "binary.patch"))
+            except DiffFailed as exc:
+                log.warning("changes.binary_diff_failed", error=str(exc))
+                for entry in self.binary[0] + self.binary[1]:
+                    not_shown.append({"path": show(os.fsdecode(entry.path)), "reason": f"git failed on it: {exc}"})
+        kept, over = read_patches(patches, self.headers, cap)
+        not_shown.extend(
+            {"path": show(rel), "reason": f"the diff passed {cap} bytes (max_diff_bytes)"} for rel in sorted(over)
+        )
+        return kept.decode("utf-8", "surrogateescape")
+
+
+__all__ = ["GIT_MEMORY", "DiffFailed", "Entry", "Plan", "Repo", "diff_into", "read_patches"]
