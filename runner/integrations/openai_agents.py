@@ -61,6 +61,7 @@ from agents.sandbox.manifest import Manifest
 from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
 from agents.sandbox.session.dependencies import Dependencies
 from agents.sandbox.session.manager import Instrumentation
+from agents.sandbox.session.runtime_helpers import RESOLVE_WORKSPACE_PATH_HELPER, RuntimeHelperScript
 from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
 from agents.sandbox.session.sandbox_session import SandboxSession
 from agents.sandbox.session.sandbox_session_state import SandboxSessionState
@@ -74,6 +75,7 @@ from toolcage.aio import AsyncSandbox
 from toolcage.errors import SandboxError as ToolcageDied
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.policies import codes, contract
+from toolcage.safetar import DownloadError
 
 if TYPE_CHECKING:
     from toolcage.changes import Changes
@@ -313,7 +315,7 @@ class ToolcageSandboxSessionState(SandboxSessionState):
     container_id: str | None = None
 
 
-def _posix(path: Path | str) -> str:
+def _posix(path: PurePosixPath | Path | str) -> str:
     return PurePosixPath(str(path).replace("\\", "/")).as_posix()
 
 
@@ -392,6 +394,8 @@ class ToolcageSandboxSession(BaseSandboxSession):
         try:
             return await asyncio.to_thread(fn, *args)
         except ToolcageDied as exc:
+            if isinstance(exc, DownloadError) and self._sync.dead is None:
+                raise  # a stream refused or over its bound: the sandbox lives on, the caller says what failed
             raise self._died(exc, op) from exc
 
     # lifecycle --------------------------------------------------------------------------------------------
@@ -473,8 +477,27 @@ class ToolcageSandboxSession(BaseSandboxSession):
                 f"running as user {name!r}", f"every process runs as the one unprivileged user {SANDBOX_USER!r}", op
             )
 
+    # The SDK's path checks run its helper script in the sandbox (``_validate_remote_path_access``, as its
+    # Docker client does). Threat: a helper installed in a writable directory (/tmp, /scratch) could be
+    # swapped by the sandbox's code for one that approves every path; toolcage installs nothing and passes
+    # the script itself, from the SDK, as the argument of ``sh -c`` each time.
+    def _runtime_helpers(self) -> tuple[RuntimeHelperScript, ...]:
+        return (RESOLVE_WORKSPACE_PATH_HELPER,)
+
+    async def _ensure_runtime_helper_installed(self, helper: RuntimeHelperScript) -> PurePosixPath:
+        return PurePosixPath(str(helper.install_path))
+
+    async def _validate_path_access(self, path: Path | str, *, for_write: bool = False) -> Path:
+        """``path`` checked against the workspace as the sandbox resolves it: a symlink that leads out of
+        the root (and its extra path grants) is refused with the SDK's ``InvalidManifestPathError``, for
+        ``ls``, ``mkdir``, ``rm``, ``mv`` and the rest as for ``read`` and ``write``."""
+        return await self._validate_remote_path_access(path, for_write=for_write)
+
     async def _exec_internal(self, *command: str | Path, timeout: float | None = None) -> ExecResult:
         argv = tuple(str(c) for c in command)
+        for helper in self._runtime_helpers():
+            if argv and argv[0] == str(helper.install_path):
+                argv = ("sh", "-c", helper.content, helper.name, *argv[1:])
         root = _posix(self.state.manifest.root)
         params: dict[str, Any] = {"argv": list(argv), "cwd": root if self._root_ready else contract.SCRATCH}
         if self._env:
@@ -506,12 +529,28 @@ class ToolcageSandboxSession(BaseSandboxSession):
         )
 
     # files ----------------------------------------------------------------------------------------------
-    def _abs(self, path: Path | str, *, for_write: bool = False) -> str:
-        return _posix(self.normalize_path(path, for_write=for_write))
+    async def _resolved(self, path: Path | str, *, for_write: bool = False) -> str:
+        """Where ``path`` leads in the sandbox, symlinks followed, once the SDK's checks allow it: toolcage's
+        file tools never follow a symlink (a write) or an absolute one (a read), so an in-workspace link is
+        read and written through its target, as the SDK's other clients do with ``cat``. One helper call;
+        when it refuses, the SDK's own check says why, with the SDK's error."""
+        policy = self._workspace_path_policy()
+        candidate = policy.normalize_sandbox_path(path, for_write=for_write)
+        grants = [a for r, ro in policy.extra_path_grant_rules() for a in (r.as_posix(), "1" if ro else "0")]
+        helper = RESOLVE_WORKSPACE_PATH_HELPER
+        mode = "1" if for_write else "0"
+        res = await self.exec(
+            str(helper.install_path), policy.sandbox_root().as_posix(), candidate.as_posix(), mode, *grants, shell=False
+        )
+        real = res.stdout.decode("utf-8", "surrogateescape").strip()
+        if res.ok() and real.startswith("/"):
+            return real
+        await self._validate_remote_path_access(path, for_write=for_write)  # raises the SDK's error
+        return _posix(candidate)
 
     async def read(self, path: Path, *, user: str | User | None = None) -> io.IOBase:
         self._check_user(user, "read")
-        where = self._abs(path)
+        where = await self._resolved(path)
         res = await self._call("read_file", {"path": where}, op="read")
         if res.ok and isinstance(res.result, dict):
             r = res.result
@@ -533,7 +572,7 @@ class ToolcageSandboxSession(BaseSandboxSession):
 
     async def write(self, path: Path, data: io.IOBase, *, user: str | User | None = None) -> None:
         self._check_user(user, "write")
-        where = self._abs(path, for_write=True)
+        where = await self._resolved(path, for_write=True)
         payload = coerce_write_payload(path=path, data=data)
         content = payload.stream.read()
         if isinstance(content, str):
@@ -554,44 +593,30 @@ class ToolcageSandboxSession(BaseSandboxSession):
 
     # the workspace as a tar ---------------------------------------------------------------------------------
     async def persist_workspace(self) -> io.IOBase:
+        """The workspace root as the SDK's tar (``openai_agents_tar``): absolute links into it made relative
+        so that a resume takes them back; bounded by what the sandbox may hold there."""
+        from toolcage import transfer
+        from toolcage.integrations.openai_agents_tar import persist_bounds, workspace_tar
+
         root = _posix(self._workspace_root_path())
         skip = {p.as_posix() for p in self._persist_workspace_skip_relpaths()}
+        sync = self._sync
+
+        def build() -> IO[bytes]:
+            return workspace_tar(
+                lambda params: sync.call("download", params),
+                root,
+                skip,
+                max_bytes=persist_bounds(sync.policy, root),
+                max_files=transfer.DEFAULT_MAX_FILES,
+            )
+
         try:
-            out: io.IOBase = await self._on_thread("persist_workspace", self._workspace_tar, root, skip)
+            out: io.IOBase = await self._on_thread("persist_workspace", build)
         except ToolcageSandboxError:
             raise
         except (ToolcageError, OSError, tarfile.TarError) as exc:
             raise WorkspaceArchiveReadError(path=Path(root), cause=exc) from exc
-        return out
-
-    def _workspace_tar(self, root: str, skip: set[str]) -> IO[bytes]:
-        """The workspace root's tree as a tar with workspace-relative names (toolcage's download stream,
-        each entry checked as hostile), spooled to a temporary file."""
-        from toolcage import transfer
-        from toolcage.transfer import DownloadResult
-
-        out = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the SDK, which closes it
-        call = self._sync.call
-        try:
-            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tf:
-                try:
-                    for name, m, src in transfer.members(
-                        lambda params: call("download", params),
-                        {"path": root},
-                        max_bytes=transfer.DEFAULT_MAX_BYTES,
-                        max_files=transfer.DEFAULT_MAX_FILES,
-                        result=DownloadResult(""),
-                    ):
-                        if any(name == s or name.startswith(s + "/") for s in skip):
-                            continue
-                        m.name = name
-                        tf.addfile(m, src if m.isreg() else None)
-                except transfer.DownloadUsage:
-                    pass  # no workspace root yet: an empty archive
-            out.seek(0)
-        except BaseException:
-            out.close()
-            raise
         return out
 
     async def hydrate_workspace(self, data: io.IOBase) -> None:
@@ -613,7 +638,7 @@ class ToolcageSandboxSession(BaseSandboxSession):
         from toolcage import upload
         from toolcage.transfer import safe_name
 
-        with tempfile.TemporaryFile() as raw, tempfile.TemporaryFile() as clean:
+        with data, tempfile.TemporaryFile() as raw, tempfile.TemporaryFile() as clean:  # the SDK hands it over
             while chunk := data.read(_CHUNK):
                 raw.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
             raw.seek(0)
@@ -724,6 +749,9 @@ class ToolcageSandboxClient(BaseSandboxClient[ToolcageSandboxClientOptions | Non
         when there is one (restored before the first call), else the SDK restores its snapshot at start."""
         if not isinstance(state, ToolcageSandboxSessionState):
             raise TypeError("ToolcageSandboxClient.resume expects a ToolcageSandboxSessionState")
+        # as every SDK client does first: a state whose path grants or mount credentials were redacted for
+        # serialisation is refused, never resumed with the grants it no longer proves
+        state.assert_path_grants_rebound()
         self._check_manifest(state.manifest)
         secrets = self._secrets or dict(self.default_options.secrets)
         opts = ToolcageSandboxClientOptions.from_persisted(state.options, secrets)

@@ -64,7 +64,8 @@ def sdk_tests(*files: str) -> dict[str, ModuleType]:
             )
         staging = Path(tempfile.mkdtemp(dir=cache))
         with tarfile.open(sdists[-1]) as tf:
-            keep = [m for m in tf if m.name.split("/")[1:2] == ["tests"] or m.name.count("/") == 1 and m.name.endswith("/pyproject.toml")]
+            parts = [m.name.split("/") for m in tf]
+            keep = [m for m, p in zip(tf, parts, strict=True) if p[1:2] == ["tests"] or p[1:] == ["pyproject.toml"]]
             tf.extractall(staging, members=keep, filter="data")
         (top,) = staging.iterdir()
         shutil.rmtree(root, ignore_errors=True)

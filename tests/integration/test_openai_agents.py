@@ -15,6 +15,7 @@ import io
 import json
 import os
 import subprocess
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,15 @@ from agents.exceptions import AgentsException
 from agents.sandbox import SandboxAgent, SandboxRunConfig
 from agents.sandbox.capabilities import Filesystem, Shell
 from agents.sandbox.entries import Dir, File
-from agents.sandbox.errors import ConfigurationError, ExposedPortUnavailableError
+from agents.sandbox.errors import (
+    ConfigurationError,
+    ExposedPortUnavailableError,
+    InvalidManifestPathError,
+    WorkspaceArchiveReadError,
+)
 from agents.sandbox.manifest import Manifest
 from agents.sandbox.snapshot import LocalSnapshotSpec
+from agents.sandbox.workspace_paths import SandboxPathGrant
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 from openai.types.responses import ResponseCustomToolCall
 from pydantic import ValidationError
@@ -161,8 +168,10 @@ def test_agent_loop_runs_in_the_hardened_container(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["toolcage", "sdk-local"])
 def test_a_snapshot_taken_in_one_run_resumes_in_a_new_container(tmp_path: Path, kind: str) -> None:
     """Run 1 writes files and ends (its stop() takes the snapshot); run 2 resumes the session state through
-    the client, in a fresh container, and the agent finds the files. ``toolcage``: toolcage's signed
-    snapshots; ``sdk-local``: the SDK's LocalSnapshot, through persist_workspace/hydrate_workspace."""
+    the client, in a fresh container, and the agent finds the files, links too (an absolute one into the
+    workspace as well: issue 34 found the SDK's snapshot of ``ln -s /workspace/a.txt b`` refused on resume).
+    ``toolcage``: toolcage's signed snapshots; ``sdk-local``: the SDK's LocalSnapshot, through
+    persist_workspace/hydrate_workspace."""
     spec = (
         ToolcageSnapshotSpec(base_path=tmp_path / "snaps")
         if kind == "toolcage"
@@ -172,6 +181,7 @@ def test_a_snapshot_taken_in_one_run_resumes_in_a_new_container(tmp_path: Path, 
     first = ScriptedModel(
         [
             [_sh("mkdir -p keep && echo step-1 > keep/state.txt && ln -s keep/state.txt last", "a1")],
+            [_sh("ln -s /workspace/keep/state.txt abs", "a2")],
             [assistant_message("saved")],
         ]
     )
@@ -179,7 +189,7 @@ def test_a_snapshot_taken_in_one_run_resumes_in_a_new_container(tmp_path: Path, 
 
     def look(call: ModelCall) -> Any:
         live.extend(c["Id"] for c in _mine())
-        return [_sh("cat last; cat keep/state.txt", "b1")]
+        return [_sh("cat last; cat abs; cat keep/state.txt", "b1")]
 
     second = ScriptedModel([ModelStep.respond(look), [assistant_message("resumed")]])
 
@@ -196,7 +206,7 @@ def test_a_snapshot_taken_in_one_run_resumes_in_a_new_container(tmp_path: Path, 
         result = await _run(_agent(second), SandboxRunConfig(client=client, session_state=again))
         assert result.final_output == "resumed"
         assert "Process exited with code 0" in _outputs(second)["b1"]
-        assert "step-1\nstep-1" in _outputs(second)["b1"]
+        assert "step-1\nstep-1\nstep-1" in _outputs(second)["b1"]
         assert len(live) == 1 and before is not None and live[0] != before  # a fresh container
 
     asyncio.run(main())
@@ -308,3 +318,84 @@ def test_manifests_toolcage_cannot_honour_fail_at_create(manifest: Any, match: s
     m = manifest() if isinstance(manifest, Callable) else manifest  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=match):
         asyncio.run(ToolcageSandboxClient().create(manifest=m, options=None))
+
+
+def test_file_api_follows_links_in_the_workspace_and_refuses_links_out() -> None:
+    """read/write through a link that stays in /workspace reach its target (relative or absolute, as the SDK's
+    other clients do); read, write, ls, mkdir and rm through a link out of it (to /scratch) are refused with
+    the SDK's InvalidManifestPathError and leave /scratch as it was (issue 34 found mkdir, rm and ls followed
+    it out, and writes through an inside link refused)."""
+
+    async def main() -> None:
+        client = ToolcageSandboxClient()
+        session = await client.create(manifest=None, options=None)
+        async with session:
+            setup = "echo old > a.txt && ln -s a.txt rel && ln -s /workspace/a.txt abs && mkdir -p /scratch/out"
+            setup += " && echo secret > /scratch/out/s.txt && ln -s /scratch/out out"
+            assert (await session.exec(setup)).ok()
+            await session.write(Path("rel"), io.BytesIO(b"via rel\n"))
+            assert (await session.read(Path("abs"))).read() == b"via rel\n"
+            await session.write(Path("abs"), io.BytesIO(b"via abs\n"))
+            assert (await session.read(Path("a.txt"))).read() == b"via abs\n"
+            links = await session.exec("readlink rel abs")
+            assert links.stdout == b"a.txt\n/workspace/a.txt\n"  # written through, not replaced
+            for op in (
+                lambda: session.read(Path("out/s.txt")),
+                lambda: session.write(Path("out/s.txt"), io.BytesIO(b"overwritten")),
+                lambda: session.ls("out"),
+                lambda: session.mkdir("out/made", parents=True),
+                lambda: session.rm("out/s.txt"),
+            ):
+                with pytest.raises(InvalidManifestPathError, match="must not escape root"):
+                    await op()
+            after = await session.exec("ls -A /scratch/out; cat /scratch/out/s.txt")
+            assert after.stdout == b"s.txt\nsecret\n"
+        await client.delete(session)
+
+    asyncio.run(main())
+
+
+def test_resume_asserts_path_grants_were_rebound() -> None:
+    """A serialised state whose host path grant was dropped must be rebound before it resumes: resume
+    refuses it with the SDK's ValueError before a container starts, as every SDK client does first."""
+
+    async def main() -> None:
+        client = ToolcageSandboxClient()
+        grant = SandboxPathGrant(path="/scratch/data", host_path="/srv/data")
+        session = await client.create(manifest=Manifest(extra_path_grants=(grant,)), options=None)
+        payload = client.serialize_session_state(toolcage_session(session).state)
+        again = client.deserialize_session_state(json.loads(json.dumps(payload)))
+        before = len(_mine())
+        with pytest.raises(ValueError, match="rebound"):
+            await client.resume(again)
+        assert len(_mine()) == before
+        await client.delete(session)
+
+    asyncio.run(main())
+
+
+def test_persist_is_bounded_by_what_the_sandbox_may_hold() -> None:
+    """A 256 MiB sparse file in a 16 MiB workspace copy: persist_workspace carries at most the copy's size
+    (issue 34: 4 GiB was the cap, so the host got the whole 256 MiB, and 2 x 256 MiB for 1 GiB). The file
+    is either left out (the worker skips what has no blocks) or the persist stops at the bound."""
+    options = ToolcageSandboxClientOptions(policy={"extends": "default", "limits": {"workspace_copy": "16m"}})
+
+    async def main() -> None:
+        client = ToolcageSandboxClient()
+        session = await client.create(manifest=None, options=options)
+        async with session:
+            assert (await session.exec("echo kept > small.txt && truncate -s 256M big.sparse")).ok()
+            try:
+                archive = await session.persist_workspace()
+            except WorkspaceArchiveReadError as exc:
+                assert "max_bytes" in str(exc.__cause__), exc.__cause__
+            else:
+                with archive:
+                    size = archive.seek(0, io.SEEK_END)
+                    archive.seek(0)
+                    with tarfile.open(fileobj=archive) as tf:
+                        names = tf.getnames()
+                assert size <= 16 << 20 and "small.txt" in names and "big.sparse" not in names, (size, names)
+        await client.delete(session)
+
+    asyncio.run(main())

@@ -55,9 +55,17 @@ TAKEN: dict[object, dict[str, str | None]] = {
     },
 }
 
+# The SDK's test reads the archive persist_workspace returns and never closes it (the SDK's own pytest
+# settings do not make warnings errors; toolcage's do): its ResourceWarning is the test's, not the client's.
+_LEAVES_ITS_ARCHIVE_OPEN = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in.*FileIO:pytest.PytestUnraisableExceptionWarning"
+)
+
 for _mod, _tests in TAKEN.items():
     for _name, _reason in _tests.items():
         _fn = getattr(_mod, _name)
+        if _name == "test_docker_persist_workspace_stages_copy_before_get_archive":
+            _fn = _LEAVES_ITS_ARCHIVE_OPEN(_fn)
         if _reason is not None:
             _fn = pytest.mark.xfail(strict=True, reason=_reason)(_fn)
         globals()[_name] = _fn
