@@ -5,78 +5,67 @@ user owns, and a fresh sandbox resumed from one.
 (toolcage.transfer.members: hostile input, checked entry by entry, never extracted on the host) and
 writes one tar (PAX) to ``target``, a path or a binary stream: ``scratch/…`` and ``workspace/…``
 entries (files, directories and symlinks, with their modes and mtimes; setuid, setgid and sticky
-bits cleared), then ``manifest.json``, last: the format version, the run, each entry's type, mode,
-size, link target and sha256, the paths the run had changed against its workspace, and an HMAC-SHA256
-of all of it under a key the host keeps (``~/.local/state/toolcage/snapshot.key``, made on first use,
-0600; never in a sandbox). ``SnapshotInfo.sha256`` is the whole archive's digest.
+bits cleared), then ``manifest.json`` (the format version, the run, its counts, the paths the run had
+changed against its workspace), then the seal (toolcage.snapseal): the length and sha256 of every byte
+before it under an HMAC-SHA256 with a key the host keeps (``~/.local/state/toolcage/snapshot.key``, made
+on first use, 0600; never in a sandbox). ``SnapshotInfo.sha256`` is the whole archive's digest.
 
-``Sandbox(resume=archive)`` checks the archive before any container starts: the manifest's HMAC (a
-snapshot edited, or made with another key, is refused), its format version, then every entry against
-the manifest (name, type, mode, size, sha256, in order, none extra, none missing). Only then does the
-fresh sandbox start, with a writable workspace copy when the snapshot has one; the entries go in
-through the worker's ``upload`` (which checks them again). No container is ever reused.
+Threat: the host's memory. Nothing is kept per entry but a 16-byte digest of its name (for duplicates) and
+11 bytes of its mtime (for the scan): the entries are written as they come and the manifest holds no list
+of them. Writing and resuming share their caps (MAX_FILES entries, MAX_MANIFEST bytes of manifest, names
+of 4,096 bytes), so a snapshot that was written can be resumed.
 
-A snapshot never holds a secret's value: every file, name and symlink target is scanned for each of the
-run's secret values, in every form the worker's redaction recognises (toolcage.worker.redaction: as they
-are, hex, base64 at any alignment, JSON, HTML and percent escapes, UTF-16 and UTF-32), and the snapshot is
-refused, naming the file (with the value redacted from the name), if one is found. A file whose value the
-worker's redaction already cut out of the download stream is found by halving the tree's list.
+``Sandbox(resume=archive)`` checks the archive before any container starts: the seal first (the
+archive's last 2 KiB: a forged or missing one is refused before a tar header is parsed), the bytes it
+covers, then the tar's structure (plain names under scratch/ or workspace/, files, directories and
+symlinks only, no special bits, no name twice, the manifest then the seal last). The entries go into a
+fresh sandbox through the worker's ``upload`` (which checks them again), read a second time with their
+bytes hashed against the seal again. No container is ever reused.
+
+A snapshot never holds a secret's value in the forms toolcage.snapscan finds (files, names, link targets,
+mtimes; docs/security.md says what it cannot see): the snapshot is refused, naming the file (with the value
+redacted from the name). A file whose value the worker's redaction already cut out of the download stream is
+found by halving the tree's list.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import hmac
 import io
 import json
 import os
 import secrets
-import shutil
 import stat
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from toolcage import transfer
-from toolcage.errors import SandboxError, UsageError
+from toolcage import snapseal, transfer
+from toolcage.errors import UsageError
 from toolcage.policies import contract
 from toolcage.safetar import DownloadResult, show
+from toolcage.snapscan import SecretScan
+from toolcage.snapseal import SnapshotError, SnapshotInvalid, Verified
 from toolcage.textsafe import escape
-from toolcage.worker.redaction import Redactor, text_forms
 
 if TYPE_CHECKING:
     from toolcage.results import CallResult
 
     ToolCall = Callable[[str, dict[str, Any]], CallResult]
 
-FORMAT = "toolcage-snapshot"
-VERSION = 1
+FORMAT, VERSION = snapseal.FORMAT, snapseal.VERSION
 MANIFEST = "manifest.json"
 ROOTS = {"scratch": contract.SCRATCH, "workspace": contract.WORKSPACE}
-DEFAULT_MAX_BYTES = 16 << 30
-DEFAULT_MAX_FILES = 1_000_000
+DEFAULT_MAX_BYTES = transfer.DEFAULT_MAX_BYTES  # the Sandbox passes its policy's bound (transfer.policy_bound)
+MAX_FILES, MAX_MANIFEST = snapseal.MAX_FILES, snapseal.MAX_MANIFEST  # written and resumed alike
+DEFAULT_MAX_FILES = MAX_FILES
 DEFAULT_LIST = 100_000  # entries listed to find the file that holds a secret value
 _PIECE = 1 << 20
-_MAX_MANIFEST = 512 << 20
-
-
-class SnapshotError(SandboxError):
-    """A snapshot could not be made (a refused stream, a cap, a secret in a file)."""
-
-    status = "error"
-    reason = "snapshot_failed"
-
-
-class SnapshotInvalid(UsageError):
-    """A snapshot that cannot be resumed: tampered with, made with another key or by another format
-    version, not a snapshot at all, or unreadable."""
-
-    reason = "snapshot_invalid"
 
 
 @dataclass(frozen=True)
@@ -144,11 +133,6 @@ def host_key(create: bool) -> bytes:
         return f.read()
 
 
-def _mac(key: bytes, manifest: dict[str, Any]) -> str:
-    body = json.dumps({k: v for k, v in manifest.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
-    return hmac.new(key, body.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
-
-
 class _HashingWriter(io.RawIOBase):
     """A binary sink that hashes what passes through it."""
 
@@ -166,41 +150,6 @@ class _HashingWriter(io.RawIOBase):
         return len(data)
 
 
-class _SecretScan:
-    """Finds any of the run's secret values, in any recognised form, in a file's bytes read piece by piece,
-    and in names and link targets."""
-
-    def __init__(self, values: list[str]) -> None:
-        needles: set[bytes] = set()
-        self.redactors = []
-        for v in values:
-            if len(v) < 4:
-                continue
-            needles |= {n.literal.encode("utf-8", "surrogatepass") for n in text_forms(v) if n.literal}
-            needles |= {v.encode(codec, "surrogatepass") for codec in _WIDE}
-            self.redactors.append(Redactor({"value": v}))
-        self.needles = sorted(needles, key=len)
-        self.tail = max((len(n) for n in self.needles), default=1) - 1
-
-    def hit(self, data: bytes) -> bool:
-        return any(n in data for n in self.needles)
-
-    def shown(self, name: str) -> str:
-        """``name`` as a message may show it: each value in it replaced by ``[secret value]``."""
-        out = show(name)
-        for r in self.redactors:
-            out = r.text(out)
-        return out
-
-    def found(self, pieces: Iterator[bytes]) -> Iterator[tuple[bytes, bool]]:
-        carry = b""
-        for piece in pieces:
-            window = carry + piece
-            yield piece, self.hit(window)
-            carry = window[-self.tail :] if self.tail else b""
-
-
-_WIDE = ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
 _MARK = "[secret "  # what redaction puts in an answer's place of a value (never in base64)
 
 
@@ -224,7 +173,7 @@ def _refused(what: str) -> SnapshotError:
     return SnapshotError(f"snapshot refused: {what} one of the run's secret values; nothing was written")
 
 
-def _culprit(call: ToolCall, top: str, root: str, scan: _SecretScan, max_bytes: int, max_files: int) -> str | None:
+def _culprit(call: ToolCall, top: str, root: str, scan: SecretScan, max_bytes: int, max_files: int) -> str | None:
     """The entry under ``root`` that holds a value the redaction cut out of its stream: the tree listed, then
     halves of it downloaded until one entry is left (None if it cannot be told)."""
     res = call("list_files", {"path": root, "recursive": True, "max_entries": DEFAULT_LIST})
@@ -248,7 +197,7 @@ def _culprit(call: ToolCall, top: str, root: str, scan: _SecretScan, max_bytes: 
             ):  # fmt: skip
                 if scan.hit(os.fsencode(name)) or (m.issym() and scan.hit(os.fsencode(m.linkname))):
                     return True
-                if m.isreg() and any(hit for _, hit in scan.found(_pieces(src, m.size))):
+                if m.isreg() and any(hit for _, hit in scan.found(snapseal.pieces(src, m.size))):
                     return True
         except _Redacted:
             return True
@@ -267,16 +216,6 @@ def _under(top: str, root: str, wire: str) -> str:
     return escape(f"{top}/{wire[len(root) + 1 :]}" if wire.startswith(root + "/") else wire)
 
 
-def _pieces(src: IO[bytes], size: int) -> Iterator[bytes]:
-    left = size
-    while left:
-        piece = src.read(min(_PIECE, left))
-        if not piece:
-            raise SnapshotError("snapshot: a file ended before its size in the sandbox's stream; nothing was written")
-        left -= len(piece)
-        yield piece
-
-
 def write(
     call: ToolCall,
     target: str | os.PathLike[str] | IO[bytes],
@@ -286,11 +225,13 @@ def write(
     secret_values: list[str],
     key: bytes | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
-    max_files: int = DEFAULT_MAX_FILES,
+    max_files: int = MAX_FILES,
 ) -> SnapshotInfo:
     """Write the session's snapshot to ``target`` (module doc). A path is written beside itself and renamed
-    into place only when the whole snapshot is good."""
+    into place only when the whole snapshot is good. ``max_files`` cannot pass MAX_FILES (what a resume
+    takes)."""
     key = key if key is not None else host_key(create=True)
+    max_files = min(max_files, MAX_FILES)
     to_path = not hasattr(target, "write")
     final = os.path.abspath(os.fspath(target)) if to_path else None  # type: ignore[arg-type]
     tmp = None
@@ -302,43 +243,48 @@ def write(
         out: IO[bytes] = os.fdopen(fd, "wb")
     else:
         out = target  # type: ignore[assignment]
-    scan = _SecretScan(secret_values)
+    scan = SecretScan(secret_values)
     sink = _HashingWriter(out)
-    entries: list[dict[str, Any]] = []
     counts = {"files": 0, "dirs": 0, "symlinks": 0, "bytes": 0}
     skipped = DownloadResult("")
     try:
         buffered = io.BufferedWriter(sink, _PIECE)
-        with tarfile.open(
-            fileobj=buffered, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape"
-        ) as tf:
-            for top, root in ROOTS.items():
-                if top == "workspace" and not workspace:
-                    continue
-                try:
-                    for name, m, src in transfer.members(
-                        _download(call), {"path": root},
-                        max_bytes=max_bytes, max_files=max_files, result=skipped,
-                    ):  # fmt: skip
-                        if name.split("/", 1)[0] == ".toolcage-upload-" or name.startswith(".toolcage-upload-"):
-                            continue  # an upload's staging, in flight
-                        entries.append(_add(tf, f"{top}/{name}", m, src, scan, counts))
-                except _Redacted:
-                    found = _culprit(call, top, root, scan, max_bytes, max_files)
-                    raise _refused(f"'{found}' holds" if found else f"a file under {root} holds") from None
-            manifest = {
-                "format": FORMAT,
-                "version": VERSION,
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                **meta,
-                "workspace_copy": workspace,
-                "entries": entries,
-            }
-            manifest["mac"] = _mac(key, manifest)
-            body = json.dumps(manifest, sort_keys=True, indent=1).encode("utf-8", "surrogateescape")
-            info = tarfile.TarInfo(MANIFEST)
-            info.size, info.mode, info.mtime = len(body), 0o644, int(time.time())
-            tf.addfile(info, io.BytesIO(body))
+        for top, root in ROOTS.items():
+            if top == "workspace" and not workspace:
+                continue
+            held = counts["files"] + counts["dirs"] + counts["symlinks"]
+            try:
+                for name, m, src in transfer.members(
+                    _download(call), {"path": root},
+                    max_bytes=max_bytes - counts["bytes"], max_files=max_files - held, result=skipped,
+                ):  # fmt: skip
+                    if name.split("/", 1)[0] == ".toolcage-upload-" or name.startswith(".toolcage-upload-"):
+                        continue  # an upload's staging, in flight
+                    _add(buffered, f"{top}/{name}", m, src, scan, counts)
+            except _Redacted:
+                found = _culprit(call, top, root, scan, max_bytes, max_files)
+                raise _refused(f"'{found}' holds" if found else f"a file under {root} holds") from None
+        if scan.stamped():
+            raise _refused("the entries' mtimes spell")
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **meta,
+            "workspace_copy": workspace,
+            "counts": counts,
+        }
+        body = json.dumps(manifest, sort_keys=True, indent=1).encode("utf-8", "surrogateescape")
+        if len(body) > MAX_MANIFEST:
+            raise SnapshotError(
+                f"snapshot: its manifest (the run's changed paths) would take {len(body)} bytes, more than a "
+                f"resume reads ({MAX_MANIFEST}); nothing was written"
+            )
+        info = tarfile.TarInfo(MANIFEST)
+        info.size, info.mode, info.mtime = len(body), 0o644, int(time.time())
+        buffered.write(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape") + body + snapseal.pad(len(body)))
+        buffered.flush()
+        buffered.write(snapseal.seal(key, sink.size, sink.digest.hexdigest(), str(meta.get("toolcage", "?"))))
         buffered.flush()
         if final is not None:
             out.flush()
@@ -359,192 +305,39 @@ def write(
 
 
 def _add(
-    tf: tarfile.TarFile, name: str, m: tarfile.TarInfo, src: IO[bytes], scan: _SecretScan, counts: dict[str, int]
-) -> dict[str, Any]:
+    out: IO[bytes], name: str, m: tarfile.TarInfo, src: IO[bytes], scan: SecretScan, counts: dict[str, int]
+) -> None:
+    """One entry, written as it comes: its header, then (a file) its bytes, scanned piece by piece."""
     if scan.hit(os.fsencode(name)):
         raise _refused(f"the name '{scan.shown(name)}' holds")
     if m.issym() and scan.hit(os.fsencode(m.linkname)):
         raise _refused(f"'{scan.shown(name)}' is a symlink whose target holds")
     info = tarfile.TarInfo(name)
     info.mode, info.mtime = stat.S_IMODE(m.mode) & 0o777, int(m.mtime)
-    entry: dict[str, Any] = {"name": name, "mode": info.mode, "mtime": info.mtime}
+    scan.stamp(info.mtime)
     if m.isdir():
         info.type = tarfile.DIRTYPE
-        entry["type"] = "dir"
         counts["dirs"] += 1
-        tf.addfile(info)
-        return entry
-    if m.issym():
+    elif m.issym():
         info.type, info.linkname = tarfile.SYMTYPE, m.linkname
-        entry.update(type="symlink", target=m.linkname)
         counts["symlinks"] += 1
-        tf.addfile(info)
-        return entry
-    info.size = m.size
-    digest = hashlib.sha256()
-
-    class _Reader(io.RawIOBase):
-        def __init__(self) -> None:
-            self.gen = scan.found(_pieces(src, m.size))
-            self.buf = b""
-
-        def readable(self) -> bool:
-            return True
-
-        def readinto(self, b: Any) -> int:
-            while not self.buf:
-                try:
-                    piece, hit = next(self.gen)
-                except StopIteration:
-                    return 0
-                if hit:
-                    raise _refused(f"'{scan.shown(name)}' holds")
-                digest.update(piece)
-                self.buf = piece
-            n = min(len(b), len(self.buf))
-            b[:n] = self.buf[:n]
-            self.buf = self.buf[n:]
-            return n
-
-    tf.addfile(info, io.BufferedReader(_Reader(), _PIECE))
-    entry.update(type="file", size=m.size, sha256=digest.hexdigest())
-    counts["files"] += 1
-    counts["bytes"] += m.size
-    return entry
-
-
-@dataclass
-class Verified:
-    """A snapshot checked against its manifest, ready to go into a fresh sandbox."""
-
-    path: str  # the archive (a spooled copy when it came as a stream)
-    manifest: dict[str, Any]
-    spooled: bool = False
-
-    @property
-    def workspace(self) -> bool:
-        return bool(self.manifest.get("workspace_copy"))
-
-    @property
-    def changed(self) -> list[str]:
-        return [p for p in self.manifest.get("changed") or () if isinstance(p, str)]
-
-    def tar_of(self, top: str) -> Iterator[bytes]:
-        """A tar (PAX) of the archive's ``top/…`` entries, named beneath it, for the worker's upload; each
-        file's bytes checked against the manifest again as they are read."""
-        want = {e["name"]: e for e in self.manifest["entries"]}
-        with tarfile.open(self.path, mode="r:", encoding="utf-8", errors="surrogateescape") as tf:
-            for m in tf:
-                if not m.name.startswith(top + "/"):
-                    continue
-                info = tarfile.TarInfo(m.name[len(top) + 1 :])
-                info.type, info.mode, info.mtime, info.linkname = m.type, m.mode & 0o777, m.mtime, m.linkname
-                info.size = m.size if m.isreg() else 0
-                yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-                if m.isreg():
-                    src = tf.extractfile(m)
-                    assert src is not None
-                    digest = hashlib.sha256()
-                    for piece in _pieces(src, m.size):
-                        digest.update(piece)
-                        yield piece
-                    if digest.hexdigest() != want[m.name].get("sha256"):
-                        raise SnapshotInvalid(f"snapshot: '{show(m.name)}' changed while it was resumed")
-                    if m.size % tarfile.BLOCKSIZE:
-                        yield bytes(tarfile.BLOCKSIZE - m.size % tarfile.BLOCKSIZE)
-        yield bytes(2 * tarfile.BLOCKSIZE)
-
-    def close(self) -> None:
-        if self.spooled:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
+    else:
+        info.size = m.size
+        counts["files"] += 1
+        counts["bytes"] += m.size
+    out.write(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+    if m.isreg():
+        for piece, hit in scan.found(snapseal.pieces(src, m.size)):
+            if hit:
+                raise _refused(f"'{scan.shown(name)}' holds")
+            out.write(piece)
+        out.write(snapseal.pad(m.size))
 
 
 def verify(source: str | os.PathLike[str] | IO[bytes], key: bytes | None = None) -> Verified:
-    """Check a snapshot (module doc): SnapshotInvalid, before any container starts, if anything is off."""
-    spooled = False
-    if isinstance(source, str | os.PathLike):
-        path = os.fspath(source)
-        if not os.path.isfile(path):
-            raise SnapshotInvalid(f"snapshot '{show(path)}' does not exist or is not a file")
-    else:
-        fd, path = tempfile.mkstemp(prefix="toolcage-resume-")
-        with os.fdopen(fd, "wb") as f:
-            shutil.copyfileobj(source, f, _PIECE)
-        spooled = True
-    try:
-        manifest = _check(path, key if key is not None else host_key(create=False))
-    except BaseException:
-        if spooled:
-            os.unlink(path)
-        raise
-    return Verified(path, manifest, spooled)
-
-
-def _check(path: str, key: bytes) -> dict[str, Any]:
-    shown = show(path)
-    try:
-        with tarfile.open(path, mode="r:", encoding="utf-8", errors="surrogateescape") as tf:
-            members = tf.getmembers()
-            if not members or members[-1].name != MANIFEST or not members[-1].isreg():
-                raise SnapshotInvalid(f"'{shown}' is not a toolcage snapshot (no manifest.json at its end)")
-            if members[-1].size > _MAX_MANIFEST:
-                raise SnapshotInvalid(f"'{shown}': its manifest is too large")
-            src = tf.extractfile(members[-1])
-            assert src is not None
-            try:
-                manifest = json.loads(src.read().decode("utf-8", "surrogateescape"))
-            except ValueError:
-                raise SnapshotInvalid(f"'{shown}': its manifest is not JSON") from None
-            if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-                raise SnapshotInvalid(f"'{shown}' is not a toolcage snapshot")
-            if manifest.get("version") != VERSION:
-                raise SnapshotInvalid(
-                    f"'{shown}' is a snapshot of format version {escape(str(manifest.get('version')))}, made by "
-                    f"toolcage {escape(str(manifest.get('toolcage')))}; this toolcage resumes version {VERSION} only"
-                )
-            if not hmac.compare_digest(str(manifest.get("mac", "")), _mac(key, manifest)):
-                raise SnapshotInvalid(
-                    f"'{shown}' was changed after it was made, or made with another host's key: refused"
-                )
-            entries = manifest.get("entries")
-            if not isinstance(entries, list) or len(entries) != len(members) - 1:
-                raise SnapshotInvalid(f"'{shown}': its entries do not match its manifest: refused")
-            for m, e in zip(members[:-1], entries, strict=True):
-                _check_entry(tf, m, e, shown)
-    except (tarfile.TarError, EOFError, OSError, UnicodeError) as exc:
-        raise SnapshotInvalid(f"'{shown}' cannot be read as a snapshot ({escape(type(exc).__name__)})") from None
-    return manifest
-
-
-def _check_entry(tf: tarfile.TarFile, m: tarfile.TarInfo, e: Any, shown: str) -> None:
-    def bad(why: str) -> SnapshotInvalid:
-        return SnapshotInvalid(f"'{shown}': the entry '{show(m.name)}' {why}: refused")
-
-    if not isinstance(e, dict) or e.get("name") != m.name:
-        raise bad("is not the one its manifest names there")
-    top, _, rest = m.name.partition("/")
-    if top not in ROOTS or transfer.safe_name(rest) != rest:
-        raise bad("is not a plain path under scratch/ or workspace/")
-    if (m.mode & 0o7777) != e.get("mode") or m.mode & 0o7000:
-        raise bad("has another mode than its manifest says")
-    if int(m.mtime) != e.get("mtime"):
-        raise bad("has another mtime than its manifest says")
-    kind = "dir" if m.isdir() else "symlink" if m.issym() else "file" if m.isreg() else None
-    if kind is None or kind != e.get("type"):
-        raise bad("is of another type than its manifest says (or one a snapshot never holds)")
-    if kind == "symlink" and m.linkname != e.get("target"):
-        raise bad("points elsewhere than its manifest says")
-    if kind == "file":
-        if m.size != e.get("size"):
-            raise bad("has another size than its manifest says")
-        src = tf.extractfile(m)
-        assert src is not None
-        digest = hashlib.sha256()
-        for piece in _pieces(src, m.size):
-            digest.update(piece)
-        if digest.hexdigest() != e.get("sha256"):
-            raise bad("does not match its sha256")
+    """Check a snapshot (toolcage.snapseal) with ``key``, or this host's: SnapshotInvalid, before any container
+    starts, if anything is off."""
+    return snapseal.verify(source, key if key is not None else host_key(create=False))
 
 
 __all__ = ["SnapshotError", "SnapshotInfo", "SnapshotInvalid", "Verified", "host_key", "verify", "write"]

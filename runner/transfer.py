@@ -29,7 +29,7 @@ from toolcage.textsafe import escape
 if TYPE_CHECKING:
     from toolcage.results import CallResult
 
-DEFAULT_MAX_BYTES = 4 << 30  # file content a download may write
+DEFAULT_MAX_BYTES = 4 << 30  # file content a download may write when no policy says more (Sandbox: out_bound)
 DEFAULT_MAX_FILES = 100_000  # entries (files, directories, links) a download may make
 MAX_CHUNK = 6 << 20  # raw bytes one answer may carry (the worker sends at most 4 MiB)
 _MAX_EMPTY = 16  # the worker always sends data or ends the stream: more empty chunks than this is a stall
@@ -102,6 +102,15 @@ class _Chunks(io.RawIOBase):
         return data
 
 
+def out_bound(limits: Any) -> int:
+    """The file content that can leave a sandbox of these ``limits`` (a policy's): what its scratch tmpfs and
+    its workspace copy's tmpfs may hold. Threat: a sandbox-chosen byte count (a sparse file, a stream that
+    never ends) on the host's disk. The worker skips a sparse file, but the runner does not trust it to:
+    this is the default ``max_bytes`` of a download, a snapshot and a persisted workspace, instead of a fixed
+    4 or 16 GiB. A read-only workspace's own files are the host's: pass ``max_bytes`` to take more of them."""
+    return int(limits.scratch) + int(limits.workspace_copy)
+
+
 def _raw_cap(max_bytes: int, max_files: int) -> int:
     """The most tar a stream within the caps can be: the content, a PAX header and padding per entry."""
     return max_bytes + (max_files + 2) * 4 * tarfile.BLOCKSIZE + (4 << 20)
@@ -118,7 +127,7 @@ def members(
     chunks = _Chunks(call, first, _raw_cap(max_bytes, max_files), result)
     reader = io.BufferedReader(chunks, 1 << 20)
     entries = total = 0
-    seen: set[str] = set()
+    seen: set[bytes] = set()  # 16-byte digests of the names: a 4 KB path costs the host 16 bytes, not 4 KB
     try:
         with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="surrogateescape") as tf:
             while (m := tf.next()) is not None:
@@ -127,12 +136,13 @@ def members(
                 if entries > max_files:
                     raise DownloadLimit(f"stopped: more than {max_files} entries (max_files)")
                 name = safe_name(m.name)
-                if name is None or name in seen:
+                digest = hashlib.blake2b(os.fsencode(name), digest_size=16).digest() if name is not None else b""
+                if name is None or digest in seen:
                     raise DownloadError(
                         f"refused: the entry '{show(m.name)}' is absolute, climbs with '..', "
                         "is too long or comes twice; nothing was kept"
                     )
-                seen.add(name)
+                seen.add(digest)
                 if m.sparse is not None or not (m.isreg() or m.isdir() or m.issym()):
                     raise DownloadError(f"refused: '{show(m.name)}' is not a file, directory or symlink")
                 src: IO[bytes] = io.BytesIO()
@@ -214,4 +224,4 @@ def download(
     return result
 
 
-__all__ = ["DownloadError", "DownloadLimit", "DownloadResult", "DownloadUsage", "download", "show"]
+__all__ = ["DownloadError", "DownloadLimit", "DownloadResult", "DownloadUsage", "download", "out_bound", "show"]

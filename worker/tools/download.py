@@ -5,7 +5,9 @@ answers the next, until ``done``. The tar is written entry by entry from a gener
 then the file read in 1 MiB pieces), so neither side holds more than one chunk whatever the size.
 Every entry is opened beneath its root by descriptor and never through a symlink (worker.tools.paths,
 ``O_NOFOLLOW`` under ``os.fwalk``'s directory fds): a symlink is sent as a symlink, never followed,
-and one swapped in mid-walk is skipped. FIFOs, sockets and devices are skipped and reported.
+and one swapped in mid-walk is skipped. FIFOs, sockets and devices are skipped and reported, and so is a
+sparse file where the sandbox writes (its size far beyond its blocks: what leaves the sandbox is bounded
+by what it may hold).
 The host treats the stream as hostile anyway (toolcage.transfer).
 """
 
@@ -36,6 +38,7 @@ MAX_CHUNK = 4 << 20  # raw bytes per answer (base64 makes it 5.3 MiB; the runner
 _PIECE = 1 << 20  # a file is read this much at a time
 _MAX_STREAMS = 4  # open streams a worker keeps; the oldest is closed to make room
 _MAX_SKIPPED = 100  # skipped entries named per answer (the count is always given)
+_SPARSE_SLACK = 1 << 20  # a file may be this much larger than twice its blocks before it counts as sparse
 
 
 @params
@@ -84,10 +87,26 @@ def _header(name: str, kind: bytes, mode: int, mtime: float, size: int = 0, link
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
+def _sparse(fd: int, fst: os.stat_result) -> bool:
+    """A file whose size is far beyond the blocks it holds (more than twice them, plus 1 MiB), on a place
+    the sandbox can write. Threat: ``truncate -s 1G`` costs a 64 MiB scratch nothing and the host 1 GiB of
+    zeros on its disk; what leaves is bounded by what the sandbox may hold. A read-only mount (the host's
+    own workspace) is sent as it is: the sandbox did not make it."""
+    if fst.st_size <= 2 * fst.st_blocks * 512 + _SPARSE_SLACK:
+        return False
+    try:
+        return not os.fstatvfs(fd).f_flag & os.ST_RDONLY
+    except OSError:
+        return True
+
+
 def _file(st: _Stream, name: str, fd: int) -> Iterator[bytes]:
     """One regular file's entry: its header, then exactly the size it had when opened (a file that
-    shrank is padded with zeros and reported; one that grew is cut)."""
+    shrank is padded with zeros and reported; one that grew is cut). A sparse file is skipped."""
     fst = os.fstat(fd)
+    if _sparse(fd, fst):
+        st.skip(name, f"sparse: {fst.st_size} bytes, {fst.st_blocks * 512} on disk")
+        return
     yield _header(name, tarfile.REGTYPE, fst.st_mode, fst.st_mtime, fst.st_size)
     sent = 0
     while sent < fst.st_size:
