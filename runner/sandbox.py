@@ -243,7 +243,7 @@ class Sandbox:
                 upload.send(call, self._resume.tar_of("scratch"), contract.SCRATCH)
             finally:
                 self._resume.close()
-            self.log.info("run.resumed", entries=len(self._resume.manifest.get("entries") or ()))
+            self.log.info("run.resumed", entries=self._resume.entries)
         elif self.options.workspace_copy and self.workspace is not None:
             got = upload.upload(
                 call,
@@ -458,6 +458,14 @@ class Sandbox:
             records.audit_call(self.audit, self.run_id, params, result)
             return result
 
+    @property
+    def max_out_bytes(self) -> int:
+        """File content that can leave this sandbox (a download's, a snapshot's default ``max_bytes``): what
+        its policy lets its scratch and workspace copy hold, not a fixed cap (toolcage.transfer.out_bound)."""
+        from toolcage import transfer
+
+        return transfer.out_bound(self.policy.limits)
+
     def download(
         self,
         remote_path: str,
@@ -475,7 +483,7 @@ class Sandbox:
             lambda params: self.call("download", params),
             remote_path,
             local_dir,
-            max_bytes=transfer.DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+            max_bytes=self.max_out_bytes if max_bytes is None else max_bytes,
             max_files=transfer.DEFAULT_MAX_FILES if max_files is None else max_files,
         )
 
@@ -510,9 +518,10 @@ class Sandbox:
             raise changes.ChangesUsage(
                 "this run's workspace is read-only, so nothing in it changed: start it with workspace_mode='copy'"
             )
+        bound = 2 * self.policy.limits.workspace_copy  # the old side and the new: each at most the copy's size
         return changes.collect(
             self.call, self.workspace, gitignore=self.options.workspace_gitignore, prior=self._prior_changes,
-            download_to=download_to, max_bytes=changes.DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+            download_to=download_to, max_bytes=bound if max_bytes is None else max_bytes,
         )  # fmt: skip
 
     def snapshot(self, target: str | os.PathLike[str] | IO[bytes]) -> SnapshotInfo:
@@ -542,7 +551,7 @@ class Sandbox:
         secret_values = list(self._secrets.wire().values()) if self._secrets else []
         return snapshot.write(
             self.call, target, workspace=self.options.workspace_copy, meta=meta,
-            secret_values=secret_values, key=self._snapshot_key,
+            secret_values=secret_values, key=self._snapshot_key, max_bytes=self.max_out_bytes,
         )  # fmt: skip
 
     def usage(self) -> dict[str, Any]:
