@@ -38,7 +38,7 @@ from toolcage.changesides import HostTree, OverBudget, Side, Unreadable, link_si
 from toolcage.errors import SandboxError, UsageError
 from toolcage.gitplumb import DIFF_SECONDS, MAX_DIFF_BYTES, SHOW_MAX_BYTES
 from toolcage.policies import codes, contract
-from toolcage.safetar import DownloadResult, door_problem, show
+from toolcage.safetar import DownloadResult, bare_head, door_problem, show
 from toolcage.textsafe import escape
 
 if TYPE_CHECKING:
@@ -274,16 +274,27 @@ class _Gather:
                 return True
         return False
 
-    def link_out(self, rel: str, now: Side, roots: list[str]) -> str | None:
-        """Why the copy's symlink ``rel`` may not be made on the host (None: it stays inside): the rule of every
-        door out (toolcage.safetar.door_problem), for the host's directory and for download_to."""
-        assert now.file is not None
-        with open(now.file, "rb") as f:
-            target = os.fsdecode(f.read())
+    def door(self, rel: str, now: Side, roots: list[str]) -> str | None:
+        """Why the copy's ``rel`` may not be made on the host (None: it may), by the rules of every door out
+        (toolcage.safetar), for the host's directory and for download_to: a symlink that leads out of it, a
+        HEAD that would make its directory a bare repository (git run there would read the sandbox's config)."""
         if self.made is None:  # what the diff makes stands for the host's entry there
-            self.made = {r: "link" if s.mode == gitdiff.LINK else "file" for r, s in self.new.items()}
+            self.made = {}
+            for r, s in self.new.items():
+                self.made[r] = "link" if s.mode == gitdiff.LINK else "file"
+                parts = r.split("/")
+                for i in range(1, len(parts)):
+                    self.made.setdefault("/".join(parts[:i]), "dir")
+        target = None
+        if now.mode == gitdiff.LINK:
+            assert now.file is not None
+            with open(now.file, "rb") as f:
+                target = os.fsdecode(f.read())
+        parts = rel.split("/")
         for root in roots:
-            problem = door_problem(rel, target, root, self.made)
+            problem = door_problem(rel, target, root, self.made) if target is not None else None
+            if problem is None and parts[-1] == "HEAD" and bare_head(parts, root, self.made):
+                problem = "would make its directory a bare git repository (git would read its config)"
             if problem is not None:
                 return problem
         return None
@@ -324,8 +335,8 @@ class _Gather:
                 self.skip(rel, "a symlink named like .gitmodules (git refuses one)")
                 dropped.add(rel)
                 continue
-            problem = self.link_out(rel, now, roots) if now is not None and now.mode == gitdiff.LINK else None
-            if problem is not None:  # a link to /etc, or one that climbs out: git apply would make it
+            problem = self.door(rel, now, roots) if now is not None else None
+            if problem is not None:  # a link to /etc, one that climbs out, a bare repository: git apply would make it
                 self.skip(rel, problem)
                 dropped.add(rel)
                 continue

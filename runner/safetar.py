@@ -144,6 +144,29 @@ def door_problem(
     return None
 
 
+def bare_head(parts: list[str], root: str | os.PathLike[str], made: Mapping[str, str]) -> bool:
+    """Whether a HEAD at ``parts`` would make its directory what git takes for a bare repository (objects/ and
+    refs/, or a commondir file, beside it: what the door makes, ``made``, or the host's under ``root``), whose
+    config git reads when run in it. The rule of every door out (a download, download_to, the diff)."""
+
+    def kind(name: str) -> str | None:
+        rel = "/".join([*parts[:-1], name])
+        if rel in made:
+            return made[rel]
+        path = os.path.join(root, rel)
+        return (
+            "link"
+            if os.path.islink(path)
+            else "dir"
+            if os.path.isdir(path)
+            else "file"
+            if os.path.lexists(path)
+            else None
+        )
+
+    return (kind("objects") is not None and kind("refs") is not None) or kind("commondir") is not None
+
+
 def nofollow_dir(root: int, parts: list[str], create: bool, mode: int = 0o700) -> int:
     """An fd (``O_PATH``) of ``parts`` beneath ``root``, made with ``mode`` when ``create``, never through
     a symlink (OSError: ELOOP or ENOTDIR on the way, ENOENT when missing)."""
@@ -287,25 +310,8 @@ class Extractor:
         return True
 
     def bare(self, parts: list[str]) -> bool:
-        """Whether a HEAD here would make its directory what git takes for a bare repository (objects/ and refs/,
-        or a commondir file, beside it: the archive's or the host's), whose config git reads when run in it."""
-
-        def kind(name: str) -> str | None:
-            rel = "/".join([*parts[:-1], name])
-            if rel in self.kinds:
-                return self.kinds[rel]
-            path = os.path.join(self.local_dir, rel)
-            return (
-                "link"
-                if os.path.islink(path)
-                else "dir"
-                if os.path.isdir(path)
-                else "file"
-                if os.path.lexists(path)
-                else None
-            )
-
-        return (kind("objects") is not None and kind("refs") is not None) or kind("commondir") is not None
+        """Whether a HEAD here would make its directory a bare repository (bare_head)."""
+        return bare_head(parts, self.local_dir, self.kinds)
 
     def finish(self) -> None:
         for parts in self.heads:

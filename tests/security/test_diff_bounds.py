@@ -142,9 +142,10 @@ def test_a_sparse_file_is_changed_not_shown(tmp_path: Path) -> None:
 
 
 def test_links_out_of_the_workspace_never_leave_through_the_diff(tmp_path: Path) -> None:
-    """Symlinks the copy made to /etc, to /root/.ssh/authorized_keys and to ../../x are neither in the diff
-    nor in download_to, each named in skipped; a link inside the workspace is kept (before: git apply made
-    all three in the host's tree)."""
+    """Symlinks the copy made to /etc, to /root/.ssh/authorized_keys and to ../../x, and a HEAD that would
+    make a bare repository of a directory (git run there reads its config) are neither in the diff nor in
+    download_to, each named in skipped; a link inside the workspace is kept (before: git apply made them
+    all in the host's tree)."""
     ws = tmp_path / "ws"
     (ws / "sub").mkdir(parents=True)
     (ws / "a.txt").write_text("a\n")
@@ -155,14 +156,18 @@ def test_links_out_of_the_workspace_never_leave_through_the_diff(tmp_path: Path)
             {
                 "command": "cd /workspace && ln -s /etc etc && ln -s /root/.ssh/authorized_keys keys"
                 " && ln -s ../../x sub/up && ln -s ../../x up && ln -s ../a.txt sub/ok && ln -s a.txt ok"
+                " && mkdir -p bare/objects/info bare/refs/heads && echo x > bare/objects/info/x"
+                " && echo x > bare/refs/heads/x && echo 'ref: refs/heads/x' > bare/HEAD"
+                " && printf '[core]\\n\\tfsmonitor = touch /tmp/pwned\\n' > bare/config"
             },
         )
         assert r.ok and r.result["exit_code"] == 0, r
         ch = sb.changes(download_to=out)
-    bad = {"etc", "keys", "sub/up", "up"}
+    links = {"etc", "keys", "sub/up", "up"}
+    bad = links | {"bare/HEAD"}
     skipped = {s["path"]: s["reason"] for s in ch.skipped}
     assert bad <= set(skipped), ch.skipped
-    assert all("symlink" in skipped[p] for p in bad), ch.skipped
+    assert all("symlink" in skipped[p] for p in links) and "bare git repository" in skipped["bare/HEAD"]
     assert not bad & set(ch.added + ch.changed), ch
     assert {"ok", "sub/ok"} <= set(ch.added)
     host = applied(ch.diff, ws, tmp_path / "applied")
