@@ -8,7 +8,8 @@ handed to the sandbox in full (issue 34, point 3).
 The sandbox runs as uid 65532, gid 65532 (hostconfig ``User``), with no supplementary groups (the
 image's /etc/group names no member of any group) and no capabilities (no DAC override), so the kernel
 (runc) and gVisor decide by the owner, group and other bits against that uid and gid. A bind mount skips
-the host directories above the workspace: only the workspace itself and what is under it count.
+the host directories above the workspace: only the workspace itself and what is under it count (the
+copy takes the workspace directory itself as the caller's grant: toolcage.upload).
 POSIX ACLs: runc's kernel checks an entry's access ACL, gVisor its mode bits (whose group bits are
 then the ACL's mask); an entry with an access ACL counts as readable only when both allow, so the rule
 never gives more than either runtime's mount. Under a user-namespaced engine (rootless, userns-remap)
@@ -22,7 +23,6 @@ import errno
 import os
 import stat
 import struct
-from pathlib import Path
 
 from toolcage.policies import contract
 
@@ -89,25 +89,23 @@ def may(path: str, st: os.stat_result, want: int) -> bool:
 
 
 def copied(root: str | os.PathLike[str], rel: str) -> bool:
-    """Whether the workspace copy of ``root`` holds ``rel`` (a plain relative path): every directory on the way,
-    ``root`` too, listable by the sandbox user and the entry itself readable. For whoever reads the host's
-    tree on the copy's behalf (the diff): what the copy left out, the sandbox never saw."""
+    """Whether the workspace copy of ``root`` holds ``rel`` (a plain relative path) with its content: every
+    directory on the way below ``root`` listable by the sandbox user and the entry itself readable (``root``
+    is the caller's grant, toolcage.upload). For whoever reads the host's tree on the copy's behalf (the
+    diff): what the copy left out, the sandbox never saw."""
     here = os.fspath(root)
+    parts = [p for p in rel.split("/") if p]
     try:
-        st = os.lstat(here)
-        for part in (p for p in rel.split("/") if p):
-            if not stat.S_ISDIR(st.st_mode) or not may(here, st, LIST):
-                return False
+        for i, part in enumerate(parts):
+            if i:
+                st = os.lstat(here)
+                if not stat.S_ISDIR(st.st_mode) or not may(here, st, LIST):
+                    return False
             here = os.path.join(here, part)
-            st = os.lstat(here)
+        st = os.lstat(here)
     except OSError:
         return False
-    return may(here, st, LIST if stat.S_ISDIR(st.st_mode) else READ)
+    return bool(parts) and may(here, st, LIST if stat.S_ISDIR(st.st_mode) else READ)
 
 
-def top_listable(path: Path) -> bool:
-    """Whether the sandbox user can list the workspace's own directory (else the copy is empty)."""
-    return may(str(path), os.lstat(path), LIST)
-
-
-__all__ = ["LIST", "READ", "SEARCH", "access_acl", "allows", "copied", "may", "top_listable"]
+__all__ = ["LIST", "READ", "SEARCH", "access_acl", "allows", "copied", "may"]

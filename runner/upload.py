@@ -9,6 +9,8 @@ before anything is sent. A directory's contents go into ``remote_dir``; a file g
 The run's workspace copy (``base``) takes only what the sandbox user could read through the read-only
 mount (toolcage.mountview): the runner reads with its own rights, often root's. A file uid/gid 65532
 could not read is left out; a directory it could not list is there, empty; each is reported (``withheld``).
+The workspace directory itself is the caller's grant (its mode keeps other local users out: mkdtemp and
+pytest make 0700 ones); the rule applies to everything beneath it.
 """
 
 from __future__ import annotations
@@ -103,9 +105,6 @@ def _entries(local: str, gitignore: bool = False, withheld: _Withheld | None = N
     st = os.lstat(local)
     if not stat.S_ISDIR(st.st_mode):
         yield local, os.path.basename(local)
-        return
-    if withheld is not None and not mountview.may(local, st, mountview.LIST):
-        withheld.add("./")
         return
     stacks: dict[str, tuple[Rules, ...]] = {"": ()}
     for dirpath, dirnames, filenames in os.walk(local):  # followlinks=False: a link to a directory is a link
