@@ -87,25 +87,32 @@ def _header(name: str, kind: bytes, mode: int, mtime: float, size: int = 0, link
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
-def _sparse(fd: int, fst: os.stat_result) -> bool:
-    """A file whose size is far beyond the blocks it holds (more than twice them, plus 1 MiB), on a place
-    the sandbox can write. Threat: ``truncate -s 1G`` costs a 64 MiB scratch nothing and the host 1 GiB of
-    zeros on its disk; what leaves is bounded by what the sandbox may hold. A read-only mount (the host's
-    own workspace) is sent as it is: the sandbox did not make it."""
-    if fst.st_size <= 2 * fst.st_blocks * 512 + _SPARSE_SLACK:
-        return False
+def _sparse(fd: int, fst: os.stat_result) -> int | None:
+    """The bytes a file holds on disk if it is sparse (its size far beyond them: more than twice, plus 1 MiB)
+    on a place the sandbox can write, else None. Threat: ``truncate -s 1G`` costs a 64 MiB scratch nothing
+    and the host 1 GiB of zeros on its disk; what leaves is bounded by what the sandbox may hold. A
+    read-only mount (the host's own workspace) is sent as it is: the sandbox did not make it. gVisor's
+    tmpfs counts a hole's blocks as held (and has no SEEK_HOLE), so a file larger than all its file system
+    holds is sparse too."""
+    if fst.st_size <= _SPARSE_SLACK:
+        return None
     try:
-        return not os.fstatvfs(fd).f_flag & os.ST_RDONLY
+        vfs = os.fstatvfs(fd)
     except OSError:
-        return True
+        return None
+    if vfs.f_flag & os.ST_RDONLY:
+        return None
+    held = min(fst.st_blocks * 512, (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize)
+    return held if fst.st_size > 2 * held + _SPARSE_SLACK else None
 
 
 def _file(st: _Stream, name: str, fd: int) -> Iterator[bytes]:
     """One regular file's entry: its header, then exactly the size it had when opened (a file that
     shrank is padded with zeros and reported; one that grew is cut). A sparse file is skipped."""
     fst = os.fstat(fd)
-    if _sparse(fd, fst):
-        st.skip(name, f"sparse: {fst.st_size} bytes, {fst.st_blocks * 512} on disk")
+    held = _sparse(fd, fst)
+    if held is not None:
+        st.skip(name, f"sparse: {fst.st_size} bytes, {held} on disk")
         return
     yield _header(name, tarfile.REGTYPE, fst.st_mode, fst.st_mtime, fst.st_size)
     sent = 0
