@@ -202,3 +202,19 @@ def test_a_side_on_disk_keeps_zeros_as_holes_and_counts_lines(tmp_path: Path) ->
     assert not bad.text
     with pytest.raises(changesides.OverBudget):
         changesides.stream(io.BytesIO(b"abc"), 3, gitdiff.FILE, None, 2)
+
+
+@pytest.mark.parametrize("launcher", ["prlimit", "python"])
+def test_git_runs_under_its_memory_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str) -> None:
+    """git starts under RLIMIT_AS (through prlimit, or the Python wrapper where prlimit is missing): with
+    a limit far too small for it, it fails (DiffFailed); with GIT_MEMORY, the same command works."""
+    which = gitplumb.shutil.which
+    if launcher == "python":
+        monkeypatch.setattr(gitplumb.shutil, "which", lambda name: None if name == "prlimit" else which(name))
+    assert which("prlimit") is not None, "prlimit (util-linux) is on the CI hosts"
+    s = Sides(tmp_path)
+    repo = gitplumb.Repo(str(s.work), deadline=time.monotonic() + 30)
+    assert len(repo.run(["write-tree"]).strip()) == 40
+    repo.memory = 4 << 20
+    with pytest.raises(gitplumb.DiffFailed):
+        repo.run(["write-tree"])
