@@ -3,7 +3,7 @@
 Threat: every byte is chosen by code in the sandbox (toolcage.transfer fetches it). Refused, the whole
 download with them: absolute names, ``..``, hard links, devices, FIFOs, unknown entry types, sparse and
 oversized headers, and any entry under (or named like) a symlink or file the archive made. Skipped and
-reported, by the rule every door out uses (``door_problem``): ``.git`` and every name git takes for it,
+reported, by the rule every door out uses (toolcage.outbound.door_problem): ``.git`` and every name git takes for it,
 with all beneath it (git on the host would read its config, ``core.fsmonitor``, and run its hooks), a
 ``HEAD`` that would make a directory a bare repository, a symlink whose target leaves the target directory
 (absolute, climbing with ``..``, coming back up through a symlink, or through a host symlink that leads
@@ -20,10 +20,13 @@ import os
 import re
 import stat
 import tarfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from toolcage.errors import SandboxError, UsageError
+from toolcage.outbound import BARE_REASON, GIT_REASON, git_part
+from toolcage.outbound import bare_head as bare_head  # re-exported: the diff's doors import them from here
+from toolcage.outbound import door_problem as door_problem
+from toolcage.outbound import show as show
 from toolcage.textsafe import escape
 
 _MAX_HEADER = 1 << 20  # a PAX or GNU long-name header's payload
@@ -70,11 +73,6 @@ class DownloadResult:
             self.skipped.append({"path": show(name), "reason": reason})
 
 
-def show(name: str) -> str:
-    """A name from the sandbox, safe to print: invalid UTF-8 as ``\\xff``, control characters escaped."""
-    return escape(name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
-
-
 class Info(tarfile.TarInfo):
     """Refuses, before tarfile reads it, a header whose payload would be held in memory whole."""
 
@@ -84,87 +82,6 @@ class Info(tarfile.TarInfo):
         if self.type == tarfile.GNUTYPE_SPARSE:
             raise DownloadError("download: a sparse entry was refused")
         return super()._proc_member(tf)  # type: ignore[misc,no-any-return]
-
-
-_GIT_REASON = "is .git or a name git takes for it (git on the host would read its config and run its hooks)"
-
-
-def _git_part(part: str) -> bool:
-    """Whether git (or a case-insensitive host) takes the path component ``part`` for .git: the rule of the
-    diff (toolcage.changes.clean), imported, never copied (lazily: changes imports this module)."""
-    from toolcage.changes import clean
-
-    return part not in ("", ".", "..") and clean(part) is None
-
-
-def _within(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")
-
-
-def door_problem(
-    rel: str, link: str | None = None, root: str | os.PathLike[str] | None = None, made: Mapping[str, str] = {}
-) -> str | None:
-    """Why the entry ``rel`` (a plain relative path under a door's target directory ``root`` on the host; a
-    symlink to ``link`` when given) may not be written there, by any door out of a sandbox (download,
-    ``changes(download_to=)``, the diff, the adapters); None when it may. ``made``: what the door itself makes
-    ("dir", "file" or "link" by relative path), which stands for the host's entry there. Threats: git on the
-    host running the sandbox's ``core.fsmonitor`` or hooks; a link that leads a later write out of the target."""
-    if any(_git_part(p) for p in rel.split("/")):
-        return _GIT_REASON
-    if link is None:
-        return None
-    if not link:
-        return "a symlink that has an empty target"
-    if link.startswith("/"):
-        return "a symlink that points to an absolute path"
-    top = os.path.realpath(root) if root is not None else None
-    stack = rel.split("/")[:-1]
-    for p in link.split("/"):
-        if p in ("", "."):
-            continue
-        if p != "..":
-            if _git_part(p):
-                return "a symlink that points into .git"
-            stack.append(p)
-            here = "/".join(stack)
-            if top is not None and here not in made and os.path.islink(os.path.join(top, here)):
-                real = os.path.realpath(os.path.join(top, here))
-                if not _within(real, top) or any(_git_part(q) for q in os.path.relpath(real, top).split("/")):
-                    return (
-                        f"a symlink that goes through the host's symlink '{show(here)}', which leads out or into .git"
-                    )
-            continue
-        if not stack:
-            return "a symlink that points out of the target directory"
-        here = "/".join(stack)
-        host_link = top is not None and here not in made and os.path.islink(os.path.join(top, here))
-        if made.get(here) == "link" or host_link:
-            return "a symlink that climbs back up ('..') through a symlink"
-        stack.pop()
-    return None
-
-
-def bare_head(parts: list[str], root: str | os.PathLike[str], made: Mapping[str, str]) -> bool:
-    """Whether a HEAD at ``parts`` would make its directory what git takes for a bare repository (objects/ and
-    refs/, or a commondir file, beside it: what the door makes, ``made``, or the host's under ``root``), whose
-    config git reads when run in it. The rule of every door out (a download, download_to, the diff)."""
-
-    def kind(name: str) -> str | None:
-        rel = "/".join([*parts[:-1], name])
-        if rel in made:
-            return made[rel]
-        path = os.path.join(root, rel)
-        return (
-            "link"
-            if os.path.islink(path)
-            else "dir"
-            if os.path.isdir(path)
-            else "file"
-            if os.path.lexists(path)
-            else None
-        )
-
-    return (kind("objects") is not None and kind("refs") is not None) or kind("commondir") is not None
 
 
 def nofollow_dir(root: int, parts: list[str], create: bool, mode: int = 0o700) -> int:
@@ -298,7 +215,7 @@ class Extractor:
 
     def git(self, parts: list[str]) -> bool:
         """Whether the entry is .git or beneath one (door_problem): skipped, its .git named once in the result."""
-        at = next((i for i, p in enumerate(parts) if _git_part(p)), None)
+        at = next((i for i, p in enumerate(parts) if git_part(p)), None)
         if at is None:
             return False
         top = "/".join(parts[: at + 1])
@@ -306,16 +223,12 @@ class Extractor:
             self.result.skipped_count += 1
         else:
             self.gits.add(top)
-            self.result.skip(top, f"{_GIT_REASON}; all beneath it was left out")
+            self.result.skip(top, f"{GIT_REASON}; all beneath it was left out")
         return True
-
-    def bare(self, parts: list[str]) -> bool:
-        """Whether a HEAD here would make its directory a bare repository (bare_head)."""
-        return bare_head(parts, self.local_dir, self.kinds)
 
     def finish(self) -> None:
         for parts in self.heads:
-            if self.bare(parts):
+            if bare_head(parts, self.local_dir, self.kinds):
                 pfd = nofollow_dir(self.root, parts[:-1], create=False)
                 try:
                     self.result.bytes -= os.stat(parts[-1], dir_fd=pfd, follow_symlinks=False).st_size
@@ -323,13 +236,9 @@ class Extractor:
                 finally:
                     os.close(pfd)
                 self.result.files -= 1
-                self.result.skip(
-                    "/".join(parts), "would make its directory a bare git repository (git would read its config)"
-                )
+                self.result.skip("/".join(parts), BARE_REASON)
         for parts, target in self.links:
             problem = door_problem("/".join(parts), target, self.local_dir, self.kinds)
-            if parts[-1] == "HEAD" and problem is None and self.bare(parts):
-                problem = "would make its directory a bare git repository (git would read its config)"
             if problem is not None:
                 self.result.skip("/".join(parts), problem)
                 continue

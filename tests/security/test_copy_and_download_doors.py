@@ -29,6 +29,7 @@ import pytest
 
 from toolcage import CallResult, Sandbox, snapshot, transfer
 from toolcage.errors import WorkspaceError
+from toolcage.outbound import door_problem
 from toolcage.snapshot import SnapshotInvalid
 from toolcage.transfer import DownloadUsage
 
@@ -377,3 +378,26 @@ def test_a_bare_repository_is_never_made(tmp_path: Path, head: bytes | str) -> N
     for args in (["status"], ["log"], ["symbolic-ref", "HEAD", "refs/heads/other"]):
         _git(out / "proj", *args)
     assert not ran.exists()
+
+
+@pytest.mark.parametrize(
+    ("rel", "link", "made", "why"),
+    [
+        ("a/.git/config", None, {}, "is .git"),
+        ("a/GIT~1", None, {}, "is .git"),
+        ("repo/HEAD", None, {"repo/objects": "dir", "repo/refs": "dir"}, "bare git repository"),
+        ("repo/HEAD", None, {"repo/commondir": "file"}, "bare git repository"),
+        ("l", ".git/hooks", {}, "into .git"),
+        ("l", "/etc", {}, "absolute"),
+        ("a/l", "../../x", {}, "out of the target"),
+        ("l", "d/../x", {"d": "link"}, "through a symlink"),
+        ("repo/HEAD", None, {"repo/objects": "dir"}, None),
+        ("a/l", "../b/c", {}, None),
+    ],
+)
+def test_door_problem_is_the_one_rule(
+    tmp_path: Path, rel: str, link: str | None, made: dict[str, str], why: str | None
+) -> None:
+    """outbound.door_problem, which every door out asks, gives each refusal its reason (None: it may be written)."""
+    got = door_problem(rel, link, tmp_path, made)
+    assert (got is None) if why is None else (got is not None and why in got), got
