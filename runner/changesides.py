@@ -55,7 +55,11 @@ def link_side(target: bytes, file: str) -> Side:
     """A symlink's side: its target is its content (git's ``120000``)."""
     with open(file, "xb") as f:
         f.write(target)
-    return Side(LINK, len(target), hashlib.sha256(target).digest(), 0, file)
+    try:
+        text = b"\0" not in target and bool(target.decode("utf-8"))
+    except UnicodeDecodeError:
+        text = False
+    return Side(LINK, len(target), hashlib.sha256(target).digest(), 0, file, text)
 
 
 def stream(src: IO[bytes], size: int, mode: str, file: str | None, budget: int) -> Side:

@@ -242,7 +242,7 @@ class Plan:
         """Plan ``rel``'s diff; why it is not shown, or None."""
         sides = [s for s in (old, now) if s is not None]
         if any(s.size > SHOW_MAX_BYTES or s.file is None for s in sides):
-            return f"a side is larger than {SHOW_MAX_BYTES} bytes: not shown (download_to writes it)"
+            return f"a side is larger than {SHOW_MAX_BYTES} bytes (SHOW_MAX_BYTES)"
         lines = sum(s.lines for s in sides)
         text = all(s.text and s.size <= TEXT_MAX_BYTES and s.lines <= TEXT_MAX_LINES for s in sides)
         if text and self.lines + lines <= TEXT_MAX_LINES_TOTAL:

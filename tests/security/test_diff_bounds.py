@@ -28,7 +28,9 @@ from typing import Any
 
 import pytest
 
-from toolcage import Sandbox
+from tests.security.test_workspace_attacks import FakeWorker, hostile_tar
+from toolcage import CallResult, Sandbox
+from toolcage.changes import collect
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -175,3 +177,38 @@ def test_links_out_of_the_workspace_never_leave_through_the_diff(tmp_path: Path)
         assert not os.path.lexists(host / p), p
         assert not os.path.lexists(out / p), p
     assert os.readlink(host / "sub/ok") == "../a.txt" and os.readlink(out / "ok") == "a.txt"
+
+
+class SkippingWorker(FakeWorker):
+    """An attacker's worker whose download answers also name paths as skipped in the sandbox."""
+
+    def __init__(self, hints: dict[str, Any], stream: bytes, skipped: list[dict[str, str]]) -> None:
+        super().__init__(hints, stream)
+        self.skipped = skipped
+
+    def __call__(self, tool: str, params: dict[str, Any]) -> CallResult:
+        res = super().__call__(tool, params)
+        if tool == "download" and isinstance(res.result, dict):
+            res.result["skipped"], self.skipped = self.skipped, []
+        return res
+
+
+def test_a_hostile_worker_cannot_turn_unsent_into_removed_nor_send_links_out(tmp_path: Path) -> None:
+    """changes.collect fed by an attacker's worker: a host file named as changed and reported as a skipped
+    sparse file is changed-not-shown (never a deletion in the diff); links out (absolute, climbing) sent
+    in the stream are skipped, in neither the diff nor download_to; a link inside is kept."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "big.bin").write_bytes(b"host's own\n")
+    (ws / "a.txt").write_text("a\n")
+    hints = {"changed": ["/workspace/big.bin", "/workspace/etc", "/workspace/up", "/workspace/ok"], "removed": []}
+    stream = hostile_tar(("etc", "link", "/etc"), ("up", "link", "../../x"), ("ok", "link", "a.txt"))
+    fake = SkippingWorker(hints, stream, [{"path": "big.bin", "reason": "sparse: 1073741824 bytes, 0 on disk"}])
+    got = collect(fake, ws, gitignore=False, download_to=tmp_path / "files")
+    assert got.changed == ("big.bin",) and got.added == ("ok",) and got.removed == ()
+    assert [x["path"] for x in got.not_shown] == ["big.bin"] and "sparse" in got.not_shown[0]["reason"]
+    assert {s["path"] for s in got.skipped} == {"etc", "up"}
+    assert "big.bin" not in got.diff and "etc" not in got.diff and "b/ok" in got.diff
+    done = applied(got.diff, ws, tmp_path / "applied")
+    assert (done / "big.bin").read_bytes() == b"host's own\n" and os.readlink(done / "ok") == "a.txt"
+    assert sorted(os.listdir(tmp_path / "files")) == ["ok"]
