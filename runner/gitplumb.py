@@ -104,7 +104,6 @@ class Repo:
         os.makedirs(os.path.join(self.dir, "refs"), mode=0o700)
         with open(os.path.join(self.dir, "HEAD"), "x") as f:
             f.write("ref: refs/heads/main\n")
-        self.limited = _limited
 
     def run(
         self, args: Sequence[str], stdin: bytes = b"", out: str | None = None, attributes: str = os.devnull
@@ -114,7 +113,7 @@ class Repo:
         if left <= 0:
             raise DiffFailed("changes(): the diff passed its deadline")
         cmd = [
-            *self.limited(int(left) + 1, self.memory),
+            *_limited(int(left) + 1, self.memory),
             self.git,
             "-c", f"core.attributesFile={attributes}",
             "-c", "core.hooksPath=/dev/null",
@@ -278,8 +277,8 @@ class Plan:
                 patches.append(os.path.join(work, "binary.patch"))
             except DiffFailed as exc:
                 log.warning("changes.binary_diff_failed", error=str(exc))
-                for entry in self.binary[0] + self.binary[1]:
-                    not_shown.append({"path": show(os.fsdecode(entry.path)), "reason": f"git failed on it: {exc}"})
+                for raw in sorted({e.path for e in self.binary[0] + self.binary[1]}):
+                    not_shown.append({"path": show(os.fsdecode(raw)), "reason": f"git failed on it: {exc}"})
         kept, over = read_patches(patches, self.headers, cap)
         not_shown.extend(
             {"path": show(rel), "reason": f"the diff passed {cap} bytes (max_diff_bytes)"} for rel in sorted(over)

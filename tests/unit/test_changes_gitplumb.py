@@ -218,3 +218,21 @@ def test_git_runs_under_its_memory_limit(tmp_path: Path, monkeypatch: pytest.Mon
     repo.memory = 4 << 20
     with pytest.raises(gitplumb.DiffFailed):
         repo.run(["write-tree"])
+
+
+def test_when_git_fails_the_files_are_changed_not_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text pass that fails is retried as binary patches; when that fails too, each file is named once in
+    not_shown with git's error, and the diff is empty (never a partial file)."""
+    s = Sides(tmp_path)
+    plan, _ = plan_of({b"f": s.file(b"a\n")}, {b"f": s.file(b"b\n"), b"g": s.file(b"new\n")})
+    calls: list[bool] = []
+
+    def fail(repo: gitplumb.Repo, old: object, new: object, out: str, *, binary: bool, tag: str) -> None:
+        calls.append(binary)
+        raise gitplumb.DiffFailed("changes(): git diff-tree passed the diff's deadline")
+
+    monkeypatch.setattr(gitplumb, "diff_into", fail)
+    not_shown: list[dict[str, str]] = []
+    assert plan.run(str(s.work), 30, 1 << 20, not_shown) == ""
+    assert calls == [False, True]
+    assert [x["path"] for x in not_shown] == ["f", "g"] and all("deadline" in x["reason"] for x in not_shown)
