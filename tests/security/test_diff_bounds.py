@@ -112,6 +112,39 @@ def test_a_newline_flood_costs_the_runner_a_bounded_rss(tmp_path: Path) -> None:
         assert (out / "flood").read_bytes() == b"\n" * (16 << 20)
 
 
+# ``toolcage run`` in a child that reports its own peak RSS (and its children's: git) on stderr at exit.
+CLI = r"""
+import atexit, resource, runpy, sys
+def peak():
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    sys.stderr.write("\nPEAK %d %d\n" % (s.ru_maxrss, c.ru_maxrss))
+atexit.register(peak)
+sys.argv = ["toolcage", *sys.argv[1:]]
+runpy.run_module("toolcage.cli", run_name="__main__")
+"""
+
+
+def test_the_cli_diff_of_a_newline_flood_costs_a_bounded_rss(tmp_path: Path) -> None:
+    """``toolcage run --workspace-mode copy --diff F`` after 16 MiB of newlines: the CLI's peak RSS stays under
+    RSS_BOUND_MB and F applies (before: 1.5 GB for 16 MiB, 2.98 GB for 32 MiB)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "keep.txt").write_text("kept\n")
+    diff = tmp_path / "c.diff"
+    params = json.dumps({"command": "head -c 16777216 /dev/zero | tr '\\0' '\\n' > /workspace/flood"})
+    args = ["run", "run_shell", "--workspace", str(ws), "--workspace-mode", "copy", "--params", params]
+    done = subprocess.run(
+        [sys.executable, "-c", CLI, *args, "--diff", str(diff)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["changes"]["added"] == ["flood"]
+    rss, git_rss = (int(x) for x in done.stderr.rsplit("PEAK ", 1)[1].split())
+    print(f"figures: cli peak RSS {rss} KiB, git {git_rss} KiB")
+    assert max(rss, git_rss) < RSS_BOUND_MB * 1024
+    out = applied(diff.read_text(), ws, tmp_path / "applied")
+    assert (out / "flood").read_bytes() == b"\n" * (16 << 20)
+
+
 def test_a_quadratic_rewrite_costs_a_few_cpu_seconds(tmp_path: Path) -> None:
     """A 16,000-line host file rewritten with a filler after each line: changes() takes under
     CPU_BOUND_S of CPU (runner and git) and its diff applies (before: ~80 s, difflib)."""
