@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import io
 import os
 import shutil
 import stat
@@ -106,16 +107,48 @@ def sdk_tests(*files: str) -> dict[str, ModuleType]:
 
 class Mirror:
     """A toolcage session standing in for the SDK tests' host-backed session (module doc). It starts at
-    its first call; every call is preceded by copying the host layout in (when it changed) and a call that
-    may write is followed by copying ``/workspace`` back."""
+    its first call (or ``start()``); every call is preceded by copying the host layout in (when it changed)
+    and a call that may write is followed by copying ``/workspace`` back. A resumed session starts from its
+    snapshot alone (a fresh container): nothing is copied in before its ``start()``."""
 
-    def __init__(self, workspace: Path, manifest: Manifest | None = None, *, base: Path | None = None) -> None:
+    _OWN = (
+        "_ws", "_base", "_manifest", "_maps", "_session", "_seen", "_started", "_resumed", "_fake_container",
+        "_host_paths", "_pending",
+    )  # fmt: skip
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """The mirror's own state; anything else a test sets is the session's (given to it once it exists)."""
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        elif self._session is not None:
+            setattr(toolcage_session(self._session), name, value)
+        else:
+            self._pending[name] = value
+
+    def __init__(
+        self,
+        workspace: Path,
+        manifest: Manifest | None = None,
+        *,
+        base: Path | None = None,
+        session: SandboxSession | None = None,
+        host_paths: bool = True,
+    ) -> None:
         self._ws = workspace
+        self._host_paths = host_paths  # archives show links by host paths (UnixLocal), or as in the sandbox
+        self._pending: dict[str, Any] = {}
         self._base = base if base is not None else workspace.parent
-        root = "/workspace"
-        self._manifest = (manifest or Manifest()).model_copy(update={"root": root})
-        self._maps: dict[Path, str] = {workspace: root}
-        self._session: SandboxSession | None = None
+        self._maps: dict[Path, str] = {workspace: "/workspace"}
+        manifest = manifest or Manifest()
+        grants = tuple(
+            g.model_copy(update={"path": self._target(g.path)})
+            for g in manifest.extra_path_grants
+            if g.host_path is None
+        )
+        self._manifest = manifest.model_copy(update={"root": "/workspace", "extra_path_grants": grants})
+        self._session = session
+        self._started = False
+        self._resumed = False
         self._seen: object = None
         self._fake_container = SimpleNamespace(archive_calls=[])  # the Docker tests look at it
         _LIVE.append(self)
@@ -124,12 +157,46 @@ class Mirror:
     def state(self) -> Any:
         return self._session.state if self._session is not None else SimpleNamespace(manifest=self._manifest)
 
-    async def _ensure(self) -> SandboxSession:
+    def register_persist_workspace_skip_path(self, path: Path | str) -> Path:
+        assert self._session is not None
+        return self._session.register_persist_workspace_skip_path(path)
+
+    async def _created(self) -> SandboxSession:
         if self._session is None:
-            session = await ToolcageSandboxClient().create(manifest=self._manifest)
-            await session.start()
-            self._session = session
+            self._session = await ToolcageSandboxClient().create(manifest=self._manifest)
+            for name, value in self._pending.items():
+                setattr(toolcage_session(self._session), name, value)
         return self._session
+
+    async def _ensure(self) -> SandboxSession:
+        session = await self._created()
+        if not self._started:
+            await self.start()
+        return session
+
+    async def start(self) -> None:
+        """The session's start; then a resumed one's files are copied out (its snapshot is the truth), a new
+        one's in (the test's layout is)."""
+        session = await self._created()
+        await session.start()
+        self._started = True
+        if self._resumed:
+            await self._pull()
+        else:
+            self._ws.mkdir(parents=True, exist_ok=True)
+            await self._push()
+
+    async def stop(self) -> None:
+        await self._push()
+        assert self._session is not None
+        await self._session.stop()
+
+    async def shutdown(self) -> None:
+        if self._session is not None:
+            await self._session.shutdown()
+
+    async def running(self) -> bool:
+        return self._session is not None and await self._session.running()
 
     def close(self) -> None:
         if self._session is not None:
@@ -137,8 +204,25 @@ class Mirror:
             if sb is not None:
                 sb._sync.close()
 
+    async def persist_workspace(self) -> Any:
+        """The session's archive with absolute link targets shown as the host's paths (what the test laid
+        out), as the mirrored client would have written them."""
+        session = await self._ensure()
+        await self._push()
+        archive = await session.persist_workspace()
+        return _relink(archive, {v: str(k) for k, v in self._maps.items()}) if self._host_paths else archive
+
+    async def hydrate_workspace(self, data: Any) -> None:
+        session = await self._ensure()
+        await self._push()
+        try:
+            moves = {str(k): v for k, v in self._maps.items()}
+            await session.hydrate_workspace(_relink(data, moves) if self._host_paths else data)
+        finally:
+            await self._pull()
+
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_ws", "_base", "_manifest", "_maps", "_session", "_seen"):
+        if name.startswith("__") or name in self._OWN:
             raise AttributeError(name)
 
         async def call(*args: Any, **kwargs: Any) -> Any:
@@ -194,7 +278,7 @@ class Mirror:
                         elif stat.S_ISFIFO(st.st_mode):
                             out.append((at, "fifo", None))
                         elif stat.S_ISREG(st.st_mode):
-                            out.append((at, "file", p.read_bytes()))
+                            out.append((at, "file", (p.read_bytes(), stat.S_IMODE(st.st_mode))))
                     dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
         return out
 
@@ -207,9 +291,12 @@ class Mirror:
         script = 'for d in "$@"; do mkdir -p "$d" && find "$d" -mindepth 1 -delete; done'
         clear = ["/workspace", *(v for v in self._maps.values() if v != "/workspace")]
         await sb.call("exec", {"argv": ["sh", "-c", script, "sh", *clear]})
-        files = {p: data for p, kind, data in layout if kind == "file"}
+        files = {p: data for p, kind, (data, _) in ((p, k, d) for p, k, d in layout if k == "file")}
         if files:
             await sb.write_files(files)
+        modes = [a for p, kind, d in layout if kind == "file" for a in (f"{d[1]:o}", p)]
+        script = 'while [ $# -gt 0 ]; do chmod "$1" "$2"; shift 2; done'
+        await sb.call("exec", {"argv": ["sh", "-c", script, "sh", *modes]})
         ln = [a for p, kind, t in layout if kind == "link" for a in (t, p)]
         fifos = [p for p, kind, _ in layout if kind == "fifo"]
         script = 'mkdir -p "$@"' if dirs else "true"
@@ -223,9 +310,9 @@ class Mirror:
     # sandbox -> host
     async def _pull(self) -> None:
         sb = toolcage_session(await self._ensure()).sandbox
-        back = {v: k for k, v in self._maps.items()}
-        for host, inside in self._maps.items():
-            script = "cd \"$1\" && find . -mindepth 1 -printf '%y %p\\0%l\\0'"
+        back = {v: k for k, v in self._maps.items()}  # a link's target shown as the host's path again
+        for host, inside in ((self._ws, "/workspace"),):  # the other directories are only copied in
+            script = "cd \"$1\" && find . -mindepth 1 -printf '%y %m %p\\0%l\\0'"
             res = await sb.call("exec", {"argv": ["sh", "-c", script, "sh", inside]})
             r = res.result if isinstance(res.result, dict) else {}
             raw = base64.b64decode(r["stdout_b64"]) if "stdout_b64" in r else str(r.get("stdout", "")).encode()
@@ -238,7 +325,8 @@ class Mirror:
             fields = raw.split(b"\0")
             files = []
             for head, link in zip(fields[::2], fields[1::2], strict=False):
-                kind, rel = head.decode()[0], head.decode()[4:]
+                kind, mode, rel = head.decode().split(" ", 2)
+                rel = rel.removeprefix("./")
                 p = host / rel
                 if kind == "d":
                     p.mkdir(parents=True, exist_ok=True)
@@ -249,23 +337,56 @@ class Mirror:
                             target = str(host_dir) + target[len(inside_dir) :]
                     os.symlink(target, p)
                 elif kind == "f":
-                    files.append((p, f"{inside}/{rel}"))
+                    files.append((p, f"{inside}/{rel}", int(mode, 8)))
             if files:
-                got = await sb.read_files([inside for _, inside in files])
-                for p, inside_path in files:
+                got = await sb.read_files([inside for _, inside, _ in files])
+                for p, inside_path, mode in files:
                     p.write_bytes(got[inside_path])
+                    p.chmod(mode)
         self._seen = self._layout()
 
 
+def _relink(data: Any, moves: dict[str, str]) -> io.BytesIO:
+    """A tar with each absolute link target under a key of ``moves`` moved to its value."""
+    out = io.BytesIO()
+    with (
+        data,
+        tarfile.open(fileobj=data, mode="r:*") as src,
+        tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst,
+    ):
+        for m in src:
+            if m.issym() and m.linkname.startswith("/"):
+                norm = "/" + m.linkname.lstrip("/")
+                for old, new in moves.items():
+                    if norm == old or norm.startswith(old + "/"):
+                        m.linkname = new + norm[len(old) :]
+                        m.pax_headers.pop("linkpath", None)
+            dst.addfile(m, src.extractfile(m) if m.isreg() else None)
+    out.seek(0)
+    return out
+
+
 class MirrorClient:
-    """Stands in for ``UnixLocalSandboxClient()``: its sessions are mirrors of their host workspace root."""
+    """Stands in for ``UnixLocalSandboxClient()``: its sessions are mirrors of their host workspace root;
+    ``resume`` resumes the real session state through ``ToolcageSandboxClient`` (a fresh container)."""
 
     def __init__(self, **_: Any) -> None:
-        pass
+        self._client = ToolcageSandboxClient()
+        self._roots: dict[object, Path] = {}
 
-    async def create(self, *, manifest: Manifest | None = None, **_: Any) -> Mirror:
+    async def create(
+        self, *, manifest: Manifest | None = None, snapshot: Any = None, options: Any = None, **_: Any
+    ) -> Mirror:
         root = Path((manifest or Manifest()).root)
-        return Mirror(root, manifest)
+        mirror = Mirror(root, manifest)
+        mirror._session = await self._client.create(manifest=mirror._manifest, snapshot=snapshot, options=options)
+        self._roots[mirror._session.state.session_id] = root
+        return mirror
+
+    async def resume(self, state: Any) -> Mirror:
+        mirror = Mirror(self._roots[state.session_id], session=await self._client.resume(state))
+        mirror._resumed = True
+        return mirror
 
     async def delete(self, session: Mirror) -> Mirror:
         session.close()
@@ -274,7 +395,7 @@ class MirrorClient:
 
 def host_backed_docker_session(*, host_root: Path, manifest: Manifest, **_: Any) -> Mirror:
     """Stands in for the Docker tests' ``_HostBackedDockerSession``: ``host_root/workspace`` is ``/workspace``."""
-    return Mirror(host_root / "workspace", manifest, base=host_root)
+    return Mirror(host_root / "workspace", manifest, base=host_root, host_paths=False)
 
 
 def close_all() -> None:

@@ -17,14 +17,26 @@ import pytest
 
 from tests.integration import openai_agents_sdk_mirror as mirror
 
-_MODULES = mirror.sdk_tests("test_docker.py", "test_runtime.py")
-_docker, _runtime = _MODULES["test_docker.py"], _MODULES["test_runtime.py"]
+_MODULES = mirror.sdk_tests("test_docker.py", "test_runtime.py", "test_unix_local.py")
+_docker, _runtime, _unix = (_MODULES[f] for f in ("test_docker.py", "test_runtime.py", "test_unix_local.py"))
 _docker._HostBackedDockerSession = mirror.host_backed_docker_session  # type: ignore[attr-defined]
 _runtime.UnixLocalSandboxClient = mirror.MirrorClient  # type: ignore[attr-defined]
+_unix.UnixLocalSandboxClient = mirror.MirrorClient  # type: ignore[attr-defined]
+_unix._RecordingUnixLocalSession = mirror.Mirror  # type: ignore[attr-defined]
+_unix._exclusive_write_session = mirror.Mirror  # type: ignore[attr-defined]
 
 _GRANTS = (
     "an extra path grant of /tmp: toolcage's file tools read and write only /workspace and /scratch (the rest "
     "of the container is its read-only image), so the test's /tmp can be neither laid out nor read there"
+)
+_REBASE = (
+    "UnixLocal's own rebasing of absolute links follows links in the live tree (current/../config through "
+    "current -> releases/v1); toolcage follows the SDK's archive-only rule (tar_utils, as its Docker client "
+    "does), which leaves such a link absolute for hydrate to refuse"
+)
+_LIVE = (
+    "changes the host's tree while UnixLocal archives it (a patched TarFile.addfile): toolcage archives the "
+    "container's tree, which the patch does not reach"
 )
 # the SDK's tests taken, by module; the value is the reason toolcage declares one unsupported (strict xfail)
 TAKEN: dict[object, dict[str, str | None]] = {
@@ -53,6 +65,20 @@ TAKEN: dict[object, dict[str, str | None]] = {
         "test_unix_local_rm_non_recursive_still_errors_for_missing_paths": None,
         "test_wrapped_unix_local_helpers_reject_symlink_escape_paths": None,
     },
+    _unix: {
+        "test_unix_local_snapshot_resume_removes_stale_link_without_following_target": None,
+        "test_unix_local_resume_rejects_invalid_snapshot_before_clearing_workspace": None,
+        "TestUnixLocalPersistWorkspaceRestorable": None,
+        "TestUnixLocalPersistWorkspaceRestorable::test_rebased_symlink_keeps_parent_steps_after_symlink_components": (
+            _REBASE
+        ),
+        "TestUnixLocalPersistWorkspaceRestorable::test_rebased_symlink_that_escapes_through_a_link_stays_absolute": (
+            _REBASE
+        ),
+        "TestUnixLocalPersistWorkspaceRestorable::test_rebase_uses_archived_topology_when_workspace_changes": _LIVE,
+        "test_apply_patch_create_through_the_session_writes_a_new_nested_file": None,
+        "test_apply_patch_create_accepts_a_destination_at_the_component_limit": None,
+    },
 }
 
 # The SDK's test reads the archive persist_workspace returns and never closes it (the SDK's own pytest
@@ -63,6 +89,10 @@ _LEAVES_ITS_ARCHIVE_OPEN = pytest.mark.filterwarnings(
 
 for _mod, _tests in TAKEN.items():
     for _name, _reason in _tests.items():
+        if "::" in _name:  # one method of a class taken whole: declared on the class itself
+            _cls, _meth = (getattr(_mod, _name.split("::")[0]), _name.split("::")[1])
+            setattr(_cls, _meth, pytest.mark.xfail(strict=True, reason=str(_reason))(getattr(_cls, _meth)))
+            continue
         _fn = getattr(_mod, _name)
         if _name == "test_docker_persist_workspace_stages_copy_before_get_archive":
             _fn = _LEAVES_ITS_ARCHIVE_OPEN(_fn)
@@ -82,4 +112,6 @@ def _close_mirrors(no_leaks: None) -> Iterator[None]:
 def test_every_taken_test_exists_in_the_sdk() -> None:
     """The list names the SDK's tests that exist in this release (a renamed one fails here, not silently)."""
     for mod, tests in TAKEN.items():
-        assert all(callable(getattr(mod, name, None)) for name in tests), mod
+        for name in tests:
+            owner, _, attr = name.rpartition("::")
+            assert callable(getattr(getattr(mod, owner) if owner else mod, attr, None)), name
