@@ -129,7 +129,9 @@ def members(
     entries = total = 0
     seen: set[bytes] = set()  # 16-byte digests of the names: a 4 KB path costs the host 16 bytes, not 4 KB
     try:
-        with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="surrogateescape") as tf:
+        with tarfile.open(  # safetar.Info: a PAX header too large to hold is refused before it is read
+            fileobj=reader, mode="r|", tarinfo=safetar.Info, encoding="utf-8", errors="surrogateescape"
+        ) as tf:
             while (m := tf.next()) is not None:
                 cast(Any, tf).members.clear()
                 entries += 1

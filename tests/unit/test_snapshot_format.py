@@ -119,6 +119,19 @@ def test_the_policy_bounds_what_leaves(tmp_path: Path) -> None:
     assert transfer.out_bound(pol.limits) == 192 << 20
 
 
+def test_a_huge_pax_header_in_a_snapshot_stream_is_refused_unread(tmp_path: Path) -> None:
+    """A hostile worker's 64 MiB PAX header (a name the runner would hold whole) is refused at its header."""
+    from tests.unit.test_transfer import Worker
+
+    ti = tarfile.TarInfo("././@PaxHeader")
+    ti.type, ti.size = tarfile.XHDTYPE, 64 << 20
+    stream = ti.tobuf(tarfile.USTAR_FORMAT) + bytes(4096)
+    got = transfer.members(Worker(stream), {"path": "/scratch"}, max_bytes=1 << 30, max_files=10,
+                           result=transfer.DownloadResult(""))  # fmt: skip
+    with pytest.raises(transfer.DownloadError, match="tar header"):
+        list(got)
+
+
 def test_a_sparse_file_is_skipped_by_the_worker(tmp_path: Path) -> None:
     """A 1 GiB file with no blocks, where the sandbox writes: named as skipped, "sparse: ...", never sent."""
     ws, scratch = tmp_path / "ws", tmp_path / "scratch"
