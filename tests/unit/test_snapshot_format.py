@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import codecs
 import gzip
+import hashlib
 import io
 import os
 import resource
@@ -39,7 +40,9 @@ def roots(tmp_path: Path) -> tuple[Path, Path]:
     return ws, scratch
 
 
-def make(roots: tuple[Path, Path], target: Path, values: tuple[str, ...] = (), **kw: Any) -> snapshot.SnapshotInfo:
+def make(
+    roots: tuple[Path, Path], target: Path | io.BytesIO, values: tuple[str, ...] = (), **kw: Any
+) -> snapshot.SnapshotInfo:
     worker = InProcess(settings(*roots))
     return snapshot.write(
         lambda tool, params: worker(params), target, workspace=False, meta={"toolcage": "t", "changed": []},
@@ -57,6 +60,19 @@ def test_a_snapshot_round_trips_through_its_seal(roots: tuple[Path, Path], tmp_p
         assert sorted(m.name for m in tf) == ["a.txt", "d", "d/b.bin", "pw"]
     with tarfile.open(tmp_path / "s.tar") as tf:
         assert [m.name for m in tf][-2:] == ["manifest.json", "signature.json"]
+
+
+def test_a_snapshot_written_to_a_stream_resumes_from_a_stream(roots: tuple[Path, Path]) -> None:
+    """A binary stream as the target and as the source (spooled, then removed): the same checks, the same files."""
+    buf = io.BytesIO()
+    info = make(roots, buf)
+    assert info.path is None and info.sha256 == hashlib.sha256(buf.getvalue()).hexdigest()
+    got = snapshot.verify(io.BytesIO(buf.getvalue()), KEY)
+    assert got.spooled and got.entries == 4
+    with tarfile.open(fileobj=io.BytesIO(b"".join(got.tar_of("scratch")))) as tf:
+        assert len(tf.getmembers()) == 4
+    got.close()
+    assert not os.path.exists(got.path)
 
 
 def test_a_file_changed_after_verify_is_caught_while_it_is_resumed(roots: tuple[Path, Path], tmp_path: Path) -> None:
