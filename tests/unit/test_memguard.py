@@ -85,30 +85,60 @@ def test_a_call_past_the_budget_is_killed_and_told(usage_file: Path) -> None:
             p.wait()
 
 
-def test_of_two_calls_the_one_holding_more_is_the_victim(usage_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With several calls live, the guard kills the one whose processes (the call's first and its descendants)
-    hold the most resident memory, as the kernel's OOM killer picks the largest under runc; the other lives,
-    also while the victim's memory is still being freed after its first process was reaped."""
-    small, big = _group(), _group()
+def _fake_proc(monkeypatch: pytest.MonkeyPatch, procs: dict[int, tuple[int, int]], adj: dict[int, int]) -> None:
+    """The guard's view of /proc: each pid's (parent, resident pages) and oom_score_adj."""
+    monkeypatch.setattr(memguard, "_processes", lambda: procs)
+    monkeypatch.setattr(memguard, "_adj", lambda pid: adj.get(pid, 0))
+
+
+def test_the_victim_is_the_process_the_kernel_would_choose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Among every process of the watched calls (never the worker's): the highest oom_score_adj first, else the
+    biggest, scored as Linux's oom_badness; a value below the worker's own counts as the worker's."""
+    budget, pages = 100 * MiB, 100 * MiB // memguard.PAGE
+    # call 10 (its child 11, grandchild 12), call 20 (child 21); 5 is the worker's own, 7 an orphan of none
+    tree = {10: (1, 100), 11: (10, 300), 12: (11, 200), 20: (1, 250), 21: (20, 50), 5: (1, 9999), 7: (1, 9000)}
+    monkeypatch.setattr(memguard, "_watched", {10, 20})
+    _fake_proc(monkeypatch, tree, {})
+    assert memguard._victim(budget, 0) == (11, 10)  # the biggest, in a call that is not the biggest's group
+    _fake_proc(monkeypatch, tree, {21: 1000})
+    assert memguard._victim(budget, 0) == (21, 20)  # adj 1000: chosen though the smallest
+    _fake_proc(monkeypatch, tree, {12: 5})
+    assert memguard._victim(budget, 0) == (12, 10)  # 200 + 5 * pages / 1000 > 300
+    assert 200 + 5 * pages // 1000 > 300
+    _fake_proc(monkeypatch, tree, {11: -1000, 10: -1000})
+    assert memguard._victim(budget, 0) == (11, 10)  # no call makes itself immune: the worker's 0 is the floor
+    assert memguard._victim(budget, -1000) == (20, 20)  # (where the worker's own is -1000, the kernel's rule)
+    monkeypatch.setattr(memguard, "_watched", set())
+    assert memguard._victim(budget, 0) is None
+
+
+def test_a_child_past_the_budget_ends_alone_and_its_call_goes_on(usage_file: Path) -> None:
+    """The biggest process is a child of the call's main process: only the child is SIGKILLed, the main process
+    lives, release() says the guard killed a process of the call, and the kill is counted."""
+    code = (
+        "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; b = b\"x\" * (64 << 20); time.sleep(30)'])\n"
+        "print(c.pid, flush=True)\nprint(c.wait(), flush=True)\ntime.sleep(30)"
+    )
+    main = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE, text=True)
     try:
-        # big's child (pid 999999) holds the memory, not big itself
-        fake = ({small.pid: 1, big.pid: 1, 999999: big.pid}, {small.pid: 500, big.pid: 100, 999999: 1000})
-        monkeypatch.setattr(memguard, "_processes", lambda: fake)
-        memguard.watch(small.pid, 100 * MiB)
-        memguard.watch(big.pid, 100 * MiB)
-        usage_file.write_text(f"{200 * MiB}\n")
-        assert _ended(big, 5) == -9
-        assert memguard.release(big.pid) is True  # reaped, and the usage not down yet: no second victim
-        time.sleep(0.3)
-        usage_file.write_text(f"{50 * MiB}\n")  # its memory freed
+        assert main.stdout is not None
+        child = int(main.stdout.readline())
+        time.sleep(0.5)  # its 64 MiB resident
+        before = memguard.kills()
+        memguard.watch(main.pid, 100 * MiB)
+        usage_file.write_text(f"{101 * MiB}\n")
+        assert main.stdout.readline().strip() == "-9", child  # the child died of SIGKILL, its parent saw it
+        usage_file.write_text(f"{50 * MiB}\n")
         time.sleep(0.2)
-        assert small.poll() is None
-        assert memguard.release(small.pid) is False
+        assert main.poll() is None
+        assert memguard.release(main.pid) is True and memguard.kills() == before + 1
     finally:
         usage_file.write_text("0\n")
-        for p in (small, big):
-            p.kill()
-            p.wait()
+        main.kill()
+        main.wait()
+        if main.stdout is not None:
+            main.stdout.close()
 
 
 def test_not_under_gvisor_the_guard_is_off(monkeypatch: pytest.MonkeyPatch) -> None:

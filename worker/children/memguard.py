@@ -1,4 +1,4 @@
-"""Under gVisor: the call that takes the sandbox past its memory limit ends, not the whole sandbox.
+"""Under gVisor: past the sandbox's memory limit one process ends, chosen as Linux's OOM killer would.
 
 Why: gVisor's kernel (the sentry) keeps every page of the sandbox's memory in one file that the host
 charges to the container's cgroup. At that cgroup's limit the host's OOM killer kills the sentry, and
@@ -7,10 +7,20 @@ and its cgroupfs does not enforce a memory limit (runsc 20240729: a child cgroup
 ``memory.limit_in_bytes`` is kept and ignored). So the runner gives a gVisor container's host cgroup
 a headroom above the policy's memory for the sentry itself (``toolcage.engine.hostconfig``), and this guard, while
 a call runs, reads the sandbox's own usage (gVisor's ``memory.usage_in_bytes``: every page it holds,
-tmpfs and cached files included, as the host cgroup counts them) every few milliseconds. Past the
-policy's memory it kills the call that holds the most (its process group, as the worker kills a call
-at its timeout), as the kernel's OOM killer picks the largest process under runc; that call reports
-``oom_killed``.
+tmpfs and cached files included, as the host cgroup counts them) every few milliseconds.
+
+Past the policy's memory it kills one process of the calls it watches with SIGKILL, the one the
+kernel's OOM killer would pick under runc (``oom_badness``): resident pages plus ``oom_score_adj``
+thousandths of the budget, so the process that set the highest ``oom_score_adj`` goes first, else the
+biggest. As under runc, the call goes on: a test suite whose one test forks a memory hog gets its
+report back, the hog dead of SIGKILL (tests/security/test_oom_child.py). When the victim is the call's
+main process the call ends as ``oom_killed`` (the worker reads that from :func:`release` as it reads
+the cgroup's ``oom_kill`` counter under runc), and its PID namespace ends with it.
+
+Threat: gVisor lets an unprivileged process lower its own ``oom_score_adj`` (to -1000: never chosen),
+which the host kernel refuses without CAP_SYS_RESOURCE. A call that made itself immune would have the
+guard kill nothing, and the host's limit end every call. So a value below the worker's own (what every
+call starts with) counts as the worker's.
 
 The host's limit still bounds the whole: memory no call holds (the worker's, tmpfs pages) or a guard
 starved of CPU meets it, and the run ends as SandboxOOM, as before. Tool code cannot reach the guard:
@@ -38,11 +48,13 @@ INTERVAL_S = (0.005, 0.1)
 # (the rest of its PID namespace dies after it): no second victim until the usage is back under the
 # budget, or this long
 _SETTLE_S = 1.0
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 _lock = threading.Condition()
 _watched: set[int] = set()  # the process group of every live call
 _budget = 0  # the policy's memory
-_killed: set[int] = set()  # groups the guard killed, until their call collects the status
+_killed: set[int] = set()  # groups a process of which the guard killed, until their call collects the status
+_kills = 0  # processes killed so far (what the cgroup's oom_kill counter counts under runc)
 _peak = 0
 _thread: threading.Thread | None = None
 
@@ -90,8 +102,15 @@ def watch(pgid: int, budget: int) -> None:
         _lock.notify()
 
 
+def kills() -> int:
+    """How many processes the guard has killed (0 but under gVisor), as ``memory.events``' oom_kill counts."""
+    return _kills
+
+
 def release(pgid: int) -> bool:
-    """Stop guarding ``pgid`` (reaped); whether the guard killed it (its call ends as oom_killed)."""
+    """Stop guarding ``pgid`` (reaped); whether the guard killed a process of it. The worker reads the
+    call as oom_killed only if its main process died of SIGKILL too, as it reads the cgroup's counter
+    under runc: a child the guard killed leaves its call going on."""
     with _lock:
         _watched.discard(pgid)
         if pgid in _killed:
@@ -101,7 +120,9 @@ def release(pgid: int) -> bool:
 
 
 def _run() -> None:
+    global _kills
     settle_until = 0.0
+    floor = _adj(os.getpid()) or 0  # every call starts with the worker's own oom_score_adj
     while True:
         with _lock:
             while not _watched:
@@ -116,41 +137,78 @@ def _run() -> None:
             settle_until = 0.0  # the last victim's memory is free
         elif now >= settle_until:
             try:
-                victim = _victim()
+                victim = _victim(budget, floor)
             except (OSError, ValueError, IndexError) as exc:  # never the end of the guard
                 logs.warning("memguard.failed", error=f"{type(exc).__name__}: {exc}")
                 victim = None
             if victim is not None:
+                pid, group = victim
                 with _lock:
-                    _killed.add(victim)
+                    _killed.add(group)
+                    _kills += 1
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(victim, signal.SIGKILL)
-                logs.info("memguard.killed", pgid=victim, usage_bytes=used, limit_bytes=budget)
+                    os.kill(pid, signal.SIGKILL)  # that process only, as the kernel's OOM killer
+                logs.info("memguard.killed", pid=pid, pgid=group, usage_bytes=used, limit_bytes=budget)
                 settle_until = now + _SETTLE_S
         time.sleep(min(INTERVAL_S[1], max(INTERVAL_S[0], (budget - used) / RATE)))
 
 
-def _victim() -> int | None:
-    """The watched call whose processes hold the most resident memory (the only one, without a look)."""
+def _victim(budget: int, floor: int) -> tuple[int, int] | None:
+    """(pid, its call's group) of the process Linux's OOM killer would choose among the watched calls'
+    (``oom_badness``: resident pages + oom_score_adj * the budget's pages / 1000), or None."""
     with _lock:
-        groups = [g for g in _watched if g not in _killed]
-    if len(groups) <= 1:
-        return groups[0] if groups else None
-    parent, rss = _processes()
-    held = {g: 0 for g in groups}
-    for pid, size in rss.items():
-        p, seen = pid, 0
-        while p > 1 and p not in held and seen < 64:  # up the tree to the call's first process
-            p, seen = parent.get(p, 0), seen + 1
-        if p in held:
-            held[p] += size
-    return max(held, key=lambda g: held[g])
+        groups = set(_watched)
+    if not groups:
+        return None
+    procs = _processes()
+    total = budget // PAGE
+    call: dict[int, int | None] = {}
+    best: tuple[int, int, int, int] | None = None  # (points, rss, pid, group)
+    for pid, (_, rss) in procs.items():
+        group = _call_of(pid, procs, groups, call)
+        if group is None:
+            continue
+        adj = _adj(pid)
+        if adj is None:  # gone meanwhile
+            continue
+        points = rss + max(adj, floor) * total // 1000
+        if best is None or (points, rss) > best[:2]:
+            best = (points, rss, pid, group)
+    return (best[2], best[3]) if best is not None else None
 
 
-def _processes() -> tuple[dict[int, int], dict[int, int]]:
-    """Every process's parent and resident pages, from /proc (the worker sees every PID namespace's)."""
-    parent: dict[int, int] = {}
-    rss: dict[int, int] = {}
+def _call_of(pid: int, procs: dict[int, tuple[int, int]], groups: set[int], seen: dict[int, int | None]) -> int | None:
+    """The watched call ``pid`` belongs to (up the tree to the call's first process), or None."""
+    path: list[int] = []
+    p = pid
+    while p not in seen and len(path) < 64:
+        if p in groups:
+            seen[p] = p
+            break
+        path.append(p)
+        parent = procs.get(p, (0, 0))[0]
+        if parent <= 1:
+            seen[p] = None
+            break
+        p = parent
+    found = seen.get(p)
+    for q in path:
+        seen[q] = found
+    return found
+
+
+def _adj(pid: int) -> int | None:
+    """The process's oom_score_adj (gVisor's procfs keeps it, and computes no oom_score of its own)."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "rb") as f:
+            return int(f.read(16))
+    except (OSError, ValueError):
+        return None
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """Every live process's parent and resident pages, from /proc (the worker sees every PID namespace's)."""
+    procs: dict[int, tuple[int, int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -159,7 +217,8 @@ def _processes() -> tuple[dict[int, int], dict[int, int]]:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        pid = int(name)
-        parent[pid] = int(fields[1])  # after the name: state, ppid, ... rss is field 24 (index 21 here)
-        rss[pid] = int(fields[21]) if len(fields) > 21 else 0
-    return parent, rss
+        if len(fields) <= 21 or fields[0] in (b"Z", b"X"):  # a zombie holds no memory: never the victim
+            continue
+        # after the name: state, ppid, ... rss is field 24 (index 21 here)
+        procs[int(name)] = (int(fields[1]), int(fields[21]))
+    return procs

@@ -29,7 +29,8 @@ def usage() -> dict[str, Any]:
             "cpu_ms": round(cpu / 1e6, 3) if cpu is not None else None,
             # gVisor's cgroupfs keeps no peak: the highest usage its memory guard saw
             "peak_memory_bytes": cgroup.peak_memory() or memguard.peak(),
-            "oom_kills": cgroup.oom_kills(),
+            # under gVisor the memory guard is the OOM killer: its kills count as the kernel's do under runc
+            "oom_kills": cgroup.oom_kills() + memguard.kills(),
             "source": "cgroup",
             "zygote_pid": _zygote_pid(),
         }
