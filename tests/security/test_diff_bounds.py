@@ -40,7 +40,8 @@ RSS_BOUND_MB = 400  # the runner's peak RSS for a changes() over a 16 MiB newlin
 CPU_BOUND_S = 8.0  # runner + git CPU for the quadratic rewrite (before: ~80 s)
 
 # The child: a copy-mode sandbox over ``ws``, ``command`` run in it, then changes() measured. It prints
-# one JSON line: peak RSS (self and children, KiB), CPU seconds spent in changes() (self and children).
+# one JSON line: peak RSS (its own VmHWM; its children's ru_maxrss, git's, an upper bound: it counts the
+# forking process's RSS too), CPU seconds spent in changes() (self and children).
 CHILD = r"""
 import json, resource, sys, time
 from toolcage import Sandbox, wait_removed
@@ -55,8 +56,11 @@ with Sandbox(policy, workspace=ws, workspace_mode="copy") as sb:
     ch = sb.changes()
     c1, t1 = cpu(), time.monotonic()
 wait_removed(60)
+def hwm():  # this process's own peak (ru_maxrss would carry the forking parent's over exec)
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
 out = {
-    "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    "rss_kb": hwm(),
     "child_rss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
     "cpu_s": c1 - c0, "wall_s": t1 - t0,
     "added": list(ch.added), "changed": list(ch.changed), "removed": list(ch.removed),
@@ -116,8 +120,10 @@ def test_a_newline_flood_costs_the_runner_a_bounded_rss(tmp_path: Path) -> None:
 CLI = r"""
 import atexit, resource, runpy, sys
 def peak():
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    sys.stderr.write("\nPEAK %d %d\n" % (s.ru_maxrss, c.ru_maxrss))
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open("/proc/self/status") as f:  # VmHWM: this process's own peak (ru_maxrss carries the parent's)
+        own = int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
+    sys.stderr.write("\nPEAK %d %d\n" % (own, c.ru_maxrss))
 atexit.register(peak)
 sys.argv = ["toolcage", *sys.argv[1:]]
 runpy.run_module("toolcage.cli", run_name="__main__")
