@@ -343,6 +343,19 @@ def _limit_probes(sb: Any) -> list[tuple[str, str, Callable[[], tuple[bool, Any]
         r = sb.call("run_python", {"code": code, "timeout_s": 30})
         return r.status == "oom_killed", r.status
 
+    def child_oom() -> tuple[bool, Any]:
+        # a child that asks to go first (oom_score_adj 1000) ends alone, and its call goes on: under gVisor
+        # too, where the memory guard picks the victim as Linux's OOM killer does
+        code = (
+            "import os, signal\npid = os.fork()\nif pid == 0:\n"
+            "    with open('/proc/self/oom_score_adj', 'w') as f:\n        f.write('1000')\n"
+            f"    b = b'x' * {mem + 64 * 1024 * 1024}\n    os._exit(0)\n"
+            "s = os.waitpid(pid, 0)[1]\nprint(signal.Signals(os.WTERMSIG(s)).name if os.WIFSIGNALED(s) else s)"
+        )
+        r = sb.call("run_python", {"code": code, "timeout_s": 30})
+        seen = (r.result or {}).get("stdout", "").strip()
+        return r.status == "ok" and seen == "SIGKILL", f"{r.status}: {seen}"
+
     def pids() -> tuple[bool, Any]:
         # processes that share nothing with the prober (spawned, not forked: under gVisor 64 forked
         # interpreters would meet the memory limit before the process limit)
@@ -378,6 +391,7 @@ def _limit_probes(sb: Any) -> list[tuple[str, str, Callable[[], tuple[bool, Any]
     if policy.network.mode == "proxy":
         probes.append(("egress_refuses_smuggling", "the egress proxy refuses a bare-LF request head (400)", smuggling))
     probes.append(("memory_limit_fires", f"allocating past {mem} bytes ends as oom_killed", memory))
+    probes.append(("memory_child_ends_alone", "a child past the memory limit is killed, its call goes on", child_oom))
     return probes
 
 
