@@ -374,28 +374,39 @@ def test_resume_asserts_path_grants_were_rebound() -> None:
     asyncio.run(main())
 
 
-def test_persist_is_bounded_by_what_the_sandbox_may_hold() -> None:
-    """A 256 MiB sparse file in a 16 MiB workspace copy: persist_workspace carries at most the copy's size
-    (issue 34: 4 GiB was the cap, so the host got the whole 256 MiB, and 2 x 256 MiB for 1 GiB). The file
-    is either left out (the worker skips what has no blocks) or the persist stops at the bound."""
+@pytest.mark.parametrize(
+    "fill",
+    [
+        "truncate -s 256M big",  # no blocks at all
+        "head -c 4M /dev/urandom > big && for i in 1 2 3 4 5 6 7 8 9; do ln big big$i; done",  # 4 MiB held, 40 sent
+    ],
+    ids=["sparse", "hardlinks"],
+)
+def test_persist_is_bounded_by_what_the_sandbox_may_hold(fill: str) -> None:
+    """A 16 MiB workspace copy whose tree reads as far more (a 256 MiB sparse file; one 4 MiB file under 10
+    names): persist_workspace carries at most the copy's size (issue 34: the cap was 4 GiB, so the host got
+    268,441,600 bytes for the sparse file, 41,953,280 for the links). A file the worker leaves out (sparse)
+    is left out; past the bound the persist stops, the sandbox alive."""
     options = ToolcageSandboxClientOptions(policy={"extends": "default", "limits": {"workspace_copy": "16m"}})
 
     async def main() -> None:
         client = ToolcageSandboxClient()
         session = await client.create(manifest=None, options=options)
         async with session:
-            assert (await session.exec("echo kept > small.txt && truncate -s 256M big.sparse")).ok()
+            assert (await session.exec(f"echo kept > small.txt && {fill}")).ok()
             try:
                 archive = await session.persist_workspace()
             except WorkspaceArchiveReadError as exc:
                 assert "max_bytes" in str(exc.__cause__), exc.__cause__
+                assert fill.startswith("head"), "a sparse file is skipped by the worker, not sent"
             else:
                 with archive:
                     size = archive.seek(0, io.SEEK_END)
                     archive.seek(0)
                     with tarfile.open(fileobj=archive) as tf:
                         names = tf.getnames()
-                assert size <= 16 << 20 and "small.txt" in names and "big.sparse" not in names, (size, names)
+                assert size <= 16 << 20 and "small.txt" in names and "big" not in names, (size, names)
+            assert (await session.exec("true")).ok()  # the sandbox lives on
         await client.delete(session)
 
     asyncio.run(main())
