@@ -37,7 +37,7 @@ KEY = b"k" * 32
 LONG = {"call_s": 120, "run_s": 600, "idle_s": 600}
 MiB = 1 << 20
 # the runner's memory a snapshot or a resume may add over what the process held before it (docs/security.md)
-MEMORY_BOUND = 96 * MiB
+MEMORY_BOUND = 64 * MiB
 
 # 30,000 empty files whose paths are 3.6 KB (14 directories of 240 characters, then a 200-character name)
 MANY = 30_000
