@@ -14,8 +14,11 @@ The session is a :class:`~toolcage.aio.AsyncSandbox` with a writable workspace c
 SDK's default manifest root): the same hardened container, policy, egress allowlist, secrets and audit log as
 toolcage's own API. ``exec`` is toolcage's ``exec`` tool; ``read``/``write`` its ``read_file``/``write_file``
 tools (a download/upload past a few MiB); ``persist_workspace``/``hydrate_workspace`` move a tar of the
-workspace through toolcage's ``download``/``upload`` streams; the SDK's own code applies the manifest,
-``apply_patch``, ``ls``, ``mkdir``, ``rm`` and ``mv`` over ``exec``.
+workspace through toolcage's ``download``/``upload`` streams (``openai_agents_tar``: bounded by what the
+sandbox holds, absolute links into the root made relative so a resume takes them back); the SDK's own code
+applies the manifest, ``apply_patch``, ``ls``, ``mkdir``, ``rm`` and ``mv`` over ``exec``. Every path is
+first checked where the sandbox resolves it, by the SDK's own helper (as for its Docker client): a symlink
+out of the manifest root is the SDK's ``InvalidManifestPathError`` for every file operation.
 
 Snapshots: any SDK snapshot (``LocalSnapshotSpec``, ``RemoteSnapshotSpec``) works through
 ``persist_workspace``/``hydrate_workspace``; :class:`ToolcageSnapshotSpec` uses toolcage's own snapshots
