@@ -69,8 +69,11 @@ def sdk_tests(*files: str) -> dict[str, ModuleType]:
             keep = [m for m, p in zip(tf, parts, strict=True) if p[1:2] == ["tests"] or p[1:] == ["pyproject.toml"]]
             tf.extractall(staging, members=keep, filter="data")
         (top,) = staging.iterdir()
-        shutil.rmtree(root, ignore_errors=True)
-        os.rename(top, root)
+        try:
+            os.rename(top, root)  # whole or not at all
+        except OSError:
+            if not (root / "pyproject.toml").is_file():  # not another run's copy, landed meanwhile
+                raise
         shutil.rmtree(staging)
     # The SDK's own markers (its pyproject's), registered as its conftest would (this run has --strict-markers)
     config = getattr(pytest.mark, "_config", None)
