@@ -16,8 +16,9 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration import openai_agents_sdk_mirror as mirror
+from tests.integration.openai_agents_sdk_fetch import sdk_tests
 
-_MODULES = mirror.sdk_tests("test_docker.py", "test_runtime.py", "test_unix_local.py")
+_MODULES = sdk_tests("test_docker.py", "test_runtime.py", "test_unix_local.py")
 _docker, _runtime, _unix = (_MODULES[f] for f in ("test_docker.py", "test_runtime.py", "test_unix_local.py"))
 _docker._HostBackedDockerSession = mirror.host_backed_docker_session  # type: ignore[attr-defined]
 _runtime.UnixLocalSandboxClient = mirror.MirrorClient  # type: ignore[attr-defined]
