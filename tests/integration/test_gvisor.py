@@ -168,3 +168,12 @@ def test_memory_committed_in_one_system_call_under_gvisor_meets_the_hosts_limit(
     with Sandbox(FIX / "good-small.yaml", sandbox="gvisor", audit=False) as sb, pytest.raises(SandboxOOM):
         sb.call("run_python", {"code": POPULATE, "timeout_s": 15})
     assert sb.summary is not None and sb.summary.status == "oom_killed"
+
+
+@pytest.mark.usefixtures("gvisor")
+def test_an_oom_child_under_gvisor_ends_only_itself() -> None:
+    """Under runsc by name (in every pass): a forked memory hog with oom_score_adj 1000 dies alone and the call's
+    report comes back, as under runc (tests/security/test_oom_child.py: the scenario, and why)."""
+    from tests.security.test_oom_child import check_oom_child_ends_only_itself
+
+    check_oom_child_ends_only_itself("gvisor")

@@ -3,23 +3,21 @@
 Under runc the kernel's OOM killer kills one process, the one with the highest ``oom_score_adj``, else
 the biggest, and the call goes on. Under gVisor the worker's memory guard (worker.children.memguard)
 stands in for it; it once killed the whole call, so a test battery run in one call lost its report
-when one test forked a memory hog. Each runtime is named
-explicitly (``sandbox="container"`` and ``"gvisor"``), so either pass of CI covers both.
+when one test forked a memory hog. The test runs under
+the run's runtime (runc in CI's main pass, gVisor in its second, TOOLCAGE_SANDBOX=gvisor);
+tests/integration/test_gvisor.py runs the same scenario under runsc by name in the main pass too.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from toolcage import Sandbox
-from toolcage.backends import available_kinds
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -79,23 +77,16 @@ MAIN_IMMUNE = (
 BYSTANDER = "import time\nb = b'x' * (24 << 20)\ntime.sleep(3)\nprint('held', len(b))"
 
 
-@pytest.fixture(params=["container", "gvisor"], ids=["runc", "gvisor"])
-def kind(request: pytest.FixtureRequest, engine: Any) -> str:
-    """Each runtime by name, whichever pass this is (runsc: as tests/integration/test_gvisor.py requires it)."""
-    name = str(request.param)
-    if name == "gvisor" and "gvisor" not in available_kinds(engine):
-        message = "the engine has no runsc runtime registered (README: gVisor)"
-        if os.environ.get("TOOLCAGE_REQUIRE_GVISOR") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return name
-
-
-def test_an_oom_child_ends_only_itself_and_the_report_comes_back(kind: str) -> None:
+def test_an_oom_child_ends_only_itself_and_the_report_comes_back() -> None:
     """A call forks (and spawns) a hog past the policy's memory, with oom_score_adj 1000 or none while it is
     the biggest: each hog dies of SIGKILL, the call goes on and its report comes back; a call whose main
     process is the biggest ends oom_killed; one that set its own oom_score_adj to -1000 too, not the call
     beside it; and the sandbox lives on."""
+    check_oom_child_ends_only_itself(None)
+
+
+def check_oom_child_ends_only_itself(kind: str | None) -> None:
+    """The scenario, under ``kind`` (None: the run's, TOOLCAGE_SANDBOX); test_gvisor.py names runsc."""
     with Sandbox(FIX / "good-small.yaml", sandbox=kind, audit=False) as sb:
         r = sb.call("run_python", {"code": BATTERY, "timeout_s": 18})
         assert r.status == "ok" and not r.result["oom_killed"], (kind, r)
