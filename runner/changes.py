@@ -37,8 +37,9 @@ from toolcage import gitdiff, gitplumb, transfer
 from toolcage.changesides import HostTree, OverBudget, Side, Unreadable, link_side, stream, write_file
 from toolcage.errors import SandboxError, UsageError
 from toolcage.gitplumb import DIFF_SECONDS, MAX_DIFF_BYTES, SHOW_MAX_BYTES
+from toolcage.outbound import door_problem
 from toolcage.policies import codes, contract
-from toolcage.safetar import DownloadResult, bare_head, door_problem, show
+from toolcage.safetar import DownloadResult, show
 from toolcage.textsafe import escape
 
 if TYPE_CHECKING:
@@ -276,7 +277,7 @@ class _Gather:
 
     def door(self, rel: str, now: Side, roots: list[str]) -> str | None:
         """Why the copy's ``rel`` may not be made on the host (None: it may), by the rules of every door out
-        (toolcage.safetar), for the host's directory and for download_to: a symlink that leads out of it, a
+        (toolcage.outbound), for the host's directory and for download_to: a symlink that leads out of it, a
         HEAD that would make its directory a bare repository (git run there would read the sandbox's config)."""
         if self.made is None:  # what the diff makes stands for the host's entry there
             self.made = {}
@@ -290,11 +291,8 @@ class _Gather:
             assert now.file is not None
             with open(now.file, "rb") as f:
                 target = os.fsdecode(f.read())
-        parts = rel.split("/")
         for root in roots:
-            problem = door_problem(rel, target, root, self.made) if target is not None else None
-            if problem is None and parts[-1] == "HEAD" and bare_head(parts, root, self.made):
-                problem = "would make its directory a bare git repository (git would read its config)"
+            problem = door_problem(rel, target, root, self.made)
             if problem is not None:
                 return problem
         return None
