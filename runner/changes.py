@@ -9,8 +9,9 @@ diff in a bounded child process (toolcage.gitplumb). So the sandbox can at most 
 cannot make the diff name a path outside the workspace (every name is checked to be a plain relative
 path, and ``.git`` is never one, nor a name git takes for it), nor put in it bytes its files do not
 hold, nor a symlink that points out of the workspace (Sandbox.download's rule: named in ``skipped``),
-nor make the runner read what the copy never held (with ``gitignore``, a path the host's .gitignore
-files leave out of the copy is never read), nor a path beneath a host symlink or file that stays (so
+nor make the runner read what the copy never held (a host file the sandbox's user could not read
+through the mount, toolcage.mountview; with ``gitignore``, a path the host's .gitignore files leave out
+of the copy), nor a path beneath a host symlink or file that stays (so
 ``git apply`` always takes the diff).
 
 What it costs the host, whatever the copy holds: the bytes read (old and new sides) stay within
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from toolcage import gitdiff, gitplumb, transfer
+from toolcage import gitdiff, gitplumb, mountview, transfer
 from toolcage.changesides import HostTree, OverBudget, Side, Unreadable, link_side, stream, write_file
 from toolcage.errors import SandboxError, UsageError
 from toolcage.gitplumb import DIFF_SECONDS, MAX_DIFF_BYTES, SHOW_MAX_BYTES
@@ -228,6 +229,13 @@ class _Gather:
                     self.skip(rel, "left out of the copy by the host's .gitignore")
                     touched.discard(rel)
                     gone.discard(rel)
+        # what the copy withheld (the sandbox's user could not read it through the mount: toolcage.mountview)
+        # is never read for the diff: its old side would hand the host's 0600 file to whoever reads the diff
+        for rel in sorted(touched | gone, key=os.fsencode):
+            if self.tree.kind(rel) is not None and not mountview.copied(self.tree.root, rel):
+                self.skip(rel, "withheld from the copy (the sandbox's user cannot read it on the host): never read")
+                touched.discard(rel)
+                gone.discard(rel)
         self.considered = touched | gone
         if not touched:
             return

@@ -251,3 +251,32 @@ def test_a_hostile_worker_cannot_turn_unsent_into_removed_nor_send_links_out(tmp
     done = applied(got.diff, ws, tmp_path / "applied")
     assert (done / "big.bin").read_bytes() == b"host's own\n" and os.readlink(done / "ok") == "a.txt"
     assert sorted(os.listdir(tmp_path / "files")) == ["ok"]
+
+
+def test_a_host_file_the_copy_withheld_never_enters_the_diff(tmp_path: Path) -> None:
+    """A host file the sandbox's user cannot read (0600 of another uid) is withheld from the copy; the
+    sandbox writing a file of that name, or a hostile worker naming it as removed, never brings its host
+    bytes into the diff (the diff goes to whoever asked: often a model): the path is named in ``skipped``."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    marker = "HOST-ONLY-" + os.urandom(8).hex()
+    (ws / "secret.txt").write_text(marker + "\n")
+    os.chmod(ws / "secret.txt", 0o600)
+    (ws / "private").mkdir(mode=0o700)
+    (ws / "private" / "inside.txt").write_text(marker + "\n")
+    (ws / "open.txt").write_text("open\n")
+    with Sandbox({"timeouts": LONG}, workspace=ws, workspace_mode="copy") as sb:
+        r = sb.call(
+            "run_shell",
+            {
+                "command": "cd /workspace && echo mine > secret.txt && mkdir -p private"
+                " && echo mine > private/inside.txt && echo more >> open.txt"
+            },
+        )
+        assert r.ok and r.result["exit_code"] == 0, r
+        got = sb.changes()
+    assert marker not in got.diff and got.changed == ("open.txt",), got
+    assert {"secret.txt", "private/inside.txt"} <= {s["path"] for s in got.skipped}
+    fake = FakeWorker({"changed": [], "removed": ["/workspace/secret.txt", "/workspace/private/inside.txt"]}, b"")
+    got = collect(fake, ws, gitignore=False)
+    assert marker not in got.diff and not got.removed, got
