@@ -498,12 +498,12 @@ class ToolcageSandboxSession(BaseSandboxSession):
 
     async def _exec_internal(self, *command: str | Path, timeout: float | None = None) -> ExecResult:
         argv = tuple(str(c) for c in command)
-        for helper in self._runtime_helpers():
-            if argv and argv[0] == str(helper.install_path):
-                argv = ("sh", "-c", helper.content, helper.name, *argv[1:])
+        helper = next((h for h in self._runtime_helpers() if argv and argv[0] == str(h.install_path)), None)
+        if helper is not None:
+            argv = ("sh", "-c", helper.content, helper.name, *argv[1:])
         root = _posix(self.state.manifest.root)
         params: dict[str, Any] = {"argv": list(argv), "cwd": root if self._root_ready else contract.SCRATCH}
-        if self._env:
+        if self._env and helper is None:  # the helper runs with the image's PATH: no tool of its from /scratch
             params["env"] = self._env
         if timeout is not None:
             params["timeout_s"] = max(float(timeout), 0.001)
