@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import threading
@@ -144,8 +145,11 @@ class Cluster:
         self.config = AgentConfig(
             cluster=name, policy=json.loads(self.policy.canonical_json()), image=self.image, image_id=self.image_id,
             warm=limits["warm"], max_running=limits["max_running"], max_starting=limits["max_starting"],
-            linger_s=linger_s, snapshot_key=snapshot_key or snapshot.host_key(create=True),
+            linger_s=linger_s,
         )  # fmt: skip
+        # this driver's key: it signs its sessions' snapshots and verifies a resume before any node is asked
+        # (the agents hold none, so another driver's key can never stand in for it)
+        self.snapshot_key = snapshot_key or snapshot.host_key(create=True)
         # this client, as the agents know it: its Ray job (a driver, or a task of its job) and a token of its own
         self.job = f"{ray.get_runtime_context().get_job_id()}:{token_hex(4)}"
         self._agents: dict[str, _Agent] = {}
@@ -501,31 +505,71 @@ class ClusterSandbox:
         self.run_id: str | None = None
         self.name: str | None = None
         self.summary: RunSummary | None = None
+        self._prior: list[str] = []  # what a resumed snapshot had changed (toolcage.changes)
 
     @property
     def node(self) -> str | None:
         return self._agent.node_id if self._agent is not None else None
 
-    def _open_args(self) -> dict[str, Any]:
-        opts = {k: v for k, v in self.options.items() if k not in {"node", "wait_s"}}
+    @property
+    def workspace_copy(self) -> bool:
+        return (self.options.get("workspace_mode") or "ro") == "copy"
+
+    def _open_args(self, resumed: Any) -> dict[str, Any]:
+        opts = {k: v for k, v in self.options.items() if k not in {"node", "wait_s", "resume"}}
         if opts.get("workspace") is not None:
             opts["workspace"] = str(opts["workspace"])
-        resume = opts.get("resume")
-        if resume is not None and not isinstance(resume, bytes | bytearray):
-            with open(resume, "rb") as f:
-                opts["resume"] = f.read()
+        if resumed is not None:  # an empty copy (or none), filled here from the verified snapshot
+            opts["workspace"] = None
+            opts["workspace_mode"] = "copy" if resumed.workspace else "ro"
         if opts.get("secrets"):
             opts["secrets"] = dict(opts["secrets"])
         return opts
 
     def start(self) -> ClusterSandbox:
+        """Open the session on a node. A ``resume`` is verified here, with this driver's key, before any node
+        is asked (SnapshotInvalid otherwise), then sent through the session's relay in bounded chunks."""
+        from toolcage import snapshot
+
         c = self.cluster
         c._check_open()
-        args = (c._job_hex(), self._open_args())
-        agent, outcome = c._admitted("open", args, self.options.get("wait_s"), self.options.get("node"))
-        info = c._settle(agent, outcome)
-        self._agent, self.session, self.run_id, self.name = agent, info["session"], info["run_id"], info["name"]
+        resume = self.options.get("resume")
+        resumed = None
+        if resume is not None:
+            source = io.BytesIO(resume) if isinstance(resume, bytes | bytearray) else resume
+            resumed = snapshot.verify(source, c.snapshot_key)
+            if resumed.workspace:
+                self.options["workspace_mode"] = "copy"
+        try:
+            args = (c._job_hex(), self._open_args(resumed))
+            agent, outcome = c._admitted("open", args, self.options.get("wait_s"), self.options.get("node"))
+            info = c._settle(agent, outcome)
+            self._agent, self.session, self.run_id, self.name = agent, info["session"], info["run_id"], info["name"]
+            if resumed is not None:
+                self._fill(resumed)
+        except BaseException:
+            if resumed is not None:
+                resumed.close()
+            if self.session is not None:
+                with contextlib.suppress(Exception):
+                    self.close()
+            raise
         return self
+
+    def _fill(self, resumed: Any) -> None:
+        from toolcage import upload
+        from toolcage.policies import contract
+
+        def put(params: dict[str, Any]) -> CallResult:
+            return self.call("upload", params)
+
+        try:
+            if resumed.workspace:
+                upload.send(put, resumed.tar_of("workspace"), contract.WORKSPACE, base=True)
+            upload.send(put, resumed.tar_of("scratch"), contract.SCRATCH)
+        finally:
+            resumed.close()
+        self._prior = list(resumed.changed)
 
     def _ref(self, method: str, *args: Any) -> Any:
         if self._agent is None or self.session is None:
@@ -554,35 +598,73 @@ class ClusterSandbox:
         result: dict[str, bytes] = self._get(self._ref("read_files", list(paths), missing_ok))
         return result
 
+    # the files facet: run here, on the driver, through ``call`` (the agent relays one bounded chunk of the
+    # worker's at a time and holds nothing whole), so its memory and CPU are the caller's, and the door rules
+    # (toolcage.transfer, safetar, changes, snapshot) apply here as they do for a local Sandbox
     def download(
         self, remote_path: str, local_dir: str | os.PathLike[str], *, max_bytes: int | None = None,
         max_files: int | None = None,
     ) -> DownloadResult:  # fmt: skip
-        """``Sandbox.download`` wherever the session runs: checked as hostile on its node, then unpacked here
-        into ``local_dir`` (made if missing), nothing under a final name unless all of it arrived."""
-        result, archive = self._get(self._ref("download", remote_path, max_bytes, max_files))
-        return _unpack_download(result, archive, local_dir)
+        """``Sandbox.download`` of the session, wherever it runs, streamed into ``local_dir`` here."""
+        from toolcage import transfer
+
+        return transfer.download(
+            lambda params: self.call("download", params), remote_path, local_dir,
+            max_bytes=transfer.out_bound(self.cluster.policy.limits) if max_bytes is None else max_bytes,
+            max_files=transfer.DEFAULT_MAX_FILES if max_files is None else max_files,
+        )  # fmt: skip
 
     def upload(self, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
         """``Sandbox.upload`` of a file or directory here into ``remote_dir`` of the session, wherever it runs."""
-        result: UploadResult = self._get(self._ref("upload", _pack_upload(local_path), remote_dir))
-        return result
+        from toolcage import upload
 
-    def changes(self) -> Changes:
-        result: Changes = self._get(self._ref("changes"))
-        return result
+        return upload.upload(lambda params: self.call("upload", params), local_path, remote_dir)
+
+    def changes(self, *, download_to: str | os.PathLike[str] | None = None, max_bytes: int | None = None) -> Changes:
+        """``Sandbox.changes``: the diff is made here, against ``workspace`` as this driver sees it."""
+        from pathlib import Path
+
+        from toolcage import changes
+
+        if not self.workspace_copy:
+            raise changes.ChangesUsage(
+                "this run's workspace is read-only, so nothing in it changed: start it with workspace_mode='copy'"
+            )
+        ws = self.options.get("workspace")
+        bound = 2 * self.cluster.policy.limits.workspace_copy  # the old side and the new
+        return changes.collect(
+            self.call, Path(ws).resolve() if ws is not None else None,
+            gitignore=bool(self.options.get("workspace_gitignore")), prior=self._prior, download_to=download_to,
+            max_bytes=bound if max_bytes is None else max_bytes,
+        )  # fmt: skip
 
     def snapshot(self, target: str | Any) -> SnapshotInfo:
-        """The session's snapshot, written here (a path or a binary stream); resume it on any node with
-        ``cluster.sandbox(resume=...)`` (the cluster signs with one key)."""
-        info, data = self._get(self._ref("snapshot"))
-        if hasattr(target, "write"):
-            target.write(data)
-        else:
-            with open(target, "wb") as f:
-                f.write(data)
-        snap: SnapshotInfo = info
-        return snap
+        """``Sandbox.snapshot``, written here (a path or a binary stream) and signed with this driver's key
+        (``Cluster(snapshot_key=)``, else this host's); resume it with ``cluster.sandbox(resume=...)`` of a
+        driver with the same key."""
+        from toolcage import __version__, connectors, snapshot, transfer
+        from toolcage.changes import _unwire
+
+        prior = list(self._prior)
+        ws = self.options.get("workspace")
+        if self.workspace_copy:
+            hints = self.call("workspace_changes", {"gitignore": bool(self.options.get("workspace_gitignore"))})
+            if hints.ok and isinstance(hints.result, dict):
+                for raw in (hints.result.get("changed") or []) + (hints.result.get("removed") or []):
+                    rel = _unwire(raw) if isinstance(raw, str) else None
+                    if rel is not None and rel not in prior:
+                        prior.append(rel)
+        meta = {
+            "toolcage": __version__, "run_id": self.run_id, "policy": self.cluster.policy.name,
+            "workspace_from": str(ws) if ws is not None else None,
+            "workspace_gitignore": bool(self.options.get("workspace_gitignore")), "changed": sorted(prior),
+        }  # fmt: skip
+        store = connectors.secret_store(self.cluster.policy, self.options.get("secrets"))
+        return snapshot.write(
+            self.call, target, workspace=self.workspace_copy, meta=meta,
+            secret_values=list(store.wire().values()) if store else [], key=self.cluster.snapshot_key,
+            max_bytes=transfer.out_bound(self.cluster.policy.limits),
+        )  # fmt: skip
 
     def close(self) -> RunSummary | None:
         if self._agent is None or self.session is None:
@@ -648,17 +730,19 @@ class AsyncClusterSandbox:
         self, remote_path: str, local_dir: str | os.PathLike[str], *, max_bytes: int | None = None,
         max_files: int | None = None,
     ) -> DownloadResult:  # fmt: skip
-        result, archive = await self._await(self._sync._ref("download", remote_path, max_bytes, max_files))
-        return await asyncio.to_thread(_unpack_download, result, archive, local_dir)
+        return await asyncio.to_thread(self._sync.download, remote_path, local_dir, max_bytes=max_bytes,
+                                       max_files=max_files)  # fmt: skip
 
     async def upload(self, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
-        archive = await asyncio.to_thread(_pack_upload, local_path)
-        result: UploadResult = await self._await(self._sync._ref("upload", archive, remote_dir))
-        return result
+        return await asyncio.to_thread(self._sync.upload, local_path, remote_dir)
 
-    async def changes(self) -> Changes:
-        result: Changes = await self._await(self._sync._ref("changes"))
-        return result
+    async def changes(
+        self, *, download_to: str | os.PathLike[str] | None = None, max_bytes: int | None = None
+    ) -> Changes:
+        return await asyncio.to_thread(self._sync.changes, download_to=download_to, max_bytes=max_bytes)
+
+    async def snapshot(self, target: str | Any) -> SnapshotInfo:
+        return await asyncio.to_thread(self._sync.snapshot, target)
 
     async def close(self) -> RunSummary | None:
         s = self._sync
@@ -677,39 +761,6 @@ class AsyncClusterSandbox:
         if s._agent is not None and s._agent.lost:
             return
         await self.close()
-
-
-def _pack_upload(local_path: str | os.PathLike[str]) -> bytes:
-    """A file or directory as one tar entry, for the session's node to upload (symlinks inside kept as
-    links), checked here as ``Sandbox.upload`` checks it: a missing path, a symlink, a FIFO, socket or device
-    is the caller's UploadUsage, before anything is sent."""
-    import io
-    import tarfile
-
-    from toolcage.upload import source
-
-    path = source(local_path)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        tf.add(path, arcname=os.path.basename(path.rstrip(os.sep)) or "upload")
-    return buf.getvalue()
-
-
-def _unpack_download(result: DownloadResult, archive: bytes, local_dir: str | os.PathLike[str]) -> DownloadResult:
-    """What the session's node downloaded, into ``local_dir``: unpacked beside it first, then moved in."""
-    import io
-    import tarfile
-    import tempfile
-
-    from toolcage.safetar import merge
-
-    local = os.path.abspath(os.fspath(local_dir))
-    os.makedirs(local, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".toolcage-dl-", dir=local) as staging:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r") as tf:
-            tf.extractall(staging, filter="data")
-        merge(staging, local)
-    return dataclasses.replace(result, local_dir=local)
 
 
 def _agents() -> list[Any]:

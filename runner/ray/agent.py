@@ -16,6 +16,12 @@ What the agent adds is what a shared node needs:
   SIGKILLed) has every run of its clients cancelled and their sandboxes removed within ``JOB_CHECK_S``, and
   when no client is left for ``linger_s`` the agent removes its warm pool and exits.
 
+What the agent never does: hold a client's files or compute for it. Downloads, uploads, diffs and
+snapshots run on the client (toolcage.ray.ClusterSandbox) through ``call``, one bounded chunk of the
+worker's at a time, so their memory and CPU are the caller's, and a hostile sandbox's large file or
+pathological diff cannot take down the agent that serves every client of the node. The agent holds no
+snapshot key: each driver signs and verifies with its own.
+
 Found by name (``toolcage:<cluster>:<node id>`` in namespace ``toolcage``), so any driver, task or actor
 of the cluster reaches the same agent. The agent's process owns every container it starts (their owner
 labels name it): if the agent dies, or its node, the node's reaper (the next agent's start, or
@@ -26,12 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from secrets import token_hex
 from typing import Any, TypeVar
 
@@ -74,7 +79,8 @@ class AgentConfig:
     max_running: int
     max_starting: int
     linger_s: float
-    snapshot_key: bytes | None = field(default=None, repr=False)
+    # no snapshot key: the agent never signs nor verifies; each driver does, with its own key, so no
+    # driver's key can be silently replaced by another's (issue 34, point 5)
 
     def digest(self) -> str:
         """What must match between a driver's config and an agent it finds running."""
@@ -181,6 +187,7 @@ class EngineAgent:
             "warm_ready": self.apool.ready() if self.apool is not None else 0,
             "served": self.served,
             "sessions": len(self.held),
+            "pid": os.getpid(),  # the agent's process, for an operator (and the tests) to watch its memory
         }
 
     # lifecycle -------------------------------------------------------------------------------
@@ -427,7 +434,8 @@ class EngineAgent:
     # sessions ---------------------------------------------------------------------------------
     async def open(self, client: str, options: dict[str, Any], wait_s: float) -> Outcome:
         """A session pinned to this node: a warm sandbox when it needs nothing the pool's lack (a
-        workspace, a snapshot to resume), else a cold one within the node's start cap."""
+        workspace, a writable copy), else a cold one within the node's start cap. A resume is the driver's: it
+        verifies the snapshot with its own key and fills the session through ``call``."""
         from toolcage.aio import AsyncSandbox
 
         try:
@@ -436,18 +444,18 @@ class EngineAgent:
             return ("error", exc, self.load())
         try:
             secrets = options.get("secrets")
-            resume = options.get("resume")
-            cold = options.get("workspace") is not None or resume is not None or self.apool is None
+            mode = options.get("workspace_mode") or "ro"
+            # a copy (filled from this node's workspace, or empty for the driver to fill from a snapshot it
+            # verified) is something the pool's sandboxes lack
+            cold = options.get("workspace") is not None or mode != "ro" or self.apool is None
             if not cold:
                 sb = _counted(AsyncSandbox(pool=self.apool, secrets=secrets))
                 await sb.start()
             else:
                 sb = _counted(AsyncSandbox(
                     self.policy, image=self.config.image, tool=options.get("tool") or "ray-session",
-                    workspace=options.get("workspace"), workspace_mode=options.get("workspace_mode") or "ro",
-                    workspace_gitignore=bool(options.get("workspace_gitignore")), secrets=secrets,
-                    resume=io.BytesIO(resume) if resume is not None else None, snapshot_key=self.config.snapshot_key,
-                    audit=self.audit,
+                    workspace=options.get("workspace"), workspace_mode=mode,
+                    workspace_gitignore=bool(options.get("workspace_gitignore")), secrets=secrets, audit=self.audit,
                 ))  # fmt: skip
                 await asyncio.to_thread(self._gated, sb._sync.start)
         except ToolcageError as exc:
@@ -481,60 +489,6 @@ class EngineAgent:
 
     async def read_files(self, sid: str, paths: list[str], missing_ok: bool) -> Outcome:
         return await self._on(sid, lambda sb: sb.read_files(paths, missing_ok=missing_ok))
-
-    async def changes(self, sid: str) -> Outcome:
-        return await self._on(sid, lambda sb: sb.changes())
-
-    async def download(self, sid: str, remote_path: str, max_bytes: int | None, max_files: int | None) -> Outcome:
-        """``Sandbox.download`` into a directory on this node (checked as hostile there), sent back as a tar of
-        what it accepted: regular files, directories and the links download keeps."""
-
-        async def fetch(sb: Any) -> tuple[Any, bytes]:
-            import tarfile
-            import tempfile
-
-            with tempfile.TemporaryDirectory(prefix="toolcage-ray-dl-") as tmp:
-                result = await sb.download(remote_path, tmp, max_bytes=max_bytes, max_files=max_files)
-
-                def pack() -> bytes:
-                    buf = io.BytesIO()
-                    with tarfile.open(fileobj=buf, mode="w") as tf:
-                        for name in sorted(os.listdir(tmp)):
-                            tf.add(os.path.join(tmp, name), arcname=name)
-                    return buf.getvalue()
-
-                return result, await asyncio.to_thread(pack)
-
-        return await self._on(sid, fetch)
-
-    async def upload(self, sid: str, archive: bytes, remote_dir: str) -> Outcome:
-        """``Sandbox.upload`` of what the driver packed (one top-level entry), unpacked on this node first."""
-
-        async def put(sb: Any) -> Any:
-            import tarfile
-            import tempfile
-
-            with tempfile.TemporaryDirectory(prefix="toolcage-ray-up-") as tmp:
-
-                def unpack() -> str:
-                    with tarfile.open(fileobj=io.BytesIO(archive), mode="r") as tf:
-                        tf.extractall(tmp, filter="data")  # no absolute paths, links out or devices
-                    names = os.listdir(tmp)
-                    if len(names) != 1:
-                        raise UsageError("a cluster upload carries exactly one file or directory")
-                    return os.path.join(tmp, names[0])
-
-                return await sb.upload(await asyncio.to_thread(unpack), remote_dir)
-
-        return await self._on(sid, put)
-
-    async def snapshot(self, sid: str) -> Outcome:
-        async def take(sb: Any) -> tuple[Any, bytes]:
-            buf = io.BytesIO()
-            info = await sb.snapshot(buf)
-            return info, buf.getvalue()
-
-        return await self._on(sid, take)
 
     async def close(self, sid: str) -> Outcome:
         held = self.held.pop(sid, None)

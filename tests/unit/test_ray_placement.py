@@ -4,11 +4,11 @@ upload: pure, no Ray started."""
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import random
 from collections import Counter
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -97,14 +97,15 @@ def test_cluster_statuses_have_their_exit_codes_and_errors() -> None:
 def test_the_agent_config_digest_tells_two_configurations_apart() -> None:
     from toolcage.ray.agent import AgentConfig, agent_name
 
-    base = AgentConfig("c", {"name": "default"}, "img:1", "sha256:a", 2, 16, 2, 30.0, b"k" * 32)
-    same = AgentConfig("c", {"name": "default"}, "img:1", "sha256:a", 2, 16, 2, 5.0, b"x" * 32)
+    base = AgentConfig("c", {"name": "default"}, "img:1", "sha256:a", 2, 16, 2, 30.0)
+    same = AgentConfig("c", {"name": "default"}, "img:1", "sha256:a", 2, 16, 2, 5.0)
     other = AgentConfig("c", {"name": "default", "limits": {"memory": 1}}, "img:1", "sha256:a", 2, 16, 2, 30.0)
-    assert base.digest() == same.digest()  # linger and the key are not the containers' configuration
+    assert base.digest() == same.digest()  # linger is not the containers' configuration
     # nor the image id: a client that knows none takes the agents' (hello checks one that is given)
     assert dataclasses.replace(base, image_id=None).digest() == base.digest()
     assert base.digest() != other.digest()
-    assert "k" * 32 not in repr(base)  # the snapshot key is never shown
+    # no snapshot key at all: each driver signs and verifies with its own, so none can be silently unused
+    assert not any(f.name == "snapshot_key" for f in dataclasses.fields(AgentConfig))
     assert agent_name("c", "abc") == "toolcage:c:abc"
 
 
@@ -139,25 +140,22 @@ def test_audit_ray_refuses_the_options_it_would_not_honour(extra: list[str]) -> 
 
 
 def test_a_cluster_upload_is_checked_on_the_driver_as_a_local_upload_is(tmp_path: Path) -> None:
-    """What the driver packs for a session's node: the caller's mistakes are UploadUsage here, with the same
-    words as Sandbox.upload, not a tar error from the node; a tree of files and links is packed whole."""
-    import tarfile
-
-    from toolcage.ray import _pack_upload
+    """A session's upload runs on the driver (toolcage.upload, through the agent's call relay): the caller's
+    mistakes are UploadUsage with Sandbox.upload's words, before anything is sent to a node."""
+    from toolcage.ray import ClusterSandbox
     from toolcage.upload import UploadUsage
 
+    sent: list[Any] = []
+    s = ClusterSandbox(cast(Any, None), {})
+    s.call = lambda tool, params=None, **kw: sent.append((tool, params))  # type: ignore[method-assign,assignment,misc,return-value]
     tree = tmp_path / "tree"
     (tree / "sub").mkdir(parents=True)
-    (tree / "sub" / "a.txt").write_text("a")
-    (tree / "link").symlink_to("sub/a.txt")
-    with tarfile.open(fileobj=io.BytesIO(_pack_upload(tree))) as tf:
-        names = tf.getnames()
-    assert sorted(names) == ["tree", "tree/link", "tree/sub", "tree/sub/a.txt"]
-
+    (tree / "link").symlink_to("sub")
     os.mkfifo(tree / "sub" / "pipe")
     with pytest.raises(UploadUsage, match=r"pipe' is a FIFO; an upload takes files, directories and symlinks"):
-        _pack_upload(tree)
+        s.upload(tree, "/scratch/in")
     with pytest.raises(UploadUsage, match=r"is a symlink; upload what it points to"):
-        _pack_upload(tree / "link")
+        s.upload(tree / "link", "/scratch/in")
     with pytest.raises(UploadUsage, match=r"cannot read '.*missing': No such file"):
-        _pack_upload(tmp_path / "missing")
+        s.upload(tmp_path / "missing", "/scratch/in")
+    assert sent == []

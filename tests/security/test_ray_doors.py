@@ -1,0 +1,142 @@
+"""Issue 34, point 5: the Ray node agent serves every client of its node, so no client's files may cost it.
+
+A real Ray cluster on this machine (examples/ray_cluster/local_cluster.py: one worker node with its own
+dockerd). Threats: a sandbox's large file held whole in the agent's memory by a download or a snapshot (one
+hostile session takes the node's agent down for everyone), the agent computing diffs for its clients, and an
+agent signing with whichever driver's key came first (a later driver's ``snapshot_key=`` silently unused).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.ray_cluster
+BIG_MIB = 150
+POLICY = {"limits": {"scratch": "256m", "memory": "1g"}}
+PER_NODE = {"warm": 0, "max_running": 2, "max_starting": 1}
+
+
+def _harness() -> Any:
+    path = ROOT / "examples" / "ray_cluster" / "local_cluster.py"
+    spec = importlib.util.spec_from_file_location("local_cluster", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["local_cluster"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[str]:
+    if os.geteuid() != 0:
+        pytest.fail("the cluster tests start dockerd and need root")
+    import ray
+
+    lc = _harness().LocalCluster()
+    lc.up(nodes=1, image_on={0})
+    try:
+        ray.init(address=lc.address, log_to_driver=False)
+        yield lc.nodes[0].node_id
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        lc.down()
+
+
+def _agent_pid(cluster: str, node_id: str) -> int:
+    import ray
+
+    from toolcage.ray.agent import NAMESPACE, agent_name
+
+    handle = ray.get_actor(agent_name(cluster, node_id), namespace=NAMESPACE)
+    pid: int = ray.get(handle.status.remote())["pid"]
+    return pid
+
+
+def _kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def test_the_agent_holds_no_download_snapshot_or_diff(node: str, tmp_path: Path) -> None:
+    """A 150 MiB file downloaded and snapshotted through the cluster: the agent's peak RSS grows by far less."""
+    import toolcage.ray as tcr
+    from toolcage.ray.agent import EngineAgent
+
+    c = tcr.Cluster(POLICY, name="doors-rss", per_node=PER_NODE, linger_s=1)
+    try:
+        with c.sandbox(node=node) as s:
+            r = s.call("exec", {"command": f"head -c {BIG_MIB}M /dev/urandom > /scratch/big && echo ok"})
+            assert r.ok and r.result["stdout"] == "ok\n", r.result
+            pid = _agent_pid("doors-rss", node)
+            Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the RSS now
+            base = _kib(pid, "VmHWM")
+            got = s.download("/scratch/big", tmp_path / "dl")
+            assert got.files == 1 and (tmp_path / "dl" / "big").stat().st_size == BIG_MIB << 20
+            info = s.snapshot(tmp_path / "s.tar")
+            assert info.sha256 and (tmp_path / "s.tar").stat().st_size > BIG_MIB << 20
+            grew_mib = (_kib(pid, "VmHWM") - base) / 1024
+            print(f"agent peak RSS grew by {grew_mib:.0f} MiB for a {BIG_MIB} MiB file")
+            # before: 481 MiB (the file whole, as a tar and its copy); now a few 4 MiB chunks in flight
+            assert grew_mib < 100, f"the agent's peak RSS grew by {grew_mib:.0f} MiB"
+    finally:
+        c.close(stop_agents=True)
+    # the diff is made where its caller pays for it: the agent has no diff to run
+    assert not hasattr(EngineAgent, "changes")
+
+
+def test_the_diff_comes_from_the_driver(node: str, tmp_path: Path) -> None:
+    """changes() of a cluster session is a real diff, made on the driver through the session's call relay."""
+    import toolcage.ray as tcr
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("one\n")
+    c = tcr.Cluster(POLICY, name="doors-diff", per_node=PER_NODE, linger_s=1)
+    try:
+        with c.sandbox(node=node, workspace=ws, workspace_mode="copy") as s:
+            s.call("exec", {"command": "echo two >> /workspace/a.txt && echo new > /workspace/b.txt"})
+            ch = s.changes()
+            assert tuple(ch.changed) == ("a.txt",) and tuple(ch.added) == ("b.txt",), ch
+            assert "+two" in ch.diff
+    finally:
+        c.close(stop_agents=True)
+
+
+def test_a_snapshot_resumes_only_under_the_key_that_signed_it(
+    node: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Signed by a driver with key A: a driver with key B refuses it before any node is asked; A resumes it."""
+    import toolcage.ray as tcr
+    from toolcage.snapshot import SnapshotInvalid
+
+    key_a, key_b = b"a" * 32, b"b" * 32
+    a = tcr.Cluster(POLICY, name="doors-key", per_node=PER_NODE, linger_s=5, snapshot_key=key_a)
+    b = tcr.Cluster(POLICY, name="doors-key", per_node=PER_NODE, linger_s=5, snapshot_key=key_b)
+    try:
+        with a.sandbox(node=node) as s:
+            s.call("exec", {"command": "echo kept > /scratch/k.txt"})
+            s.snapshot(tmp_path / "s.tar")
+
+        def no_node(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("a node was asked to open a session for a snapshot the driver's key refuses")
+
+        monkeypatch.setattr(b, "_admitted", no_node)
+        with pytest.raises(SnapshotInvalid), b.sandbox(node=node, resume=tmp_path / "s.tar"):
+            pass
+        with a.sandbox(node=node, resume=tmp_path / "s.tar") as s2:
+            r = s2.call("exec", {"command": "cat /scratch/k.txt"})
+            assert r.ok and r.result["stdout"] == "kept\n", r.result
+    finally:
+        b.close()
+        a.close(stop_agents=True)
