@@ -442,9 +442,9 @@ class Cluster:
     # sessions ---------------------------------------------------------------------------------
     def sandbox(self, **options: Any) -> ClusterSandbox:
         """A session pinned to one node (``with cluster.sandbox() as sb:``): ``Sandbox``'s calls, files and
-        snapshots. Options: ``workspace`` (a directory the node can see), ``workspace_mode``,
-        ``workspace_gitignore``, ``resume`` (a snapshot: a path or bytes here; it is sent to the node),
-        ``secrets``, ``node``, ``wait_s``."""
+        snapshots. Options: ``workspace`` (a directory the node can see; a diff reads it as this driver sees
+        it), ``workspace_mode``, ``workspace_gitignore``, ``resume`` (a snapshot: a path or bytes here,
+        verified here with the driver's key, then sent to the node), ``secrets``, ``node``, ``wait_s``."""
         return ClusterSandbox(self, options)
 
     def async_sandbox(self, **options: Any) -> AsyncClusterSandbox:
@@ -519,9 +519,9 @@ class ClusterSandbox:
         opts = {k: v for k, v in self.options.items() if k not in {"node", "wait_s", "resume"}}
         if opts.get("workspace") is not None:
             opts["workspace"] = str(opts["workspace"])
-        if resumed is not None:  # an empty copy (or none), filled here from the verified snapshot
+        if resumed is not None and resumed.workspace:  # an empty copy, filled here from the verified snapshot
             opts["workspace"] = None
-            opts["workspace_mode"] = "copy" if resumed.workspace else "ro"
+            opts["workspace_mode"] = "copy"
         if opts.get("secrets"):
             opts["secrets"] = dict(opts["secrets"])
         return opts

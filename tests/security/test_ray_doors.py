@@ -96,7 +96,7 @@ def test_the_agent_holds_no_download_snapshot_or_diff(node: str, tmp_path: Path)
 
 
 def test_the_diff_comes_from_the_driver(node: str, tmp_path: Path) -> None:
-    """changes() of a cluster session is a real diff, made on the driver through the session's call relay."""
+    """changes() of a cluster session is made on the driver through the call relay, and after a resume too."""
     import toolcage.ray as tcr
 
     ws = tmp_path / "ws"
@@ -109,6 +109,13 @@ def test_the_diff_comes_from_the_driver(node: str, tmp_path: Path) -> None:
             ch = s.changes()
             assert tuple(ch.changed) == ("a.txt",) and tuple(ch.added) == ("b.txt",), ch
             assert "+two" in ch.diff
+            s.snapshot(tmp_path / "ws.tar")
+        # its copy resumes through the driver (verified here, sent in chunks), and the diff still sees it
+        with c.sandbox(node=node, workspace=ws, resume=tmp_path / "ws.tar") as s2:
+            r = s2.call("exec", {"command": "cat /workspace/a.txt /workspace/b.txt"})
+            assert r.ok and r.result["stdout"] == "one\ntwo\nnew\n", r.result
+            ch = s2.changes()
+            assert tuple(ch.changed) == ("a.txt",) and tuple(ch.added) == ("b.txt",), ch
     finally:
         c.close(stop_agents=True)
 
