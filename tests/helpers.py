@@ -3,6 +3,7 @@ servers on a test network (hardened like the sandbox, reached by network alias).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -10,6 +11,18 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def ray_harness() -> Any:
+    """examples/ray_cluster/local_cluster.py as a module (its LocalCluster: a head and worker raylets, each
+    with a dockerd of its own), for the cluster tests."""
+    path = ROOT / "examples" / "ray_cluster" / "local_cluster.py"
+    spec = importlib.util.spec_from_file_location("local_cluster", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["local_cluster"] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def run_cli(

@@ -23,25 +23,17 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import ray_harness
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray_cluster
-
-
-def _harness() -> Any:
-    path = ROOT / "examples" / "ray_cluster" / "local_cluster.py"
-    spec = importlib.util.spec_from_file_location("local_cluster", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["local_cluster"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def lc() -> Iterator[Any]:
     if os.geteuid() != 0:
         pytest.fail("the multi-engine cluster tests start dockerd and need root")
-    cluster = _harness().LocalCluster()
+    cluster = ray_harness().LocalCluster()
     cluster.up(nodes=3, image_on={0, 1})
     try:
         yield cluster

@@ -8,30 +8,19 @@ agent signing with whichever driver's key came first (a later driver's ``snapsho
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ray_harness
+
 pytestmark = pytest.mark.ray_cluster
 BIG_MIB = 150
 POLICY = {"limits": {"scratch": "256m", "memory": "1g"}}
 PER_NODE = {"warm": 0, "max_running": 2, "max_starting": 1}
-
-
-def _harness() -> Any:
-    path = ROOT / "examples" / "ray_cluster" / "local_cluster.py"
-    spec = importlib.util.spec_from_file_location("local_cluster", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["local_cluster"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +29,7 @@ def node() -> Iterator[str]:
         pytest.fail("the cluster tests start dockerd and need root")
     import ray
 
-    lc = _harness().LocalCluster()
+    lc = ray_harness().LocalCluster()
     lc.up(nodes=1, image_on={0})
     try:
         ray.init(address=lc.address, log_to_driver=False)
