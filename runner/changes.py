@@ -370,9 +370,22 @@ class _Gather:
         )
 
 
+def touched_paths(call: ToolCall, *, gitignore: bool, prior: Iterable[str] = ()) -> list[str]:
+    """What a snapshot records as changed against the host's workspace: ``prior`` (a resumed snapshot's) and
+    the paths the worker names now (hints: checked to be plain relative paths, never read), sorted, each once."""
+    seen = dict.fromkeys(prior)  # a dict, not a list: membership stays O(1) for 100,000 hostile hints
+    hints = call("workspace_changes", {"gitignore": gitignore})
+    if hints.ok and isinstance(hints.result, dict):
+        for raw in (hints.result.get("changed") or []) + (hints.result.get("removed") or []):
+            rel = _unwire(raw) if isinstance(raw, str) else None
+            if rel is not None:
+                seen.setdefault(rel)
+    return sorted(seen)
+
+
 def call_download(call: ToolCall) -> Call:
     """``call`` bound to the download tool (the worker's tar stream)."""
     return lambda params: call("download", params)
 
 
-__all__ = ["Changes", "ChangesError", "ChangesUsage", "collect"]
+__all__ = ["Changes", "ChangesError", "ChangesUsage", "collect", "touched_paths"]

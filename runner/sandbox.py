@@ -530,23 +530,18 @@ class Sandbox:
         ``Sandbox(resume=target)``, always in a fresh sandbox (toolcage.snapshot)."""
         from toolcage import __version__, snapshot
 
-        prior = list(self._prior_changes)
+        prior = sorted(set(self._prior_changes))
         if self.options.workspace_copy and self.workspace is not None:
-            hints = self.call("workspace_changes", {"gitignore": self.options.workspace_gitignore})
-            if hints.ok and isinstance(hints.result, dict):
-                from toolcage.changes import _unwire
+            from toolcage.changes import touched_paths
 
-                for raw in (hints.result.get("changed") or []) + (hints.result.get("removed") or []):
-                    rel = _unwire(raw) if isinstance(raw, str) else None
-                    if rel is not None and rel not in prior:
-                        prior.append(rel)
+            prior = touched_paths(self.call, gitignore=self.options.workspace_gitignore, prior=self._prior_changes)
         meta = {
             "toolcage": __version__,
             "run_id": self.run_id,
             "policy": self.policy.name,
             "workspace_from": str(self.workspace) if self.workspace is not None else None,
             "workspace_gitignore": self.options.workspace_gitignore,
-            "changed": sorted(prior),
+            "changed": prior,
         }
         secret_values = list(self._secrets.wire().values()) if self._secrets else []
         return snapshot.write(

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 FORMAT, VERSION = snapseal.FORMAT, snapseal.VERSION
 MANIFEST = "manifest.json"
 ROOTS = {"scratch": contract.SCRATCH, "workspace": contract.WORKSPACE}
-DEFAULT_MAX_BYTES = transfer.DEFAULT_MAX_BYTES  # the Sandbox passes its policy's bound (transfer.policy_bound)
+DEFAULT_MAX_BYTES = transfer.DEFAULT_MAX_BYTES  # the Sandbox passes its policy's bound (transfer.out_bound)
 MAX_FILES, MAX_MANIFEST = snapseal.MAX_FILES, snapseal.MAX_MANIFEST  # written and resumed alike
 DEFAULT_MAX_FILES = MAX_FILES
 DEFAULT_LIST = 100_000  # entries listed to find the file that holds a secret value

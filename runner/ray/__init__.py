@@ -643,21 +643,17 @@ class ClusterSandbox:
         (``Cluster(snapshot_key=)``, else this host's); resume it with ``cluster.sandbox(resume=...)`` of a
         driver with the same key."""
         from toolcage import __version__, connectors, snapshot, transfer
-        from toolcage.changes import _unwire
+        from toolcage.changes import touched_paths
 
-        prior = list(self._prior)
+        prior = sorted(set(self._prior))
         ws = self.options.get("workspace")
         if self.workspace_copy:
-            hints = self.call("workspace_changes", {"gitignore": bool(self.options.get("workspace_gitignore"))})
-            if hints.ok and isinstance(hints.result, dict):
-                for raw in (hints.result.get("changed") or []) + (hints.result.get("removed") or []):
-                    rel = _unwire(raw) if isinstance(raw, str) else None
-                    if rel is not None and rel not in prior:
-                        prior.append(rel)
+            gitignore = bool(self.options.get("workspace_gitignore"))
+            prior = touched_paths(self.call, gitignore=gitignore, prior=self._prior)
         meta = {
             "toolcage": __version__, "run_id": self.run_id, "policy": self.cluster.policy.name,
             "workspace_from": str(ws) if ws is not None else None,
-            "workspace_gitignore": bool(self.options.get("workspace_gitignore")), "changed": sorted(prior),
+            "workspace_gitignore": bool(self.options.get("workspace_gitignore")), "changed": prior,
         }  # fmt: skip
         store = connectors.secret_store(self.cluster.policy, self.options.get("secrets"))
         return snapshot.write(
