@@ -7,6 +7,7 @@ FAIL with a message saying what to do; they never skip.
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,20 @@ def engine() -> Any:
     if eng.image(image) is None:
         pytest.fail(f"worker image {image} is missing: run `toolcage image build` first", pytrace=False)
     return eng
+
+
+@pytest.fixture
+def internal_net(engine: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """An internal Docker network for an egress proxy (it runs and answers; nothing leaves the machine),
+    named after the test module, removed after the test's runs are."""
+    tag = secrets.token_hex(3)
+    net = f"toolcage-test-{request.module.__name__.rsplit('.', 1)[-1].removeprefix('test_')[:16]}-{tag}"
+    engine.create_network(net, internal=True, labels={"toolcage.test": tag})
+    try:
+        yield net
+    finally:
+        wait_removed(60)  # the runs that used it are removed in the background
+        engine.remove_network(net)
 
 
 def _mine(eng: Any) -> list[dict[str, Any]]:

@@ -25,6 +25,28 @@ def ray_harness() -> Any:
     return mod
 
 
+def secret_connector(tmp_path: Path, name: str, source: str, host: str) -> tuple[Path, Path]:
+    """A connector module (``source``) that may read the secret TOKEN, and a policy file named ``name``
+    that binds TOKEN to ``host`` (allowed through the egress proxy): (connector, policy)."""
+    import yaml
+
+    conn = tmp_path / "conn" / "stash.py"
+    conn.parent.mkdir()
+    conn.write_text(source)
+    pol = tmp_path / "pol.yaml"
+    pol.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "network": {"mode": "proxy", "allow": [{"host": host}]},
+                "timeouts": {"call_s": 120, "run_s": 600, "idle_s": 600},
+                "secrets": {"TOKEN": {"send_to": {"host": host}, "unsafe_expose_to_handler": True}},
+            }
+        )
+    )
+    return conn, pol
+
+
 def run_cli(
     *args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:

@@ -22,15 +22,13 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.helpers import ROOT
-from toolcage import Sandbox, wait_removed
+from tests.helpers import ROOT, secret_connector
+from toolcage import Sandbox
 from toolcage.snapshot import SnapshotError
 
 KEY = b"k" * 32
@@ -233,43 +231,18 @@ def stash(ctx: Context, form: str) -> dict[str, Any]:
 FORMS = ("reversed", "upper", "base32", "base32-lower", "rot13", "gzip", "zlib", "split", "mtimes")
 
 
-@pytest.fixture
-def egress_net(engine: Any) -> Iterator[str]:
-    tag = secrets.token_hex(3)
-    net = f"toolcage-test-snapbounds-{tag}"
-    engine.create_network(net, internal=True, labels={"toolcage.test": tag})
-    try:
-        yield net
-    finally:
-        wait_removed(60)
-        engine.remove_network(net)
-
-
 def test_a_secret_in_a_cheap_disguise_is_refused(
-    engine: Any, no_leaks: None, egress_net: str, state_home: Path, tmp_path: Path
+    engine: Any, no_leaks: None, internal_net: str, state_home: Path, tmp_path: Path
 ) -> None:
     """A connector that may read the secret writes it reversed, upper-cased, in base32 (either case), rot13,
     gzipped or zlib-compressed, split across two files or in mtimes: snapshot() refuses each and writes
     nothing; with the files gone, the same run snapshots."""
-    conn = tmp_path / "conn" / "stash.py"
-    conn.parent.mkdir()
-    conn.write_text(STASH)
-    pol = tmp_path / "pol.yaml"
-    pol.write_text(
-        yaml.safe_dump(
-            {
-                "name": "snap-forms",
-                "network": {"mode": "proxy", "allow": [{"host": BOUND}]},
-                "timeouts": LONG,
-                "secrets": {"TOKEN": {"send_to": {"host": BOUND}, "unsafe_expose_to_handler": True}},
-            }
-        )
-    )
+    conn, pol = secret_connector(tmp_path, "snap-forms", STASH, BOUND)
     out = tmp_path / "out"
     out.mkdir()
     passed: list[str] = []
     with Sandbox(
-        pol, tool="snap-forms", tools=[conn], secrets={"TOKEN": TOKEN}, egress_network=egress_net, snapshot_key=KEY
+        pol, tool="snap-forms", tools=[conn], secrets={"TOKEN": TOKEN}, egress_network=internal_net, snapshot_key=KEY
     ) as sb:
         for form in FORMS:
             r = sb.call("stash", {"form": form})

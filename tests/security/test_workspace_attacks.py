@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from tests.helpers import secret_connector
 from toolcage import CallResult, Sandbox, snapshot, wait_removed
 from toolcage.changes import ChangesError, collect
 from toolcage.errors import WorkspaceError
@@ -450,36 +450,11 @@ def stash(ctx: Context, path: str, form: str) -> dict[str, Any]:
 '''
 
 
-@pytest.fixture
-def egress_net(engine: Any) -> Iterator[str]:
-    tag = secrets.token_hex(3)
-    net = f"toolcage-test-wsattack-{tag}"
-    engine.create_network(net, internal=True, labels={"toolcage.test": tag})
-    try:
-        yield net
-    finally:
-        wait_removed(60)
-        engine.remove_network(net)
-
-
-def test_a_snapshot_never_holds_a_secret(engine: Any, egress_net: str, state_home: Path, tmp_path: Path) -> None:
+def test_a_snapshot_never_holds_a_secret(engine: Any, internal_net: str, state_home: Path, tmp_path: Path) -> None:
     """Code, or a connector that may read the secret, puts its value in a file (plain, base64 at any
     alignment, hex), a name or a symlink's target, in scratch or in the copy: snapshot() refuses, naming
     the file without the value, and leaves nothing at the target; with the value gone it succeeds."""
-    conn = tmp_path / "conn" / "stash.py"
-    conn.parent.mkdir()
-    conn.write_text(STASH)
-    pol = tmp_path / "pol.yaml"
-    pol.write_text(
-        yaml.safe_dump(
-            {
-                "name": "ws-secret",
-                "network": {"mode": "proxy", "allow": [{"host": BOUND}]},
-                "timeouts": LONG,
-                "secrets": {"TOKEN": {"send_to": {"host": BOUND}, "unsafe_expose_to_handler": True}},
-            }
-        )
-    )
+    conn, pol = secret_connector(tmp_path, "ws-secret", STASH, BOUND)
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "notes.md").write_text("notes\n")
@@ -528,7 +503,7 @@ def test_a_snapshot_never_holds_a_secret(engine: Any, egress_net: str, state_hom
         tool="ws-secret",
         tools=[conn],
         secrets={"TOKEN": TOKEN},
-        egress_network=egress_net,
+        egress_network=internal_net,
         workspace=ws,
         workspace_mode="copy",
     ) as sb:
