@@ -14,6 +14,11 @@ names below load on first use, so importing ``toolcage.worker`` or ``toolcage.po
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+import warnings
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -73,6 +78,42 @@ __all__ = [
     "load_policy",
     "wait_removed",
 ]
+
+
+# Modules that moved into rooms keep their old paths for one release (0.1.x), with a DeprecationWarning:
+# ``import toolcage.transfer`` gives the module ``toolcage.files.download`` itself (one module, not a copy).
+_MOVED = {
+    "toolcage.upload": "toolcage.files.upload",
+    "toolcage.transfer": "toolcage.files.download",
+    "toolcage.safetar": "toolcage.files.safetar",
+    "toolcage.batch": "toolcage.files.batch",
+    "toolcage.changes": "toolcage.files.changes",
+    "toolcage.gitdiff": "toolcage.files.gitdiff",
+    "toolcage.snapshot": "toolcage.files.snapshot",
+    "toolcage.kube": "toolcage.backends.kubernetes",
+}
+
+
+class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds a moved module's old name and hands out the module under its new one."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _MOVED:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        new = _MOVED[spec.name]
+        warnings.warn(f"{spec.name} moved to {new}; the old path goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Nothing to run: the module came back already executed under its new name."""
+
+
+if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
+    sys.meta_path.append(_MovedFinder())
 
 
 def __getattr__(name: str) -> Any:

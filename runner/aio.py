@@ -22,10 +22,10 @@ from toolcage.rpc.session import Ended, OnProgress
 from toolcage.sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from toolcage.changes import Changes
-    from toolcage.snapshot import SnapshotInfo
-    from toolcage.transfer import DownloadResult
-    from toolcage.upload import UploadResult
+    from toolcage.files.changes import Changes
+    from toolcage.files.download import DownloadResult
+    from toolcage.files.snapshot import SnapshotInfo
+    from toolcage.files.upload import UploadResult
 
 T = TypeVar("T")
 

@@ -42,11 +42,11 @@ from toolcage.run import AdoptedBackend, Run
 from toolcage.run import interrupted_error as interrupted_error  # re-exported (mcp serve)
 
 if TYPE_CHECKING:
-    from toolcage.changes import Changes
+    from toolcage.files.changes import Changes
+    from toolcage.files.download import DownloadResult
+    from toolcage.files.snapshot import SnapshotInfo
+    from toolcage.files.upload import UploadResult
     from toolcage.pool import Pool, _Slot
-    from toolcage.snapshot import SnapshotInfo
-    from toolcage.transfer import DownloadResult
-    from toolcage.upload import UploadResult
 
 
 _LIVE: set[Sandbox] = set()
@@ -101,7 +101,7 @@ class Sandbox:
         self._pool = pool
         self._resume = None
         if resume is not None and pool is None:  # checked before anything starts: a tampered one never runs
-            from toolcage import snapshot
+            from toolcage.files import snapshot
 
             self._resume = snapshot.verify(resume, snapshot_key)
             if self._resume.workspace:  # a snapshot with a workspace copy resumes into one
@@ -154,7 +154,7 @@ class Sandbox:
     def _check_copy_size(self) -> None:
         """A workspace whose copy would not fit in limits.workspace_copy is refused before anything starts."""
         from toolcage.errors import WorkspaceError
-        from toolcage.upload import measure
+        from toolcage.files.upload import measure
 
         assert self.options.workspace is not None
         entries, need = measure(self.options.workspace, self.options.workspace_gitignore)
@@ -231,7 +231,7 @@ class Sandbox:
 
     def _fill(self) -> None:
         """A resumed run's files (its snapshot's scratch, and its workspace copy), or the workspace copy."""
-        from toolcage import upload
+        from toolcage.files import upload
 
         def call(params: dict[str, Any]) -> CallResult:
             return self.call("upload", params)
@@ -461,8 +461,8 @@ class Sandbox:
     @property
     def max_out_bytes(self) -> int:
         """File content that can leave this sandbox (a download's, a snapshot's default ``max_bytes``): what
-        its policy lets its scratch and workspace copy hold, not a fixed cap (toolcage.transfer.out_bound)."""
-        from toolcage import transfer
+        its policy lets its scratch and workspace copy hold, not a fixed cap (toolcage.files.download.out_bound)."""
+        from toolcage.files import download as transfer
 
         return transfer.out_bound(self.policy.limits)
 
@@ -476,8 +476,8 @@ class Sandbox:
     ) -> DownloadResult:
         """Copy a file or directory out of /scratch or /workspace into ``local_dir`` (made if missing),
         streamed in bounded chunks and checked as hostile: nothing is written outside ``local_dir``,
-        and nothing under its final name unless the whole download succeeded (toolcage.transfer)."""
-        from toolcage import transfer
+        and nothing under its final name unless the whole download succeeded (toolcage.files.download)."""
+        from toolcage.files import download as transfer
 
         return transfer.download(
             lambda params: self.call("download", params),
@@ -490,29 +490,29 @@ class Sandbox:
     def upload(self, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
         """Copy a local file or directory into ``remote_dir`` under /scratch (made if missing), streamed
         in bounded chunks; the worker refuses what would land outside it and keeps nothing unless the
-        whole upload succeeded (toolcage.upload)."""
-        from toolcage import upload
+        whole upload succeeded (toolcage.files.upload)."""
+        from toolcage.files import upload
 
         return upload.upload(lambda params: self.call("upload", params), local_path, remote_dir)
 
     def write_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> UploadResult:
         """Write many files in one upload: ``{path: content}`` (text as UTF-8), paths under /scratch (relative
-        ones land there) or a writable /workspace; parents are made (toolcage.batch)."""
-        from toolcage import batch
+        ones land there) or a writable /workspace; parents are made (toolcage.files.batch)."""
+        from toolcage.files import batch
 
         return batch.write_files(self.call, files, mode)
 
     def read_files(self, paths: Iterable[str], *, missing_ok: bool = False) -> dict[str, bytes]:
-        """Read many files in one download: ``{path: bytes}`` by the paths as given (toolcage.batch)."""
-        from toolcage import batch
+        """Read many files in one download: ``{path: bytes}`` by the paths as given (toolcage.files.batch)."""
+        from toolcage.files import batch
 
         return batch.read_files(self.call, paths, missing_ok=missing_ok)
 
     def changes(self, *, download_to: str | os.PathLike[str] | None = None, max_bytes: int | None = None) -> Changes:
         """What the run changed in its writable workspace copy, against the host's workspace: ``added``,
         ``changed`` and ``removed`` paths and a ``diff`` that ``git apply`` takes in that directory (binary
-        files included); ``download_to``: also write the added and changed files there (toolcage.changes)."""
-        from toolcage import changes
+        files included); ``download_to``: also write the added and changed files there (toolcage.files.changes)."""
+        from toolcage.files import changes
 
         if not self.options.workspace_copy:
             raise changes.ChangesUsage(
@@ -527,12 +527,13 @@ class Sandbox:
     def snapshot(self, target: str | os.PathLike[str] | IO[bytes]) -> SnapshotInfo:
         """Write what the session holds (/scratch, and the workspace copy) to ``target``, a path or a binary
         stream, as a tar with a manifest, each file's sha256 and an HMAC under this host's key; resume it with
-        ``Sandbox(resume=target)``, always in a fresh sandbox (toolcage.snapshot)."""
-        from toolcage import __version__, snapshot
+        ``Sandbox(resume=target)``, always in a fresh sandbox (toolcage.files.snapshot)."""
+        from toolcage import __version__
+        from toolcage.files import snapshot
 
         prior = sorted(set(self._prior_changes))
         if self.options.workspace_copy and self.workspace is not None:
-            from toolcage.changes import touched_paths
+            from toolcage.files.changes import touched_paths
 
             prior = touched_paths(self.call, gitignore=self.options.workspace_gitignore, prior=self._prior_changes)
         meta = {

@@ -93,7 +93,7 @@ def _store_named(parts: tuple[str, ...]) -> str | None:
 
 def _state_dirs() -> list[Path]:
     """toolcage's state directories: where the snapshot key is now ($XDG_STATE_HOME/toolcage) and the default."""
-    from toolcage import snapshot
+    from toolcage.files import snapshot
 
     dirs = [snapshot.key_path().parent, Path.home().joinpath(*_STATE)]
     return [Path(os.path.realpath(d)) for d in dirs]

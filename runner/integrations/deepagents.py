@@ -50,10 +50,10 @@ from toolcage.policies.loader import load_policy
 from toolcage.sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from toolcage.changes import Changes
+    from toolcage.files.changes import Changes
+    from toolcage.files.snapshot import SnapshotInfo
     from toolcage.policies import PolicySource
     from toolcage.results import CallResult
-    from toolcage.snapshot import SnapshotInfo
 
 T = TypeVar("T")
 

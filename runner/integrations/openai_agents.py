@@ -77,11 +77,11 @@ from pydantic import ConfigDict, Field, model_validator
 from toolcage.aio import AsyncSandbox
 from toolcage.errors import SandboxError as ToolcageDied
 from toolcage.errors import ToolcageError, UsageError
+from toolcage.files.safetar import DownloadError
 from toolcage.policies import codes, contract
-from toolcage.safetar import DownloadError
 
 if TYPE_CHECKING:
-    from toolcage.changes import Changes
+    from toolcage.files.changes import Changes
     from toolcage.results import CallResult
     from toolcage.sandbox import Sandbox
 
@@ -598,7 +598,7 @@ class ToolcageSandboxSession(BaseSandboxSession):
     async def persist_workspace(self) -> io.IOBase:
         """The workspace root as the SDK's tar (``openai_agents_tar``): absolute links into it made relative
         so that a resume takes them back; bounded by what the sandbox may hold there."""
-        from toolcage import transfer
+        from toolcage.files import download as transfer
         from toolcage.integrations.openai_agents_tar import persist_bounds, workspace_tar
 
         root = _posix(self._workspace_root_path())
@@ -638,8 +638,8 @@ class ToolcageSandboxSession(BaseSandboxSession):
     def _hydrate(self, data: io.IOBase, root: str) -> None:
         """The SDK's tar checked by the SDK's own rules, rewritten with plain relative names, and sent
         through toolcage's upload (the worker checks it again and keeps nothing unless all of it was good)."""
-        from toolcage import upload
-        from toolcage.transfer import safe_name
+        from toolcage.files import upload
+        from toolcage.files.download import safe_name
 
         with data, tempfile.TemporaryFile() as raw, tempfile.TemporaryFile() as clean:  # the SDK hands it over
             while chunk := data.read(_CHUNK):

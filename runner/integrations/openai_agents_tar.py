@@ -65,8 +65,8 @@ def workspace_tar(
 ) -> IO[bytes]:
     """``root``'s tree as the SDK's tar (``.`` first, workspace-relative names, symlinks last), spooled to a
     temporary file the caller closes."""
-    from toolcage import transfer
-    from toolcage.transfer import DownloadResult
+    from toolcage.files import download as transfer
+    from toolcage.files.download import DownloadResult
 
     out = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the SDK, which closes it
     try:

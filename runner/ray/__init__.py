@@ -49,12 +49,12 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
     raise UsageError("toolcage.ray needs Ray: pip install 'toolcage[ray]'") from exc
 
 if TYPE_CHECKING:
-    from toolcage.changes import Changes
+    from toolcage.files.changes import Changes
+    from toolcage.files.safetar import DownloadResult
+    from toolcage.files.snapshot import SnapshotInfo
+    from toolcage.files.upload import UploadResult
     from toolcage.policies import PolicySource
     from toolcage.results import CallResult, RunSummary
-    from toolcage.safetar import DownloadResult
-    from toolcage.snapshot import SnapshotInfo
-    from toolcage.upload import UploadResult
 
 NODE_RESOURCE = "toolcage_engine"  # a node with this Ray resource runs an agent (`ray start --resources`)
 DEFAULT_PER_NODE = {"warm": 2, "max_running": 16, "max_starting": 2}
@@ -127,7 +127,7 @@ class Cluster:
         ready_timeout: float = 120.0,
         snapshot_key: bytes | None = None,
     ) -> None:
-        from toolcage import snapshot
+        from toolcage.files import snapshot
         from toolcage.options import resolve_policy, worker_image
 
         if not ray.is_initialized():
@@ -505,7 +505,7 @@ class ClusterSandbox:
         self.run_id: str | None = None
         self.name: str | None = None
         self.summary: RunSummary | None = None
-        self._prior: list[str] = []  # what a resumed snapshot had changed (toolcage.changes)
+        self._prior: list[str] = []  # what a resumed snapshot had changed (toolcage.files.changes)
 
     @property
     def node(self) -> str | None:
@@ -529,7 +529,7 @@ class ClusterSandbox:
     def start(self) -> ClusterSandbox:
         """Open the session on a node. A ``resume`` is verified here, with this driver's key, before any node
         is asked (SnapshotInvalid otherwise), then sent through the session's relay in bounded chunks."""
-        from toolcage import snapshot
+        from toolcage.files import snapshot
 
         c = self.cluster
         c._check_open()
@@ -557,7 +557,7 @@ class ClusterSandbox:
         return self
 
     def _fill(self, resumed: Any) -> None:
-        from toolcage import upload
+        from toolcage.files import upload
         from toolcage.policies import contract
 
         def put(params: dict[str, Any]) -> CallResult:
@@ -600,13 +600,13 @@ class ClusterSandbox:
 
     # the files facet: run here, on the driver, through ``call`` (the agent relays one bounded chunk of the
     # worker's at a time and holds nothing whole), so its memory and CPU are the caller's, and the door rules
-    # (toolcage.transfer, safetar, changes, snapshot) apply here as they do for a local Sandbox
+    # (toolcage.files.download, safetar, changes, snapshot) apply here as they do for a local Sandbox
     def download(
         self, remote_path: str, local_dir: str | os.PathLike[str], *, max_bytes: int | None = None,
         max_files: int | None = None,
     ) -> DownloadResult:  # fmt: skip
         """``Sandbox.download`` of the session, wherever it runs, streamed into ``local_dir`` here."""
-        from toolcage import transfer
+        from toolcage.files import download as transfer
 
         return transfer.download(
             lambda params: self.call("download", params), remote_path, local_dir,
@@ -616,7 +616,7 @@ class ClusterSandbox:
 
     def upload(self, local_path: str | os.PathLike[str], remote_dir: str) -> UploadResult:
         """``Sandbox.upload`` of a file or directory here into ``remote_dir`` of the session, wherever it runs."""
-        from toolcage import upload
+        from toolcage.files import upload
 
         return upload.upload(lambda params: self.call("upload", params), local_path, remote_dir)
 
@@ -624,7 +624,7 @@ class ClusterSandbox:
         """``Sandbox.changes``: the diff is made here, against ``workspace`` as this driver sees it."""
         from pathlib import Path
 
-        from toolcage import changes
+        from toolcage.files import changes
 
         if not self.workspace_copy:
             raise changes.ChangesUsage(
@@ -642,8 +642,10 @@ class ClusterSandbox:
         """``Sandbox.snapshot``, written here (a path or a binary stream) and signed with this driver's key
         (``Cluster(snapshot_key=)``, else this host's); resume it with ``cluster.sandbox(resume=...)`` of a
         driver with the same key."""
-        from toolcage import __version__, connectors, snapshot, transfer
-        from toolcage.changes import touched_paths
+        from toolcage import __version__, connectors
+        from toolcage.files import download as transfer
+        from toolcage.files import snapshot
+        from toolcage.files.changes import touched_paths
 
         prior = sorted(set(self._prior))
         ws = self.options.get("workspace")

@@ -20,7 +20,7 @@ import pytest
 
 from toolcage import Sandbox
 from toolcage.aio import AsyncSandbox
-from toolcage.upload import UploadUsage
+from toolcage.files.upload import UploadUsage
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

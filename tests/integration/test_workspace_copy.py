@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from toolcage import AsyncSandbox, Sandbox
-from toolcage.changes import ChangesUsage
 from toolcage.errors import UsageError
+from toolcage.files.changes import ChangesUsage
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

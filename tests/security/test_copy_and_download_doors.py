@@ -27,11 +27,13 @@ from typing import Any
 
 import pytest
 
-from toolcage import CallResult, Sandbox, snapshot, transfer
+from toolcage import CallResult, Sandbox
 from toolcage.errors import WorkspaceError
-from toolcage.outbound import door_problem
-from toolcage.snapshot import SnapshotInvalid
-from toolcage.transfer import DownloadUsage
+from toolcage.files import download as transfer
+from toolcage.files import snapshot
+from toolcage.files.download import DownloadUsage
+from toolcage.files.outbound import door_problem
+from toolcage.files.snapshot import SnapshotInvalid
 
 from ..helpers import run_cli
 

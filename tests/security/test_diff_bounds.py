@@ -30,7 +30,7 @@ import pytest
 
 from tests.security.test_workspace_attacks import FakeWorker, hostile_tar
 from toolcage import CallResult, Sandbox
-from toolcage.changes import collect
+from toolcage.files.changes import collect
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from toolcage import Sandbox
-from toolcage.transfer import DownloadLimit, DownloadUsage
+from toolcage.files.download import DownloadLimit, DownloadUsage
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

@@ -114,7 +114,7 @@ def test_a_snapshot_resumes_only_under_the_key_that_signed_it(
 ) -> None:
     """Signed by a driver with key A: a driver with key B refuses it before any node is asked; A resumes it."""
     import toolcage.ray as tcr
-    from toolcage.snapshot import SnapshotInvalid
+    from toolcage.files.snapshot import SnapshotInvalid
 
     key_a, key_b = b"a" * 32, b"b" * 32
     a = tcr.Cluster(POLICY, name="doors-key", per_node=PER_NODE, linger_s=5, snapshot_key=key_a)

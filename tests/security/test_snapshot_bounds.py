@@ -29,7 +29,7 @@ import pytest
 
 from tests.helpers import ROOT, secret_connector
 from toolcage import Sandbox
-from toolcage.snapshot import SnapshotError
+from toolcage.files.snapshot import SnapshotError
 
 KEY = b"k" * 32
 LONG = {"call_s": 120, "run_s": 600, "idle_s": 600}
@@ -114,7 +114,7 @@ HOSTILE = 30_000  # entries, each with a 4,000-byte name (a 167 MB archive)
 
 VERIFY = """
 import json, resource, sys, time
-from toolcage import snapshot
+from toolcage.files import snapshot
 base, t = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.monotonic()
 try:
     snapshot.verify(sys.argv[1], b"k" * 32)

@@ -47,12 +47,13 @@ from typing import Any
 import pytest
 
 from tests.helpers import secret_connector
-from toolcage import CallResult, Sandbox, snapshot, wait_removed
-from toolcage.changes import ChangesError, collect
+from toolcage import CallResult, Sandbox, wait_removed
 from toolcage.errors import WorkspaceError
+from toolcage.files import snapshot
+from toolcage.files.changes import ChangesError, collect
+from toolcage.files.download import DownloadError
+from toolcage.files.snapshot import SnapshotError, SnapshotInvalid
 from toolcage.lifecycle import ownership
-from toolcage.snapshot import SnapshotError, SnapshotInvalid
-from toolcage.transfer import DownloadError
 from toolcage.worker.redaction import text_forms
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

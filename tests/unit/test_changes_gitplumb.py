@@ -1,5 +1,5 @@
-"""The diff changes() returns, made by git in a bounded child (toolcage.gitplumb), from sides on disk
-(toolcage.changesides): what git apply takes, the bounds, the scrubbed environment. No Docker; git."""
+"""The diff changes() returns, made by git in a bounded child (toolcage.files.gitplumb), from sides on disk
+(toolcage.files.changesides): what git apply takes, the bounds, the scrubbed environment. No Docker; git."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from toolcage import changesides, gitdiff, gitplumb
-from toolcage.changesides import Side
+from toolcage.files import changesides, gitdiff, gitplumb
+from toolcage.files.changesides import Side
 
 
 class Sides:
@@ -242,7 +242,7 @@ def test_touched_paths_are_the_resumed_ones_and_the_hints_each_once_sorted_and_c
     """What a snapshot records as changed: a resumed snapshot's paths and the worker's hints, each once,
     sorted; a hint that is not a plain workspace path is dropped; 100,000 hostile hints cost well under a
     second (membership by dict, not by list)."""
-    from toolcage.changes import touched_paths
+    from toolcage.files.changes import touched_paths
     from toolcage.results import CallResult
 
     many = [f"/workspace/d/{i}" for i in range(100_000)]

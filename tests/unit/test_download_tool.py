@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from toolcage import transfer
+from toolcage.files import download as transfer
+from toolcage.files.download import DownloadUsage
 from toolcage.policies import validate_policy
 from toolcage.results import CallResult
-from toolcage.transfer import DownloadUsage
 from toolcage.worker.errors import WorkerError
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Catalog

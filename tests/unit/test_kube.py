@@ -1,4 +1,4 @@
-"""The Kubernetes backend on paper (toolcage.kube): every manifest it renders is valid for the API, and hardened.
+"""The Kubernetes backend on paper (toolcage.backends.kubernetes): each manifest it renders is valid and hardened.
 
 No API server can run here, so each object is checked against the schemas the API publishes, with
 kubernetes-validate in strict mode (an unknown field fails, as ``kubectl --validate=strict`` would), for
@@ -26,7 +26,7 @@ import kubernetes_validate
 import pytest
 
 from tests.unit._helpers import run_spec
-from toolcage import kube
+from toolcage.backends import kubernetes as kube
 from toolcage.engine.hostconfig import (
     LABEL_POOL,
     LABEL_ROLE,
@@ -81,7 +81,7 @@ def runs(policy: Policy) -> Iterator[tuple[str, RunSpec, kube.Placement, dict[st
 
 
 def every_manifest() -> Iterator[tuple[str, dict[str, Any]]]:
-    """(case, manifest) for everything toolcage.kube renders."""
+    """(case, manifest) for everything toolcage.backends.kubernetes renders."""
     for policy in policies():
         for case, run, where, extra in runs(policy):
             for m in kube.run_manifests(policy, run, where, owner=OWNER, **extra):

@@ -140,10 +140,10 @@ def test_audit_ray_refuses_the_options_it_would_not_honour(extra: list[str]) -> 
 
 
 def test_a_cluster_upload_is_checked_on_the_driver_as_a_local_upload_is(tmp_path: Path) -> None:
-    """A session's upload runs on the driver (toolcage.upload, through the agent's call relay): the caller's
+    """A session's upload runs on the driver (toolcage.files.upload, through the agent's call relay): the caller's
     mistakes are UploadUsage with Sandbox.upload's words, before anything is sent to a node."""
+    from toolcage.files.upload import UploadUsage
     from toolcage.ray import ClusterSandbox
-    from toolcage.upload import UploadUsage
 
     sent: list[Any] = []
     s = ClusterSandbox(cast(Any, None), {})

@@ -1,5 +1,5 @@
-"""The snapshot's seal, its bounded reading and its secret scan in process (toolcage.snapseal,
-toolcage.snapscan), with the worker's real download tool as the sandbox's side: no Docker."""
+"""The snapshot's seal, its bounded reading and its secret scan in process (toolcage.files.snapseal,
+toolcage.files.snapscan), with the worker's real download tool as the sandbox's side: no Docker."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 
 from tests.unit.test_download_tool import InProcess, settings
-from toolcage import snapshot, transfer
+from toolcage.files import download as transfer
+from toolcage.files import snapshot
+from toolcage.files.snapscan import INFLATE_FILE, SecretScan
+from toolcage.files.snapshot import SnapshotError, SnapshotInvalid
 from toolcage.policies import validate_policy
-from toolcage.snapscan import INFLATE_FILE, SecretScan
-from toolcage.snapshot import SnapshotError, SnapshotInvalid
 
 KEY = b"k" * 32
 VALUE = "tcsecret_" + "0123456789abcdef" * 2

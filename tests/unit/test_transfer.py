@@ -1,4 +1,4 @@
-"""Sandbox.download's extractor against hand-made hostile tar streams (toolcage.transfer): each attack
+"""Sandbox.download's extractor against hand-made hostile tar streams (toolcage.files.download): each attack
 is refused or skipped by its own check, with its own message, and leaves nothing behind."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from toolcage import safetar, transfer
+from toolcage.files import download as transfer
+from toolcage.files import safetar
+from toolcage.files.download import DownloadError, DownloadLimit, DownloadUsage
 from toolcage.results import CallResult
-from toolcage.transfer import DownloadError, DownloadLimit, DownloadUsage
 
 Entry = tuple[tarfile.TarInfo, bytes]
 

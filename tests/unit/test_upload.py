@@ -1,6 +1,6 @@
 """Sandbox.upload: the worker's extractor (toolcage.worker.tools.upload) against hand-made hostile tars,
 each refused by its own check with its own message, leaving nothing behind; and the host half
-(toolcage.upload) through the tool in-process: chunks bounded, special files and missing paths refused."""
+(toolcage.files.upload) through the tool in-process: chunks bounded, special files and missing paths refused."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from toolcage import upload as host
+from toolcage.files import upload as host
+from toolcage.files.upload import UploadError, UploadUsage
 from toolcage.policies import validate_policy
 from toolcage.results import CallResult
-from toolcage.upload import UploadError, UploadUsage
 from toolcage.worker.errors import WorkerError
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Catalog

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from toolcage import mountview, upload
 from toolcage.errors import WorkspaceError
+from toolcage.files import mountview, upload
 from toolcage.workspace import check_host_path, validate_workspace
 
 
@@ -296,7 +296,7 @@ def test_host_path_names_the_state_directory_and_stores(host: str) -> None:
         check_host_path(host, "/ws")
 
 
-# The copy's rule: what uid/gid 65532 could read through the mount (toolcage.mountview).
+# The copy's rule: what uid/gid 65532 could read through the mount (toolcage.files.mountview).
 
 
 def _st(mode: int, uid: int = 0, gid: int = 0) -> os.stat_result:

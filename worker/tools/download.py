@@ -8,7 +8,7 @@ Every entry is opened beneath its root by descriptor and never through a symlink
 and one swapped in mid-walk is skipped. FIFOs, sockets and devices are skipped and reported, and so is a
 sparse file where the sandbox writes (its size far beyond its blocks: what leaves the sandbox is bounded
 by what it may hold).
-The host treats the stream as hostile anyway (toolcage.transfer).
+The host treats the stream as hostile anyway (toolcage.files.download).
 """
 
 from __future__ import annotations

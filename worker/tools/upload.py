@@ -1,4 +1,4 @@
-"""Files into a sandbox: the worker half of ``Sandbox.upload`` (the host writes the tar: toolcage.upload).
+"""Files into a sandbox: the worker half of ``Sandbox.upload`` (the host writes the tar: toolcage.files.upload).
 
 A call with ``path`` (a directory under /scratch, or under /workspace when the run has a writable
 copy of it) opens a stream; each later call brings the next base64 chunk of a tar (with its sha256)

@@ -6,7 +6,7 @@ files and symlinks it made, and a ctime threshold: every later write, chmod, ren
 file sets its ctime at or past it (the kernel sets ctime, code cannot set it back). The
 ``workspace_changes`` tool answers the paths that are new, touched since, or gone: hints only. The
 host downloads those paths, compares each with its own copy of the workspace and writes the diff
-itself (toolcage.changes), so a hostile answer can hide the sandbox's own edits at most, never name
+itself (toolcage.files.changes), so a hostile answer can hide the sandbox's own edits at most, never name
 a path outside the workspace or put bytes in the diff that the sandbox's files do not hold.
 """
 

@@ -1,0 +1,229 @@
+"""Files out of a sandbox: ``Sandbox.download`` fetches the worker's tar stream and extracts it safely.
+
+Threat: every byte of the stream is chosen by code in the sandbox. Each chunk is checked (base64,
+its sha256, its size) and the runner holds one at a time; a stream that passes its caps or stalls
+is stopped. The entries are checked and extracted by toolcage.files.safetar into a staging directory
+inside ``local_dir``, renamed into place only when the whole stream was good: a failure leaves
+nothing under a final name (nor the directory, if the download made it).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any, cast
+
+from toolcage.files import safetar
+from toolcage.files.safetar import _MAX_SKIPPED, DownloadError, DownloadLimit, DownloadResult, DownloadUsage, show
+from toolcage.policies import codes
+from toolcage.textsafe import escape
+
+if TYPE_CHECKING:
+    from toolcage.results import CallResult
+
+DEFAULT_MAX_BYTES = 4 << 30  # file content a download may write when no policy says more (Sandbox: out_bound)
+DEFAULT_MAX_FILES = 100_000  # entries (files, directories, links) a download may make
+MAX_CHUNK = 6 << 20  # raw bytes one answer may carry (the worker sends at most 4 MiB)
+_MAX_EMPTY = 16  # the worker always sends data or ends the stream: more empty chunks than this is a stall
+
+
+Call = Callable[[dict[str, Any]], "CallResult"]  # one ``download`` call
+
+
+def _answer(res: CallResult, first: bool) -> dict[str, Any]:
+    """A call's result, or the error it means: the first call's tool error is the caller's bad input."""
+    if res.ok and isinstance(res.result, dict):
+        return res.result
+    err = res.error or {}
+    msg = escape(str(err.get("message", res.status)))
+    if err.get("code") == codes.METHOD_NOT_FOUND:
+        raise DownloadError("download: this worker image has no download tool; rebuild it (toolcage image build)")
+    if first and res.status == "error":
+        raise DownloadUsage(f"download: {msg}", **({"data": err["data"]} if isinstance(err.get("data"), dict) else {}))
+    raise DownloadError(f"download failed ({res.status}): {msg}; nothing was kept")
+
+
+class _Chunks(io.RawIOBase):
+    """The worker's stream as a file: one chunk held at a time, every answer checked."""
+
+    def __init__(self, call: Call, first: dict[str, Any], raw_cap: int, result: DownloadResult) -> None:
+        self._call, self._first, self._cap, self._result = call, first, raw_cap, result
+        self._buf = memoryview(b"")
+        self._stream: str | None = None
+        self._done = False
+        self._empty = 0  # empty chunks in a row (a worker that never ends the stream)
+        self.total = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf and not self._done:
+            self._buf = memoryview(self._next())
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def _next(self) -> bytes:
+        first = self._stream is None
+        ans = _answer(self._call(self._first if first else {"stream": self._stream}), first)
+        try:
+            data = base64.b64decode(ans["data"], validate=True)
+            ok = hashlib.sha256(data).hexdigest() == ans["sha256"] and isinstance(ans["done"], bool)
+            stream, skipped, count = (
+                str(ans["stream"]),
+                list(ans.get("skipped") or ()),
+                int(ans.get("skipped_count", 0)),
+            )
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            raise DownloadError("download: the worker sent a malformed chunk") from None
+        if not ok or len(data) > MAX_CHUNK:
+            raise DownloadError("download: a chunk does not match its sha256 (or is too large); nothing was kept")
+        self._stream, self._done = stream, ans["done"]
+        self._empty = 0 if data or self._done else self._empty + 1
+        if self._empty > _MAX_EMPTY:
+            raise DownloadError(f"download: the worker sent {_MAX_EMPTY} empty chunks in a row; nothing was kept")
+        for item in skipped[:_MAX_SKIPPED]:
+            if isinstance(item, dict):
+                self._result.skip(str(item.get("path", "?")), f"in the sandbox: {escape(item.get('reason', '?'))}")
+        self._result.skipped_count += max(count - min(len(skipped), _MAX_SKIPPED), 0)
+        self.total += len(data)
+        if self.total > self._cap:
+            raise DownloadLimit(f"download: the stream passed {self._cap} bytes, more than its caps allow")
+        return data
+
+
+def out_bound(limits: Any) -> int:
+    """The file content that can leave a sandbox of these ``limits`` (a policy's): what its scratch tmpfs and
+    its workspace copy's tmpfs may hold. Threat: a sandbox-chosen byte count (a sparse file, a stream that
+    never ends) on the host's disk. The worker skips a sparse file, but the runner does not trust it to:
+    this is the default ``max_bytes`` of a download, a snapshot and a persisted workspace, instead of a fixed
+    4 or 16 GiB. A read-only workspace's own files are the host's: pass ``max_bytes`` to take more of them."""
+    return int(limits.scratch) + int(limits.workspace_copy)
+
+
+def _raw_cap(max_bytes: int, max_files: int) -> int:
+    """The most tar a stream within the caps can be: the content, a PAX header and padding per entry."""
+    return max_bytes + (max_files + 2) * 4 * tarfile.BLOCKSIZE + (4 << 20)
+
+
+def members(
+    call: Call, first: dict[str, Any], *, max_bytes: int, max_files: int, result: DownloadResult
+) -> Iterator[tuple[str, tarfile.TarInfo, IO[bytes]]]:
+    """The worker's tar stream (``first``: the opening call's params) as ``(name, entry, content)``, entry
+    by entry, never written to disk: a name is normalised and refused if it is absolute, climbs with
+    ``..`` or is too long; only files, directories and symlinks are taken. ``content`` reads a file's
+    bytes (read it before the next entry; a short read means a broken stream). For the host's own
+    archives and diffs."""
+    chunks = _Chunks(call, first, _raw_cap(max_bytes, max_files), result)
+    reader = io.BufferedReader(chunks, 1 << 20)
+    entries = total = 0
+    seen: set[bytes] = set()  # 16-byte digests of the names: a 4 KB path costs the host 16 bytes, not 4 KB
+    try:
+        with tarfile.open(  # safetar.Info: a PAX header too large to hold is refused before it is read
+            fileobj=reader, mode="r|", tarinfo=safetar.Info, encoding="utf-8", errors="surrogateescape"
+        ) as tf:
+            while (m := tf.next()) is not None:
+                cast(Any, tf).members.clear()
+                entries += 1
+                if entries > max_files:
+                    raise DownloadLimit(f"stopped: more than {max_files} entries (max_files)")
+                name = safe_name(m.name)
+                digest = hashlib.blake2b(os.fsencode(name), digest_size=16).digest() if name is not None else b""
+                if name is None or digest in seen:
+                    raise DownloadError(
+                        f"refused: the entry '{show(m.name)}' is absolute, climbs with '..', "
+                        "is too long or comes twice; nothing was kept"
+                    )
+                seen.add(digest)
+                if m.sparse is not None or not (m.isreg() or m.isdir() or m.issym()):
+                    raise DownloadError(f"refused: '{show(m.name)}' is not a file, directory or symlink")
+                src: IO[bytes] = io.BytesIO()
+                if m.isreg():
+                    total += m.size
+                    if total > max_bytes:
+                        raise DownloadLimit(f"stopped: more than {max_bytes} bytes of files (max_bytes)")
+                    got = tf.extractfile(m)
+                    assert got is not None
+                    src = got
+                yield name, m, src
+    except (tarfile.TarError, RecursionError, EOFError, UnicodeError, OverflowError, ValueError) as exc:
+        raise DownloadError(
+            f"the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
+        ) from None
+
+
+def safe_name(name: str) -> str | None:
+    """``name`` as a relative path of plain components, or None (absolute, ``..``, NUL, too long, empty)."""
+    if name.startswith("/") or "\x00" in name:
+        return None
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        return None
+    try:
+        raw = os.fsencode(name)
+    except UnicodeError:
+        return None
+    if len(raw) > 4096 or any(len(os.fsencode(p)) > 255 for p in parts):
+        return None
+    return "/".join(parts)
+
+
+def download(
+    call: Call,
+    remote: str,
+    local_dir: str | os.PathLike[str],
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_files: int = DEFAULT_MAX_FILES,
+) -> DownloadResult:
+    """Fetch ``remote`` (a file or directory in the sandbox) into ``local_dir`` (made if missing): a
+    directory's contents, or the file by its own name. Refuses or skips what is unsafe (module doc)."""
+    local = os.path.abspath(os.fspath(local_dir))
+    made = not os.path.lexists(local)
+    try:
+        os.makedirs(local, exist_ok=True)
+    except OSError as exc:
+        raise DownloadUsage(f"download: cannot use '{show(local)}' as the target directory: {exc.strerror}") from None
+    result = DownloadResult(local)
+    staging = tempfile.mkdtemp(prefix=".toolcage-download-", dir=local)
+    try:
+        ex = safetar.Extractor(staging, local, max_bytes, max_files, result)
+        try:
+            chunks = _Chunks(call, {"path": remote}, _raw_cap(max_bytes, max_files), result)
+            reader = io.BufferedReader(chunks, 1 << 20)
+            try:
+                with tarfile.open(
+                    fileobj=reader, mode="r|", tarinfo=safetar.Info, encoding="utf-8", errors="surrogateescape"
+                ) as tf:
+                    while (m := tf.next()) is not None:
+                        cast(Any, tf).members.clear()  # stream mode keeps every header: a million would stay in memory
+                        ex.member(tf, m)
+            except (tarfile.TarError, RecursionError, EOFError, UnicodeError, OverflowError, ValueError) as exc:
+                raise DownloadError(
+                    f"download: the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
+                ) from None
+            ex.finish()
+        finally:
+            ex.close()
+        safetar.merge(staging, local)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(local)  # made for this download, and it failed: leave no empty directory either
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    return result
+
+
+__all__ = ["DownloadError", "DownloadLimit", "DownloadResult", "DownloadUsage", "download", "out_bound", "show"]

@@ -1,0 +1,365 @@
+"""Files into a sandbox: ``Sandbox.upload`` writes a local file or directory as a tar, in bounded chunks.
+
+The tar is made entry by entry from a generator (a header, then the file read 1 MiB at a time) and
+sent 1 MiB at a time to the worker's ``upload`` tool (toolcage.worker.tools.upload), which checks
+and extracts it: the runner holds one chunk whatever the size. Symlinks are sent as symlinks and
+never followed, so nothing outside the local tree is read; FIFOs, sockets and devices are refused
+before anything is sent. A directory's contents go into ``remote_dir``; a file goes there by its name.
+
+The run's workspace copy (``base``) takes only what the sandbox user could read through the read-only
+mount (toolcage.files.mountview): the runner reads with its own rights, often root's. A file uid/gid 65532
+could not read is left out; a directory it could not list is there, empty; each is reported (``withheld``).
+The workspace directory itself is the caller's grant (its mode keeps other local users out: mkdtemp and
+pytest make 0700 ones); the rule applies to everything beneath it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import queue
+import stat
+import tarfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from toolcage.errors import SandboxError, UsageError
+from toolcage.files import mountview
+from toolcage.policies import codes
+from toolcage.policies.gitignore import Rules, ignored, with_own
+from toolcage.textsafe import escape
+
+if TYPE_CHECKING:
+    from toolcage.results import CallResult
+
+_MAX_WITHHELD = 100  # withheld names kept for the report (all are counted)
+CHUNK = 1 << 20  # raw bytes per call: a call holds ~11 copies of its params (base64, JSON, audit), ~13 MiB peak
+_PIECE = 1 << 20
+
+Call = Callable[[dict[str, Any]], "CallResult"]  # one ``upload`` call
+
+
+class UploadError(SandboxError):
+    """The worker could not take the upload (a refused entry, a full /scratch, a broken call)."""
+
+    status = "error"
+    reason = "upload_failed"
+
+
+class UploadUsage(UsageError):
+    """Bad input: a local path that is missing or holds a FIFO, socket or device; a remote_dir in /workspace."""
+
+    reason = "upload_usage"
+
+
+@dataclass
+class UploadResult:
+    """What an upload wrote under ``remote_dir``: entries and bytes of file content."""
+
+    remote_dir: str
+    files: int = 0
+    dirs: int = 0
+    symlinks: int = 0
+    bytes: int = 0
+    withheld: list[str] = field(default_factory=list)  # left out of a workspace copy: the sandbox could not read them
+    withheld_count: int = 0
+
+
+class _Withheld(list[str]):
+    """What a workspace copy left out (the first _MAX_WITHHELD names; ``total`` counts all)."""
+
+    total = 0
+
+    def add(self, name: str) -> None:
+        self.total += 1
+        if len(self) < _MAX_WITHHELD:
+            self.append(name)
+
+
+def _show(path: str) -> str:
+    return escape(os.fsencode(path).decode("utf-8", "backslashreplace"))
+
+
+def _kind(mode: int) -> str | None:
+    """What an upload refuses, by name (None: a file, directory or symlink)."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device node"
+
+
+def _refuse(path: str, kind: str) -> UploadUsage:
+    return UploadUsage(f"upload: '{_show(path)}' is {kind}; an upload takes files, directories and symlinks")
+
+
+def _entries(local: str, gitignore: bool = False, withheld: _Withheld | None = None) -> Iterator[tuple[str, str]]:
+    """(path on disk, name in the tar) for each entry, never following a symlink; ``gitignore``: without
+    what the tree's .gitignore files ignore (an ignored directory is not entered), nor ``.git``;
+    ``withheld``: only what the sandbox user could read through the mount, the rest named there."""
+    st = os.lstat(local)
+    if not stat.S_ISDIR(st.st_mode):
+        yield local, os.path.basename(local)
+        return
+    stacks: dict[str, tuple[Rules, ...]] = {"": ()}
+    for dirpath, dirnames, filenames in os.walk(local):  # followlinks=False: a link to a directory is a link
+        rel = os.path.relpath(dirpath, local)
+        rel = "" if rel == "." else rel
+        if gitignore:
+            prefix = f"{rel}/" if rel else ""
+            stack = _rules_of(stacks.pop(rel, ()), dirpath, rel)
+            keep = [d for d in dirnames if d != ".git" and not (stack and ignored(stack, prefix + d, True))]
+            dirnames[:] = keep
+            for d in keep:
+                stacks[prefix + d] = stack
+            filenames = [f for f in filenames if f != ".git" and not (stack and ignored(stack, prefix + f, False))]
+        prefix = f"{rel}/" if rel else ""
+        shut: list[str] = []  # directories copied empty: the sandbox could not list them
+        if withheld is not None:
+            dirnames[:], shut, filenames = _as_mounted(dirpath, prefix, dirnames, filenames, withheld)
+        dirnames.sort()
+        for base in sorted(dirnames + shut + filenames):
+            yield os.path.join(dirpath, base), prefix + base
+
+
+def _as_mounted(
+    dirpath: str, prefix: str, dirnames: list[str], filenames: list[str], withheld: _Withheld
+) -> tuple[list[str], list[str], list[str]]:
+    """A directory's entries as the sandbox user would find them through the mount (toolcage.files.mountview):
+    the directories to enter, those to copy empty, the files it could read."""
+    enter: list[str] = []
+    shut: list[str] = []
+    for d in dirnames:
+        path = os.path.join(dirpath, d)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or mountview.may(path, st, mountview.LIST):
+            enter.append(d)  # a symlink is listed among the directories and never entered
+        else:
+            shut.append(d)
+            withheld.add(f"{prefix}{d}/")
+    files: list[str] = []
+    for f in filenames:
+        path = os.path.join(dirpath, f)
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and not mountview.may(path, st, mountview.READ):
+            withheld.add(prefix + f)
+        else:
+            files.append(f)
+    return enter, shut, files
+
+
+def _rules_of(stack: tuple[Rules, ...], dirpath: str, rel: str) -> tuple[Rules, ...]:
+    """``stack`` with the directory's own .gitignore (toolcage.policies.gitignore.with_own)."""
+    try:
+        dfd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return stack
+    try:
+        return with_own(stack, dfd, rel)
+    finally:
+        os.close(dfd)
+
+
+_PAGE = 4096  # a tmpfs keeps each file's data in whole pages
+
+
+def measure(local: str | os.PathLike[str], gitignore: bool = False) -> tuple[int, int]:
+    """Entries under ``local`` as the workspace copy sends them, and the tmpfs space their files take (whole pages)."""
+    entries = size = 0
+    for path, _ in _entries(os.fspath(local), gitignore, _Withheld()):
+        entries += 1
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode):
+            size += -(-st.st_size // _PAGE) * _PAGE
+    return entries, size
+
+
+def _header(name: str, kind: bytes, st: os.stat_result, size: int = 0, linkname: str = "") -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime, info.size, info.linkname = (
+        kind,
+        stat.S_IMODE(st.st_mode),
+        int(st.st_mtime),
+        size,
+        linkname,
+    )
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def _tar(local: str, gitignore: bool, withheld: _Withheld | None = None) -> Iterator[bytes]:
+    for path, name in _entries(local, gitignore, withheld):
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode):
+            yield _header(name, tarfile.DIRTYPE, st)
+        elif stat.S_ISLNK(st.st_mode):
+            yield _header(name, tarfile.SYMTYPE, st, linkname=os.readlink(path))
+        elif stat.S_ISREG(st.st_mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # swapped for a link: refused, not followed
+            try:
+                fst = os.fstat(fd)
+                if not stat.S_ISREG(fst.st_mode):
+                    raise _refuse(path, _kind(fst.st_mode) or "no longer a file")
+                if withheld is not None and not mountview.allows(fst, mountview.READ, mountview.access_acl(fd)):
+                    withheld.add(name)  # its mode changed since the walk: what is sent is what was checked
+                    continue
+                yield _header(name, tarfile.REGTYPE, fst, fst.st_size)
+                sent = 0
+                while sent < fst.st_size:
+                    piece = os.pread(fd, min(_PIECE, fst.st_size - sent), sent)
+                    if not piece:
+                        raise UploadUsage(f"upload: '{_show(path)}' shrank while it was read; nothing was kept")
+                    sent += len(piece)
+                    yield piece
+                if fst.st_size % tarfile.BLOCKSIZE:
+                    yield bytes(tarfile.BLOCKSIZE - fst.st_size % tarfile.BLOCKSIZE)
+            finally:
+                os.close(fd)
+        else:
+            raise _refuse(path, _kind(st.st_mode) or "?")
+    yield bytes(2 * tarfile.BLOCKSIZE)
+
+
+def _chunks(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """The tar in pieces of at most CHUNK bytes (one held at a time, plus the piece being cut)."""
+    buf = bytearray()
+    for piece in pieces:
+        buf += piece
+        while len(buf) >= CHUNK:
+            yield bytes(buf[:CHUNK])
+            del buf[:CHUNK]
+    yield bytes(buf)
+
+
+def _answer(res: CallResult, first: bool) -> dict[str, Any]:
+    if res.ok and isinstance(res.result, dict):
+        return res.result
+    err = res.error or {}
+    msg = escape(str(err.get("message", res.status)))
+    if err.get("code") == codes.METHOD_NOT_FOUND:
+        raise UploadError("upload: this worker image has no upload tool; rebuild it (toolcage image build)")
+    if first and res.status == "error":
+        raise UploadUsage(f"upload: {msg}")
+    raise UploadError(f"upload failed ({res.status}): {msg}")
+
+
+def upload(
+    call: Call,
+    local_path: str | os.PathLike[str],
+    remote_dir: str,
+    *,
+    gitignore: bool = False,
+    base: bool = False,
+    checked: bool = False,
+) -> UploadResult:
+    """Send ``local_path`` (a file or directory) into ``remote_dir`` in the sandbox (module doc).
+    ``gitignore``: leave out what the tree's .gitignore files ignore, and .git; ``base``: this is the
+    run's workspace copy (into /workspace, whose changes the worker then tracks); ``checked``: the tree was
+    already checked for FIFOs, sockets and devices (a workspace is, by toolcage.workspace), so it is walked
+    once, as it is sent (one found then still stops the upload). A ``base`` copy takes only what the sandbox
+    user could read through the mount (module doc): ``withheld`` names what it left out."""
+    local = source(local_path, gitignore=gitignore, walk=not checked)
+    withheld = _Withheld() if base else None
+    got = send(call, _tar(local, gitignore, withheld), remote_dir, base=base, shown=local)
+    if withheld is not None:
+        got.withheld, got.withheld_count = list(withheld), withheld.total
+    return got
+
+
+def source(local_path: str | os.PathLike[str], *, gitignore: bool = False, walk: bool = True) -> str:
+    """``local_path`` as an upload takes it (its absolute path), checked before anything is sent, since a
+    problem here is the caller's mistake: UploadUsage for a path that is missing or a symlink, and (``walk``)
+    for a FIFO, socket or device anywhere in the tree."""
+    local = os.path.abspath(os.fspath(local_path))
+    try:
+        st = os.lstat(local)
+    except OSError as exc:
+        raise UploadUsage(f"upload: cannot read '{_show(local)}': {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UploadUsage(f"upload: '{_show(local)}' is a symlink; upload what it points to, or its directory")
+    for path, _ in _entries(local, gitignore) if walk else ():
+        kind = _kind(os.lstat(path).st_mode)
+        if kind is not None:
+            raise _refuse(path, kind)
+    return local
+
+
+def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = False, shown: str = "") -> UploadResult:
+    """Send the tar ``tar`` yields into ``remote_dir``, in chunks (an OSError or UploadUsage while it is
+    made aborts the stream: the worker keeps nothing)."""
+    ans = _answer(call({"path": remote_dir, **({"base": True} if base else {})}), True)
+    stream = str(ans.get("stream", ""))
+    ahead = _Ahead(_encoded(_chunks(tar)))  # the next chunk is made while the worker takes this one
+    try:
+        item = ahead.next()
+        while item is not None:
+            nxt = ahead.next()
+            data, digest = item
+            ans = _answer(call({"stream": stream, "data": data, "sha256": digest, "done": nxt is None}), False)
+            item = nxt
+    except OSError as exc:  # the local tree changed under the walk
+        call({"stream": stream, "abort": True})  # the worker drops what it extracted
+        raise UploadUsage(f"upload: reading '{_show(shown)}' failed: {exc.strerror}; nothing was kept") from None
+    except (UploadUsage, UsageError):
+        call({"stream": stream, "abort": True})
+        raise
+    finally:
+        ahead.stop()
+    files, dirs, symlinks, size = (int(ans.get(k, 0)) for k in ("files", "dirs", "symlinks", "bytes"))
+    return UploadResult(str(ans.get("path", remote_dir)), files, dirs, symlinks, size)
+
+
+def _encoded(chunks: Iterator[bytes]) -> Iterator[tuple[str, str]]:
+    for data in chunks:
+        yield base64.b64encode(data).decode("ascii"), hashlib.sha256(data).hexdigest()
+
+
+class _Ahead:
+    """``items`` made on a thread of their own, at most two ahead of the caller (bounded memory): reading
+    and packing the next chunk overlaps the worker extracting this one. Errors come out of ``next``."""
+
+    _END = object()
+
+    def __init__(self, items: Iterator[Any]) -> None:
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(items,), name="toolcage-upload-ahead", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stopped.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, items: Iterator[Any]) -> None:
+        try:
+            for item in items:
+                if not self._put(item):
+                    return
+            self._put(self._END)
+        except BaseException as exc:  # handed to the caller
+            self._put(exc)
+
+    def next(self) -> Any:
+        """The next item, None at the end; the producer's error, raised here."""
+        item = self._q.get()
+        if item is self._END:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+
+__all__ = ["UploadError", "UploadResult", "UploadUsage", "measure", "send", "source", "upload"]
