@@ -6,6 +6,7 @@ the ``status`` that says how the run ended.
     ├── UsageError (exit 2)                bad CLI input, bad params JSON
     │   ├── WorkspaceError (exit 2)        workspace missing or too sensitive to mount
     │   ├── BadToolCall (exit 2)           unknown tool or bad params, found on the host (precheck)
+    │   ├── MissingExtra (exit 2)          an optional module's extra is not installed (an ImportError too)
     │   └── RequirementsError (exit 2)     `image build --requirements`: a file or package it cannot use
     ├── NotFound (exit 1)                  what was asked for is not there (`audit --run ID`)
     ├── AuditError (exit 3)                the audit log cannot be written (disk full) or read back
@@ -53,6 +54,18 @@ class RequirementsError(UsageError):
     options instead of packages, or a package with neither a wheel for the image nor a pure-Python sdist."""
 
     reason = "requirements"
+
+
+class MissingExtra(UsageError, ImportError):
+    """An optional module (``toolcage.ray``, ``toolcage.integrations.*``) was imported without the extra it
+    needs: ``extra`` names it (``pip install 'toolcage[ray]'``), ``name`` the missing module. An ImportError
+    too, as tools that import optional modules expect (pkgutil, IDEs, docs generators)."""
+
+    reason = "missing_extra"
+
+    def __init__(self, message: str, *, extra: str, module: str) -> None:
+        super().__init__(message, extra=extra, module=module)
+        self.name = module  # ImportError's: the module that could not be imported
 
 
 class NotFound(ToolcageError):
@@ -141,6 +154,7 @@ __all__ = [
     "DockerUnavailable",
     "EngineUnavailable",
     "ImageMissing",
+    "MissingExtra",
     "NoCapacity",
     "NodeLost",
     "NotFound",
