@@ -190,6 +190,10 @@ class AsyncSandbox:
         """As :meth:`Sandbox.snapshot`, on a thread (it writes the archive as the chunks come)."""
         return await _on_thread(self._executor, self._sync.snapshot, target)
 
+    async def usage(self) -> dict[str, Any]:
+        """As :meth:`Sandbox.usage`, on a thread."""
+        return await _on_thread(self._executor, self._sync.usage)
+
     async def close(self) -> RunSummary | None:
         return await _on_thread(self._executor, self._sync.close)
 
