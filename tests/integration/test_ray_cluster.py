@@ -403,12 +403,12 @@ def test_sigkill_of_the_driver_leaks_nothing_and_touches_no_one_elses(lc: Any, r
 
 
 def test_the_readmes_ray_example_runs_against_the_multi_engine_cluster(lc: Any, ray_driver: Any) -> None:
-    readme = ROOT / "tests" / "integration" / "test_readme.py"
+    readme = ROOT / "tests" / "integration" / "test_docs.py"
     spec = importlib.util.spec_from_file_location("readme_blocks", readme)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.RAY_BLOCKS, "the README lost its Ray example"
+    assert mod.RAY_BLOCKS, "the README and docs/ray.md lost their Ray examples"
     for index in mod.RAY_BLOCKS:
         env = {**os.environ, "RAY_ADDRESS": lc.address}
         proc = subprocess.run(
