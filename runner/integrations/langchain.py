@@ -33,7 +33,13 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from langchain_core.tools import StructuredTool, ToolException
+try:
+    from langchain_core.tools import StructuredTool, ToolException
+except ImportError as exc:
+    from toolcage.integrations import raise_missing_extra
+
+    raise_missing_extra(exc, "langchain", __name__)
+    raise
 
 from toolcage.aio import AsyncSandbox
 from toolcage.errors import SandboxError, ToolcageError, UsageError

@@ -48,31 +48,37 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any, Literal, Self
 
-from agents.sandbox.errors import (
-    ConfigurationError,
-    ErrorCode,
-    ExecTimeoutError,
-    ExecTransportError,
-    OpName,
-    SnapshotPersistError,
-    SnapshotRestoreError,
-    WorkspaceArchiveReadError,
-    WorkspaceArchiveWriteError,
-    WorkspaceReadNotFoundError,
-)
-from agents.sandbox.manifest import Manifest
-from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
-from agents.sandbox.session.dependencies import Dependencies
-from agents.sandbox.session.manager import Instrumentation
-from agents.sandbox.session.runtime_helpers import RESOLVE_WORKSPACE_PATH_HELPER, RuntimeHelperScript
-from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
-from agents.sandbox.session.sandbox_session import SandboxSession
-from agents.sandbox.session.sandbox_session_state import SandboxSessionState
-from agents.sandbox.session.workspace_payloads import coerce_write_payload
-from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
-from agents.sandbox.types import ExecResult, User
-from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
-from pydantic import ConfigDict, Field, model_validator
+try:
+    from agents.sandbox.errors import (
+        ConfigurationError,
+        ErrorCode,
+        ExecTimeoutError,
+        ExecTransportError,
+        OpName,
+        SnapshotPersistError,
+        SnapshotRestoreError,
+        WorkspaceArchiveReadError,
+        WorkspaceArchiveWriteError,
+        WorkspaceReadNotFoundError,
+    )
+    from agents.sandbox.manifest import Manifest
+    from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
+    from agents.sandbox.session.dependencies import Dependencies
+    from agents.sandbox.session.manager import Instrumentation
+    from agents.sandbox.session.runtime_helpers import RESOLVE_WORKSPACE_PATH_HELPER, RuntimeHelperScript
+    from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
+    from agents.sandbox.session.sandbox_session import SandboxSession
+    from agents.sandbox.session.sandbox_session_state import SandboxSessionState
+    from agents.sandbox.session.workspace_payloads import coerce_write_payload
+    from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
+    from agents.sandbox.types import ExecResult, User
+    from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
+    from pydantic import ConfigDict, Field, model_validator
+except ImportError as exc:
+    from toolcage.integrations import raise_missing_extra
+
+    raise_missing_extra(exc, "openai-agents", __name__)
+    raise
 
 from toolcage.aio import AsyncSandbox
 from toolcage.errors import SandboxError as ToolcageDied

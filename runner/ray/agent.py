@@ -116,7 +116,7 @@ class EngineAgent:
     def __init__(self, config: AgentConfig) -> None:
         import ray
 
-        from toolcage.engine import hostconfig
+        from toolcage.engine import labels as hostlabels
         from toolcage.engine.docker_adapter import Engine
         from toolcage.logs import get_logger
         from toolcage.options import resolve_audit
@@ -124,7 +124,7 @@ class EngineAgent:
 
         self.config = config
         self.node_id: str = ray.get_runtime_context().get_node_id()
-        hostconfig.add_process_labels({hostconfig.LABEL_CLUSTER: config.cluster, hostconfig.LABEL_NODE: self.node_id})
+        hostlabels.add_process_labels({hostlabels.LABEL_CLUSTER: config.cluster, hostlabels.LABEL_NODE: self.node_id})
         self.log = get_logger(agent=self.node_id[:12], cluster=config.cluster)
         self.engine = Engine.default()
         self.audit = resolve_audit(None)

@@ -72,7 +72,7 @@ def test_an_unknown_strategy_is_refused() -> None:
 
 def test_per_node_options_are_checked_before_anything_starts() -> None:
     from toolcage.errors import UsageError
-    from toolcage.ray import DEFAULT_PER_NODE, _per_node
+    from toolcage.ray.cluster import DEFAULT_PER_NODE, _per_node
 
     assert _per_node(None) == DEFAULT_PER_NODE
     assert _per_node({"warm": 0, "max_running": 3})["max_running"] == 3

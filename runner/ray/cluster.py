@@ -1,0 +1,458 @@
+"""The driver of a Ray cluster's toolcage nodes: :class:`Cluster` keeps a view of every node's agent (its load,
+its engine, whether it has the image), sends the image where it is missing, and places each run or session on
+the best node that admits it. Sessions are :mod:`toolcage.ray.session`'s; the operators' views of every node
+are :mod:`toolcage.ray.views`'. Nothing here schedules containers: each node's agent does, as toolcage does on
+one machine.
+
+Failure is typed, never retried (a call may have had effects): a run whose node or agent dies ends in
+:class:`~toolcage.errors.NodeLost`; one whose engine stops answering in
+:class:`~toolcage.errors.EngineUnavailable`; a run no node admits before ``wait_s`` in
+:class:`~toolcage.errors.NoCapacity`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from secrets import token_hex
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from toolcage.errors import ImageMissing, NoCapacity, NodeLost, ToolcageError, UsageError
+from toolcage.ray import placement
+from toolcage.ray.agent import NAMESPACE, AgentConfig, EngineAgent, Outcome, agent_name
+from toolcage.ray.handle import NodeAgent, actor_lost
+from toolcage.ray.session import AsyncClusterSandbox, ClusterSandbox
+from toolcage.ray.views import cluster_audit, cluster_ps
+
+if TYPE_CHECKING:
+    from toolcage.policies import PolicySource
+    from toolcage.results import CallResult
+
+NODE_RESOURCE = "toolcage_engine"  # a node with this Ray resource runs an agent (`ray start --resources`)
+DEFAULT_PER_NODE = {"warm": 2, "max_running": 16, "max_starting": 2}
+REFRESH_S = 1.0  # how often the driver refreshes its view of the nodes and their agents
+DEFAULT_WAIT_S = 60.0  # how long a run waits for a node to admit it, by default
+WAIT_SLICE_S = (0.25, 2.0)  # a run that finds every node full waits on one this long (doubling), then asks all again
+
+
+def _per_node(per_node: Mapping[str, int] | None) -> dict[str, int]:
+    out = dict(DEFAULT_PER_NODE)
+    for key, value in (per_node or {}).items():
+        if key not in out:
+            raise UsageError(f"per_node takes {', '.join(out)}, not {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "warm" else 1):
+            raise UsageError(f"per_node[{key!r}] must be an integer of at least {0 if key == 'warm' else 1}")
+        out[key] = value
+    return out
+
+
+class Cluster:
+    """Runs and sessions across every node of a Ray cluster that has a toolcage engine.
+
+    ``policy``: as for ``Sandbox`` (a bundled name, a file, a mapping, a Policy): the same on every node.
+    ``image``: the worker image every node must have, by id (``image_id``; default: this driver's engine's
+    build of ``image``, or the first node's); a node that lacks it, or has another build, is sent it
+    (``docker save`` from this driver's engine, else from a node that has it; never a pull) and takes no
+    runs until it has it. ``per_node``: ``warm`` (the never-reused pool on each node), ``max_running`` and
+    ``max_starting`` (the caps each node's agent enforces). ``placement``: ``best_of_k`` (default, K=2)
+    or ``least_loaded``. ``name``: the agents' name; another Cluster of the same name shares them (and
+    must have the same configuration). ``linger_s``: how long an agent waits for a client after the last
+    one left before it removes its pool and exits. ``ready_timeout``: how long the constructor waits for
+    the first node to take runs. Call ``ray.init`` first; call :meth:`wait_ready` before a burst (the
+    constructor returns once one node is ready, not all)."""
+
+    def __init__(
+        self,
+        policy: PolicySource = "default",
+        *,
+        image: str | None = None,
+        image_id: str | None = None,
+        per_node: Mapping[str, int] | None = None,
+        placement_strategy: str = placement.BEST_OF_K,
+        k: int = 2,
+        name: str = "default",
+        node_resource: str = NODE_RESOURCE,
+        linger_s: float = 30.0,
+        wait_s: float = DEFAULT_WAIT_S,
+        ready_timeout: float = 120.0,
+        snapshot_key: bytes | None = None,
+    ) -> None:
+        from toolcage.files import snapshot
+        from toolcage.options import resolve_policy, worker_image
+
+        if not ray.is_initialized():
+            raise UsageError("call ray.init(...) before toolcage.ray.Cluster(...)")
+        if placement_strategy not in placement.PLACEMENTS:
+            raise UsageError(f"placement_strategy must be one of {', '.join(placement.PLACEMENTS)}")
+        self.policy = resolve_policy(policy)
+        self.image = worker_image(image)
+        self.name = name
+        self.node_resource = node_resource
+        self.placement, self.k, self.wait_s = placement_strategy, k, wait_s
+        limits = _per_node(per_node)
+        self._local_engine: Any = None
+        self.image_id = image_id or self._local_image_id()
+        self.config = AgentConfig(
+            cluster=name, policy=json.loads(self.policy.canonical_json()), image=self.image, image_id=self.image_id,
+            warm=limits["warm"], max_running=limits["max_running"], max_starting=limits["max_starting"],
+            linger_s=linger_s,
+        )  # fmt: skip
+        # this driver's key: it signs its sessions' snapshots and verifies a resume before any node is asked
+        # (the agents hold none, so another driver's key can never stand in for it)
+        self.snapshot_key = snapshot_key or snapshot.host_key(create=True)
+        # this client, as the agents know it: its Ray job (a driver, or a task of its job) and a token of its own
+        self.job = f"{ray.get_runtime_context().get_job_id()}:{token_hex(4)}"
+        self._agents: dict[str, NodeAgent] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._image_ref: Any = None  # the image's bytes in Ray's object store, put once
+        self._loading: dict[str, threading.Thread] = {}
+        self.events: list[dict[str, Any]] = []  # what the view saw: nodes joining, lost, images sent
+        self._refresh()
+        self._thread = threading.Thread(target=self._refresh_loop, name="toolcage-ray-view", daemon=True)
+        self._thread.start()
+        self.wait_ready(timeout=ready_timeout, count=1)
+
+    # the view ---------------------------------------------------------------------------------
+    def _local_image_id(self) -> str | None:
+        from toolcage.engine.docker_adapter import Engine
+
+        try:
+            self._local_engine = Engine.default()
+            info = self._local_engine.image(self.image)
+        except ToolcageError:
+            self._local_engine = None
+            return None
+        return str(info["Id"]) if info else None
+
+    def _nodes(self) -> list[str]:
+        return sorted(
+            n["NodeID"]
+            for n in ray.nodes()  # type: ignore[no-untyped-call]
+            if n.get("Alive") and n.get("Resources", {}).get(self.node_resource, 0) > 0
+        )
+
+    def _agent_for(self, node_id: str) -> NodeAgent:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        handle = (
+            ray.remote(EngineAgent)
+            .options(
+                name=agent_name(self.name, node_id), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                num_cpus=0, max_restarts=0, max_concurrency=1000,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            )
+            .remote(self.config)
+        )  # fmt: skip
+        view = placement.NodeView(node_id, self.config.max_running, healthy=False, why_not="starting its agent")
+        return NodeAgent(node_id, handle, view)
+
+    def _refresh(self) -> None:
+        alive = set(self._nodes())
+        with self._lock:
+            for node_id in list(self._agents):
+                if node_id not in alive:
+                    self._drop(node_id, "the node left the cluster")
+            new = [n for n in alive if n not in self._agents]
+        for node_id in new:
+            agent = self._agent_for(node_id)
+            with self._lock:
+                self._agents[node_id] = agent
+            self.events.append({"event": "node_joined", "node": node_id, "t": time.time()})
+        agents = [a for a in self._agents.values() if not a.lost]
+        if not agents:
+            return
+        refs = {a.handle.hello.remote(self.job, self.config.digest(), self.image_id): a for a in agents}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=30 if new else 5)
+        for ref in ready:
+            agent = refs[ref]
+            try:
+                load = ray.get(ref)
+                if self.image_id is None and load.get("config_image_id"):  # the build the cluster already runs
+                    self.image_id = load["config_image_id"]
+                    self.config = dataclasses.replace(self.config, image_id=self.image_id)
+                self._update(agent, load)
+            except UsageError:
+                raise
+            except Exception as exc:
+                if actor_lost(exc):
+                    self._drop(agent.node_id, f"its agent died: {type(exc).__name__}")
+                else:
+                    agent.view.healthy, agent.view.why_not = False, str(exc)[:300]
+        for agent in agents:
+            if not agent.lost and not agent.view.image_ready and agent.view.healthy:
+                self._send_image(agent)
+
+    def _refresh_loop(self) -> None:
+        while not self._closed:
+            time.sleep(REFRESH_S)
+            if self._closed or not ray.is_initialized():  # never start a Ray of our own after ray.shutdown()
+                return
+            try:
+                self._refresh()
+            except Exception as exc:  # the view goes stale, runs still carry their own load answers
+                self.events.append({"event": "refresh_failed", "error": str(exc)[:300], "t": time.time()})
+
+    def _drop(self, node_id: str, why: str) -> None:
+        agent = self._agents.pop(node_id, None)
+        if agent is not None:
+            agent.lost = True
+            self.events.append({"event": "node_lost", "node": node_id, "why": why, "t": time.time()})
+
+    def _update(self, agent: NodeAgent, load: dict[str, Any]) -> None:
+        v = agent.view
+        v.running = int(load.get("running", v.running))
+        v.healthy = bool(load.get("healthy"))
+        v.image_ready = bool(load.get("image_ready"))
+        v.why_not = str(load.get("why_not") or "")
+
+    def _job_hex(self) -> str:
+        return self.job
+
+    # images -----------------------------------------------------------------------------------
+    def _send_image(self, agent: NodeAgent) -> None:
+        """Send the image to a node that lacks it (one thread per node, once at a time)."""
+        t = self._loading.get(agent.node_id)
+        if t is not None and t.is_alive():
+            return
+        if "loading" in agent.view.why_not:
+            return
+        t = threading.Thread(target=self._load_on, args=(agent,), name="toolcage-ray-image", daemon=True)
+        self._loading[agent.node_id] = t
+        t.start()
+
+    def _image_source(self) -> Any:
+        """An ObjectRef of the image's ``docker save`` bytes: from this driver's engine, else a node with it."""
+        if self._image_ref is not None:
+            return self._image_ref
+        if self._local_engine is not None and self._local_image_id() == self.image_id and self.image_id:
+            data = b"".join(self._local_engine.save_image(self.image))
+            self._image_ref = ray.put(data)
+            return self._image_ref
+        for peer in list(self._agents.values()):
+            if peer.view.image_ready and not peer.lost:
+                return peer.handle.export_image.remote()  # node to node: the bytes need not pass through here
+        raise ImageMissing(f"no engine in reach has {self.image} ({self.image_id}) to send: build or load it on one")
+
+    def _load_on(self, agent: NodeAgent) -> None:
+        t0 = time.time()
+        try:
+            src = self._image_source()
+            out = ray.get(agent.handle.load_image.remote(src))
+            self._update(agent, out)
+            self.events.append({"event": "image_sent", "node": agent.node_id, "s": round(time.time() - t0, 2)})
+        except Exception as exc:
+            msg = exc.message if isinstance(exc, ToolcageError) else str(exc)[:300]
+            agent.view.why_not = f"image not sent: {msg}"
+            self.events.append({"event": "image_failed", "node": agent.node_id, "error": msg})
+
+    def wait_ready(self, count: int | None = None, timeout: float = 120.0) -> int:
+        """Wait until ``count`` nodes (default: all) take runs (agent up, engine up, the image there); return
+        how many do. Raises ``NoCapacity`` if none does by ``timeout``.
+
+        Call it before a burst: ``Cluster(...)`` returns as soon as one node takes runs, while the image is
+        still on its way to the others (``docker save`` bytes, node to node), so runs sent right away all land
+        on that first node until the others have it.
+
+            cluster = Cluster("default")
+            cluster.wait_ready()             # every node that has the toolcage_engine resource
+            results = cluster.map(calls)     # spread across them"""
+        until = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                ready = sum(1 for a in self._agents.values() if a.view.eligible)
+                total = len(self._agents)
+            want = total if count is None else count
+            if ready >= max(want, 1):
+                return ready
+            if time.monotonic() >= until:
+                if ready:
+                    return ready
+                whys = "; ".join(f"{a.node_id[:12]}: {a.view.why_not}" for a in self._agents.values())
+                raise NoCapacity(
+                    f"no node of the cluster can take runs after {timeout:.0f}s"
+                    + (f" ({whys})" if whys else f": no alive node has the {self.node_resource!r} resource")
+                )
+            time.sleep(0.2)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Each node's view: id, whether it takes runs and why not, its running runs as last reported."""
+        with self._lock:
+            return [
+                {"node_id": a.node_id, "eligible": a.view.eligible, "why_not": a.view.why_not,
+                 "running": a.view.running, "inflight": a.view.inflight}
+                for a in self._agents.values()
+            ]  # fmt: skip
+
+    # placement --------------------------------------------------------------------------------
+    def _order(self, node: str | None) -> list[NodeAgent]:
+        with self._lock:
+            if node is not None:
+                agent = self._agents.get(node)
+                if agent is None:
+                    raise NodeLost(f"node {node[:12]} is not in the cluster (left, or lost)", node=node)
+                return [agent]
+            decision = placement.decide([a.view for a in self._agents.values()], self.placement, self.k)
+            return [self._agents[n] for n in decision.order if n in self._agents]
+
+    def _lost(self, agent: NodeAgent, exc: BaseException) -> NodeLost:
+        alive = agent.node_id in set(self._nodes())
+        why = "the agent died (its node is alive)" if alive else "its node died"
+        self._drop(agent.node_id, why)
+        return NodeLost(
+            f"node {agent.node_id[:12]} was lost mid-run: {why}; the run is not retried (it may have had "
+            "effects) and its sandbox is removed by that node's reaper",
+            node=agent.node_id, cause=type(exc).__name__,
+        )  # fmt: skip
+
+    def _settle(self, agent: NodeAgent, outcome: Outcome) -> Any:
+        kind, value, load = outcome
+        self._update(agent, load)
+        if kind == "error":
+            raise value
+        return value
+
+    def _admitted(
+        self, method: str, args: tuple[Any, ...], wait_s: float | None, node: str | None
+    ) -> tuple[NodeAgent, Any]:
+        """Ask the nodes in placement order until one admits the call (none waits: a full node says so at
+        once); when all are full, wait on the best one for what is left of ``wait_s``. Nothing has run on a
+        node that refused, so trying the next one is not a retry."""
+        wait = self.wait_s if wait_s is None else wait_s
+        until = time.monotonic() + wait
+        refused: list[str] = []
+        slice_s = WAIT_SLICE_S[0]
+        while True:
+            order = self._order(node)
+            for i, agent in enumerate(order):
+                last = i == len(order) - 1
+                # the last node asked waits a slice for room, then every node is asked again: room may come
+                # anywhere first; the slices grow, so many waiting runs do not flood the agents
+                left = max(min(until - time.monotonic(), slice_s), 0) if last else 0
+                agent.view.inflight += 1
+                try:
+                    outcome = ray.get(getattr(agent.handle, method).remote(*args, left))
+                except Exception as exc:
+                    if actor_lost(exc):
+                        self._lost(agent, exc)
+                        continue
+                    raise
+                finally:
+                    agent.view.inflight -= 1
+                kind, value, load = outcome
+                self._update(agent, load)
+                refusal = kind == "error" and isinstance(value, ToolcageError) and value.details.get("refused")
+                if refusal:  # nothing ran there: ask another, or wait, or say why none took it
+                    refused.append(f"{agent.node_id[:12]}: {value.message}")
+                    if last and time.monotonic() >= until:
+                        raise NoCapacity(f"no node admitted the run within {wait:.1f}s ({'; '.join(refused[-3:])})")
+                    continue
+                return agent, outcome
+            if time.monotonic() >= until:
+                why = "; ".join(refused[-3:]) or "no node can take runs"
+                raise NoCapacity(f"no node admitted the run within {wait:.1f}s ({why})")
+            if not order:  # no node can take runs now (images loading, engines down): look again soon
+                time.sleep(min(0.2, max(until - time.monotonic(), 0)))
+            slice_s = min(slice_s * 2, WAIT_SLICE_S[1])
+            refused.clear()
+
+    # one-off runs -----------------------------------------------------------------------------
+    def run(
+        self,
+        tool: str,
+        params: dict[str, Any] | None = None,
+        *,
+        secrets: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        wait_s: float | None = None,
+        node: str | None = None,
+    ) -> CallResult:
+        """One call in one fresh sandbox on the best node, then the sandbox is gone (as ``Sandbox``, once).
+        ``wait_s``: how long to wait for a node with room (then ``NoCapacity``); ``node``: that node only."""
+        self._check_open()
+        args = (self._job_hex(), tool, params, dict(secrets) if secrets else None, timeout)
+        agent, outcome = self._admitted("run", args, wait_s, node)
+        result: CallResult = self._settle(agent, outcome)
+        return result
+
+    def map(
+        self, calls: Iterable[tuple[str, dict[str, Any] | None]], **kwargs: Any
+    ) -> list[CallResult | ToolcageError]:
+        """Many one-off runs at once (threads, within each node's caps): each result, or the error it ended with."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        calls = list(calls)
+
+        def one(c: tuple[str, dict[str, Any] | None]) -> CallResult | ToolcageError:
+            try:
+                return self.run(c[0], c[1], **kwargs)
+            except ToolcageError as exc:
+                return exc
+
+        cap = max(1, sum(1 for _ in self._agents) * self.config.max_running)
+        with ThreadPoolExecutor(max_workers=min(len(calls) or 1, cap, 256)) as ex:
+            return list(ex.map(one, calls))
+
+    async def arun(self, tool: str, params: dict[str, Any] | None = None, **kwargs: Any) -> CallResult:
+        """:meth:`run` for an event loop (the waits happen on a thread)."""
+        return await asyncio.to_thread(lambda: self.run(tool, params, **kwargs))
+
+    # sessions ---------------------------------------------------------------------------------
+    def sandbox(self, **options: Any) -> ClusterSandbox:
+        """A session pinned to one node (``with cluster.sandbox() as sb:``): ``Sandbox``'s calls, files and
+        snapshots. Options: ``workspace`` (a directory the node can see; a diff reads it as this driver sees
+        it), ``workspace_mode``, ``workspace_gitignore``, ``resume`` (a snapshot: a path or bytes here,
+        verified here with the driver's key, then sent to the node), ``secrets``, ``node``, ``wait_s``."""
+        return ClusterSandbox(self, options)
+
+    def async_sandbox(self, **options: Any) -> AsyncClusterSandbox:
+        """The async twin of :meth:`sandbox` (``async with cluster.async_sandbox() as sb:``)."""
+        return AsyncClusterSandbox(ClusterSandbox(self, options))
+
+    # operators --------------------------------------------------------------------------------
+    def ps(self) -> list[dict[str, Any]]:
+        """Live runs on every node (``toolcage ps`` there), each row with its node."""
+        return cluster_ps()
+
+    def audit(self, run_id: str | None = None, limit: int = 200, verify: bool = True) -> list[dict[str, Any]]:
+        """Each node's audit records and whether its chain verifies (``toolcage audit`` there)."""
+        return cluster_audit(run_id=run_id, limit=limit, verify=verify)
+
+    def reap(self) -> list[dict[str, Any]]:
+        """Ask every node's agent to remove what dead owners left there."""
+        refs = [a.handle.reap.remote() for a in self._agents.values()]
+        return [o for got in ray.get(refs) for o in got]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError("this Cluster is closed")
+
+    def close(self, *, stop_agents: bool = False) -> None:
+        """Leave every agent (this driver's sessions there close); ``stop_agents``: also stop them now (their
+        warm pools go; other drivers' runs on them end). Otherwise an agent exits ``linger_s`` after its last
+        client left."""
+        if self._closed:
+            return
+        self._closed = True
+        agents = list(self._agents.values())
+        refs = [a.handle.leave.remote(self._job_hex()) for a in agents]
+        if stop_agents:
+            refs += [a.handle.shutdown.remote("stopped by its cluster") for a in agents]
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=60)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["DEFAULT_PER_NODE", "DEFAULT_WAIT_S", "NODE_RESOURCE", "Cluster"]
