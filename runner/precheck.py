@@ -64,10 +64,15 @@ def check_connector(tool: str, connectors: list[str]) -> None:
 
 
 def unknown_tool(tool: str, valid: list[str]) -> NoReturn:
+    import difflib
+
+    close = difflib.get_close_matches(tool, valid, n=3)  # a typo's likely meaning first, before the whole list
+    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
     raise BadToolCall(
-        f"unknown tool {tool!r}: the tools are {', '.join(valid)} (`toolcage tools` describes them)",
+        f"unknown tool {tool!r}: {hint}the tools are {', '.join(valid)} (`toolcage tools` describes them)",
         tool=tool,
         valid_tools=valid,
+        did_you_mean=close,
     )
 
 

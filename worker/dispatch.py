@@ -55,6 +55,7 @@ def validate_request(deserialized: Any) -> Any:
 
 
 _UNPARSABLE = object()
+_NAME_MAX = 64  # a method name longer than this gets no "did you mean" (tool names are short)
 _CANCELLED = Error(codes.REQUEST_CANCELLED, "Request cancelled", None)
 
 
@@ -104,6 +105,25 @@ def _serialize(response: Any) -> Any:
     if meta is not None:
         out["toolcage"] = meta
     return STORE.redact(out)
+
+
+def _closest(name: Any, names: list[str]) -> list[str]:
+    """The tools a mistyped name most likely meant (difflib's ratio over 0.6, best first); none for a
+    name that is not a short string, which no tool name is close to (nor worth comparing)."""
+    if not isinstance(name, str) or not 0 < len(name) <= _NAME_MAX:
+        return []
+    import difflib  # only for a call to a name that is not there
+
+    return difflib.get_close_matches(name, names, n=3)
+
+
+def _not_found(err: Any, names: list[str]) -> Any:
+    """jsonrpcserver's "Method not found" answer (code and data, the name asked for, unchanged), naming
+    in its message the closest tools when some are close: a typo should not need a tools.list to fix."""
+    close = _closest(err.data, names)
+    if not close:
+        return err
+    return err._replace(message=f"Method not found: {err.data!r}; did you mean {' or '.join(map(repr, close))}?")
 
 
 def _signed(fn: Callable[..., Result]) -> Callable[..., Result]:
@@ -294,6 +314,12 @@ class Dispatcher:
             if swept["killed"] or swept["left"] or swept["ipc_removed"]:
                 logs.info("call.swept", tool=tool, **swept)
 
+    def _answer(self, response: Any) -> Any:
+        """One answer as it goes out (:func:`_serialize`); an unknown method's names the closest tools."""
+        if isinstance(response, Left) and response._error.code == codes.METHOD_NOT_FOUND:
+            response = Left(_not_found(response._error, self.catalog.names()))
+        return _serialize(response)
+
     @staticmethod
     def parse(line: bytes | None) -> Any:
         """The request line as JSON (``_UNPARSABLE`` when it is not)."""
@@ -360,7 +386,7 @@ class Dispatcher:
                 validator=validate_request,
                 methods=self.methods,
                 context=NOCONTEXT,
-                post_process=_serialize,
+                post_process=self._answer,
                 request=line,  # type: ignore[arg-type]
             )
         finally:

@@ -105,7 +105,7 @@ def sandbox_options(f: Any = None, *, without: tuple[str, ...] = ()) -> Any:
         *policy_flags.policy_options(),
         click.option(
             "--workspace",
-            type=click.Path(file_okay=False),
+            type=click.Path(),  # checked by toolcage.workspace, so every workspace problem is reason "workspace"
             default=None,
             help="Directory mounted read-only at /workspace (default: none mounted).",
         ),
@@ -393,7 +393,10 @@ def run(
         out["snapshot"] = snap.to_dict()
     emit(out)
     if res.error and res.error.get("code") in codes.USAGE_CODES:
-        say(f"{res.error.get('message')}: {dumps(res.error.get('data'))}")
+        message, data = str(res.error.get("message")), res.error.get("data")
+        # the worker's -32601 names the method (data) in its message when it names the closest tools too
+        named = data is None or (isinstance(data, str) and repr(data) in message)
+        say(message if named else f"{message}: {dumps(data)}")
         sys.exit(2)
     failed = [code for _, code in fetched if code]
     if failed and res.exit_code == 0:

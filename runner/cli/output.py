@@ -76,13 +76,20 @@ def _json_mode(exc: BaseException, argv: list[str]) -> bool:
 
 def report(exc: BaseException, argv: list[str]) -> int:
     """Print ``exc`` by the convention; return the exit code."""
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError) and ctx is not None:
+        click.echo(ctx.get_help(), err=True)  # `toolcage` (or a group) alone: its help, our own text, as click does
+        return exc.exit_code
     payload, code = error_payload(exc)
     if _json_mode(exc, argv):
         emit({"status": payload["status"], "error": payload})
-    say(payload["message"])
-    ctx = getattr(exc, "ctx", None)
     if isinstance(exc, click.UsageError) and ctx is not None:
-        click.echo(f"Try '{ctx.command_path} --help' for help.", err=True)
+        # one line, as every error: where to look next on the same line, not a second one
+        message = payload["message"].rstrip()
+        stop = "" if message.endswith((".", "?", "!", ".)", "?)")) else "."
+        say(f"{message}{stop} Try '{ctx.command_path} --help'.")
+    else:
+        say(payload["message"])
     return code
 
 

@@ -32,19 +32,25 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from deepagents.backends.protocol import (
-    DeleteResult,
-    ExecuteResponse,
-    FileDownloadResponse,
-    FileUploadResponse,
-    GlobResult,
-    GrepResult,
-    LsResult,
-)
-from deepagents.backends.sandbox import BaseSandbox
+try:
+    from deepagents.backends.protocol import (
+        DeleteResult,
+        ExecuteResponse,
+        FileDownloadResponse,
+        FileUploadResponse,
+        GlobResult,
+        GrepResult,
+        LsResult,
+    )
+    from deepagents.backends.sandbox import BaseSandbox
+except ImportError as exc:
+    from toolcage.integrations import raise_missing_extra
+
+    raise_missing_extra(exc, "deepagents", __name__)
+    raise
 
 from toolcage.backends import BACKENDS
-from toolcage.errors import SandboxError, ToolcageError, UsageError
+from toolcage.errors import SandboxError, ToolcageError, UsageError, WorkspaceError
 from toolcage.policies import contract
 from toolcage.policies.loader import load_policy
 from toolcage.sandbox import Sandbox
@@ -126,7 +132,7 @@ class ToolcageSandbox(BaseSandbox):
         if command_timeout is not None and not (_positive(command_timeout)):
             raise UsageError(f"command_timeout must be a positive number of seconds, not {command_timeout!r}")
         if workspace is not None and not os.path.isdir(workspace):
-            raise UsageError(f"workspace {os.fspath(workspace)!r} is not a directory")
+            raise WorkspaceError(f"workspace {os.fspath(workspace)!r} is not a directory")
         self._command_timeout = command_timeout
         resolved = _session_policy(policy, allow_hosts, session_s, idle_s)
         self._sb = Sandbox(
