@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,6 +166,9 @@ class FakeEngine:
         return self.images.get(ref)
 
     def build(self, context: str, tag: str, buildargs: dict[str, str], labels: dict[str, str]) -> Iterator[Any]:
+        assert not labels, "labels go in the Dockerfile's one LABEL line, not the build API (one step per label)"
+        last = (Path(context) / "Dockerfile").read_text().splitlines()[-1]
+        labels = dict(w.split("=", 1) for w in shlex.split(last.removeprefix("LABEL ")))
         self.builds.append((tag, buildargs, labels))
         yield {"stream": "Step 1/1 : FROM x\n"}
         self.images[tag] = {"Id": "sha256:new", "Config": {"Labels": labels}}
