@@ -65,7 +65,7 @@ def _grouped(plt: Any, s: dict[str, Any], machine: str, title: str, xlabel: str,
     height = 0.8 / len(cols)
     colors = ["#607d8b", "#ff7043", "#9e9e9e"]
     for j, col in enumerate(cols):
-        ys = [i + (j - (len(cols) - 1) / 2) * height for i in range(len(rows))]
+        ys = [i + ((len(cols) - 1) / 2 - j) * height for i in range(len(rows))]  # the first column on top
         vals = [r[1 + j] for r in rows]
         bars = ax.barh(ys, vals, height=height, label=col, color=colors[j % len(colors)])
         ax.bar_label(bars, labels=[f"{v:g}" for v in vals], padding=3, fontsize=8)
@@ -73,7 +73,7 @@ def _grouped(plt: Any, s: dict[str, Any], machine: str, title: str, xlabel: str,
     if log:
         ax.set_xscale("log")
     ax.set_xlabel(xlabel)
-    ax.legend(loc="lower right", frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)  # beside the bars, never over them
     ax.set_title(title, loc="left", fontweight="bold")
     fig.text(0, -0.02, _caption(s, machine), fontsize=7, color="#555", va="top")
     return fig
