@@ -21,6 +21,16 @@ over TEXT_MAX_BYTES or TEXT_MAX_LINES (or past TEXT_MAX_LINES_TOTAL for the whol
 patch; one over SHOW_MAX_BYTES, one the worker did not send (a sparse file), or past ``max_diff_bytes``
 is changed but not shown (``Changes.not_shown``, with why). The diff is against the host's directory
 as it is when ``changes()`` is called. git must be installed on the host (ChangesError otherwise).
+
+When the host's workspace is in a git work tree, what that repository's ignore rules leave out (its
+``.gitignore`` files at every depth, ``.git/info/exclude``; a tracked file never) is left out too: named in
+``Changes.ignored``, never read, never in the diff nor in download_to. By default, not behind a keyword:
+tests, builds and tools write caches (``.pytest_cache/``, ``__pycache__/``, ``node_modules/``) into the copy,
+and ``git apply`` of a diff holding them plants them in the user's repository, which is the harm whoever
+did not know of a keyword meets. The rules are the host's, read by git in the host's repository
+(toolcage.files.gitplumb.host_ignored), never the copy's: the sandbox cannot hide an edit by rewriting its
+``.gitignore`` (that edit is itself a change, shown). It does not depend on ``workspace_gitignore``, which
+decides what enters the copy (and leaves ``.git`` out of it).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +90,8 @@ class Changes:
     files_dir: str | None = None  # where download_to wrote the added and changed files
     skipped: tuple[dict[str, str], ...] = field(default_factory=tuple)  # names refused, with why
     not_shown: tuple[dict[str, str], ...] = field(default_factory=tuple)  # changed, not in the diff: path, why
+    # named by the sandbox as changed, left out by the host repository's ignore rules: never read, not in the diff
+    ignored: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.added or self.changed or self.removed)
@@ -95,6 +108,7 @@ class Changes:
             "files_dir": self.files_dir,
             "skipped": list(self.skipped),
             "not_shown": list(self.not_shown),
+            "ignored": [show(p) for p in self.ignored],
         }
 
 
@@ -166,10 +180,12 @@ def collect(
     max_files: int = DEFAULT_MAX_FILES,
     diff_seconds: float = DIFF_SECONDS,
     max_diff_bytes: int = MAX_DIFF_BYTES,
+    repo_ignores: bool = True,
 ) -> Changes:
     """The run's changes against ``host`` (module doc); ``prior``: paths a resumed snapshot had changed;
     ``diff_seconds``: the deadline of the work git does on the host; ``max_diff_bytes``: the most diff
-    returned (files past it are changed, not shown)."""
+    returned (files past it are changed, not shown); ``repo_ignores``: leave out what the ignore rules of
+    the host's git repository leave out (``Changes.ignored``; the module doc says why by default)."""
     if host is None:
         raise ChangesUsage(
             "changes() compares the copy with the workspace it was made from, and this run has none: "
@@ -191,6 +207,7 @@ def collect(
     for rel in prior:
         if clean(rel) is not None:
             touched.add(rel)
+    deadline = time.monotonic() + diff_seconds  # git's work on the host, all of it
     tree = HostTree(host)
     # the sides, on disk in a private (0700) directory: TMPDIR's file system pays up to max_bytes, less holes
     work = tempfile.mkdtemp(prefix="toolcage-changes-")
@@ -198,8 +215,8 @@ def collect(
         os.mkdir(os.path.join(work, "new"), 0o700)
         os.mkdir(os.path.join(work, "old"), 0o700)
         got = _Gather(call, tree, work, skipped, max_bytes, max_files)
-        got.fetch(touched, gitignore, gone)
-        return got.compare(download_to, diff_seconds, max_diff_bytes)
+        got.fetch(touched, gitignore, gone, deadline if repo_ignores else None)
+        return got.compare(download_to, deadline - time.monotonic(), max_diff_bytes)
     finally:
         tree.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -218,12 +235,14 @@ class _Gather:
         self.considered: set[str] = set()
         self.held = 0  # bytes read, new sides and old
         self.made: dict[str, str] | None = None
+        self.ignored: list[str] = []  # left out by the host repository's ignore rules
 
     def skip(self, rel: str, why: str) -> None:
         self.skipped.append({"path": show(rel), "reason": why})
 
-    def fetch(self, touched: set[str], gitignore: bool, gone: set[str]) -> None:
-        """The new sides of ``touched`` streamed from the worker's tar into the work directory."""
+    def fetch(self, touched: set[str], gitignore: bool, gone: set[str], deadline: float | None = None) -> None:
+        """The new sides of ``touched`` streamed from the worker's tar into the work directory; with a
+        ``deadline``, what the host repository's ignore rules leave out first set aside (never read)."""
         if gitignore:  # what the host's .gitignore left out never entered the copy: never read, never in the diff
             for rel in sorted(touched | gone, key=os.fsencode):
                 if self.tree.ignored(rel):
@@ -235,6 +254,11 @@ class _Gather:
         for rel in sorted(touched | gone, key=os.fsencode):
             if self.tree.kind(rel) is not None and not mountview.copied(self.tree.root, rel):
                 self.skip(rel, "withheld from the copy (the sandbox's user cannot read it on the host): never read")
+                touched.discard(rel)
+                gone.discard(rel)
+        if deadline is not None:
+            for rel in self.repo_ignored(touched | gone, deadline):
+                self.ignored.append(rel)
                 touched.discard(rel)
                 gone.discard(rel)
         self.considered = touched | gone
@@ -270,6 +294,25 @@ class _Gather:
             named = transfer.safe_name(item.get("path", ""))
             if named is not None and named in touched and named not in self.new:
                 self.unsent[named] = item.get("reason", "skipped in the sandbox")
+
+    def repo_ignored(self, paths: set[str], deadline: float) -> list[str]:
+        """Of ``paths``, those the ignore rules of the host's git repository leave out, sorted
+        (toolcage.files.gitplumb.host_ignored). git answers nothing for a path beneath a symlink (or a file)
+        of the host's: it is asked about that entry instead, and what lies beneath an ignored one is ignored."""
+        kinds: dict[str, str | None] = {}
+        asked: dict[str, list[str]] = {}
+        for rel in paths:
+            parts, query = rel.split("/"), rel
+            for i in range(1, len(parts)):
+                up = "/".join(parts[:i])
+                if up not in kinds:
+                    kinds[up] = self.tree.kind(up)
+                if kinds[up] != "dir":
+                    query = up if kinds[up] == "other" else rel  # absent: nothing of the host's beneath
+                    break
+            asked.setdefault(query, []).append(rel)
+        out = gitplumb.host_ignored(self.tree.root, asked, self.work, deadline)
+        return sorted((rel for query in out for rel in asked[query]), key=os.fsencode)
 
     def blocked(self, rel: str, dropped: set[str]) -> bool:
         """A directory of ``rel`` stays a symlink or a file (the host's, or one the copy made there): git
@@ -368,6 +411,7 @@ class _Gather:
             files_dir=files_dir,
             skipped=tuple(self.skipped),
             not_shown=tuple(not_shown),
+            ignored=tuple(self.ignored),
         )
 
 

@@ -286,4 +286,56 @@ class Plan:
         return kept.decode("utf-8", "surrogateescape")
 
 
-__all__ = ["GIT_MEMORY", "DiffFailed", "Entry", "Plan", "Repo", "diff_into", "read_patches"]
+def host_ignored(root: str, paths: Iterable[str], home: str, deadline: float) -> set[str]:
+    """Of ``paths`` (plain relative paths under ``root``, the host's workspace), those the ignore rules of the
+    git repository ``root`` is in leave out: its ``.gitignore`` files at every depth and ``.git/info/exclude``,
+    as the host has them, never the sandbox's copy (a sandbox that rewrites its ``.gitignore`` hides nothing).
+    Asked of git itself (``git check-ignore``: every rule of gitignore(5), and a tracked path is never
+    ignored), run in ``root`` under the limits of :class:`Repo`, with the scrubbed environment (no system or
+    global config, so no user-wide excludes file: the answer is the repository's own), no fsmonitor, no
+    hooks, no pathspec magic (each path is given as ``./path``: one named ``:(top)x`` or ``:!x`` is that name;
+    ``GIT_LITERAL_PATHSPECS`` would do it, but check-ignore refuses every path under it). Empty
+    when ``root`` is in no git work tree, when ``root`` itself is ignored by its repository (a build or
+    scratch directory is not the repository's content), and when git refuses the repository (another
+    user's: ``safe.directory``), which is logged. ``home``: a private directory (git's HOME)."""
+    names = list(paths)
+    git = shutil.which("git")
+    if not names:
+        return set()
+    if git is None:
+        raise DiffFailed("changes(): the repository's ignore rules are read by git, and git is not installed")
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DiffFailed("changes(): the diff passed its deadline")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": home,
+        "LC_ALL": "C",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_OPTIONAL_LOCKS": "0",
+        "GIT_TERMINAL_PROMPT": "0",
+    }
+    cmd = [
+        *_limited(int(left) + 1, GIT_MEMORY), git,
+        "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
+        "check-ignore", "-z", "--stdin",
+    ]  # fmt: skip
+    # ".": is the workspace itself ignored? Every path as ./path: git reads magic only at a pathspec's start
+    stdin = b"".join(os.fsencode(n) + b"\0" for n in [".", *(f"./{n}" for n in names)])
+    try:
+        done = subprocess.run(cmd, input=stdin, capture_output=True, env=env, cwd=root, timeout=left, check=False)
+    except subprocess.TimeoutExpired:
+        raise DiffFailed("changes(): git check-ignore passed the diff's deadline; nothing was shown") from None
+    if done.returncode not in (0, 1):  # 1: nothing is ignored
+        said = done.stderr.decode("utf-8", "replace").strip()
+        if "not a git repository" not in said:
+            log.warning("changes.ignore_rules_unread", error=said.splitlines()[-1][:300] if said else "")
+        return set()
+    got = {os.fsdecode(n) for n in done.stdout.split(b"\0") if n}
+    return set() if "." in got else {n[2:] for n in got if n.startswith("./")} & set(names)
+
+
+__all__ = ["GIT_MEMORY", "DiffFailed", "Entry", "Plan", "Repo", "diff_into", "host_ignored", "read_patches"]
