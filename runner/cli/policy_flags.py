@@ -1,9 +1,11 @@
 """The policy knobs as flags (``--memory 1g``, ``--allow-host api.example.com``, ...) for one-off runs
 without a policy file, and the shell completion of policy and tool names.
 
-The flags do not validate anything themselves: they become an overlay mapping that ``extends`` the
-named policy and goes through the loader and the policy model like a file would (``load_policy``),
-so the bounds are the model's. This module imports only click at start-up (``toolcage run`` is timed).
+The flags do not validate anything themselves: they are the knobs of ``toolcage.policies.overlay`` (the
+one builder of "a policy with these hosts, timeouts and limits", shared with the framework adapters), which
+extends the named policy through the loader and the policy model like a file would, so the bounds are the
+model's; this module only says a refusal in the flags' words. No agent-session defaults here: a one-off run
+keeps the policy's timeouts. This module imports only click at start-up (``toolcage run`` is timed).
 """
 
 from __future__ import annotations
@@ -97,37 +99,11 @@ def policy_options() -> list[Callable[[Any], Any]]:
     ]
 
 
-def _allow_rules(hosts: tuple[str, ...]) -> list[dict[str, Any]]:
-    rules = []
-    for host in hosts:
-        if "://" in host or "/" in host or ":" in host:
-            raise UsageError(
-                f"--allow-host wants a host name such as api.example.com (https, port 443), not {host!r}; "
-                "for another scheme, port or the methods, write a policy file with network.allow "
-                "(README, Network)"
-            )
-        rules.append({"host": host})
-    return rules
-
-
-def overlay(opts: dict[str, Any], base: Policy) -> dict[str, Any]:
-    """The flags as a mapping of policy fields over ``base`` (empty: no flag given)."""
-    from toolcage.policies.typed import to_dict
-
-    out: dict[str, Any] = {}
-    for name, (section, field) in FIELDS.items():
-        if opts.get(name) is not None:
-            out.setdefault(section, {})[field] = opts[name]
-    hosts = tuple(opts.get("allow_host") or ())
-    if hosts:
-        # added to the policy's rules, never replacing them; the egress proxy is the only way out
-        # of a sandbox, so an allowlist needs mode proxy (mode none has no interface but lo)
-        out["network"] = {"mode": "proxy", "allow": to_dict(base)["network"]["allow"] + _allow_rules(hosts)}
-    if out:  # the named policy's description would no longer be true ("No network, 512 MiB ...")
-        given = [f"--{n.replace('_', '-')} {_shown(opts[n])}" for n in FIELDS if opts.get(n) is not None]
-        given += [f"--allow-host {h}" for h in hosts]
-        out["description"] = f"{base.name} with {' '.join(given)}"
-    return out
+def _description(opts: dict[str, Any], base: Policy) -> str:
+    """The flags as given (the named policy's description would no longer be true: "No network, ...")."""
+    given = [f"--{n.replace('_', '-')} {_shown(opts[n])}" for n in FIELDS if opts.get(n) is not None]
+    given += [f"--allow-host {h}" for h in opts.get("allow_host") or ()]
+    return f"{base.name} with {' '.join(given)}"
 
 
 def _bounds(section: str, field: str) -> str:
@@ -160,32 +136,42 @@ def _human(n: Any, field: str) -> str:
 
 
 def apply(base: Policy, opts: dict[str, Any]) -> Policy:
-    """``base`` with the flags' fields set: one overlay that extends it, validated by the loader and
-    the policy model (a value out of bounds is a usage error naming the flag and the bounds)."""
+    """``base`` with the flags' fields set (``policies.overlay``: an overlay that extends it, validated by
+    the loader and the policy model; a value out of bounds is a usage error naming the flag and the bounds)."""
     from toolcage.cli.output import say
-    from toolcage.policies import PolicyError, load_policy
+    from toolcage.policies import PolicyError
+    from toolcage.policies.overlay import overlay
 
-    over = overlay(opts, base)
-    if not over:
+    hosts = tuple(opts.get("allow_host") or ())
+    knobs = {name: opts[name] for name in FIELDS if opts.get(name) is not None}
+    if not knobs and not hosts:
         return base
     try:
-        pol = load_policy({"extends": base, **over})
+        pol = overlay(base, allow_hosts=hosts, description=_description(opts, base), **knobs)
     except PolicyError as exc:
         text = str(exc)
+        if exc.details.get("field") == "allow_hosts" and "entry" in exc.details:
+            raise UsageError(
+                f"--allow-host wants a host name such as api.example.com (https, port 443), not "
+                f"{exc.details['entry']!r}; for another scheme, port or the methods, write a policy file with "
+                "network.allow (README, Network)"
+            ) from None
         for name, (section, field) in FIELDS.items():
+            flag = f"--{name.replace('_', '-')} {_shown(opts.get(name))}"
+            if opts.get(name) is not None and exc.details.get("field") == name:  # a timeout of 0 or less
+                raise UsageError(f"{flag}: out of bounds; the policy model takes {_bounds(section, field)}") from None
             if opts.get(name) is not None and f"{section}.{field}:" in text:
-                flag = f"--{name.replace('_', '-')} {_shown(opts[name])}"
                 detail = text.split(f"{section}.{field}:", 1)[1].split(";", 1)[0].strip()
                 if detail.startswith("Input should be") and " than " in detail:  # a bound: in the flag's units
                     detail = "out of bounds"
                 raise UsageError(f"{flag}: {detail}; the policy model takes {_bounds(section, field)}") from None
-        if opts.get("allow_host") and "network.allow" in text:
+        if hosts and "network.allow" in text:
             raise UsageError(f"--allow-host: {text.split('network.allow', 1)[1].lstrip('.0123456789: ')}") from None
         raise
-    if opts.get("allow_host") and base.network.mode == "none":
-        hosts = ", ".join(r.host for r in pol.network.allow)
-        say(f"--allow-host: network mode proxy instead of the policy's none: only {hosts}, https, via the egress proxy")
+    if hosts and base.network.mode == "none":
+        shown = ", ".join(r.host for r in pol.network.allow)
+        say(f"--allow-host: network mode proxy instead of the policy's none: only {shown}, https, via the egress proxy")
     return pol
 
 
-__all__ = ["FIELDS", "apply", "complete_policy", "complete_tool", "overlay", "policy_options"]
+__all__ = ["FIELDS", "apply", "complete_policy", "complete_tool", "policy_options"]

@@ -29,7 +29,7 @@ import functools
 import os
 import posixpath
 import shlex
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 try:
@@ -51,8 +51,13 @@ except ImportError as exc:
 
 from toolcage.backends import BACKENDS
 from toolcage.errors import SandboxError, ToolcageError, UsageError, WorkspaceError
+from toolcage.files.changes import ChangesError
+from toolcage.files.gitplumb import DiffFailed
+from toolcage.files.safetar import DownloadError
+from toolcage.files.snapseal import SnapshotError
+from toolcage.files.upload import UploadError
 from toolcage.policies import contract
-from toolcage.policies.loader import load_policy
+from toolcage.policies.overlay import overlay
 from toolcage.sandbox import Sandbox
 
 if TYPE_CHECKING:
@@ -60,6 +65,7 @@ if TYPE_CHECKING:
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.policies import PolicySource
     from toolcage.results import CallResult
+    from toolcage.types import SandboxLike
 
 T = TypeVar("T")
 
@@ -86,18 +92,20 @@ class ToolcageSandbox(BaseSandbox):
         policy: a bundled policy name, a file, a mapping or a ``toolcage.Policy`` (default ``"default"``:
             no network, 512 MiB, one CPU).
         allow_hosts: the egress allowlist: hosts (``"pypi.org"``, ``"*.github.com"``) or ``AllowRule``
-            mappings (``{"host": ..., "schemes": [...], "ports": [...], "methods": [...]}``); given, the
-            policy's network becomes ``proxy`` mode with exactly these rules (only through toolcage's egress
-            proxy, which refuses everything else and private addresses).
+            mappings (``{"host": ..., "schemes": [...], "ports": [...], "methods": [...]}``), added to the
+            policy's rules; any entry turns the network to ``proxy`` mode (only through toolcage's egress
+            proxy, which refuses everything else and private addresses). Empty or ``None``: the policy's.
         secrets: values for the policy's named secrets (``{"GITHUB_TOKEN": "..."}``): the egress proxy
             adds them to requests to their bound origin; the code in the sandbox never sees them.
         audit: ``None`` the default audit log, a path, a ``toolcage`` ``Audit``, or ``False`` for none.
         image: the worker image (default toolcage's).
         sandbox: ``"container"`` (runc), ``"gvisor"`` (runsc) or ``"auto"``; default ``$TOOLCAGE_SANDBOX``
             or ``"container"``. ``"none"`` is refused: it would run the agent's commands on the host.
-        session_s: the session's lifetime (the policy's ``timeouts.run_s``; default one hour; ``None`` keeps
-            the policy's own); the idle timeout becomes ``min(600, session_s)`` unless ``idle_s`` is given.
-        idle_s: kill the sandbox after this long without a call (``None``: as said above).
+        session_s: the session's lifetime (the policy's ``timeouts.run_s``). ``None`` (default): the policy's
+            own, except that a policy that keeps the default 60 s (the bundled ``default`` does) gets one hour,
+            as an agent's session outlives one call (``toolcage.policies.overlay``).
+        idle_s: kill the sandbox after this long without a call. ``None``: the policy's own, or 10 minutes
+            (never past ``session_s``) where the policy keeps the default 60 s.
         command_timeout: seconds a command may run when the agent gives no ``timeout`` (default: the
             policy's ``timeouts.call_s``, 30 s in the default policy).
         workspace_gitignore: leave out of the copy what the workspace's ``.gitignore`` files ignore, and
@@ -116,7 +124,7 @@ class ToolcageSandbox(BaseSandbox):
         audit: Any = None,
         image: str | None = None,
         sandbox: str | None = None,
-        session_s: float | None = 3600.0,
+        session_s: float | None = None,
         idle_s: float | None = None,
         command_timeout: float | None = None,
         workspace_gitignore: bool = False,
@@ -134,14 +142,40 @@ class ToolcageSandbox(BaseSandbox):
         if workspace is not None and not os.path.isdir(workspace):
             raise WorkspaceError(f"workspace {os.fspath(workspace)!r} is not a directory")
         self._command_timeout = command_timeout
-        resolved = _session_policy(policy, allow_hosts, session_s, idle_s)
-        self._sb = Sandbox(
+        if session_s is not None and not _positive(session_s):
+            raise UsageError(f"session_s must be a positive number of seconds, not {session_s!r}")
+        # the one overlay of the adapters and the CLI: hosts added, an agent's hour where the policy keeps 60 s
+        resolved = overlay(policy, allow_hosts=allow_hosts, run_s=session_s, idle_s=idle_s, agent_session=True)
+        sb = Sandbox(
             resolved, workspace=workspace, workspace_mode="copy" if workspace is not None else "ro",
             workspace_gitignore=workspace_gitignore, secrets=secrets, audit=audit, image=image, sandbox=kind,
             resume=resume, snapshot_key=snapshot_key,
         )  # fmt: skip
-        self._sb.start()
-        self.root = contract.WORKSPACE if self._sb.options.workspace_copy else contract.SCRATCH
+        sb.start()
+        self._setup(sb, contract.WORKSPACE if sb.options.workspace_copy else contract.SCRATCH)
+
+    @classmethod
+    def on_session(cls, session: SandboxLike, *, command_timeout: float | None = None) -> ToolcageSandbox:
+        """A backend on a session already started: any of toolcage's (``toolcage.types.SandboxLike``: a
+        ``Sandbox``, a pooled one, a Ray cluster's ``ClusterSandbox``), made with its own options::
+
+            with cluster.sandbox(workspace=repo, workspace_mode="copy") as sb:
+                agent = create_deep_agent(model, backend=ToolcageSandbox.on_session(sb))
+
+        Commands start in ``/workspace`` when the session can write there (a workspace copy), else in
+        ``/scratch`` (asked once, here). :meth:`close` closes the session."""
+        if command_timeout is not None and not (_positive(command_timeout)):
+            raise UsageError(f"command_timeout must be a positive number of seconds, not {command_timeout!r}")
+        self = cls.__new__(cls)
+        self._command_timeout = command_timeout
+        probe = session.call("exec", {"argv": ["test", "-w", contract.WORKSPACE], "cwd": contract.SCRATCH})
+        writable = isinstance(probe.result, dict) and probe.result.get("exit_code") == 0
+        self._setup(session, contract.WORKSPACE if writable else contract.SCRATCH)
+        return self
+
+    def _setup(self, session: SandboxLike, root: str) -> None:
+        self._sb: SandboxLike = session
+        self.root = root
         """Where commands start and ``glob``/``grep`` search by default."""
         self._ended: ToolcageError | None = None
         self._closed = False
@@ -150,7 +184,7 @@ class ToolcageSandbox(BaseSandbox):
     @property
     def id(self) -> str:
         """The toolcage run id (the container's ``toolcage.run_id`` label)."""
-        return self._sb.run_id
+        return self._sb.run_id or ""
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         """Run ``command`` with ``/bin/sh -c`` in the sandbox, in :attr:`root`: its stdout and stderr
@@ -288,18 +322,19 @@ class ToolcageSandbox(BaseSandbox):
 
     # toolcage's own -------------------------------------------------------------------------
     @property
-    def sandbox(self) -> Sandbox:
-        """The toolcage ``Sandbox`` underneath (``call`` any tool on it)."""
+    def sandbox(self) -> SandboxLike:
+        """The toolcage session underneath (``call`` any tool on it): a ``Sandbox``, or the one given to
+        :meth:`on_session`."""
         return self._sb
 
     @property
     def ended(self) -> ToolcageError | None:
         """Why the sandbox can take no more commands (its ``status`` and ``reason``), or None."""
-        return self._ended or self._sb.dead
+        return self._ended or self._dead()
 
     @property
     def container_id(self) -> str | None:
-        return self._sb.container_id
+        return getattr(self._sb, "container_id", None)
 
     def changes(self, *, download_to: str | os.PathLike[str] | None = None) -> Changes:
         """What the agent changed in the workspace copy: ``added``, ``changed``, ``removed`` and a ``diff``
@@ -323,7 +358,7 @@ class ToolcageSandbox(BaseSandbox):
         self.close()
 
     def __repr__(self) -> str:
-        return f"ToolcageSandbox(id={self.id!r}, root={self.root!r}, kind={self._sb.kind!r})"
+        return f"ToolcageSandbox(id={self.id!r}, root={self.root!r}, kind={getattr(self._sb, 'kind', None)!r})"
 
     # internals ------------------------------------------------------------------------------
     def _call(self, tool: str, params: dict[str, Any]) -> CallResult:
@@ -336,17 +371,26 @@ class ToolcageSandbox(BaseSandbox):
         try:
             return fn()
         except SandboxError as exc:
-            dead = self._sb.dead
+            dead = self._dead(exc)
             if dead is None:
                 raise  # a failed transfer (UploadError, DownloadError): the sandbox goes on
             self._ended = dead
             raise _Ended(dead) from exc
         except UsageError as exc:  # "not running": closed, or ended between two calls
-            dead = self._sb.dead
+            dead = self._dead()
             if dead is None and not self._closed:
                 raise  # bad input (UploadUsage, DownloadUsage): the caller's, the sandbox goes on
             self._ended = dead or UsageError("the sandbox was closed")
             raise _Ended(self._ended) from exc
+
+    def _dead(self, exc: BaseException | None = None) -> ToolcageError | None:
+        """Why the session ended, or None: a ``Sandbox``'s own word (``dead``); for a session that keeps none
+        (a cluster session), a sandbox failure that is not a transfer's (``NodeLost``, a deadline) ends it."""
+        if isinstance(self._sb, Sandbox):
+            return self._sb.dead
+        if isinstance(exc, SandboxError) and not isinstance(exc, _TRANSFER_ERRORS):
+            return exc
+        return None
 
     def _explain_missing(
         self, rest: list[str], wanted: dict[str, str], got: dict[str, bytes], errors: dict[str, str]
@@ -374,6 +418,10 @@ class ToolcageSandbox(BaseSandbox):
                     errors[p] = "file_not_found"
             else:
                 errors[p] = codes.get(line, "file_not_found")
+
+
+# a failed transfer: the session goes on (upload, download, changes, snapshot)
+_TRANSFER_ERRORS = (UploadError, DownloadError, ChangesError, SnapshotError, DiffFailed)
 
 
 class _Refused:
@@ -437,43 +485,6 @@ def _text(r: Mapping[str, Any], stream: str) -> str:
 
 def _positive(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-
-
-def _session_policy(
-    policy: PolicySource,
-    allow_hosts: Sequence[str | Mapping[str, Any]] | None,
-    session_s: float | None,
-    idle_s: float | None,
-) -> Any:
-    """The policy with the session's timeouts and the egress allowlist (checked now: a bad value is a
-    ``PolicyError`` naming it, before any container starts)."""
-    for name, value in (("session_s", session_s), ("idle_s", idle_s)):
-        if value is not None and not _positive(value):
-            raise UsageError(f"{name} must be a positive number of seconds, not {value!r}")
-    over: dict[str, Any] = {}
-    timeouts: dict[str, float] = {}
-    if session_s is not None:
-        timeouts["run_s"] = float(session_s)
-        timeouts["idle_s"] = float(idle_s) if idle_s is not None else min(600.0, float(session_s))
-    elif idle_s is not None:
-        timeouts["idle_s"] = float(idle_s)
-    if timeouts:
-        over["timeouts"] = timeouts
-    if allow_hosts is not None:
-        if isinstance(allow_hosts, str | bytes) or not isinstance(allow_hosts, Iterable):
-            raise UsageError("allow_hosts must be a list of host names or rule mappings, not a string")
-        rules = []
-        for entry in allow_hosts:
-            if isinstance(entry, str):
-                rules.append({"host": entry})
-            elif isinstance(entry, Mapping):
-                rules.append(dict(entry))
-            else:
-                raise UsageError(f"allow_hosts: {entry!r} is neither a host name nor a rule mapping")
-        over["network"] = {"mode": "proxy", "allow": rules} if rules else {"mode": "none", "allow": []}
-    if not over:
-        return policy
-    return load_policy({"extends": load_policy(policy), **over})
 
 
 __all__ = ["ENDED_EXIT_CODE", "ToolcageSandbox"]

@@ -11,7 +11,9 @@
 Each tool is built from the sandbox's own ``tools.list`` answer (its name, description and params JSON
 schema, as ``args_schema``; connector tools included), and calls the sandbox: ``invoke`` through
 ``Sandbox.call``, ``ainvoke`` natively through ``AsyncSandbox.call`` (no thread waits for the answer,
-and cancelling the task cancels the call inside the sandbox), whichever kind of sandbox it was given.
+and cancelling the task cancels the call inside the sandbox), whichever kind of sandbox it was given. Any
+other session of toolcage's (``toolcage.types.SandboxLike``/``AsyncSandboxLike``: a Ray cluster's
+``ClusterSandbox``, ``AsyncClusterSandbox``) works too, the face it lacks on a thread.
 
 A call that went well answers its result as JSON text, and the whole ``CallResult`` (as a dict) as the
 ``ToolMessage``'s artifact (``response_format="content_and_artifact"``). A call that did not (a tool
@@ -29,9 +31,12 @@ Needs ``langchain-core`` (the ``toolcage[langchain]`` extra); importing this mod
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Union
 
 try:
     from langchain_core.tools import StructuredTool, ToolException
@@ -48,12 +53,18 @@ from toolcage.results import CallResult
 from toolcage.sandbox import Sandbox
 from toolcage.textsafe import dumps, escape
 
+if TYPE_CHECKING:
+    from toolcage.types import AsyncSandboxLike, SandboxLike
+
 # tools that move a tar stream in base64 chunks: the host drives them (Sandbox.upload, .download, .changes)
 STREAM_TOOLS: tuple[str, ...] = ("upload", "download", "workspace_changes")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the model providers take as a function name
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]*$")
 
-AnySandbox = Sandbox | AsyncSandbox
+# any session: toolcage.types' surface (a Sandbox, an AsyncSandbox, a pooled one, a Ray cluster's session)
+AnySandbox = Union["SandboxLike", "AsyncSandboxLike"]
+_Call = Callable[[str, "dict[str, Any] | None"], CallResult]
+_ACall = Callable[[str, "dict[str, Any] | None"], Awaitable[CallResult]]
 
 
 class ToolcageToolException(ToolException):
@@ -140,17 +151,45 @@ class ToolcageTool(StructuredTool):
         return (tool_input,), {}
 
 
+def _sides(sandbox: AnySandbox) -> tuple[_Call, _ACall]:
+    """A session's call, waited for and awaited: natively for ``Sandbox``/``AsyncSandbox`` (one run, two
+    faces); for another session, the face it lacks on a thread (a sync one's calls awaited through
+    ``asyncio.to_thread``; an async one's waited for on an event loop of their own)."""
+    if isinstance(sandbox, AsyncSandbox):
+        return sandbox._sync.call, sandbox.call
+    if isinstance(sandbox, Sandbox):
+        return sandbox.call, _async_view(sandbox).call
+    call = getattr(sandbox, "call", None)
+    if call is None or not callable(call) or not hasattr(sandbox, "run_id"):
+        raise UsageError(
+            f"sandbox must be a toolcage session (Sandbox, AsyncSandbox, ...), got {type(sandbox).__name__}"
+        )
+    if inspect.iscoroutinefunction(call):
+        acall: _ACall = call
+
+        def waited(tool: str, params: dict[str, Any] | None) -> CallResult:
+            with ThreadPoolExecutor(1, thread_name_prefix="toolcage-langchain") as ex:
+                return ex.submit(asyncio.run, acall(tool, params)).result()  # type: ignore[arg-type]
+
+        return waited, acall
+    sync: _Call = call
+
+    async def awaited(tool: str, params: dict[str, Any] | None) -> CallResult:
+        return await asyncio.to_thread(sync, tool, params)
+
+    return sync, awaited
+
+
 def _callers(
     sandbox: AnySandbox, tool: str
 ) -> tuple[Callable[[Any], tuple[str, dict[str, Any]]], Callable[[Any], Awaitable[tuple[str, dict[str, Any]]]]]:
     """The sync and async functions that call ``tool`` on ``sandbox``."""
-    sync = sandbox._sync if isinstance(sandbox, AsyncSandbox) else sandbox
-    native = sandbox if isinstance(sandbox, AsyncSandbox) else _async_view(sandbox)
+    sync, native = _sides(sandbox)
 
     def call(args: Any) -> tuple[str, dict[str, Any]]:
         params = _params(args)
         try:
-            res = sync.call(tool, params)
+            res = sync(tool, params)
         except ToolcageError as exc:
             raise _failed_sandbox(exc) from exc
         return _answer(res)
@@ -158,7 +197,7 @@ def _callers(
     async def acall(args: Any) -> tuple[str, dict[str, Any]]:
         params = _params(args)
         try:
-            res = await native.call(tool, params)
+            res = await native(tool, params)
         except ToolcageError as exc:
             raise _failed_sandbox(exc) from exc
         return _answer(res)
@@ -198,8 +237,7 @@ def tools_from_listing(
 ) -> list[StructuredTool]:
     """The tools of a ``tools.list`` answer (``listing``) as StructuredTools calling ``sandbox``
     (see :func:`get_tools`)."""
-    if not isinstance(sandbox, Sandbox | AsyncSandbox):
-        raise UsageError(f"sandbox must be a toolcage Sandbox or AsyncSandbox, got {type(sandbox).__name__}")
+    _sides(sandbox)  # a toolcage session, or a UsageError saying what it got
     if not isinstance(name_prefix, str) or not _PREFIX.match(name_prefix):
         raise UsageError(f"name_prefix may hold only letters, digits, '_' and '-': {name_prefix!r}")
     wanted = _names(include, "include")
@@ -265,10 +303,8 @@ def get_tools(
 
     Asks the sandbox for its tools once (``tools.list``, about a millisecond); from a running event
     loop with an AsyncSandbox, ``await aget_tools(sb)`` does not block the loop."""
-    sync = sandbox._sync if isinstance(sandbox, AsyncSandbox) else sandbox
-    if not isinstance(sync, Sandbox):
-        raise UsageError(f"sandbox must be a toolcage Sandbox or AsyncSandbox, got {type(sandbox).__name__}")
-    listing = _listing(sync.call(TOOLS_LIST))
+    sync, _ = _sides(sandbox)
+    listing = _listing(sync(TOOLS_LIST, None))
     return tools_from_listing(
         sandbox, listing, include=include, exclude=exclude, name_prefix=name_prefix,
         handle_tool_error=handle_tool_error,
@@ -284,12 +320,8 @@ async def aget_tools(
     handle_tool_error: bool | str | Callable[[ToolException], str] = True,
 ) -> list[StructuredTool]:
     """:func:`get_tools`, with the tools listed without blocking the event loop."""
-    if isinstance(sandbox, AsyncSandbox):
-        res = await sandbox.call(TOOLS_LIST)
-    elif isinstance(sandbox, Sandbox):
-        res = await _async_view(sandbox).call(TOOLS_LIST)
-    else:
-        raise UsageError(f"sandbox must be a toolcage Sandbox or AsyncSandbox, got {type(sandbox).__name__}")
+    _, native = _sides(sandbox)
+    res = await native(TOOLS_LIST, None)
     return tools_from_listing(
         sandbox, _listing(res), include=include, exclude=exclude, name_prefix=name_prefix,
         handle_tool_error=handle_tool_error,

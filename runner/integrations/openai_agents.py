@@ -38,7 +38,6 @@ A sandbox that dies (its memory limit, its deadline, ``docker kill``) reaches th
 from __future__ import annotations
 
 import asyncio
-import copy
 import io
 import os
 import tarfile
@@ -81,6 +80,7 @@ except ImportError as exc:
     raise
 
 from toolcage.aio import AsyncSandbox
+from toolcage.backends import BACKENDS
 from toolcage.errors import SandboxError as ToolcageDied
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.files.safetar import DownloadError
@@ -94,17 +94,17 @@ if TYPE_CHECKING:
 BACKEND_ID = "toolcage"
 SANDBOX_USER = "sandbox"  # the one user every process in the sandbox runs as (uid 65532)
 ROOTS = (contract.WORKSPACE, contract.SCRATCH)  # where a manifest root may be: the writable workspace copy, or scratch
-SESSION_RUN_S = 3600.0  # the bundled default policy's 60 s run is too short for an agent session
-SESSION_IDLE_S = 600.0
 _INLINE_MAX = 4 << 20  # a file up to this size goes in one write_file call; larger ones are uploaded
 _CHUNK = 1 << 20
-KINDS = ("container", "gvisor", "auto")
+# the sandbox kinds offered: the registry's, less those that run on the host ("none")
+KINDS = (*(name for name, backend in BACKENDS.items() if backend.in_container), "auto")
 
 
 class ToolcageSandboxError(ExecTransportError):
     """The toolcage sandbox itself ended (its memory limit, its run deadline or idle timeout, a crash, a
-    ``docker kill``): ``status`` and ``reason`` are toolcage's (``toolcage.errors``), also in ``context``.
-    Not retryable on this session; a new session starts a new sandbox."""
+    ``docker kill``), or did not start (``op`` ``"start"``: a missing image, an engine that does not answer;
+    the message says "did not start" and why): ``status`` and ``reason`` are toolcage's (``toolcage.errors``),
+    also in ``context``. Not retryable on this session; a new session starts a new sandbox."""
 
     status: str
     reason: str
@@ -120,9 +120,10 @@ class ToolcageSandboxError(ExecTransportError):
         run_id: str | None = None,
         cause: BaseException | None = None,
     ) -> None:
+        what = "did not start" if op == "start" else "ended"
         super().__init__(
             command=command,
-            message=f"the toolcage sandbox ended ({status}, {reason}): {detail}",
+            message=f"the toolcage sandbox {what} ({status}, {reason}): {detail}",
             context={"backend": BACKEND_ID, "status": status, "reason": reason, "run_id": run_id, "detail": detail},
             cause=cause,
             retryable=False,
@@ -146,7 +147,8 @@ def _unsupported(what: str, why: str, op: OpName = "start") -> ConfigurationErro
 
 class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
     """How a toolcage session is made. Every field is checked when the options are built (a bad policy,
-    allowlist entry, secret, sandbox kind or workspace is a ``ValidationError`` naming it).
+    allowlist entry, secret, sandbox kind or workspace, an ``image`` the engine does not have, is a
+    ``ValidationError`` naming it).
 
     - ``policy``: a bundled name (``"default"``), a policy file, or a mapping (``{"extends": "default", ...}``);
     - ``allow_hosts``: the egress allowlist, added to the policy's (``"api.github.com"``, ``"*.pypi.org"``, or a
@@ -159,8 +161,8 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
       ``"gvisor"`` or ``"auto"`` (default: ``$TOOLCAGE_SANDBOX``, else runc);
     - ``workspace``: a host directory copied into ``/workspace`` at start (never mounted, never written);
       ``workspace_gitignore``: leave out what its ``.gitignore`` files ignore, and ``.git``;
-    - ``run_s``/``idle_s``: the session's deadline and idle timeout (default: the policy's; for the bundled
-      ``default`` policy 1 h and 10 min, its 60 s being too short for an agent).
+    - ``run_s``/``idle_s``: the session's deadline and idle timeout (default: the policy's; a policy that keeps
+      the default 60 s, as the bundled ``default`` does, gets 1 h and 10 min: ``toolcage.policies.overlay``).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, extra="forbid")
@@ -180,11 +182,11 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
     @model_validator(mode="after")
     def _check(self) -> Self:
         try:
-            self.resolved_policy()
+            policy = self.resolved_policy()
             from toolcage import connectors
             from toolcage.workspace import validate_workspace
 
-            connectors.secret_store(self.resolved_policy(), self.secrets)
+            connectors.secret_store(policy, self.secrets)
             kind = self.sandbox or os.environ.get(contract.ENV_SANDBOX) or "container"
             if kind not in KINDS:
                 raise UsageError(
@@ -197,56 +199,48 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
                 raise UsageError("workspace_gitignore applies to a workspace: give workspace= too")
             if self.audit is True:
                 raise UsageError("audit takes a path, None (toolcage's default log) or False (no log), not True")
+            if self.image is not None:
+                self._check_image(policy)
         except (ToolcageError, ValueError) as exc:
             raise ValueError(str(exc)) from None
         return self
 
+    def _check_image(self, policy: Any) -> None:
+        """A custom ``image`` the container engine does not have is refused here, when the options are built,
+        not when the session starts; an engine that does not answer is left to the start, which says how to
+        reach it."""
+        from toolcage.backends import BackendOptions
+        from toolcage.backends.container import ContainerBackend
+        from toolcage.errors import DockerUnavailable
+
+        assert self.image is not None
+        where = BackendOptions(name="toolcage-options", log=None, image=self.image, proxy_image=self.image)
+        engine = ContainerBackend(policy, where).engine  # the engine of every container kind (nothing is made)
+        try:
+            found = engine.image(self.image)
+        except DockerUnavailable:
+            return
+        if found is None:
+            raise UsageError(
+                f"image {self.image!r} is not in the container engine: build it FROM the worker image "
+                f"(`toolcage image build --pip PKG --tag {self.image}`) or load it there, or leave image out "
+                "for the worker image"
+            )
+
     def resolved_policy(self) -> Any:
-        """The run's policy (a ``toolcage.policies.Policy``): ``policy`` with ``allow_hosts`` and the
-        session's timeouts merged in."""
-        from toolcage.policies import load_policy
+        """The run's policy (a ``toolcage.policies.Policy``): ``policy`` with ``allow_hosts`` added to its
+        allowlist and the session's timeouts (``toolcage.policies.overlay``, ``agent_session=True``: a policy
+        that keeps the default 60 s gets 1 h and 10 min idle; one with timeouts of its own keeps them)."""
+        from toolcage.policies.overlay import overlay
 
-        return load_policy(self.policy_source())
-
-    def policy_source(self) -> str | dict[str, Any]:
-        """``policy`` with ``allow_hosts``, ``run_s`` and ``idle_s`` merged in, as ``load_policy`` takes it."""
-        run_s, idle_s = self.run_s, self.idle_s
-        if self.policy == "default":
-            run_s = SESSION_RUN_S if run_s is None else run_s
-            idle_s = SESSION_IDLE_S if idle_s is None else idle_s
-        for name, value in (("run_s", run_s), ("idle_s", idle_s)):
-            if value is not None and (isinstance(value, bool) or value <= 0):
-                raise UsageError(f"{name} must be a positive number of seconds")
-        if not self.allow_hosts and run_s is None and idle_s is None:
-            return self.policy
-        merged: dict[str, Any] = (
-            {"extends": self.policy} if isinstance(self.policy, str) else copy.deepcopy(self.policy)
+        return overlay(
+            self.policy, allow_hosts=self.allow_hosts, run_s=self.run_s, idle_s=self.idle_s, agent_session=True
         )
-        if self.allow_hosts:
-            network = dict(merged.get("network") or {})
-            allow = list(network.get("allow") or [])
-            for entry in self.allow_hosts:
-                if isinstance(entry, str):
-                    if not entry or "/" in entry or (":" in entry and not entry.startswith("[")):
-                        raise UsageError(f"allow_hosts: {entry!r} is not a host name (give a name, e.g. 'pypi.org')")
-                    allow.append({"host": entry})
-                else:
-                    allow.append(dict(entry))
-            network.update(mode="proxy", allow=allow)
-            merged["network"] = network
-        timeouts = dict(merged.get("timeouts") or {})
-        if run_s is not None:
-            timeouts["run_s"] = run_s
-        if idle_s is not None:
-            timeouts["idle_s"] = idle_s
-        if timeouts:
-            merged["timeouts"] = timeouts
-        return merged
 
     def sandbox_kwargs(self) -> dict[str, Any]:
         """What ``AsyncSandbox(...)`` takes from these options (always a writable workspace copy)."""
         return {
-            "policy": self.policy_source(),
+            "policy": self.resolved_policy(),
             "workspace": self.workspace,
             "workspace_mode": "copy",
             "workspace_gitignore": self.workspace_gitignore,
