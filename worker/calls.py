@@ -104,6 +104,12 @@ class Call:
         if len(self._pending) >= _FLUSH_BYTES or time.monotonic() - self._last_flush >= _FLUSH_EVERY_S:
             self.flush()
 
+    def flush_due(self) -> None:
+        """Output that has waited its interval goes now, new output or not: a line followed by silence
+        (a prompt, a first line before a long sleep) is not held back until the next one, or the answer."""
+        if self._pending and time.monotonic() - self._last_flush >= _FLUSH_EVERY_S:
+            self.flush()
+
     def flush(self, final: bool = False) -> None:
         """Send the output waiting (all of it when ``final``: before the answer goes out)."""
         self._last_flush = time.monotonic()

@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from toolcage.cli import policy_flags
-from toolcage.cli.output import ToolcageGroup, emit, say, use_json, warn
+from toolcage.cli.output import CallOutput, ToolcageGroup, emit, say, use_json, warn
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.policies import Policy, codes, contract
 from toolcage.textsafe import dumps, escape
@@ -314,12 +314,20 @@ def _dry_run(tool: str, opts: dict[str, Any], params: dict[str, Any] | None = No
     default=None,
     help="Start from this snapshot (checked first; a changed one is refused): its files, in a fresh sandbox.",
 )
+@click.option(
+    "--stream/--no-stream",
+    "stream",
+    default=None,
+    help="Show the call's output on stderr as it comes (stdout keeps the one JSON result); "
+    "default: when stderr is a terminal.",
+)
 @sandbox_options
 @dry_run_option
 def run(
     tool: str,
     params: str | None,
     dry_run: bool,
+    stream: bool | None,
     downloads: tuple[str, ...],
     uploads: tuple[str, ...],
     workspace_mode: str,
@@ -357,6 +365,7 @@ def run(
     )
     _collect_from_here()
     changes = snap = None
+    shown = CallOutput(show=sys.stderr.isatty() if stream is None else stream, is_output=_output_streams(tool))
     try:
         with sb:
             if opts["tools"]:
@@ -364,7 +373,10 @@ def run(
 
                 check_connector(tool, sb.connector_tools)
             sent = [_send(sb, local, remote) for local, remote in sends]  # a failed upload stops the run
-            res = sb.call(tool, parsed)
+            try:
+                res = sb.call(tool, parsed, on_progress=shown if shown.wanted else None)
+            finally:
+                shown.end()
             fetched = [_fetch(sb, remote, local) for remote, local in pairs]  # before the sandbox goes
             if diff_file is not None:
                 changes = sb.changes()
@@ -375,8 +387,13 @@ def run(
     except (KeyboardInterrupt, SystemExit):
         # SIGINT/SIGTERM mid-run: the sandbox is gone (status interrupted); say so on stdout, then exit
         # with the signal's code (130 SIGINT, 143 SIGTERM), which main() and the signal handler choose
+        # with what the call printed so far (streamed by the worker as it came), as a timeout keeps it
         if sb.summary is not None and sb.summary.status == "interrupted":
-            emit({"status": "interrupted", "name": sb.name, "run_id": sb.run_id, "run_wall_ms": sb.summary.wall_ms})
+            out = {"status": "interrupted", "tool": tool, "name": sb.name, "run_id": sb.run_id}
+            out["run_wall_ms"] = sb.summary.wall_ms
+            if shown.is_output:
+                out["output"] = shown.text
+            emit(out)
         raise
     summary = sb.summary
     out = res.to_dict()
@@ -402,6 +419,14 @@ def run(
     if failed and res.exit_code == 0:
         sys.exit(max(failed))  # the call went well, a download did not: its error's code (2 bad input, 3 refused)
     sys.exit(res.exit_code)  # the status's own (toolcage.results.Status)
+
+
+def _output_streams(tool: str) -> bool:
+    """Whether the call's progress is its output: a built-in tool that runs code (run_python, run_shell,
+    run_node, exec) streams what it prints; a connector's progress is its own reports."""
+    from toolcage.worker.tools import BUILTIN, Catalog
+
+    return tool in BUILTIN and Catalog().get(tool).runs_code
 
 
 def _download_pair(spec: str) -> tuple[str, str]:

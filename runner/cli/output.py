@@ -15,6 +15,7 @@ The convention (README, "The CLI"):
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -49,6 +50,61 @@ def say(message: object) -> None:
 
 def warn(message: object) -> None:
     click.echo(f"toolcage: warning: {escape(message)}", err=True)
+
+
+def _stream_text(text: str) -> str:
+    """A sandbox's output for a terminal: its line breaks and tabs kept, every other control character
+    (escape sequences, a carriage return that would overwrite a line, bidi marks) shown escaped."""
+    return "".join(part if part in ("\n", "\t") else escape(part) for part in _BREAKS.split(text))
+
+
+_BREAKS = re.compile(r"([\n\t])")
+
+
+class CallOutput:
+    """What a call streams while it runs (the worker's progress notifications, MCP's shape): shown on
+    stderr as it comes when asked (``show``: stderr is a terminal, or ``--stream``), never on stdout;
+    and, for a tool whose progress is its output (``is_output``: run_python, run_shell, run_node,
+    exec), kept, so that an interrupted run still says what its call printed, as a timeout does.
+    It is an ``on_progress`` callback: it runs on the session's reader thread."""
+
+    def __init__(self, *, show: bool, is_output: bool) -> None:
+        self.show = show
+        self.is_output = is_output
+        self._parts: list[str] = []  # bounded by the worker: it streams no more than the policy's output cap
+        self._line_open = False  # the last output shown did not end its line
+
+    @property
+    def wanted(self) -> bool:
+        """Whether the call should ask for progress at all."""
+        return self.show or self.is_output
+
+    @property
+    def text(self) -> str:
+        """The output streamed so far (stdout and stderr as they came)."""
+        return "".join(self._parts)
+
+    def __call__(self, params: dict[str, Any]) -> None:
+        message = params.get("message")
+        if not isinstance(message, str) or not message:
+            return
+        if self.is_output:
+            self._parts.append(message)
+            if self.show:
+                sys.stderr.write(_stream_text(message))
+                sys.stderr.flush()
+                self._line_open = not message.endswith("\n")
+        elif self.show:  # a connector's report (ctx.progress): one line of its own
+            total = params.get("total")
+            done = f"{params.get('progress')}/{total}" if total is not None else f"{params.get('progress')}"
+            say(f"progress {done}: {message}")
+
+    def end(self) -> None:
+        """After the call: the next stderr line starts a line of its own."""
+        if self._line_open:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self._line_open = False
 
 
 def error_payload(exc: BaseException) -> tuple[dict[str, Any], int]:
@@ -124,4 +180,4 @@ class ToolcageGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-__all__ = ["JSON_COMMANDS", "ToolcageGroup", "emit", "error_payload", "report", "say", "use_json", "warn"]
+__all__ = ["JSON_COMMANDS", "CallOutput", "ToolcageGroup", "emit", "error_payload", "report", "say", "use_json", "warn"]

@@ -76,3 +76,25 @@ def test_keep_leaves_the_egress_proxy_stopped_not_live(engine: Any) -> None:
             engine.remove_volume(v["Name"])
         for n in networks:
             engine.remove_network(n["Name"])
+
+
+def test_stream_and_ctrl_c_through_docker(engine: Any) -> None:
+    """Issue 35: `run --stream` shows the call's output on stderr while it runs (stdout keeps the one JSON
+    result), and Ctrl-C's `interrupted` result keeps what the call printed, as a timeout does."""
+    from tests.unit.test_cli_edges import stream_then_interrupt
+
+    seen, code, doc, err = stream_then_interrupt()
+    assert seen[-2:] == ["first line\n", "to stderr\n"], seen
+    assert code == 130 and doc["status"] == "interrupted", (doc, err)
+    assert doc["output"] == "first line\nto stderr\n" and doc["run_id"]
+    assert "Traceback" not in err
+
+
+def test_the_library_names_the_closest_tools_for_a_typo(engine: Any) -> None:
+    """Issue 35: a call of a mistyped tool got a bare "Method not found": the worker's answer names the closest."""
+    from toolcage import Sandbox
+
+    with Sandbox() as sb:
+        res = sb.call("run_pythn", {"code": "1"})
+    assert res.error is not None and res.error["code"] == -32601
+    assert res.error["message"] == "Method not found: 'run_pythn'; did you mean 'run_python'?"

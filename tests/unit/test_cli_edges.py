@@ -88,3 +88,84 @@ def test_the_worker_names_the_closest_tools_for_an_unknown_method(tmp_path: Path
                          "data": "run_pythn"}  # fmt: skip
     assert errors[2]["message"] == "Method not found" and errors[2]["code"] == -32601
     assert errors[3]["message"] == "Method not found"  # a long name is not compared, nor echoed twice
+
+
+FIRST_THEN_WAIT = (
+    "import sys, time\nprint('first line', flush=True)\nprint('to stderr', file=sys.stderr, flush=True)\n"
+    "time.sleep(900)"
+)
+SEEN_WITHIN_S = 120  # the lines come within ~0.1 s when streamed; the call sleeps 900 s, so never when not
+
+
+def stream_then_interrupt(*args: str) -> tuple[list[str], int, Any, str]:
+    """``toolcage run run_python --stream ARGS`` through pipes, its code printing two lines and then sleeping
+    for 900 s: the stderr lines read up to the second (which must come while the call sleeps); then SIGINT.
+    Returns those lines, the exit code, the JSON on stdout and the rest of stderr."""
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    params = json.dumps({"code": FIRST_THEN_WAIT, "timeout_s": 1000})
+    argv = [sys.executable, "-m", "toolcage.cli", "run", "run_python", "--stream", "--params", params,
+            "--call-s", "1000", "--run-s", "1200", *args]  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    seen: list[str] = []
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        stderr = proc.stderr
+
+        def read() -> None:
+            for line in stderr:
+                lines.put(line)
+            lines.put("")  # the end of stderr
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            while not seen or seen[-1] != "to stderr\n":
+                try:
+                    seen.append(lines.get(timeout=SEEN_WITHIN_S))
+                except queue.Empty:
+                    raise AssertionError(f"the call's output was not shown while it ran: {seen}") from None
+                assert seen[-1], f"stderr ended before the call's output was shown: {seen}"
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)  # its stdout, one small JSON document, fits the pipe
+            out = proc.stdout.read()
+            reader.join(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    rest = []
+    while not lines.empty():
+        rest.append(lines.get())
+    return seen, proc.returncode, json.loads(out), "".join(rest)
+
+
+def test_stream_shows_the_output_while_the_call_runs_and_ctrl_c_keeps_it() -> None:
+    """`run --stream` showed nothing until the end, and Ctrl-C's result dropped the output: now both (no Docker)."""
+    seen, code, doc, err = stream_then_interrupt("--sandbox", "none")
+    assert seen[-2:] == ["first line\n", "to stderr\n"], seen
+    assert code == 130 and doc["status"] == "interrupted", (doc, err)
+    assert doc["output"] == "first line\nto stderr\n"
+    assert "Traceback" not in err
+
+
+def test_streamed_output_is_escaped_for_the_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    """What the sandbox prints reaches stderr with its lines and tabs, its escape sequences shown, not obeyed."""
+    from toolcage.cli.output import CallOutput
+
+    shown = CallOutput(show=True, is_output=True)
+    shown({"progress": 10, "message": "a\tb\n\x1b[2K\rforged"})
+    shown.end()
+    err = capsys.readouterr().err
+    assert err == "a\tb\n\\x1b[2K\\x0dforged\n"
+    assert shown.text == "a\tb\n\x1b[2K\rforged"  # kept as it came: the JSON result escapes it its own way
+
+
+def test_no_stream_through_a_pipe_by_default() -> None:
+    """stderr is not a terminal and --stream was not given: the output is in the JSON result only."""
+    out = CliRunner().invoke(cli, ["run", "run_python", "--sandbox", "none", "--params", '{"code": "print(42)"}'])
+    assert out.exit_code == 0, out.output
+    assert "42" not in out.stderr and json.loads(out.stdout)["result"]["stdout"] == "42\n"

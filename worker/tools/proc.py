@@ -258,6 +258,8 @@ def run_child(
                     buf += chunk[:room]
                 if len(chunk) > room:
                     cut[key.data] = True  # keep draining so the child never blocks on a full pipe
+            if call is not None and stream_output:
+                call.flush_due()  # the loop wakes at least every 50 ms: what waits goes out within ~0.1 s
         if reaped is None and not timed_out:
             # its streams closed before it ended (coreutils close stdout and stderr at exit): let it
             # finish exiting, briefly, rather than kill it on its way out (its exit status became -9)
