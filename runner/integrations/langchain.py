@@ -162,7 +162,8 @@ def _sides(sandbox: AnySandbox) -> tuple[_Call, _ACall]:
     call = getattr(sandbox, "call", None)
     if call is None or not callable(call) or not hasattr(sandbox, "run_id"):
         raise UsageError(
-            f"sandbox must be a toolcage session (Sandbox, AsyncSandbox, ...), got {type(sandbox).__name__}"
+            "sandbox must be a toolcage session (a Sandbox or AsyncSandbox, or another toolcage.types.SandboxLike), "
+            f"got {type(sandbox).__name__}"
         )
     if inspect.iscoroutinefunction(call):
         acall: _ACall = call

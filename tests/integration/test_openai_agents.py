@@ -300,11 +300,42 @@ def test_unsupported_features_are_declared_as_the_sdk_expects() -> None:
         ({"workspace_gitignore": True}, "give workspace="),
         ({"run_s": -1}, "positive"),
         ({"bogus": 1}, "bogus"),
+        ({"image": "toolcage-no-such-image:1"}, "'toolcage-no-such-image:1' is not in the container engine"),
     ],
 )
 def test_invalid_options_fail_at_construction(kwargs: dict[str, Any], match: str) -> None:
+    """Each bad option is a ValidationError naming it when the options are built (a missing image included)."""
     with pytest.raises(ValidationError, match=match):
         ToolcageSandboxClientOptions(**kwargs)
+
+
+def test_a_sandbox_that_never_started_says_so_not_that_it_ended() -> None:
+    """An image gone between the options and the session's start: the SDK's error says the sandbox did not
+    start and why (toolcage's image_missing), not that it "ended"."""
+    options = ToolcageSandboxClientOptions.model_construct(image="toolcage-no-such-image:1")  # unchecked
+
+    async def main() -> None:
+        session = await ToolcageSandboxClient().create(manifest=Manifest(), options=options)
+        with pytest.raises(ToolcageSandboxError) as info:
+            await session.start()
+        assert info.value.status == "image_missing" and info.value.op == "start"
+        assert "did not start (image_missing" in str(info.value) and "ended" not in str(info.value)
+
+    asyncio.run(main())
+
+
+def test_the_session_policy_is_the_shared_overlay() -> None:
+    """The options' policy is policies.overlay's: hosts added to a policy's own rules, an hour for a policy
+    that keeps the default 60 s, a policy's own timeouts kept."""
+    from toolcage.policies.overlay import overlay
+
+    o = ToolcageSandboxClientOptions(policy="connector-http", allow_hosts=("pypi.org",))
+    assert [r.host for r in o.resolved_policy().network.allow] == ["api.github.com", "pypi.org"]
+    assert o.resolved_policy() == overlay("connector-http", allow_hosts=["pypi.org"], agent_session=True)
+    t = ToolcageSandboxClientOptions(policy={"extends": "default", "limits": {"memory": "1g"}}).resolved_policy()
+    assert (t.timeouts.run_s, t.timeouts.idle_s) == (3600.0, 600.0)
+    own = ToolcageSandboxClientOptions(policy={"extends": "default", "timeouts": {"run_s": 90}}).resolved_policy()
+    assert (own.timeouts.run_s, own.timeouts.idle_s) == (90.0, 60.0)
 
 
 @pytest.mark.parametrize(
