@@ -57,7 +57,8 @@ from typing import Any
 from bench.calls import WINDOW, bench_container, docker_exec, raw_echo, toolcage_gathered_sleeps, toolcage_pipelined
 from bench.first_answer import ECHO  # the bare echo loop, the same inside the image and beside it
 from toolcage import DEFAULT_IMAGE, Cancel, Sandbox
-from toolcage.engine.hostconfig import RunSpec, container_config
+from toolcage.engine.hostconfig import container_config
+from toolcage.engine.labels import RunSpec
 from toolcage.policies import load_policy
 from toolcage.pool import Pool
 

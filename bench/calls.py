@@ -19,7 +19,8 @@ import time
 from typing import Any
 
 from toolcage import AsyncSandbox
-from toolcage.engine.hostconfig import RunSpec, container_config
+from toolcage.engine.hostconfig import container_config
+from toolcage.engine.labels import RunSpec
 from toolcage.policies import load_policy
 
 ANSWER = b'{"jsonrpc": "2.0", "result": "pong", "id": 1}\n'

@@ -114,7 +114,7 @@ def container_memory(cid: str) -> dict[str, Any]:
 
 def measure(policy: str, size: int, image: str, settle: float) -> dict[str, Any]:
     from toolcage.engine.docker_adapter import Engine
-    from toolcage.engine.hostconfig import LABEL_POOL, LABEL_ROLE, LABEL_RUN_ID
+    from toolcage.engine.labels import LABEL_POOL, LABEL_ROLE, LABEL_RUN_ID
     from toolcage.pool import Pool
 
     engine = Engine.default()

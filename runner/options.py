@@ -156,6 +156,7 @@ class RunOptions:
         return {
             "engine": self.engine,
             "image": self.image,
+            "proxy_image": worker_image(),  # the worker image, never the run's (BackendOptions.proxy_image)
             "audit": self.audit,
             "workspace": str(self.workspace) if self.workspace else None,
             "egress_network": self.egress_network,

@@ -29,9 +29,11 @@ from typing import Any
 
 from toolcage import logs, timing
 from toolcage.backends import Backend, in_container
+from toolcage.engine import ownership
 from toolcage.engine.api import EngineAPI
+from toolcage.engine.labels import SLOT_GRACE_S
 from toolcage.errors import ToolcageError, UsageError
-from toolcage.lifecycle import ownership, removal
+from toolcage.lifecycle import removal
 from toolcage.lifecycle.audit import Audit
 from toolcage.options import RunOptions
 from toolcage.policies import PolicySource, contract
@@ -39,7 +41,6 @@ from toolcage.rpc.session import Ended, Session
 from toolcage.run import Run
 
 READY_WAIT_S = 30.0  # a slot's worker must answer its first ping within this
-SLOT_GRACE_S = 10.0  # on top of idle_s + run_s in a slot's deadline label: the pool's own checks come first
 FAIL_BACKOFF_S = (0.5, 5.0)  # after a slot failed to start: first and longest pause before the next try
 ADOPT_MARGIN_S = 1.0  # a slot is handed out only with run_s + this much of its life left (see _has_a_run_left)
 # a replacement starts this long after its slot was taken, not at once: starting a container keeps

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from toolcage import logs
 from toolcage.backends import Backend, BackendOptions, ExitStatus, make_backend
-from toolcage.engine.hostconfig import RunSpec, container_name
+from toolcage.engine import ownership
+from toolcage.engine.labels import RunSpec, container_name
 from toolcage.errors import (
     ProtocolError,
     SandboxError,
@@ -28,7 +29,6 @@ from toolcage.errors import (
     UsageError,
     WorkerCrashed,
 )
-from toolcage.lifecycle import ownership
 from toolcage.lifecycle.watchdog import Watchdog
 from toolcage.rpc.session import Ended, Session
 

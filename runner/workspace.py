@@ -91,11 +91,16 @@ def _store_named(parts: tuple[str, ...]) -> str | None:
     return None
 
 
+def state_dir() -> Path:
+    """toolcage's state directory (``$XDG_STATE_HOME/toolcage``, else ``~/.local/state/toolcage``): the snapshot
+    key and the default audit log live there, so no workspace may hold it."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "toolcage"
+
+
 def _state_dirs() -> list[Path]:
     """toolcage's state directories: where the snapshot key is now ($XDG_STATE_HOME/toolcage) and the default."""
-    from toolcage.files import snapshot
-
-    dirs = [snapshot.key_path().parent, Path.home().joinpath(*_STATE)]
+    dirs = [state_dir(), Path.home().joinpath(*_STATE)]
     return [Path(os.path.realpath(d)) for d in dirs]
 
 

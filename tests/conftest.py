@@ -100,7 +100,7 @@ def internal_net(engine: Any, request: pytest.FixtureRequest) -> Iterator[str]:
 
 def _mine(eng: Any) -> list[dict[str, Any]]:
     """Containers created by this test process (owner label host:pid)."""
-    from toolcage.lifecycle import ownership
+    from toolcage.engine import ownership
 
     host_pid, _ = ownership.owner()
     return [c for c in eng.containers("toolcage.run_id") if c["Labels"].get("toolcage.owner") == host_pid]

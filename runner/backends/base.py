@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from toolcage.engine.api import EngineAPI
-from toolcage.engine.hostconfig import RunSpec
+from toolcage.engine.labels import RunSpec
 from toolcage.policies import Policy
 from toolcage.rpc.transport import StreamParser, Transport
 
@@ -37,6 +37,9 @@ class BackendOptions:
     name: str  # the container's name (the run's)
     log: Any  # the run's bound logger
     image: str
+    # the egress proxy's image: the worker image of this installation (``$TOOLCAGE_IMAGE`` or the default),
+    # never the run's own, whose added packages could shadow the proxy's code (RunOptions.backend_options)
+    proxy_image: str
     engine: EngineAPI | None = None  # None: the default engine, asked for when first needed
     audit: Any = None  # the run's audit log (the egress proxy's decisions are written to it)
     workspace: str | None = None

@@ -11,8 +11,9 @@ from toolcage.backends.base import BackendOptions, Background, ExitStatus
 from toolcage.engine import hostpaths
 from toolcage.engine.api import EngineAPI
 from toolcage.engine.attach import DockerAttachTransport
-from toolcage.engine.hostconfig import PROXY_SOCKET, RunSpec, container_config, worker_image
+from toolcage.engine.hostconfig import PROXY_SOCKET, container_config
 from toolcage.engine.knobs import RUNC, RuntimeKnobs
+from toolcage.engine.labels import RunSpec
 from toolcage.errors import SandboxError, ToolcageError, UsageError
 from toolcage.lifecycle import removal
 from toolcage.policies import Policy, contract
@@ -115,7 +116,7 @@ class ContainerBackend:
         reap_in_background(self.engine, self.log, self.options.audit)
         if run.shared_files:
             from toolcage.engine import sharedfiles
-            from toolcage.engine.hostconfig import LABEL_ROLE, labels
+            from toolcage.engine.labels import LABEL_ROLE, labels
 
             # before either container: the sandbox and its proxy (same image) mount them
             self._files = sharedfiles.make_run_volumes(
@@ -129,7 +130,7 @@ class ContainerBackend:
         self._egress = Egress(
             self.engine, self.policy, run, opts.egress_network, opts.egress_proxy, self.log,
             on_decision=audit_decisions(opts.audit, run.run_id),  # written as they happen, not at close
-            proxy_image=worker_image(), redact=opts.redact,
+            proxy_image=opts.proxy_image, redact=opts.redact,
         )  # fmt: skip
         self._egress.prepare()
         # the proxy and the sandbox start at the same time: each start is mostly the engine's waiting

@@ -32,7 +32,8 @@ from typing import Any
 
 from toolcage.engine.api import EngineAPI
 from toolcage.engine.attach import DockerAttachTransport
-from toolcage.engine.hostconfig import LABEL_PREFIX, PROXY_PORT, SANDBOX_UID, RunSpec, labels, proxy_container_config
+from toolcage.engine.hostconfig import PROXY_PORT, SANDBOX_UID, proxy_container_config
+from toolcage.engine.labels import LABEL_PREFIX, RunSpec, labels
 from toolcage.errors import SandboxError, UsageError
 from toolcage.lifecycle import records
 from toolcage.policies import Policy, contract

@@ -13,7 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from toolcage.engine.hostconfig import (
+from toolcage.engine.hostconfig import PROXY_RESOURCES
+from toolcage.engine.knobs import RUNC, RuntimeKnobs, gvisor_memory_headroom
+from toolcage.engine.labels import (
     LABEL_KEEP,
     LABEL_POLICY,
     LABEL_POLICY_SHA256,
@@ -22,11 +24,9 @@ from toolcage.engine.hostconfig import (
     LABEL_RUN_ID,
     LABEL_TOOL,
     NAME_PREFIX,
-    PROXY_RESOURCES,
     RunSpec,
     labels,
 )
-from toolcage.engine.knobs import RUNC, RuntimeKnobs, gvisor_memory_headroom
 from toolcage.policies import Limits, Policy, contract
 from toolcage.policies.names import ip_literal
 
@@ -263,7 +263,7 @@ def sandbox_template(
 ) -> Manifest:  # fmt: skip
     """A warm pool's Pod, made before its run exists: the run's id, deadline and secrets come over the
     protocol at adoption (sandbox.configure), never as env (a claim with env is forced to a cold start)."""
-    from toolcage.pool import SLOT_GRACE_S
+    from toolcage.engine.labels import SLOT_GRACE_S
 
     if policy.network.mode != "none":
         raise ValueError("a warm Pod cannot know its run's egress proxy: network.mode proxy runs cold")

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from toolcage import logs
 from toolcage.backends.base import BackendOptions, ExitStatus
 from toolcage.engine.api import EngineAPI
-from toolcage.engine.hostconfig import RunSpec
+from toolcage.engine.labels import RunSpec
 from toolcage.policies import Policy, contract
 from toolcage.rpc.transport import StreamParser, Transport, write_until
 

@@ -79,7 +79,7 @@ def image_build(
     image, with the packages installed in /opt/toolcage/deps (wheels downloaded on this host; the
     build is offline). With --apt PKG (repeatable), Debian packages too, e.g. --apt git.
     """
-    from toolcage.engine.hostconfig import worker_image
+    from toolcage.options import worker_image
 
     default = worker_image()  # $TOOLCAGE_IMAGE, as every run uses it, else toolcage-worker:<version>
     use_json(True)

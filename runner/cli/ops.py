@@ -246,7 +246,7 @@ def gc(dry_run: bool, kept: bool, as_json: bool) -> None:
 
 
 def register(group: click.Group) -> None:
-    from toolcage.ops.doctor import doctor
+    from toolcage.cli.doctor import doctor
 
     for cmd in (audit, ps, gc, doctor):
         group.add_command(cmd)

@@ -108,7 +108,7 @@ def engine_server() -> str:
         return "unknown"
     if pid <= 0:
         return "out of sight"
-    from toolcage.lifecycle.ownership import proc_is_ours
+    from toolcage.engine.ownership import proc_is_ours
 
     if not proc_is_ours():
         return "unknown"

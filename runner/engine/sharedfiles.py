@@ -49,7 +49,7 @@ from typing import Any
 
 from toolcage import logs
 from toolcage.engine.api import EngineAPI
-from toolcage.engine.hostconfig import LABEL_RUN_ID
+from toolcage.engine.labels import LABEL_RUN_ID
 from toolcage.errors import ToolcageError
 from toolcage.policies import contract
 

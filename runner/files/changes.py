@@ -50,7 +50,9 @@ from toolcage.files import download as transfer
 from toolcage.files import gitdiff, gitplumb, mountview
 from toolcage.files.changesides import HostTree, OverBudget, Side, Unreadable, link_side, stream, write_file
 from toolcage.files.gitplumb import DIFF_SECONDS, MAX_DIFF_BYTES, SHOW_MAX_BYTES
+from toolcage.files.outbound import clean as clean  # re-exported: the rule of a diff's names lives there
 from toolcage.files.outbound import door_problem
+from toolcage.files.outbound import folded as _folded
 from toolcage.files.safetar import DownloadResult, show
 from toolcage.policies import codes, contract
 from toolcage.textsafe import escape
@@ -145,28 +147,8 @@ def _unwire(path: str) -> str | None:
     return clean(path[len(_PREFIX) :])
 
 
-# What git's verify_path takes for .git, and so refuses (``git apply`` then refuses the whole diff), and what
-# a case-insensitive host opens as its .git: any case, trailing dots and spaces, an NTFS stream (``:``),
-# the NTFS short name, code points HFS+ ignores. A symlink named like .gitmodules is refused by git too.
-_HFS_IGNORED = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF])
+# A symlink named like .gitmodules is refused by git too (what git takes for .git: toolcage.files.outbound).
 _GITMODULES = re.compile(r"\.gitmodules|gitmod~[1-4]|gi7eba~[1-9]")
-
-
-def _folded(part: str) -> str:
-    return part.translate(_HFS_IGNORED).split(":", 1)[0].rstrip(". ").lower()
-
-
-def _dot_git(part: str) -> bool:
-    return _folded(part) in (".git", "git~1")
-
-
-def clean(rel: str) -> str | None:
-    """``rel`` if it is a plain relative path that may be in a diff, else None (``.git`` never is, nor any
-    name git takes for it)."""
-    name = transfer.safe_name(rel)
-    if name is None or name != rel or any(_dot_git(p) for p in name.split("/")):
-        return None
-    return name
 
 
 def collect(

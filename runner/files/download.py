@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from toolcage.files import safetar
+from toolcage.files.outbound import safe_name as safe_name  # re-exported: the doors that read names use it
 from toolcage.files.safetar import _MAX_SKIPPED, DownloadError, DownloadLimit, DownloadResult, DownloadUsage, show
 from toolcage.policies import codes
 from toolcage.textsafe import escape
@@ -160,22 +161,6 @@ def members(
         raise DownloadError(
             f"the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
         ) from None
-
-
-def safe_name(name: str) -> str | None:
-    """``name`` as a relative path of plain components, or None (absolute, ``..``, NUL, too long, empty)."""
-    if name.startswith("/") or "\x00" in name:
-        return None
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts:
-        return None
-    try:
-        raw = os.fsencode(name)
-    except UnicodeError:
-        return None
-    if len(raw) > 4096 or any(len(os.fsencode(p)) > 255 for p in parts):
-        return None
-    return "/".join(parts)
 
 
 def download(

@@ -25,11 +25,50 @@ GIT_REASON = "is .git or a name git takes for it (git on the host would read its
 BARE_REASON = "would make its directory a bare git repository (git would read its config and run its hooks)"
 
 
-def git_part(part: str) -> bool:
-    """Whether git (or a case-insensitive host) takes the path component ``part`` for .git: the rule of the
-    diff (toolcage.files.changes.clean), imported, never copied (lazily: changes imports this module)."""
-    from toolcage.files.changes import clean
+def safe_name(name: str) -> str | None:
+    """``name`` as a relative path of plain components, or None (absolute, ``..``, NUL, too long, empty)."""
+    if name.startswith("/") or "\x00" in name:
+        return None
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        return None
+    try:
+        raw = os.fsencode(name)
+    except UnicodeError:
+        return None
+    if len(raw) > 4096 or any(len(os.fsencode(p)) > 255 for p in parts):
+        return None
+    return "/".join(parts)
 
+
+# What git's verify_path takes for .git, and so refuses (``git apply`` then refuses the whole diff), and what
+# a case-insensitive host opens as its .git: any case, trailing dots and spaces, an NTFS stream (``:``),
+# the NTFS short name, code points HFS+ ignores.
+_HFS_IGNORED = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF])
+
+
+def folded(part: str) -> str:
+    """``part`` as git and a case-insensitive host compare it (case, trailing dots and spaces, an NTFS stream,
+    the code points HFS+ ignores)."""
+    return part.translate(_HFS_IGNORED).split(":", 1)[0].rstrip(". ").lower()
+
+
+def _dot_git(part: str) -> bool:
+    return folded(part) in (".git", "git~1")
+
+
+def clean(rel: str) -> str | None:
+    """``rel`` if it is a plain relative path that may be in a diff, else None (``.git`` never is, nor any
+    name git takes for it): the rule of the diff (toolcage.files.changes) and of every door out."""
+    name = safe_name(rel)
+    if name is None or name != rel or any(_dot_git(p) for p in name.split("/")):
+        return None
+    return name
+
+
+def git_part(part: str) -> bool:
+    """Whether git (or a case-insensitive host) takes the path component ``part`` for .git: the diff's rule
+    (:func:`clean`), the one every door applies."""
     return part not in ("", ".", "..") and clean(part) is None
 
 

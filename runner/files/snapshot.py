@@ -53,6 +53,7 @@ from toolcage.files.snapscan import SecretScan
 from toolcage.files.snapseal import SnapshotError, SnapshotInvalid, Verified
 from toolcage.policies import contract
 from toolcage.textsafe import escape
+from toolcage.workspace import state_dir
 
 if TYPE_CHECKING:
     from toolcage.results import CallResult
@@ -96,8 +97,7 @@ class SnapshotInfo:
 
 
 def key_path() -> Path:
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "toolcage" / "snapshot.key"
+    return state_dir() / "snapshot.key"
 
 
 def host_key(create: bool) -> bytes:

@@ -36,6 +36,7 @@ from toolcage.errors import AuditError
 from toolcage.lifecycle.audit_file import GENESIS, AuditFile, now
 from toolcage.lifecycle.audit_file import chain as _chain
 from toolcage.policies import contract
+from toolcage.workspace import state_dir
 
 BATCH_WINDOW_S = 0.02
 ENV = contract.ENV_AUDIT_LOG
@@ -47,8 +48,7 @@ RETRY_S, RETRY_MAX_S = 0.1, 5.0  # the writer's back-off while the log cannot be
 def default_path() -> Path:
     if os.environ.get(ENV):
         return Path(os.environ[ENV]).expanduser()
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "toolcage" / "audit.jsonl"
+    return state_dir() / "audit.jsonl"
 
 
 class Audit:

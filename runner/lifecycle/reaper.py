@@ -3,7 +3,7 @@
 Threat and complaint: a runner killed with SIGKILL never runs its clean-up (``--rm`` never
 fires either), so containers and networks pile up. Every object carries its owner's pid and
 process start time, the namespace those mean a process in (boot id, PID and time namespaces:
-toolcage.lifecycle.ownership), and the run deadline. A reaper judges an owner only from where it can see
+toolcage.engine.ownership), and the run deadline. A reaper judges an owner only from where it can see
 it: in the same namespace, an object whose owner is dead (or whose pid now belongs to another
 process) is an orphan, and one whose owner lives is never touched, whatever its deadline says.
 An owner it cannot check (another PID namespace, another boot or machine, an object with no
@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from toolcage.engine import ownership
 from toolcage.engine.api import EngineAPI
-from toolcage.engine.hostconfig import (
+from toolcage.engine.labels import (
     LABEL_DEADLINE,
     LABEL_KEEP,
     LABEL_OWNER,
@@ -37,7 +38,6 @@ from toolcage.engine.hostconfig import (
     LABEL_OWNER_STARTED,
     LABEL_RUN_ID,
 )
-from toolcage.lifecycle import ownership
 
 DEADLINE_GRACE_S = 5.0
 

@@ -91,7 +91,7 @@ def start_helper() -> bool:
     global _helper_fd
     if _helper_fd is not None:
         return True
-    from toolcage.lifecycle import ownership
+    from toolcage.engine import ownership
 
     # Only in the machine's own PID namespace, whose init never exits. In any other (a container, a pod)
     # the namespace's init may exit right after the command does, and the kernel then kills every process

@@ -1,21 +1,27 @@
-"""``toolcage doctor``: is this host fit to run sandboxes, and is every live sandbox as locked down as its policy?
+"""``toolcage doctor``'s checks: is this host fit to run sandboxes, and is every live sandbox as locked down as
+its policy? ``report()`` returns the answer as data; the CLI prints it (toolcage.cli.doctor), never this room.
 
-The report is printed even when a check cannot run (Docker down: the engine check fails and
-says why), so the answer to "what is wrong" is never an empty screen.
+The report is whole even when a check cannot run (Docker down: the engine check fails and says why), so the
+answer to "what is wrong" is never an empty screen.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-import click
-
-from toolcage.cli.output import emit, use_json
-from toolcage.engine.hostconfig import LABEL_RUN_ID
+from toolcage.engine.labels import LABEL_RUN_ID
 from toolcage.errors import DockerUnavailable
 from toolcage.policies.contract import PING
-from toolcage.textsafe import escape
+
+
+def report(probe: bool = False, policy_ref: str = "default", sandbox: str = "auto") -> dict[str, Any]:
+    """The doctor's report: ``findings`` (anything weaker than it should be, or that cannot be checked: the
+    CLI exits 1), ``warnings`` (printed, exit code unchanged), and what each check saw (``engine``,
+    ``engines``, ``image``, ``daemon``, ``backends``, ``containers``; with ``probe``, ``probes`` proved in a
+    live sandbox under ``policy_ref`` and ``sandbox``)."""
+    out: dict[str, Any] = {"findings": [], "warnings": []}
+    _checks(out, out["findings"], probe, policy_ref, sandbox)
+    return out
 
 
 def _checks(report: dict[str, Any], findings: list[str], probe: bool, policy_ref: str, sandbox: str) -> None:
@@ -103,93 +109,4 @@ def _engines() -> list[dict[str, Any]]:
     return out
 
 
-@click.command()
-@click.option("--probe", is_flag=True, help="Also prove the isolation in a live sandbox under --policy.")
-@click.option("--policy", "policy_ref", default="default", show_default=True, help="Policy for --probe.")
-@click.option(
-    "--sandbox",
-    type=click.Choice(["container", "gvisor", "auto"]),
-    default="auto",
-    show_default=True,
-    help="The sandbox kind --probe proves.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def doctor(probe: bool, policy_ref: str, sandbox: str, as_json: bool) -> None:
-    """Check the engine, the sandbox kinds it offers (and which `--sandbox auto` picks), the image,
-    the daemon's security features and every live sandbox against its policy.
-
-    Exit 1 when anything is weaker than it should be (or cannot be checked). Warnings (a runtime
-    older than the fix for a known escape) are printed and do not change the exit code.
-    """
-    use_json(as_json)
-    report: dict[str, Any] = {"findings": [], "warnings": []}
-    findings: list[str] = report["findings"]
-    _checks(report, findings, probe, policy_ref, sandbox)
-    if as_json:
-        emit(report)
-    else:
-        _doctor_text(report, findings)
-    sys.exit(1 if findings else 0)
-
-
-def _doctor_text(report: dict[str, Any], findings: list[str]) -> None:
-    """doctor's table for people; probe observations and container names are escaped."""
-    eng = report.get("engine", {})
-    if not eng.get("ok"):
-        click.echo(f"engine      FAILED: {escape(eng.get('error'))}")
-    else:
-        click.echo(f"engine      Docker {escape(eng.get('version'))} (API {escape(eng.get('api'))})")
-        im = report.get("image")
-        state = ("current" if im["current"] else "OUT OF DATE") if im else ""
-        click.echo(f"image       {escape(im['tag'])} {state}" if im else "image       missing")
-        for e in report.get("engines", []):
-            mark = "engine*" if e["in_use"] else "engine "
-            if not e["ok"]:
-                click.echo(f"{mark}     {escape(e['url'])}  not answering: {escape(e.get('error'))}")
-                continue
-            mode = "rootless" if e["rootless"] else "rootful" + (", userns-remap" if e["userns"] else "")
-            line = f"{mark}     {escape(e['url'])}  {escape(e['flavor'])} {escape(e['version'])} ({mode}); kinds: "
-            line += ", ".join(e["kinds"]) or "none"
-            if e["limits_problem"]:
-                line += f"  ({escape(e['limits_problem'])})"
-            elif e["gvisor_problem"]:
-                line += f"  (gvisor: {escape(e['gvisor_problem'])})"
-            click.echo(line)
-        d = report["daemon"]
-        flags = ", ".join(k for k in ("seccomp", "apparmor", "selinux", "userns", "rootless") if d[k]) or "none"
-        click.echo(
-            f"daemon      security: {flags}; cgroup v{escape(d['cgroup_version'])}; "
-            f"storage {escape(d['storage_driver'])}"
-        )
-    backends = report.get("backends")
-    if backends:
-        for kind, about in backends["kinds"].items():
-            state = "available" if about["available"] else "not available"
-            if "works" in about:
-                state += ", works" if about["works"] else f", FAILS: {escape(about.get('error'))}"
-            runtime = (
-                f" (runtime {escape(about['runtime'])}{' ' + escape(about['version']) if about.get('version') else ''})"
-            )
-            note = f"  ({escape(about['note'])})" if about.get("note") else ""
-            pick = "  <- --sandbox auto" if kind == backends["auto"] else note
-            click.echo(f"sandbox     {kind:<10}{state}{runtime if about['runtime'] else ''}{pick}")
-            proxy_rt = about.get("egress_proxy_runtime")
-            if about["available"] and proxy_rt and proxy_rt != about["runtime"]:
-                click.echo(
-                    f"{'':<22}its egress proxy runs under {escape(proxy_rt)} "
-                    "(runsc is registered with --network=none: no network stack to give it)"
-                )
-    for c in report.get("containers", []):
-        verdict = "as locked down as its policy" if not c["findings"] else "WEAKER"
-        click.echo(f"container   {escape(c['name'])}: {verdict}")
-    for r in report.get("probes", []):
-        click.echo(f"probe       {'PASS' if r['passed'] else 'FAIL'}  {escape(r['name']):<28} {escape(r['what'])}")
-        if r.get("note"):
-            click.echo(f"{'':<18}{'':<28} ({escape(r['note'])})")
-    for w in report.get("warnings", []):
-        click.echo(f"WARNING     {escape(w)}")
-    for f in findings:
-        click.echo(f"FINDING     {escape(f)}")
-
-
-__all__ = ["doctor"]
+__all__ = ["report"]

@@ -12,7 +12,9 @@ from typing import Any
 
 from toolcage.engine import seccomp
 from toolcage.engine.api import EngineAPI
-from toolcage.engine.hostconfig import (
+from toolcage.engine.hostconfig import SANDBOX_UID
+from toolcage.engine.knobs import GVISOR, gvisor_memory_headroom
+from toolcage.engine.labels import (
     LABEL_OWNER,
     LABEL_POLICY,
     LABEL_POLICY_SHA256,
@@ -20,9 +22,7 @@ from toolcage.engine.hostconfig import (
     LABEL_RUN_ID,
     LABEL_STARTED_AT,
     LABEL_TOOL,
-    SANDBOX_UID,
 )
-from toolcage.engine.knobs import GVISOR, gvisor_memory_headroom
 from toolcage.policies import PolicyError, contract, policy_from_json
 
 

@@ -39,6 +39,7 @@ from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_messag
 from openai.types.responses import ResponseCustomToolCall
 from pydantic import ValidationError
 
+from toolcage.engine import ownership
 from toolcage.integrations.openai_agents import (
     ToolcageSandboxClient,
     ToolcageSandboxClientOptions,
@@ -46,7 +47,6 @@ from toolcage.integrations.openai_agents import (
     ToolcageSnapshotSpec,
     toolcage_session,
 )
-from toolcage.lifecycle import ownership
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

@@ -48,12 +48,12 @@ import pytest
 
 from tests.helpers import secret_connector
 from toolcage import CallResult, Sandbox, wait_removed
+from toolcage.engine import ownership
 from toolcage.errors import WorkspaceError
 from toolcage.files import snapshot
 from toolcage.files.changes import ChangesError, collect
 from toolcage.files.download import DownloadError
 from toolcage.files.snapshot import SnapshotError, SnapshotInvalid
-from toolcage.lifecycle import ownership
 from toolcage.worker.redaction import text_forms
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

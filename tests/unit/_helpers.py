@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-from toolcage.engine.hostconfig import RunSpec
+from toolcage.engine.labels import RunSpec
 
 
 def run_spec(**overrides: Any) -> RunSpec:

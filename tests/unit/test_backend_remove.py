@@ -38,7 +38,8 @@ class _Proxy:
 
 def _backend(engine: _Engine, fails: bool) -> ContainerBackend:
     policy = validate_policy({"name": "p", "network": {"mode": "proxy", "allow": [{"host": "example.test"}]}})
-    backend = ContainerBackend(policy, BackendOptions(engine=engine, image="i:1", name="toolcage-x", log=None))  # type: ignore[arg-type]
+    options = BackendOptions(engine=engine, image="i:1", proxy_image="i:1", name="toolcage-x", log=None)  # type: ignore[arg-type]
+    backend = ContainerBackend(policy, options)
     backend.container_id = "sandbox"
     backend._egress = _Proxy(engine, fails)
     backend._files = ["toolcage-files-run-x-usr"]

@@ -8,7 +8,8 @@ import pytest
 
 from tests.unit._helpers import run_spec
 from toolcage.engine import seccomp
-from toolcage.engine.hostconfig import container_config, container_name
+from toolcage.engine.hostconfig import container_config
+from toolcage.engine.labels import container_name
 from toolcage.policies import load_policy
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "policies"

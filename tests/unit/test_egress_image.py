@@ -10,6 +10,7 @@ import pytest
 from tests.unit._helpers import run_spec
 from toolcage.backends import BackendOptions, ContainerBackend
 from toolcage.engine.knobs import DOCKER, FlavorKnobs
+from toolcage.options import RunOptions
 from toolcage.policies.loader import validate_policy
 from toolcage.rpc.transport import StreamParser
 
@@ -35,14 +36,14 @@ class _Engine:
 
 
 def test_the_proxy_runs_from_the_worker_image_not_the_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of its own image still gets the worker image ($TOOLCAGE_IMAGE) for its egress proxy: the options
+    hand it to the backend (BackendOptions.proxy_image), which never reads the options itself."""
     monkeypatch.setenv("TOOLCAGE_IMAGE", "toolcage-worker:trusted")
     monkeypatch.setattr("toolcage.lifecycle.reaper.reap_in_background", lambda *a, **k: None)
     policy = validate_policy({"name": "p", "network": {"mode": "proxy", "allow": [{"host": "example.test"}]}})
     engine = _Engine()
-    backend = ContainerBackend(
-        policy,
-        BackendOptions(engine=engine, image="my-tools:1", name="toolcage-x", log=None),  # type: ignore[arg-type]
-    )
+    opts = RunOptions.resolve(policy, tool="t", sandbox="container", image="my-tools:1", engine=engine, audit=False)  # type: ignore[arg-type]
+    backend = ContainerBackend(policy, BackendOptions(name="toolcage-x", log=None, **opts.backend_options()))
     with pytest.raises(RuntimeError, match="stop here"):
         backend.start(backend.complete(run_spec(image="my-tools:1")), StreamParser(1024))
     proxy = engine.created[0]

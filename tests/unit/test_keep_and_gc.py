@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from tests.unit._helpers import run_spec
-from toolcage.engine.hostconfig import LABEL_KEEP, LABEL_OWNER, container_config
+from toolcage.engine.hostconfig import container_config
+from toolcage.engine.labels import LABEL_KEEP, LABEL_OWNER
 from toolcage.lifecycle import reaper
 from toolcage.policies import load_policy
 

@@ -27,16 +27,9 @@ import pytest
 
 from tests.unit._helpers import run_spec
 from toolcage.backends import kubernetes as kube
-from toolcage.engine.hostconfig import (
-    LABEL_POOL,
-    LABEL_ROLE,
-    LABEL_RUN_ID,
-    RunSpec,
-    container_config,
-    labels,
-    proxy_container_config,
-)
+from toolcage.engine.hostconfig import container_config, proxy_container_config
 from toolcage.engine.knobs import GVISOR, RUNC
+from toolcage.engine.labels import LABEL_POOL, LABEL_ROLE, LABEL_RUN_ID, RunSpec, labels
 from toolcage.policies import Policy, bundled_policy_names, contract, load_policy
 from toolcage.policies.addresses import address_problem
 from toolcage.policies.model import AllowRule, NetworkPolicy

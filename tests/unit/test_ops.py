@@ -71,7 +71,7 @@ def test_rw_mount_and_socket_found() -> None:
 def test_orphan_rules() -> None:
     """Dead owner and reused pid make an orphan in the reaper's own namespace; a live owner never does,
     past its deadline too; an owner in another namespace is judged by the deadline alone."""
-    from toolcage.lifecycle.ownership import namespace_key, process_start_ticks
+    from toolcage.engine.ownership import namespace_key, process_start_ticks
 
     here = namespace_key()
     me = {

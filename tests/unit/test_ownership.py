@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.unit._helpers import run_spec
-from toolcage.engine.hostconfig import LABEL_OWNER_NS, container_config
-from toolcage.lifecycle import audit, ownership, reaper
+from toolcage.engine import ownership
+from toolcage.engine.hostconfig import container_config
+from toolcage.engine.labels import LABEL_OWNER_NS
+from toolcage.lifecycle import audit, reaper
 from toolcage.policies import load_policy
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from toolcage import Sandbox, UsageError
-from toolcage.engine.hostconfig import LABEL_POOL, RunSpec, labels
+from toolcage.engine.labels import LABEL_POOL, RunSpec, labels
 from toolcage.policies import Policy
 from toolcage.pool import Pool
 from toolcage.worker import deadline

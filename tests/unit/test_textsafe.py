@@ -151,7 +151,7 @@ def test_doctor_text_is_escaped(capsys: pytest.CaptureFixture[str]) -> None:
         "containers": [{"name": "toolcage-" + EVIL, "findings": []}],
         "probes": [{"name": "p", "what": "w", "passed": False, "observed": EVIL}],
     }
-    from toolcage.ops import doctor
+    from toolcage.cli import doctor
 
     report["engine"]["ok"] = True  # type: ignore[index]
     doctor._doctor_text(report, ["probe p failed: " + EVIL])
