@@ -193,7 +193,7 @@ def instrumented() -> Any:
     patch(session_mod.Session, "request", stamp_around(None, "req1"))
 
     def wrap_socket(sb: Sandbox) -> None:
-        transport = sb._session._transport  # type: ignore[union-attr]
+        transport = sb._run.session._transport  # type: ignore[union-attr]
         transport._sock = _SockProxy(transport._sock, cur)  # type: ignore[union-attr]
 
     try:

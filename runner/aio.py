@@ -1,6 +1,12 @@
 """``AsyncSandbox`` and ``AsyncPool``: the async twins of :class:`~toolcage.sandbox.Sandbox` and
 :class:`~toolcage.pool.Pool`. Calls, and taking a pool's slot, are native (the thread that has the
-answer or the slot wakes the event loop); what waits on the engine (a cold start, close) runs on a thread."""
+answer or the slot wakes the event loop); what waits on the engine (a cold start, close) runs on a thread.
+
+The twins share one run through a named contract, never each other's privates: ``Sandbox.claim_start``,
+``adopt``, ``begin_call`` and ``end_call``; ``Pool.take_later``, ``forget``, ``give_back``,
+``wanted_ready``, ``ready_for`` and ``watch`` (internal methods, documented as such where they are
+defined). ``tests/unit/test_aio_contract.py`` checks that this module reaches no other object's
+``_private`` attribute."""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from toolcage.errors import ToolcageError, UsageError
-from toolcage.pool import READY_WAIT_S, Pool, _Slot
+from toolcage.pool import READY_WAIT_S, Pool, Slot
 from toolcage.results import CallResult, RunSummary
 from toolcage.rpc.session import Ended, OnProgress
 from toolcage.sandbox import Sandbox
@@ -30,23 +36,23 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-async def take(pool: Pool, timeout: float = READY_WAIT_S * 2) -> _Slot:
+async def take(pool: Pool, timeout: float = READY_WAIT_S * 2) -> Slot:
     """:meth:`Pool.take` for an event loop: the oldest waiting slot, or the next one to start. No thread
     waits: the pool hands the slot over from whichever thread has it (a filler, mostly) by waking the
     loop. A taker cancelled or timed out while its slot was on the way gives it back, first in line."""
     loop = asyncio.get_running_loop()
-    got: asyncio.Future[_Slot] = loop.create_future()
+    got: asyncio.Future[Slot] = loop.create_future()
 
-    def settle(item: _Slot | ToolcageError) -> None:  # in the loop
+    def settle(item: Slot | ToolcageError) -> None:  # in the loop
         if got.done():  # the taker gave up while the slot was on its way
-            if isinstance(item, _Slot):
-                pool._give_back(item)
-        elif isinstance(item, _Slot):
+            if isinstance(item, Slot):
+                pool.give_back(item)
+        elif isinstance(item, Slot):
             got.set_result(item)
         else:
             got.set_exception(item)
 
-    def handoff(item: _Slot | ToolcageError) -> bool:  # under the pool's lock, from any thread
+    def handoff(item: Slot | ToolcageError) -> bool:  # under the pool's lock, from any thread
         try:
             loop.call_soon_threadsafe(settle, item)
         except RuntimeError:  # the loop is closed: nobody takes it
@@ -54,16 +60,16 @@ async def take(pool: Pool, timeout: float = READY_WAIT_S * 2) -> _Slot:
         return True
 
     def expire() -> None:
-        if pool._forget(handoff) and not got.done():
+        if pool.forget(handoff) and not got.done():
             got.set_exception(ToolcageError("no pooled sandbox became ready in time"))
 
     timer = loop.call_later(timeout, expire)
-    pool._take_later(handoff)
+    pool.take_later(handoff)
     try:
         return await got
     except asyncio.CancelledError:
-        if not pool._forget(handoff) and got.done() and not got.cancelled() and got.exception() is None:
-            pool._give_back(got.result())  # handed over, but the task was cancelled before it resumed
+        if not pool.forget(handoff) and got.done() and not got.cancelled() and got.exception() is None:
+            pool.give_back(got.result())  # handed over, but the task was cancelled before it resumed
         raise
     finally:
         timer.cancel()
@@ -84,7 +90,8 @@ class AsyncSandbox:
 
     def __init__(self, *args: Any, pool: Pool | AsyncPool | None = None, **kwargs: Any) -> None:
         self._apool = pool if isinstance(pool, AsyncPool) else None
-        self._sync = Sandbox(*args, pool=pool.pool if isinstance(pool, AsyncPool) else pool, **kwargs)
+        self._pool = pool.pool if isinstance(pool, AsyncPool) else pool
+        self._sync = Sandbox(*args, pool=self._pool, **kwargs)
 
     @property
     def run_id(self) -> str:
@@ -115,18 +122,17 @@ class AsyncSandbox:
         return self._apool._threads() if self._apool is not None else None
 
     async def start(self) -> AsyncSandbox:
-        sb = self._sync
-        pool = sb._pool
+        sb, pool = self._sync, self._pool
         if pool is None:  # a cold start waits on the engine
             await _on_thread(None, sb.start)
             return self
         async with self._apool._start_slot() if self._apool is not None else contextlib.nullcontext():
-            sb._claim_start()
+            sb.claim_start()
             slot = await take(pool)
             if sb.tool_sources:  # adoption waits for the worker to list the connectors' tools
-                await _on_thread(self._executor, sb._adopt, slot)
+                await _on_thread(self._executor, sb.adopt, slot)
             else:
-                sb._adopt(slot)  # sends the run's configuration; its answer is read with the first call's
+                sb.adopt(slot)  # sends the run's configuration; its answer is read with the first call's
         return self
 
     async def call(
@@ -143,12 +149,12 @@ class AsyncSandbox:
         (``task.cancel()``, ``asyncio.wait_for``) cancels the call in the sandbox: its processes are
         killed and the sandbox stays usable. ``on_progress`` runs on the reader thread, not in the loop."""
         sb = self._sync
-        session, params, until = sb._before_call(tool, params, timeout)
+        session, params, until = sb.begin_call(tool, params, timeout)
         started = time.monotonic()
         answer = await session.request_async(tool, params, until, on_progress=on_progress)
         if isinstance(answer, Ended):  # the sandbox is killed on the way: not in the event loop
-            return await _on_thread(self._executor, sb._after_call, tool, params, answer, started)
-        return sb._after_call(tool, params, answer, started)
+            return await _on_thread(self._executor, sb.end_call, tool, params, answer, started)
+        return sb.end_call(tool, params, answer, started)
 
     async def download(
         self,
@@ -261,13 +267,13 @@ class AsyncPool:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(changed.set)
 
-        want = pool._wanted_ready(count)
+        want = pool.wanted_ready(count)
         until = loop.time() + timeout
-        pool._watch(watcher)
+        pool.watch(watcher)
         try:
             while True:
                 changed.clear()
-                done = pool._ready_for(want)
+                done = pool.ready_for(want)
                 if done is not None:
                     return done
                 left = until - loop.time()
@@ -276,7 +282,7 @@ class AsyncPool:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), min(left, 0.5))
         finally:
-            pool._watch(watcher, on=False)
+            pool.watch(watcher, on=False)
 
     @contextlib.asynccontextmanager
     async def _start_slot(self) -> AsyncIterator[None]:

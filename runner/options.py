@@ -121,12 +121,24 @@ class RunOptions:
         keep: bool = False,
         workspace_mode: str = "ro",
         workspace_gitignore: bool = False,
+        run_s: float | None = None,
+        memory: int | str | None = None,
+        scratch: int | str | None = None,
     ) -> RunOptions:
-        """Check and resolve every option before anything starts (UsageError/PolicyError with the fix)."""
+        """Check and resolve every option before anything starts (UsageError/PolicyError with the fix).
+
+        ``run_s``, ``memory``, ``scratch``: the policy's ``timeouts.run_s`` and ``limits.memory`` and
+        ``limits.scratch`` set for this run (as the CLI's ``--run-s``, ``--memory``, ``--scratch``: sizes
+        as bytes or ``"512m"``, ``"1g"``), checked against the model like the policy's own; ``run_timeout``
+        then only tightens the deadline."""
         from toolcage import connectors
         from toolcage.backends import default_kind, resolve_kind
         from toolcage.workspace import validate_workspace
 
+        if run_s is not None or memory is not None or scratch is not None:
+            from toolcage.policies.overlay import overlay
+
+            policy = overlay(policy, run_s=run_s, memory=memory, scratch=scratch)
         pol = resolve_policy(policy, run_timeout)
         if workspace_mode not in WORKSPACE_MODES:
             raise UsageError(f"workspace_mode must be one of {', '.join(WORKSPACE_MODES)}, not {workspace_mode!r}")

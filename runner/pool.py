@@ -28,10 +28,10 @@ from secrets import token_hex
 from typing import Any
 
 from toolcage import logs, timing
-from toolcage.backends import Backend, in_container
+from toolcage.backends import Backend, ExitStatus, in_container
 from toolcage.engine import ownership
 from toolcage.engine.api import EngineAPI
-from toolcage.engine.labels import SLOT_GRACE_S
+from toolcage.engine.labels import SLOT_GRACE_S, RunSpec
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.lifecycle import removal
 from toolcage.lifecycle.audit import Audit
@@ -49,8 +49,9 @@ ADOPT_MARGIN_S = 1.0  # a slot is handed out only with run_s + this much of its 
 REFILL_DELAY_S = 0.05
 
 
-class _Slot:
-    """One pre-started sandbox. Until a run adopts it, its session's callbacks land here; after, on the run."""
+class Slot:
+    """One pre-started sandbox. Until a run adopts it, its session's callbacks land here; after, on the run.
+    (Internal: what ``take()`` hands a Sandbox, and ``toolcage.aio`` an async taker, to adopt.)"""
 
     def __init__(self, pool: Pool, run: Run, backend: Backend) -> None:
         self.pool, self.run, self.backend = pool, run, backend  # the prestarted run the adopter takes over
@@ -64,9 +65,11 @@ class _Slot:
         self.session: Session | None = None
         self.retired = False
 
-    def adopted_by(self, log: Any, on_broken: Callable[[str], None], redact: Callable[[Any], Any] | None) -> None:
-        """The run that took the slot: from now on the session's callbacks reach it (no reaching into it)."""
+    def adopted_by(self, log: Any, on_broken: Callable[[str], None], redact: Callable[[Any], Any] | None) -> Backend:
+        """The run that took the slot: from now on the session's callbacks reach it (no reaching into it).
+        Returns what that run sees of the slot's backend (:class:`AdoptedBackend`)."""
         self.owner = (log, on_broken, redact)
+        return AdoptedBackend(self)
 
     # the session's callbacks (reader thread) ------------------------------------------------
     def stderr_line(self, line: str) -> None:
@@ -87,9 +90,37 @@ class _Slot:
         return redact(obj) if redact is not None else obj
 
 
+class AdoptedBackend:
+    """The adopting run's view of a pool's slot: kill at once, removal in the pool's background."""
+
+    sandbox_user = True
+
+    def __init__(self, slot: Slot) -> None:
+        self._slot = slot
+        self.container_id = slot.backend.container_id  # started before adoption: known, and never changes
+
+    def image_id(self) -> str | None:
+        return self._slot.image_id  # read when the slot was made: no engine trip
+
+    def complete(self, run: RunSpec) -> RunSpec:
+        return run  # its spec was completed when the slot started
+
+    def start(self, run: RunSpec, parser: Any) -> Any:
+        raise UsageError("a pooled sandbox is started by its pool")
+
+    def kill(self) -> None:
+        self._slot.backend.kill()
+
+    def exit_status(self, timeout: float) -> ExitStatus:
+        return self._slot.backend.exit_status(timeout)
+
+    def remove(self, keep: bool) -> None:
+        self._slot.pool._retire(self._slot, "used")  # off the caller's path: the pool's remover does it
+
+
 # an async taker's side of a hand-off: called under the pool's lock with its slot (or the error that
 # stops slots from starting), from any thread; never blocks; False: nobody can take the slot any more
-Handoff = Callable[["_Slot | ToolcageError"], bool]
+Handoff = Callable[["Slot | ToolcageError"], bool]
 
 _POOLS: weakref.WeakSet[Pool] = weakref.WeakSet()
 
@@ -105,7 +136,8 @@ class Pool:
     """Warm sandboxes for one key; ``with pool.sandbox() as sb:`` (or ``Sandbox(pool=pool)``) adopts one.
 
     ``size``: how many wait at most; ``idle_s``: a slot unused this long is removed (default: the
-    policy's ``timeouts.idle_s``); ``parallel``: how many start at once. A context manager;
+    policy's ``timeouts.idle_s``); ``parallel``: how many start at once; ``run_s``, ``memory``, ``scratch``:
+    those knobs of the policy for every run it serves (as on :class:`Sandbox`). A context manager;
     ``close()`` removes every slot not yet adopted (adopted ones go when their run closes)."""
 
     def __init__(
@@ -127,6 +159,9 @@ class Pool:
         ca_file: str | os.PathLike[str] | None = None,
         audit: Any = None,
         start_gate: threading.Semaphore | None = None,
+        run_s: float | None = None,
+        memory: int | str | None = None,
+        scratch: int | str | None = None,
     ) -> None:
         # start_gate: held while a slot starts, shared with whatever else starts containers on the same
         # engine (a cluster node's agent caps its engine's concurrent starts with one: toolcage.ray)
@@ -136,7 +171,7 @@ class Pool:
         self.options = RunOptions.resolve(
             policy, tool=tool, sandbox=sandbox, image=image, workspace=workspace, tools=tools,
             run_timeout=run_timeout, engine=engine, egress_network=egress_network, egress_proxy=egress_proxy,
-            ca_file=ca_file, audit=audit,
+            ca_file=ca_file, audit=audit, run_s=run_s, memory=memory, scratch=scratch,
         )  # fmt: skip
         self.policy, self.kind, self.image, self.tool = (
             self.options.policy,
@@ -155,7 +190,7 @@ class Pool:
         self.log = logs.get_logger(pool=self.id)
         self.options.warn_unreadable_workspace(self.log, in_container(self.kind))
         self._cond = threading.Condition()
-        self._ready: collections.deque[_Slot] = collections.deque()
+        self._ready: collections.deque[Slot] = collections.deque()
         self._starting = 0
         self._waiting = 0  # takers waiting: threads in take(), and async takers (_handoffs)
         # async takers (toolcage.aio), oldest first: handed a slot, or what stops slots from starting, by
@@ -191,28 +226,29 @@ class Pool:
     def wait_ready(self, count: int | None = None, timeout: float = 60.0) -> bool:
         """Block until ``count`` (default: ``size``) slots wait; False on timeout. Raises what stops
         slots from starting (the image missing, Docker down)."""
-        want = self._wanted_ready(count)
+        want = self.wanted_ready(count)
         until = time.monotonic() + timeout
         with self._cond:
-            while (done := self._ready_for(want)) is None:
+            while (done := self.ready_for(want)) is None:
                 left = until - time.monotonic()
                 if left <= 0:
                     return False
                 self._cond.wait(min(left, 0.5))
             return done
 
-    def _wanted_ready(self, count: int | None) -> int:
-        """How many slots a wait_ready waits for (asking is using: a pool gone cold refills; counted
-        once, from now: counted on every wake-up, slots made meanwhile would outlive the pool's use)."""
+    def wanted_ready(self, count: int | None) -> int:
+        """(Internal: wait_ready's first step, and AsyncPool's.) How many slots a wait_ready waits for
+        (asking is using: a pool gone cold refills; counted once, from now: counted on every wake-up,
+        slots made meanwhile would outlive the pool's use)."""
         want = self.size if count is None else min(count, self.size)
         with self._cond:
             self._last_used = time.monotonic()
             self._changed()
         return want
 
-    def _ready_for(self, want: int) -> bool | None:
-        """Has a wait for ``want`` ready slots ended (True: they wait; False: the pool is closed), or
-        None: not yet. Raises what stops slots from starting."""
+    def ready_for(self, want: int) -> bool | None:
+        """(Internal: as wanted_ready.) Has a wait for ``want`` ready slots ended (True: they wait;
+        False: the pool is closed), or None: not yet. Raises what stops slots from starting."""
         with self._cond:
             if len(self._ready) >= want:
                 return True
@@ -220,16 +256,16 @@ class Pool:
                 raise self._error
             return False if self._closed else None
 
-    def _watch(self, watcher: Callable[[], None], on: bool = True) -> None:
-        """``watcher()`` is called (under the lock, from any thread; it must not block) on every change
-        from now on (``on=False``: no longer)."""
+    def watch(self, watcher: Callable[[], None], on: bool = True) -> None:
+        """(Internal: AsyncPool.wait_ready's wake-up.) ``watcher()`` is called (under the lock, from any
+        thread; it must not block) on every change from now on (``on=False``: no longer)."""
         with self._cond:
             if on:
                 self._watchers.append(watcher)
             else:
                 self._watchers.remove(watcher)
 
-    def take(self, timeout: float = READY_WAIT_S * 2) -> _Slot:
+    def take(self, timeout: float = READY_WAIT_S * 2) -> Slot:
         """The oldest waiting slot, for one run; waits for one to start when none waits."""
         until = time.monotonic() + timeout
         with self._cond:
@@ -262,7 +298,7 @@ class Pool:
             return self._error
         return None
 
-    def _pop_ready(self) -> _Slot | None:
+    def _pop_ready(self) -> Slot | None:
         """Held under the lock: the oldest waiting slot that can still give a whole run, counted as taken."""
         while self._ready and not self._has_a_run_left(self._ready[0]):
             self._retire(self._ready.popleft(), "expired")
@@ -272,8 +308,9 @@ class Pool:
         self._last_taken = time.monotonic()
         return self._ready.popleft()
 
-    # async takers (toolcage.aio.AsyncPool, AsyncSandbox(pool=...)): no thread waits for them ---------
-    def _take_later(self, handoff: Handoff) -> None:
+    # the async twin's side (toolcage.aio: AsyncPool, AsyncSandbox(pool=...)), no thread waits for them.
+    # Internal, not for users: wanted_ready, ready_for and watch above; take_later, forget and give_back here.
+    def take_later(self, handoff: Handoff) -> None:
         """Hand ``handoff`` the oldest slot when there is one (now, if one waits), or the error that
         stops slots from starting; meanwhile fillers count it as a taker waiting."""
         with self._cond:
@@ -282,9 +319,9 @@ class Pool:
             self._waiting += 1
             self._changed()
 
-    def _forget(self, handoff: Handoff) -> bool:
+    def forget(self, handoff: Handoff) -> bool:
         """An async taker gave up (timeout, cancelled): True if it was still waiting, False if it was
-        handed something already (a slot on its way comes back through _give_back)."""
+        handed something already (a slot on its way comes back through give_back)."""
         with self._cond:
             try:
                 self._handoffs.remove(handoff)
@@ -293,7 +330,7 @@ class Pool:
             self._waiting -= 1
             return True
 
-    def _give_back(self, slot: _Slot) -> None:
+    def give_back(self, slot: Slot) -> None:
         """A slot handed to an async taker who was gone by the time it arrived: first in line again."""
         with self._cond:
             if not self._closed:
@@ -323,7 +360,7 @@ class Pool:
         for watcher in list(self._watchers):
             watcher()
 
-    def _has_a_run_left(self, slot: _Slot) -> bool:
+    def _has_a_run_left(self, slot: Slot) -> bool:
         """Can the slot still give a whole run_s from now? Its container, worker and proxy stop at the
         deadline fixed when it was made (idle_s + run_s ahead); one that waited past its idle time (its
         expiry late behind busy fillers) would otherwise cut its run short of what a fresh sandbox gets."""
@@ -354,7 +391,7 @@ class Pool:
                     self._expire_idle()
                     self._cond.wait(min(self.idle_s / 4, 1.0))
                 self._starting += 1
-            slot: _Slot | None = None
+            slot: Slot | None = None
             try:
                 with self.start_gate or contextlib.nullcontext():
                     slot = self._make_slot()
@@ -386,16 +423,16 @@ class Pool:
         while self._ready and now - self._ready[0].created >= self.idle_s:
             self._retire(self._ready.popleft(), "idle")
 
-    def _make_slot(self) -> _Slot:
+    def _make_slot(self) -> Slot:
         run = Run(self.options, pool=self.id)
         run_id, name, log = run.run_id, run.name, run.log
-        made: list[_Slot] = []
+        made: list[Slot] = []
 
         def redact(rec: Any) -> Any:  # the proxy's records, with the adopting run's secrets (slot.redact)
             return made[0].redact(rec) if made else rec
 
         backend = run.make_backend(redact=redact)
-        slot = _Slot(self, run, backend)
+        slot = Slot(self, run, backend)
         made.append(slot)
         slot.image_id = backend.image_id()
         session = Session(
@@ -405,14 +442,8 @@ class Pool:
             redact=slot.redact,
         )
         slot.session = run.session = session
-        spec = run.spec(
-            # the slot's longest life: idle_s waiting, then one run; the run's own deadline comes at adoption
-            time.time() + self.idle_s + self.policy.timeouts.run_s + SLOT_GRACE_S,
-            started_at=slot.created_at,
-            pool=self.id,
-            extra_env={contract.ENV_POOLED: "1"},  # the worker readies what adoption needs while it waits
-        )
-        slot.deadline = spec.deadline
+        # the slot's longest life: idle_s waiting, then one run; the run's own deadline comes at adoption
+        slot.deadline = time.time() + self.idle_s + self.policy.timeouts.run_s + SLOT_GRACE_S
         if self.audit is not None:  # on disk before the container exists (off any caller's path)
             self.audit.event(
                 "pool.slot_created", run_id=run_id, name=name, pool=self.id, tool=self.tool, image=self.image,
@@ -421,7 +452,10 @@ class Pool:
                 network=self.policy.network.mode,
             )  # fmt: skip
         try:
-            session.connect(backend.start(spec, session.parser))
+            run.launch(
+                session.parser, slot.deadline, started_at=slot.created_at, pool=self.id,
+                extra_env={contract.ENV_POOLED: "1"},  # the worker readies what adoption needs while it waits
+            )  # fmt: skip
             until = time.monotonic() + READY_WAIT_S + timing.GRACE_S
             answer = session.request(contract.PING, None, until)
             if isinstance(answer, Ended) or answer.get("result") != "pong":
@@ -436,7 +470,7 @@ class Pool:
         return slot
 
     # removal ---------------------------------------------------------------------------------
-    def _retire(self, slot: _Slot, why: str, now: bool = False) -> None:
+    def _retire(self, slot: Slot, why: str, now: bool = False) -> None:
         """Remove a slot: an adopted one when its run closes (``used``), or one nobody took. In the
         background (the process's one remover, ``toolcage.lifecycle.removal``) unless ``now``."""
         if slot.retired:
@@ -451,7 +485,7 @@ class Pool:
         else:
             removal.schedule(functools.partial(self._remove, slot))
 
-    def _remove(self, slot: _Slot) -> None:
+    def _remove(self, slot: Slot) -> None:
         if slot.session is not None:
             slot.session.close_input()
         try:

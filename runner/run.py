@@ -1,17 +1,20 @@
-"""One run's identity and records, in one place for every door (Sandbox, a pool's slot, ``mcp wrap``).
+"""One run's identity, records and steps, in one place for every door (Sandbox, a pool's slot, ``mcp wrap``).
 
 A run has an id, a container name and a logger bound to both; its container spec (``RunSpec``) is
 built here and nowhere else; its ``run.started`` and ``run.finished`` audit records carry one field
 set whichever door made the run (a door adds only what is its own: the pool a slot came from, the
-wrapped command). Also here: what an adopting run sees of a pool's slot (``AdoptedBackend``) and a
-pooled Sandbox before it adopts one (``NotAdopted``), so ``sandbox`` and ``pool`` need not import
-each other.
+wrapped command). Its steps are here too: ``Run.begin`` (the live set, ``run.started`` audited, the
+container started, the watchdog, the ``run.started`` log line) and ``Run.finish`` (the summary, the
+``run.finished`` log line and audit record), in one order for every door. Also here: a pooled Sandbox
+before it adopts a slot (``NotAdopted``), so ``sandbox`` and ``pool`` need not import each other.
 """
 
 from __future__ import annotations
 
+import atexit
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from secrets import token_hex
 from typing import TYPE_CHECKING, Any
@@ -29,12 +32,16 @@ from toolcage.errors import (
     UsageError,
     WorkerCrashed,
 )
+from toolcage.lifecycle import records
+from toolcage.lifecycle import removal as removal  # imported before _close_live is registered: see there
 from toolcage.lifecycle.watchdog import Watchdog
+from toolcage.results import RunSummary
 from toolcage.rpc.session import Ended, Session
 
 if TYPE_CHECKING:
     from toolcage.lifecycle.watchdog import Expiry
     from toolcage.options import RunOptions
+    from toolcage.rpc.transport import StreamParser, Transport
 
 EXIT_WAIT_S = 5.0  # how long to wait for a worker whose stream ended to report its exit
 
@@ -46,6 +53,24 @@ def now_iso() -> str:
 def interrupted_error(run_id: str) -> SandboxError:
     """The run was stopped by its runner (SIGINT, SIGTERM, KeyboardInterrupt) mid-way."""
     return SandboxInterrupted("the run was interrupted; the sandbox was killed", run_id=run_id)
+
+
+# runs begun and not finished, with what closes each: closed at interpreter exit if still open. The hook
+# is registered after removal's and records' (imported above): exit hooks run last in, first out, so the
+# live runs close first, then the removals they scheduled are waited for and their refusal counts written
+_LIVE: dict[Run, Callable[[], object]] = {}
+_LIVE_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_live() -> None:
+    with _LIVE_LOCK:
+        closers = list(_LIVE.values())
+    for close in closers:
+        try:
+            close()
+        except Exception:  # noqa: S110 - best effort at interpreter exit
+            pass
 
 
 class Run:
@@ -62,12 +87,94 @@ class Run:
         self.dead: SandboxError | None = None  # why the run can take no more calls
         self.started = 0.0  # monotonic, set by start_clock()
         self.deadline = 0.0  # monotonic: started + run_s
+        self.watchdog: Watchdog | None = None  # started by begin() for a run with a session
+        self.audited = False  # its run.started was recorded (so its run.finished is)
+        self._audit_later = False  # ... queued, not on disk at once (a pooled run): run.finished too
 
-    def adopted(self, options: RunOptions) -> Run:
+    def adopt(self, options: RunOptions) -> Run:
         """A pool's prestarted run taken over by the run that adopts its slot (with that run's options:
-        the pool's, or its own audit log); its id, name, log and session stay, its clock starts later."""
+        the pool's, or its own audit log); its id, name, log and session stay; its clock starts now."""
         self.options = options
+        self.start_clock()
         return self
+
+    # a run's steps, the same for every door --------------------------------------------------
+    def begin(
+        self,
+        parser: StreamParser | None,
+        *,
+        closer: Callable[[], object] | None = None,
+        image_id: str | None = None,
+        spec_extra: Mapping[str, Any] | None = None,
+        log_extra: Mapping[str, Any] | None = None,
+        **audit_extra: Any,
+    ) -> Transport | None:
+        """Begin the run, in the order every door follows:
+
+        1. its clock starts (an adopted run's started at adoption, :meth:`adopt`);
+        2. ``closer`` enters the live set: it is called at interpreter exit if the run is still open;
+        3. ``run.started`` is audited (``audit_extra``: the door's own fields): on disk before the
+           container exists, so a runner killed right after creating it still leaves a trace; an
+           adopted run's is queued (its slot's ``pool.slot_created`` was on disk before its container);
+        4. the container starts from its spec (``spec_extra``: the door's fields) with ``parser``
+           reading its output, and the run's session (if any) is connected to it; ``parser`` None:
+           the container runs already (a pool's slot), and its ``image_id`` is given;
+        5. a run with a session gets its watchdog (the deadline and idle timeout end it);
+        6. the ``run.started`` log line (``log_extra``: the door's own fields).
+
+        Returns the container's transport (None for an adopted run). On failure the door closes the run."""
+        if parser is not None:
+            self.start_clock()
+        if closer is not None:
+            with _LIVE_LOCK:
+                _LIVE[self] = closer
+        if self.options.audit is not None:
+            later = parser is None
+            self.audit_started(image_id if parser is None else self.backend.image_id(), later=later, **audit_extra)
+            self.audited, self._audit_later = True, later
+        transport = None
+        if parser is not None:
+            transport = self.launch(parser, self.deadline_from_now(), **(spec_extra or {}))
+        if self.session is not None:
+            self.watchdog = self.watch(self.session)
+        started = self.options.started_fields()
+        self.log.info("run.started", container_id=self.backend.container_id, **started, **(log_extra or {}))
+        return transport
+
+    def launch(self, parser: StreamParser, deadline: float, **spec_extra: Any) -> Transport:
+        """The run's container, started by its backend from its spec (``deadline``: epoch seconds;
+        ``spec_extra``: the door's fields), with ``parser`` reading its output; the run's session (if
+        any) is connected to it. :meth:`begin` does it for a run; a pool, for a slot waiting for one."""
+        transport = self.backend.start(self.spec(deadline, **spec_extra), parser)
+        if self.session is not None:
+            self.session.connect(transport)
+        return transport
+
+    def finish(self, status: str, calls: int, usage: Mapping[str, Any] | None = None) -> RunSummary:
+        """Finish the run's records, the same for every door (once its container is removed or its removal
+        scheduled): it leaves the live set; its summary (``usage``: the last CPU time and peak memory read);
+        the ``run.finished`` log line; and, when its ``run.started`` was, the ``run.finished`` audit record
+        after the refused egress counted since the last flush (queued like its ``run.started``)."""
+        with _LIVE_LOCK:
+            _LIVE.pop(self, None)
+        usage = usage or {}
+        summary = RunSummary(
+            run_id=self.run_id,
+            name=self.name,
+            status=status,
+            wall_ms=round((time.monotonic() - self.started) * 1000, 3) if self.started else 0.0,
+            cpu_ms=usage.get("cpu_ms"),
+            peak_memory_bytes=usage.get("peak_memory_bytes"),
+            calls=calls,
+        )
+        self.log.info("run.finished", **summary.to_dict())
+        if self.options.audit is not None and self.audited:
+            records.flush_refusals(self.run_id)
+            self.audit_finished(
+                status, self.backend.container_id, summary.wall_ms, calls,
+                cpu_ms=summary.cpu_ms, peak_memory_bytes=summary.peak_memory_bytes, later=self._audit_later,
+            )  # fmt: skip
+        return summary
 
     def start_clock(self) -> None:
         """The run starts now: its deadline is run_s from here (a pooled run: from adoption)."""
@@ -267,34 +374,6 @@ class Run:
         )
 
 
-class AdoptedBackend:
-    """The adopting run's view of a pool's slot: kill at once, removal in the pool's background."""
-
-    sandbox_user = True
-
-    def __init__(self, slot: Any) -> None:
-        self._slot = slot
-        self.container_id = slot.backend.container_id  # started before adoption: known, and never changes
-
-    def image_id(self) -> str | None:
-        return self._slot.image_id  # type: ignore[no-any-return]  # read when the slot was made: no engine trip
-
-    def complete(self, run: RunSpec) -> RunSpec:
-        return run  # its spec was completed when the slot started
-
-    def start(self, run: RunSpec, parser: Any) -> Any:
-        raise UsageError("a pooled sandbox is started by its pool")
-
-    def kill(self) -> None:
-        self._slot.backend.kill()
-
-    def exit_status(self, timeout: float) -> ExitStatus:
-        return self._slot.backend.exit_status(timeout)  # type: ignore[no-any-return]
-
-    def remove(self, keep: bool) -> None:
-        self._slot.pool._retire(self._slot, "used")  # off the caller's path: the pool's remover does it
-
-
 class NotAdopted:
     """A ``Sandbox(pool=...)`` before ``start()``: nothing exists yet."""
 
@@ -320,4 +399,4 @@ class NotAdopted:
         return None
 
 
-__all__ = ["AdoptedBackend", "NotAdopted", "Run", "interrupted_error"]
+__all__ = ["NotAdopted", "Run", "interrupted_error"]

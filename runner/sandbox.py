@@ -11,7 +11,6 @@ a call may take, ``toolcage.timing``.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import os
@@ -21,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 from toolcage import connectors, timing
-from toolcage.backends import Backend, in_container
+from toolcage.backends import in_container
 from toolcage.engine.api import EngineAPI
 from toolcage.errors import (
     ProtocolError,
@@ -30,15 +29,14 @@ from toolcage.errors import (
     UsageError,
 )
 from toolcage.lifecycle import records, removal
-from toolcage.lifecycle.watchdog import Watchdog
 from toolcage.options import DEFAULT_IMAGE as DEFAULT_IMAGE  # re-exported: toolcage.DEFAULT_IMAGE
 from toolcage.options import RunOptions, resolve_audit
 from toolcage.options import resolve_policy as resolve_policy  # re-exported: its home is toolcage.options
 from toolcage.policies import PolicySource, codes, contract
 from toolcage.results import CallResult, RunSummary, from_response
 from toolcage.rpc.session import Cancel, Ended, OnProgress, Session
-from toolcage.rpc.transport import Broken, StreamParser
-from toolcage.run import AdoptedBackend, Run
+from toolcage.rpc.transport import Broken
+from toolcage.run import Run
 from toolcage.run import interrupted_error as interrupted_error  # re-exported (mcp serve)
 
 if TYPE_CHECKING:
@@ -46,28 +44,15 @@ if TYPE_CHECKING:
     from toolcage.files.download import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
-    from toolcage.pool import Pool, _Slot
-
-
-_LIVE: set[Sandbox] = set()
-_LIVE_LOCK = threading.Lock()
-
-
-def _cleanup_live() -> None:
-    with _LIVE_LOCK:
-        live = list(_LIVE)
-    for sb in live:
-        try:
-            sb.close()
-        except Exception:  # noqa: S110 - best effort at interpreter exit
-            pass
-
-
-atexit.register(_cleanup_live)
+    from toolcage.pool import Pool, Slot
 
 
 class Sandbox:
-    """A sandboxed worker for one run. Use as a context manager; ``call`` tools on it."""
+    """A sandboxed worker for one run. Use as a context manager; ``call`` tools on it.
+
+    ``policy``: a bundled name, a file, a mapping or a Policy; ``run_s`` (its deadline, 60 s in the bundled
+    policies), ``memory`` and ``scratch`` (sizes: bytes, ``"512m"``, ``"1g"``) set those of its knobs for
+    this run, checked as the policy's own (the CLI's ``--run-s``, ``--memory``, ``--scratch``)."""
 
     # close() returns once the worker's input is closed; the container is removed by a background
     # thread (toolcage.wait_removed() waits for it; at exit it is waited for anyway)
@@ -95,6 +80,9 @@ class Sandbox:
         workspace_gitignore: bool = False,
         resume: str | os.PathLike[str] | IO[bytes] | None = None,
         snapshot_key: bytes | None = None,
+        run_s: float | None = None,
+        memory: int | str | None = None,
+        scratch: int | str | None = None,
     ) -> None:
         # pool: start() adopts one of its pre-started sandboxes, made for the pool's policy, workspace,
         # tools and image (toolcage.pool); this run brings its secrets, and its deadline starts at adoption
@@ -107,8 +95,11 @@ class Sandbox:
             if self._resume.workspace:  # a snapshot with a workspace copy resumes into one
                 workspace_mode = "copy"
         if pool is not None:
-            if keep or run_timeout is not None or workspace is not None or tools or image is not None:
-                raise UsageError("a pooled sandbox takes its policy, workspace, tools, image and timeout from its pool")
+            own = (run_timeout, workspace, image, run_s, memory, scratch)
+            if keep or tools or any(value is not None for value in own):
+                raise UsageError(
+                    "a pooled sandbox takes its policy, workspace, tools, image, timeouts and limits from its pool"
+                )
             if workspace_mode != "ro" or resume is not None:
                 raise UsageError(
                     "a pooled sandbox has no workspace copy and cannot resume a snapshot: use Sandbox(...)"
@@ -119,7 +110,7 @@ class Sandbox:
                 policy, tool=tool, sandbox=sandbox, image=image, workspace=workspace, tools=tools,
                 run_timeout=run_timeout, engine=engine, egress_network=egress_network, egress_proxy=egress_proxy,
                 ca_file=ca_file, audit=audit, keep=keep, workspace_gitignore=workspace_gitignore,
-                workspace_mode=workspace_mode,
+                workspace_mode=workspace_mode, run_s=run_s, memory=memory, scratch=scratch,
             )  # fmt: skip
         self.options = opts
         if opts.workspace_copy and opts.workspace is not None and self._resume is None:
@@ -136,11 +127,8 @@ class Sandbox:
         if pool is None:  # (pooled: NotAdopted until adoption)
             # (redact: the proxy's records; late_egress: the first answer does not wait for the egress proxy)
             self._run.make_backend(redact=self._secrets.redact if self._secrets else None, late_egress=True)
-        self._session = None
-        self._watchdog: Watchdog | None = None
         self._lock = threading.Lock()  # the run's state; calls themselves run at once (answers matched by id)
         self._configure_answer: Callable[[], dict[str, Any] | Ended] | None = None  # pooled: still to read
-        self._audited = False
         self._start_called = False
         self._closed = False
         self._running = False  # set once start() succeeded
@@ -149,7 +137,7 @@ class Sandbox:
         self._usage: dict[str, Any] = {}
         self.summary: RunSummary | None = None
         if pool is None:
-            opts.warn_unreadable_workspace(self.log, self._backend.sandbox_user)
+            opts.warn_unreadable_workspace(self.log, self._run.backend.sandbox_user)
 
     def _check_copy_size(self) -> None:
         """A workspace whose copy would not fit in limits.workspace_copy is refused before anything starts."""
@@ -170,17 +158,13 @@ class Sandbox:
 
     @property
     def container_id(self) -> str | None:
-        return self._backend.container_id
-
-    @property
-    def _parser(self) -> StreamParser | None:
-        return self._session.parser if self._session is not None else None
+        return self._run.backend.container_id
 
     # lifecycle ------------------------------------------------------------------------
     @property
     def dead(self) -> SandboxError | None:
         """Why the sandbox can take no more calls (its deadline, idle timeout, a crash), or None."""
-        return self._dead
+        return self._run.dead
 
     def __enter__(self) -> Sandbox:
         self.start()
@@ -192,34 +176,23 @@ class Sandbox:
         self.close()
 
     def start(self) -> Sandbox:
-        self._claim_start()
+        self.claim_start()
         if self._pool is not None:
-            return self._adopt(self._pool.take())
-        self._run.start_clock()
-        self._session = Session(
+            return self.adopt(self._pool.take())
+        session = self._run.session = Session(
             max_line=self._run.max_line,
             on_stderr_line=lambda line: self.log.debug("worker.stderr", line=line),  # shown with -vv
             on_broken=self._run.on_protocol_violation,
             redact=self._secrets.redact if self._secrets else None,  # after the worker's own redaction
         )
-        with _LIVE_LOCK:
-            _LIVE.add(self)
-        started = self._started_fields()
-        if self.audit is not None:
-            self._run.audit_started(self._backend.image_id())  # on disk before the container exists
-            self._audited = True
         try:
-            spec = self._run.spec(self._run.deadline_from_now())
-            self._session.connect(self._backend.start(spec, self._session.parser))
+            self._run.begin(session.parser, closer=self.close)
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 self.interrupt()
             self.close()
             raise
         self._running = True
-        session = self._session
-        self._watchdog = self._run.watch(session)
-        self.log.info("run.started", container_id=self.container_id, **started)
         try:
             if self.tool_sources or self._secrets:
                 self._configure()
@@ -260,8 +233,10 @@ class Sandbox:
                     hint=f"uid {contract.SANDBOX_UID} (the sandbox) could not read these: `chmod o+rX` to copy them",
                 )  # fmt: skip
 
-    def _claim_start(self) -> None:
-        """The one start of this run (AsyncSandbox.start claims it too, before it awaits a slot)."""
+    # the async twin's side (toolcage.aio.AsyncSandbox): internal, not for users ----------------------
+    def claim_start(self) -> None:
+        """(Internal: start()'s first step, and AsyncSandbox.start's, before it awaits a slot.) The one
+        start of this run."""
         with self._lock:
             if self._closed and not self._start_called:
                 raise UsageError("this sandbox was closed before it started: make a new one")
@@ -274,35 +249,24 @@ class Sandbox:
                 )
             self._start_called = True
 
-    def _adopt(self, slot: _Slot) -> Sandbox:
-        """Take ``slot``, one of a pool's pre-started sandboxes (``pool.take()``), for this run, and this
-        run only: the slot's id is the run id (its labels were set when it was made); the run's deadline
-        and secrets go to the worker now, over the protocol: without waiting for its answer unless the
-        pool has connector sources (``tools=``: the answer lists their tools), so adopting never blocks."""
-        pool = slot.pool
-        self._run = slot.run.adopted(self.options)  # the pool's prestarted run, now this one's
-        self._run.start_clock()
-        self.run_id, self.name, self.log = self._run.run_id, self._run.name, self._run.log
-        self._backend, self._session = AdoptedBackend(slot), slot.session
+    def adopt(self, slot: Slot) -> Sandbox:
+        """(Internal: a pooled start()'s, and AsyncSandbox.start's.) Take ``slot``, one of a pool's
+        pre-started sandboxes (``pool.take()``), for this run, and this run only: the slot's id is the run
+        id (its labels were set when it was made); the run's deadline and secrets go to the worker now,
+        over the protocol: without waiting for its answer unless the pool has connector sources (``tools=``:
+        the answer lists their tools), so adopting never blocks."""
+        run = self._run = slot.run.adopt(self.options)  # the pool's prestarted run, now this one's; its clock starts
+        self.run_id, self.name, self.log = run.run_id, run.name, run.log
         # the session's callbacks (stderr, protocol violations, redaction) now reach this run
-        slot.adopted_by(self.log, self._run.on_protocol_violation, self._secrets.redact if self._secrets else None)
-        with _LIVE_LOCK:
-            _LIVE.add(self)
+        redact = self._secrets.redact if self._secrets else None
+        run.backend = slot.adopted_by(self.log, run.on_protocol_violation, redact)
+        assert run.session is not None
+        run.session.last_activity = run.started  # idle time counts from adoption, not from the slot's start
         self._running = True
-        session = self._session
-        assert session is not None
-        session.last_activity = self._started  # idle time counts from adoption, not from the slot's start
-        started = self._started_fields()
-        if self.audit is not None:
-            # queued, not fsynced here (an fsync would wait out the batch of the last run's records): the
-            # slot's pool.slot_created record was on disk before its container existed
-            self._run.audit_started(
-                slot.image_id, later=True, pool=pool.id, container_id=self.container_id,
-                slot_created_at=slot.created_at, slot_age_ms=round((self._started - slot.created) * 1000),
-            )  # fmt: skip
-            self._audited = True
-        self._watchdog = self._run.watch(session)
-        self.log.info("run.started", container_id=self.container_id, **started)
+        run.begin(
+            None, closer=self.close, image_id=slot.image_id, pool=slot.pool.id, container_id=self.container_id,
+            slot_created_at=slot.created_at, slot_age_ms=round((run.started - slot.created) * 1000),
+        )  # fmt: skip
         try:
             self._configure(deadline=time.time() + self.policy.timeouts.run_s)
         except BaseException:
@@ -310,23 +274,20 @@ class Sandbox:
             raise
         return self
 
-    def _started_fields(self) -> dict[str, Any]:
-        """What run.started records (the log line and the audit record) besides the run's identity."""
-        return self.options.started_fields()
-
     def _configure(self, deadline: float | None = None) -> None:
         """Hand the worker its connector sources and the secret values (the only time they cross), and
         for a pooled sandbox its run's deadline (epoch seconds)."""
-        assert self._session is not None
+        session = self._run.session
+        assert session is not None
         params = connectors.configure_params(self.tool_sources, in_container(self.kind), self._secrets)
         if deadline is not None:
             params["deadline"] = round(deadline, 3)
-        until = timing.answer_due(time.monotonic(), None, None, self.policy.timeouts.call_s, self._deadline)
+        until = timing.answer_due(time.monotonic(), None, None, self.policy.timeouts.call_s, self._run.deadline)
         if deadline is not None and not self.tool_sources:
             # pooled, no connectors to list: the first call goes right behind it (see _settle_configure)
-            self._configure_answer = self._session.send_now(contract.CONFIGURE, params, until)
+            self._configure_answer = session.send_now(contract.CONFIGURE, params, until)
             return
-        answer = self._session.request(contract.CONFIGURE, params, until)
+        answer = session.request(contract.CONFIGURE, params, until)
         if isinstance(answer, Ended):
             raise self._run.explain_end(answer)
         self._configured(connectors.configured(answer))
@@ -343,8 +304,8 @@ class Sandbox:
             took = connectors.configured(answer)
         except UsageError as exc:  # the host checked the secrets already: the worker is not the one we know
             self._run.end(ProtocolError(f"the sandbox refused its run's configuration ({exc.message}); it was killed"))
-            assert self._dead is not None
-            raise self._dead from None
+            assert self._run.dead is not None
+            raise self._run.dead from None
         self._configured(took)
 
     def _configured(self, took: dict[str, Any]) -> None:
@@ -365,35 +326,6 @@ class Sandbox:
         (an earlier reason, such as the deadline, wins)."""
         return self._run.interrupt()
 
-    # the run's state, kept by its Run (toolcage.run) --------------------------------------
-    @property
-    def _dead(self) -> SandboxError | None:
-        return self._run.dead
-
-    @property
-    def _deadline(self) -> float:
-        return self._run.deadline
-
-    @property
-    def _started(self) -> float:
-        return self._run.started
-
-    @property
-    def _backend(self) -> Backend:
-        return self._run.backend
-
-    @_backend.setter
-    def _backend(self, backend: Backend) -> None:
-        self._run.backend = backend
-
-    @property
-    def _session(self) -> Session | None:
-        return self._run.session
-
-    @_session.setter
-    def _session(self, session: Session | None) -> None:
-        self._run.session = session
-
     # calls ----------------------------------------------------------------------------
     def call(
         self,
@@ -411,7 +343,7 @@ class Sandbox:
         ``total``); it runs on the reader thread, so keep it short. ``cancel`` (a :class:`Cancel`)
         lets another thread cancel the call: its processes are killed, the sandbox stays usable
         and the call returns with status ``cancelled``."""
-        session, params, until = self._before_call(tool, params, timeout)
+        session, params, until = self.begin_call(tool, params, timeout)
         started = time.monotonic()
         try:
             answer = session.request(tool, params, until, on_progress=on_progress, cancel=cancel)
@@ -419,29 +351,32 @@ class Sandbox:
             if not isinstance(exc, Exception):  # KeyboardInterrupt, or SystemExit from a signal handler
                 self.interrupt()
             raise
-        return self._after_call(tool, params, answer, started)
+        return self.end_call(tool, params, answer, started)
 
-    def _before_call(
+    def begin_call(
         self, tool: str, params: dict[str, Any] | None, timeout: float | None
     ) -> tuple[Session, dict[str, Any] | None, float]:
-        """Check that a call can be made now; the session, the params as sent (a child's timeout cut to
-        the time left in the run, toolcage.timing) and the monotonic time the answer is due by.
-        Calls from several threads (or tasks) run at once: the worker matches answers by id."""
+        """(Internal: call()'s first half, and AsyncSandbox.call's.) Check that a call can be made now; the
+        session, the params as sent (a child's timeout cut to the time left in the run, toolcage.timing) and the
+        monotonic time the answer is due by. Calls from several threads (or tasks) run at once: the worker
+        matches answers by id."""
         if params is not None and not isinstance(params, dict):
             raise UsageError("params must be a JSON object")
         with self._lock:
-            if self._dead is not None:
-                raise self._dead
-            if self._session is None or not self._session.connected or self._closed:
+            run = self._run
+            if run.dead is not None:
+                raise run.dead
+            if run.session is None or not run.session.connected or self._closed:
                 raise UsageError("the sandbox is not running: use it as a context manager or call start()")
             now, call_s = time.monotonic(), self.policy.timeouts.call_s
-            params = timing.fit_params(tool, params, call_s, self._deadline - now)
-            return self._session, params, timing.answer_due(now, params, timeout, call_s, self._deadline)
+            params = timing.fit_params(tool, params, call_s, run.deadline - now)
+            return run.session, params, timing.answer_due(now, params, timeout, call_s, run.deadline)
 
-    def _after_call(
+    def end_call(
         self, tool: str, params: dict[str, Any] | None, answer: dict[str, Any] | Ended, started: float
     ) -> CallResult:
-        """The worker's answer as a CallResult, audited; an answer that never came as the error it means."""
+        """(Internal: call()'s second half, and AsyncSandbox.call's.) The worker's answer as a CallResult, audited;
+        an answer that never came as the error it means."""
         with self._lock:
             if isinstance(answer, Ended):
                 raise self._run.explain_end(answer)
@@ -451,8 +386,8 @@ class Sandbox:
                 self._run.end(
                     ProtocolError("protocol error: the worker sent a malformed response; the sandbox was killed")
                 )
-                assert self._dead is not None
-                raise self._dead
+                assert self._run.dead is not None
+                raise self._run.dead
             if tool not in records.UNAUDITED:
                 self._calls += 1
             records.audit_call(self.audit, self.run_id, params, result)
@@ -559,25 +494,27 @@ class Sandbox:
     # lines forwarded as they are, for `toolcage serve` (see toolcage.servers.serve) ------------------
     def forward(self, line: bytes) -> None:
         """Send one raw request line; its answer comes from :meth:`next_forwarded`."""
-        if self._session is None or not self._session.connected:
+        session = self._run.session
+        if session is None or not session.connected:
             raise UsageError("the sandbox is not running")
         self._settle_configure()
         # the same timing contract as a call's: a child's timeout cut to the time left in the run
-        self._session.forward(timing.fit_line(line, self.policy.timeouts.call_s, self._deadline - time.monotonic()))
+        session.forward(timing.fit_line(line, self.policy.timeouts.call_s, self._run.deadline - time.monotonic()))
 
     def next_forwarded(self) -> Any:
         """Next answer to a forwarded line (dict or list); raises the SandboxError that ended the run, or
         returns None once the worker has exited cleanly after :meth:`finish_input`."""
-        assert self._session is not None
+        session = self._run.session
+        assert session is not None
         while True:
-            msg = self._session.next_forwarded(self._deadline + timing.DEADLINE_SLACK_S - time.monotonic())
+            msg = session.next_forwarded(self._run.deadline + timing.DEADLINE_SLACK_S - time.monotonic())
             if msg is None:
                 self._run.on_expire("run")
                 raise self._run.explain_end(Ended("timeout"))
             if isinstance(msg, dict | list):
                 return msg
             end = Ended("broken", msg.reason) if isinstance(msg, Broken) else Ended("eof")
-            if end.how == "eof" and self._input_closed and self._dead is None:
+            if end.how == "eof" and self._input_closed and self._run.dead is None:
                 exc = self._run.explain_exit(clean_ok=True)
                 if exc is None:
                     return None
@@ -599,20 +536,21 @@ class Sandbox:
 
     def answers_owed(self) -> int:
         """How many answers the worker still owes (calls in flight and forwarded lines)."""
-        return self._session.parser.outstanding() if self._session is not None else 0
+        return self._run.session.parser.outstanding() if self._run.session is not None else 0
 
     def finish_input(self) -> None:
         """No more requests: close the worker's stdin so it exits after answering."""
         self._input_closed = True
-        if self._session is not None:
-            self._session.close_input()
+        if self._run.session is not None:
+            self._run.session.close_input()
 
     # teardown -------------------------------------------------------------------------
     def close(self) -> RunSummary | None:
         """End the run: gather usage, remove the sandbox (unless keep), free everything. Idempotent."""
         if self._closed:
             return self.summary
-        if self._running and self._dead is None and not self._input_closed:
+        run = self._run
+        if self._running and run.dead is None and not self._input_closed:
             try:
                 self.usage()
             except ToolcageError:
@@ -620,36 +558,18 @@ class Sandbox:
             except BaseException:
                 self.interrupt()  # interrupted while asking: never wait on the worker again
         self._closed = True
-        if self._watchdog is not None:
-            self._watchdog.stop()
-        status = self._dead.status if self._dead is not None else "ok"
+        if run.watchdog is not None:
+            run.watchdog.stop()
+        status = run.dead.status if run.dead is not None else "ok"
         try:
-            if self._session is not None:
-                self._session.close_input()
+            if run.session is not None:
+                run.session.close_input()
             if self.keep or not self.remove_in_background:
-                self._backend.remove(self.keep)
+                run.backend.remove(self.keep)
             else:  # off the caller's path; finished at exit, and by the reaper if the process dies first
-                removal.schedule(functools.partial(self._backend.remove, False))
+                removal.schedule(functools.partial(run.backend.remove, False))
         finally:
-            if self._session is not None:
-                self._session.close()
-            with _LIVE_LOCK:
-                _LIVE.discard(self)
-        self.summary = RunSummary(
-            run_id=self.run_id,
-            name=self.name,
-            status=status,
-            wall_ms=round((time.monotonic() - self._started) * 1000, 3) if self._started else 0.0,
-            cpu_ms=self._usage.get("cpu_ms"),
-            peak_memory_bytes=self._usage.get("peak_memory_bytes"),
-            calls=self._calls,
-        )
-        self.log.info("run.finished", **self.summary.to_dict())
-        if self.audit is not None and self._audited:
-            records.flush_refusals(self.run_id)  # the refused egress counted since the last flush, before the end
-            self._run.audit_finished(
-                status, self.container_id, self.summary.wall_ms, self._calls,
-                cpu_ms=self.summary.cpu_ms, peak_memory_bytes=self.summary.peak_memory_bytes,
-                later=self._pool is not None,  # pooled: queued like its run.started (within the writer's batch)
-            )  # fmt: skip
+            if run.session is not None:
+                run.session.close()
+            self.summary = run.finish(status, self._calls, self._usage)
         return self.summary

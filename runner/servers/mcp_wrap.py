@@ -171,21 +171,23 @@ class McpWrap:
     def run(self) -> int:
         """Serve until the client or the server ends the session; the exit code (0, or 3 when the
         server ended first); SystemExit/KeyboardInterrupt (a signal) pass through after the clean-up."""
-        started = time.monotonic()
         t = self.policy.timeouts
-        self._audit_start()
         watchdog: Watchdog | None = None
         try:
-            spec = self._run.spec(self._run.deadline_from_now(), entrypoint=LAUNCHER)
-            self._transport = self._backend.start(spec, self._stream)
+            command = self._command()
+            self._transport = transport = self._run.begin(
+                self._stream, spec_extra={"entrypoint": LAUNCHER}, log_extra={"command": command},
+                command=command, secrets=self.secrets.names(), deny_tools=sorted(self.filter.deny),
+                allow_tools=sorted(self.filter.allow) if self.filter.allow is not None else None,
+            )  # fmt: skip
+            assert transport is not None
             config = json.dumps({"argv": self.argv, "env": self.secrets.wire()}) + "\n"
-            self._transport.send(config.encode(), time.monotonic() + START_TIMEOUT_S)
-            self.log.info("run.started", container_id=self._backend.container_id, command=self._command())
+            transport.send(config.encode(), time.monotonic() + START_TIMEOUT_S)
             # the idle clock starts now that the client is read: the start-up (image, egress proxy, a
             # loaded host) must not count as idle, or a short idle_s ends the run before its first request
             self.relay.touch()
             watchdog = Watchdog(
-                started + t.run_s, t.idle_s, self.relay.busy, self.relay.last_activity, self._on_expire
+                self._run.deadline, t.idle_s, self.relay.busy, self.relay.last_activity, self._on_expire
             ).start()
             threading.Thread(target=self._read_client, name="toolcage-mcp-client", daemon=True).start()
             killed = False
@@ -212,32 +214,20 @@ class McpWrap:
         finally:
             if watchdog is not None:
                 watchdog.stop()
-            self._close(started)
+            self._close()
 
     def _command(self) -> list[str]:
         """The command as logged and audited: its arguments redacted, in case a secret was typed there too."""
         return [self.secrets.redact_text(a)[:200] for a in self.argv[:32]]
 
-    def _audit_start(self) -> None:
-        if self.audit is None:
-            return
-        self._run.audit_started(
-            self._backend.image_id(), command=self._command(), secrets=self.secrets.names(),
-            deny_tools=sorted(self.filter.deny),
-            allow_tools=sorted(self.filter.allow) if self.filter.allow is not None else None,
-        )  # fmt: skip
-
-    def _close(self, started: float) -> None:
+    def _close(self) -> None:
         try:
             self._stream.close()
             self._backend.remove(self.keep)
         finally:
             if self._transport is not None:
                 self._transport.close()
-            status = self.ended[0] if self.ended is not None else "ok"
-            wall_ms = round((time.monotonic() - started) * 1000, 3)
-            self.log.info("run.finished", status=status, wall_ms=wall_ms, calls=self._calls)
-            self._run.audit_finished(status, self._backend.container_id, wall_ms, self._calls)
+            self._run.finish(self.ended[0] if self.ended is not None else "ok", self._calls)
 
     # the ways it ends --------------------------------------------------------------------
     def end(self, status: str, reason: str, message: str, *, quiet: bool = False, exit_code: int = EXIT_FAILED) -> None:

@@ -175,7 +175,7 @@ def test_allowed_request_succeeds(engine: Any, upstream: dict[str, Any], allow_a
         local_redirect = fetch(sb, "http://api.allowed.test:8080/redirect-in")
         assert local_redirect.result["url"].endswith("/ok") and len(local_redirect.result["decisions"]) == 2
     assert_run_gone(engine, sb.run_id)
-    assert any(d["event"] == "egress.allowed" for d in sb._backend._egress.decisions)
+    assert any(d["event"] == "egress.allowed" for d in sb._run.backend._egress.decisions)
 
 
 @pytest.mark.parametrize(
@@ -309,7 +309,7 @@ def test_private_address_refused_unless_opened(engine: Any, tmp_path: Path, upst
         r = fetch(sb, "http://api.allowed.test:8080/ok")
     assert r.error is not None and r.error["code"] == -32010
     assert "which is private" in r.error["data"]["reason"]
-    denied = [d for d in sb._backend._egress.decisions if d["event"] == "egress.denied"]
+    denied = [d for d in sb._run.backend._egress.decisions if d["event"] == "egress.denied"]
     assert denied and "private" in denied[0]["reason"]
 
 
@@ -359,7 +359,7 @@ def test_connect_tunnel_pipes_bytes(engine: Any, tmp_path: Path, upstream: dict[
         out = run_probe(sb, code)
     first, body = out["t"]
     assert first.startswith("HTTP/1.1 200") and body == "hello api.allowed.test:8443 /via-tunnel"
-    allowed = [d for d in sb._backend._egress.decisions if d["event"] == "egress.allowed"]
+    allowed = [d for d in sb._run.backend._egress.decisions if d["event"] == "egress.allowed"]
     assert allowed and allowed[0]["sni"] == "api.allowed.test"
 
 
@@ -558,7 +558,7 @@ def test_the_first_answer_does_not_wait_for_the_proxy_and_an_early_connection_is
     audit = allow_api.parent / "audit.jsonl"
     with Sandbox(allow_api, egress_network=upstream["network"], audit=audit) as sb:
         first = sb.call("ping")
-        proxy_up = sb._backend._egress._ready.is_set()  # its proxy.listening line was read
+        proxy_up = sb._run.backend._egress._ready.is_set()  # its proxy.listening line was read
         r = fetch(sb, "http://api.allowed.test:8080/early")
         assert first.result == "pong" and r.status == "ok", r
         assert r.result["body"] == "hello api.allowed.test:8080 /early"

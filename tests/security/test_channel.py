@@ -351,8 +351,8 @@ def test_a_stray_message_kills_the_sandbox(engine: Any) -> None:
     """Even with the channel reachable (simulated: the parser is handed an unsolicited answer), the sandbox dies
     at once with a ProtocolError that says why, and later calls raise it."""
     with Sandbox(tool="stray") as sb:
-        assert sb._parser is not None
-        sb._parser.stdout(b'{"jsonrpc": "2.0", "result": "pong", "id": 1}\n')
+        assert sb._run.session.parser is not None
+        sb._run.session.parser.stdout(b'{"jsonrpc": "2.0", "result": "pong", "id": 1}\n')
         time.sleep(0.5)
         assert not engine.inspect(sb.container_id)["State"]["Running"]
         with pytest.raises(ProtocolError, match="answer to no pending call"):

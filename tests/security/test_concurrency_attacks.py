@@ -236,7 +236,7 @@ def test_cancelling_a_call_while_its_long_request_is_sent_cancels_it(engine: Any
                 with pytest.raises(asyncio.CancelledError):
                     await t
             await asyncio.sleep(2.0)
-            session = sb._sync._session
+            session = sb._sync._run.session
             assert session is not None
             left, owed = session.parser.messages.qsize(), session.parser.outstanding()
             after = await sb.call("ping", timeout=10)

@@ -322,7 +322,7 @@ def outcome(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
             answers = json.loads(r.result["stdout"].strip().splitlines()[-1])
         time.sleep(0.3)
         seen = [json.loads(ln) for ln in engine.logs(cid).splitlines() if ln.startswith("{")]
-        result = {"answers": answers, "seen": seen, "decisions": list(sb._backend._egress.decisions)}
+        result = {"answers": answers, "seen": seen, "decisions": list(sb._run.backend._egress.decisions)}
         if os.environ.get("TOOLCAGE_SMUGGLE_DUMP"):  # for a human comparing before/after a change
             Path(os.environ["TOOLCAGE_SMUGGLE_DUMP"]).write_text(json.dumps(result, indent=1))
         yield result

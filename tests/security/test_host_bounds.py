@@ -211,7 +211,7 @@ with Sandbox(policy, egress_network=net, audit=log) as sb:
     r = sb.call("run_python", {"code": code, "stdin": flood_s, "timeout_s": float(flood_s) + 20})
     stop.set()
     out = r.result["stdout"].strip().splitlines()[-1] if r.result else r.error
-    kept = len(getattr(sb._backend._egress, "decisions", ()))
+    kept = len(getattr(sb._run.backend._egress, "decisions", ()))
     run_id = sb.run_id
 print(json.dumps({"run_id": run_id, "flood": json.loads(out), "samples": samples, "decisions_kept": kept}))
 """

@@ -117,13 +117,13 @@ def test_max_concurrent_starts_is_obeyed() -> None:
 
     async def body() -> None:
         async with AsyncPool(sandbox="none", audit=False, size=2, max_concurrent_starts=3) as pool:
-            take_later = pool.pool._take_later
+            take_later = pool.pool.take_later
 
             def counted(handoff: Any) -> None:
                 seen.append((pool.starting, len(pool.pool._handoffs) + 1))
                 take_later(handoff)
 
-            pool.pool._take_later = counted  # type: ignore[method-assign]
+            pool.pool.take_later = counted  # type: ignore[method-assign]
             await asyncio.gather(*(ping_in_one(pool) for _ in range(20)))
             assert pool.adopted == 20 and pool.starting == 0
 
@@ -167,7 +167,7 @@ def test_a_taker_times_out_and_a_closed_pool_refuses() -> None:
             with pytest.raises(ToolcageError, match="no pooled sandbox became ready in time"):
                 await take(pool, timeout=0.001)
             assert pool._waiting == 0 and not pool._handoffs
-            pool._give_back(first)
+            pool.give_back(first)
             assert pool.ready() == 1
             assert await take(pool) is first
             pool._retire(first, "closed", now=True)  # taken, never adopted: the pool no longer holds it

@@ -50,7 +50,7 @@ def test_a_new_backend_is_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(backends.BACKENDS, "recording", RecordingBackend)
     with Sandbox(sandbox="recording", audit=False) as sb:
         assert sb.call("ping").result == "pong"
-        backend = sb._backend
+        backend = sb._run.backend
     assert isinstance(backend, RecordingBackend)
     assert backend.seen[0] == "start" and "remove" in backend.seen and "kill" not in backend.seen
     assert sb.summary is not None and sb.summary.status == "ok" and sb.summary.calls == 1

@@ -45,7 +45,7 @@ def test_hostile_worker(monkeypatch: pytest.MonkeyPatch, fake: str, error: type[
     with Sandbox(sandbox="none", audit=False) as sb, pytest.raises(error, match=reason):
         sb.call("ping", timeout=2)
     assert time.monotonic() - t < 15
-    assert sb._parser is not None and len(sb._parser._buf) <= sb._parser.max_line
+    assert sb._run.session.parser is not None and len(sb._run.session.parser._buf) <= sb._run.session.parser.max_line
 
 
 def test_unsolicited_flood_kills_the_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,12 +54,13 @@ def test_unsolicited_flood_kills_the_sandbox(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(backends, "LOCAL_WORKER_ARGV", [sys.executable, "-c", FAKES["unsolicited"]])
     with Sandbox(sandbox="none", audit=False) as sb:
         assert sb.call("ping", timeout=5).result == "pong"
-        assert sb._parser is not None and isinstance(sb._backend, backends.ProcessBackend)
-        assert sb._backend.proc is not None
-        sb._backend.proc.wait(timeout=10)  # killed by the runner, not by us
+        assert sb._run.session.parser is not None and isinstance(sb._run.backend, backends.ProcessBackend)
+        assert sb._run.backend.proc is not None
+        sb._run.backend.proc.wait(timeout=10)  # killed by the runner, not by us
         with pytest.raises(ProtocolError, match="answer to no pending call"):
             sb.call("ping", timeout=2)
-        assert sb._parser.messages.qsize() <= 2 and len(sb._parser._buf) == 0  # Broken, then EOF
+        parser = sb._run.session.parser
+        assert parser.messages.qsize() <= 2 and len(parser._buf) == 0  # Broken, then EOF
 
 
 def test_worker_that_stops_reading_cannot_hold_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:

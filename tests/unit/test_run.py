@@ -86,3 +86,59 @@ def test_the_first_reason_a_run_ended_wins() -> None:
     late.interrupt()
     assert isinstance(late.dead, SandboxTimeout) and not isinstance(late.dead, SandboxInterrupted)
     assert "deadline" in late.dead.message and late.dead.details["run_id"] == late.run_id
+
+
+class _Backend:
+    """A backend that records what the run asked of it, in order."""
+
+    sandbox_user = True
+    container_id = "cid"
+
+    def __init__(self, audit: _Audit) -> None:
+        self.audit, self.steps = audit, []
+
+    def image_id(self) -> str:
+        return "sha256:x"
+
+    def complete(self, spec: Any) -> Any:
+        return spec
+
+    def start(self, spec: Any, parser: Any) -> str:
+        self.steps.append(("start", len(self.audit.records)))  # how many records were written before it
+        return "transport"
+
+
+def test_begin_and_finish_are_one_order_for_every_door() -> None:
+    """begin: run.started on disk before the container starts, then run.started logged; finish: run.finished
+    with the summary's figures; an adopted run's records are queued; both leave the live set as they found it."""
+    from toolcage import run as run_mod
+
+    audit = _Audit()
+    cold = Run(_options(audit))
+    backend = cold.backend = _Backend(audit)  # type: ignore[assignment]
+    closed: list[str] = []
+    assert cold.begin("parser", closer=lambda: closed.append("x"), command=["srv"]) == "transport"  # type: ignore[arg-type]
+    assert backend.steps == [("start", 1)] and audit.records[0][:2] == ("now", "run.started")
+    assert audit.records[0][2]["command"] == ["srv"] and cold in run_mod._LIVE and cold.started > 0
+    summary = cold.finish("ok", 3, {"cpu_ms": 5.0})
+    assert cold not in run_mod._LIVE and not closed
+    assert (summary.status, summary.calls, summary.cpu_ms) == ("ok", 3, 5.0)
+    kind, event, fields = audit.records[-1]
+    assert (kind, event, fields["calls"], fields["cpu_ms"], fields["duration_ms"]) == (
+        "now", "run.finished", 3, 5.0, summary.wall_ms,
+    )  # fmt: skip
+
+    pooled_audit = _Audit()
+    pooled = Run(_options(pooled_audit)).adopt(_options(pooled_audit))
+    pooled.backend = _Backend(pooled_audit)  # type: ignore[assignment]
+    assert pooled.begin(None, image_id="sha256:slot", pool="p1") is None
+    pooled.finish("timeout", 0)
+    assert [(k, e) for k, e, _ in pooled_audit.records] == [("later", "run.started"), ("later", "run.finished")]
+    assert pooled_audit.records[0][2]["image_id"] == "sha256:slot" and pooled_audit.records[0][2]["pool"] == "p1"
+
+
+def test_a_run_never_begun_finishes_without_an_audit_record() -> None:
+    """A run closed before it began (a pooled Sandbox never started) logs run.finished, audits nothing."""
+    audit = _Audit()
+    summary = Run(_options(audit)).finish("ok", 0)
+    assert summary.wall_ms == 0.0 and audit.records == []
