@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from toolcage.errors import BuildError
 from toolcage.image.debs import WORKER_PACKAGES, NoApt, copy_debs, download_debs
@@ -231,6 +231,25 @@ def source_sha256() -> str:
 def image_labels(info: dict[str, Any] | None) -> dict[str, str]:
     """An image's labels (inherited ones included: a derived image carries its parent's)."""
     return dict(((info or {}).get("Config") or {}).get("Labels") or {})
+
+
+# what check_worker_image says of an image: not on this engine; no worker in it; a worker image (or one built FROM it)
+WorkerImage = Literal["missing", "foreign", "worker"]
+
+
+def check_worker_image(info: dict[str, Any] | None) -> WorkerImage:
+    """Is the image (its inspect data; None: not on this engine) a toolcage worker image, or one built FROM
+    it? ``foreign``: no :data:`SOURCE_LABEL`, so no worker (nor ``mcp wrap``'s launcher) would answer in it.
+    The one check: ``toolcage image build --from``, ``mcp wrap --image`` and every container run's start ask
+    it, and each says what it means for its own flag. Cheap (no hashing): :func:`is_current` tells a stale one."""
+    if info is None:
+        return "missing"
+    return "worker" if SOURCE_LABEL in image_labels(info) else "foreign"
+
+
+def is_current(info: dict[str, Any] | None) -> bool:
+    """Was the image built from these toolcage sources (:func:`source_sha256`, which reads them all)?"""
+    return image_labels(info).get(SOURCE_LABEL) == source_sha256()
 
 
 def _quoted(text: str) -> str:

@@ -25,7 +25,9 @@ from toolcage.image.build import (
     INSTALL_DEBS,
     SOURCE_LABEL,
     build_image,
+    check_worker_image,
     image_labels,
+    is_current,
     run_build,
     source_sha256,
 )
@@ -221,7 +223,8 @@ def _parent(engine: EngineAPI, spec: DerivedSpec, report: Report, base: str | No
         report(f"worker image {spec.parent}: building it if it is missing or out of date")
         worker_built = build_image(engine, spec.parent, report, base=base).built
     info = engine.image(spec.parent)
-    if info is None:
+    found = check_worker_image(info)
+    if info is None:  # found == "missing"
         raise ImageMissing(
             f"--from {spec.parent}: no such image; build it with `toolcage image build --tag {spec.parent}`",
             image=spec.parent,
@@ -232,12 +235,12 @@ def _parent(engine: EngineAPI, spec: DerivedSpec, report: Report, base: str | No
             f"--from {spec.parent} is itself a derived image: derive from the worker image, "
             "with every package in one requirements file."
         )
-    if SOURCE_LABEL not in labels:
+    if found == "foreign":
         raise UsageError(
             f"--from {spec.parent} is not a toolcage worker image (no {SOURCE_LABEL} label): "
             "build one with `toolcage image build --tag NAME`."
         )
-    if labels[SOURCE_LABEL] != source_sha256():
+    if not is_current(info):
         report(f"note: {spec.parent} was built from other toolcage sources; `toolcage image build` refreshes it")
     return str(info["Id"]), worker_built
 

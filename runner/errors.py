@@ -102,6 +102,22 @@ class ImageMissing(SandboxError):
     reason = "image_missing"
 
 
+def image_missing(image: str | None) -> ImageMissing:
+    """``image`` is not on this engine, with what makes that tag: a plain `toolcage image build` builds
+    only this version's worker image (toolcage-worker:<version>), not a tag of your own."""
+    from toolcage import __version__
+
+    if image is None or image == f"toolcage-worker:{__version__}":
+        how = "Build it with `toolcage image build`."
+    else:
+        how = (
+            f"Build it here with `toolcage image build --tag {image}` (the worker image under that tag) or "
+            f"`toolcage image build --pip PKG --tag {image}` (the worker image plus packages), or load it "
+            "(`docker load`); a plain `toolcage image build` builds only the default worker image."
+        )
+    return ImageMissing(f"The image {image or '(unknown)'} is not present. {how}", image=image)
+
+
 class BuildError(SandboxError):
     reason = "image_build"
 

@@ -69,10 +69,9 @@ class ContainerBackend:
         """Threat to the user's time, not to the host: an image that is not a toolcage worker image has no
         worker to answer (Docker said "No command specified", the run ``crashed``, exit 3). Refused before
         anything is created, with the fix (UsageError: exit 2), as ``mcp wrap --image`` does."""
-        from toolcage.image.build import SOURCE_LABEL, image_labels
+        from toolcage.image.build import SOURCE_LABEL, check_worker_image
 
-        info = self._image()
-        if info is not None and SOURCE_LABEL not in image_labels(info):
+        if check_worker_image(self._image()) == "foreign":
             image = self.options.image
             raise UsageError(
                 f"image {image} is not a toolcage worker image (no {SOURCE_LABEL} label), so no worker would "

@@ -156,7 +156,7 @@ def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any, apt: tuple[s
     """The engine and the image the server runs from: --image as it is, the derived image of --pip and
     --apt (built when missing or stale), or the worker image."""
     from toolcage.engine.docker_adapter import Engine
-    from toolcage.errors import ImageMissing
+    from toolcage.errors import image_missing
     from toolcage.options import worker_image
 
     worker = worker_image()
@@ -167,7 +167,7 @@ def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any, apt: tuple[s
         return engine, image
     if not pip and not apt:
         if engine.image(worker) is None:
-            raise ImageMissing(f"image {worker} is missing: run `toolcage image build`", image=worker)
+            raise image_missing(worker)
         return engine, worker
     from toolcage.cli.image import build_derived_image
     from toolcage.image.derived import (
@@ -201,21 +201,21 @@ def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any, apt: tuple[s
 def image_check(engine: Any, image: str, say_warning: Any) -> None:
     """``--image``: it exists here (nothing can be pulled) and is built from the worker image, whose
     launcher (toolcage.worker.mcp_host) runs the server; exit 2 otherwise."""
-    from toolcage.image.build import SOURCE_LABEL, image_labels, source_sha256
+    from toolcage.image.build import SOURCE_LABEL, check_worker_image, is_current
 
     info = engine.image(image)
-    if info is None:
+    found = check_worker_image(info)
+    if found == "missing":
         raise UsageError(
             f"--image {image}: no such image here (nothing is pulled): build one with "
             "`toolcage image build --pip PKG --tag NAME`, or use --pip PKG"
         )
-    labels = image_labels(info)
-    if SOURCE_LABEL not in labels:
+    if found == "foreign":
         raise UsageError(
             f"--image {image} is not built from the toolcage worker image (no {SOURCE_LABEL} label): its launcher "
             "runs the server; build it FROM the worker image (`toolcage image build --pip PKG --tag NAME`)"
         )
-    if labels[SOURCE_LABEL] != source_sha256():
+    if not is_current(info):
         say_warning(f"--image {image} was built from other toolcage sources; rebuild it if the server does not start")
 
 

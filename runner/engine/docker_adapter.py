@@ -16,7 +16,7 @@ import requests.exceptions
 
 from toolcage.engine.api import detect_flavor, podman_ping
 from toolcage.engine.knobs import FlavorKnobs
-from toolcage.errors import DockerUnavailable, ImageMissing, SandboxError
+from toolcage.errors import DockerUnavailable, SandboxError, image_missing
 
 if TYPE_CHECKING:
     from toolcage.engine.api import EngineAPI
@@ -32,10 +32,7 @@ _UNREACHABLE = (
 def _translate(exc: Exception, image: str | None = None) -> SandboxError:
     """docker-py's and requests' errors, by type and HTTP status (never by message text)."""
     if isinstance(exc, docker.errors.ImageNotFound):  # docker-py: a 404 about an image
-        return ImageMissing(
-            f"The worker image {image or '(unknown)'} is not present. Build it with `toolcage image build`.",
-            image=image,
-        )
+        return image_missing(image)
     if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError):
         # FileNotFoundError: the engine's Unix socket does not exist
         return DockerUnavailable(_UNREACHABLE.format(detail=type(exc).__name__))
