@@ -19,7 +19,7 @@ def mcp() -> None:
 
 
 def _serve_command() -> Any:
-    from toolcage.cli.main import pool_option, sandbox_options
+    from toolcage.cli.options import pool_option, sandbox_options
 
     @mcp.command("serve")
     @sandbox_options
@@ -35,7 +35,7 @@ def _serve_command() -> Any:
         One sandbox per session by default, started before serving and removed at EOF, SIGINT or SIGTERM.
         stdout carries MCP only; diagnostics go to stderr.
         """
-        from toolcage.cli.main import _policy, _pool, _sandbox
+        from toolcage.cli import options
 
         use_json(False)  # stdout is the MCP stream: errors go to stderr only
         try:
@@ -44,12 +44,12 @@ def _serve_command() -> Any:
             if "toolcage[mcp]" not in str(exc):
                 raise
             raise UsageError(str(exc)) from None
-        _policy(opts)  # a bad policy or --timeout fails here, before anything starts
+        options.policy(opts)  # a bad policy or --timeout fails here, before anything starts
         if pool_size is None:
-            serve_mcp(lambda: _sandbox("mcp", opts), fresh_per_call=fresh_per_call)
+            serve_mcp(lambda: options.sandbox("mcp", opts), fresh_per_call=fresh_per_call)
             return
         # every sandbox (the session's, its replacements, or one per tools/call) adopted from a warm pool
-        pool, make_sandbox = _pool("mcp", opts, pool_size)
+        pool, make_sandbox = options.pool("mcp", opts, pool_size)
         with pool:
             serve_mcp(make_sandbox, fresh_per_call=fresh_per_call)
 
@@ -57,7 +57,7 @@ def _serve_command() -> Any:
 
 
 def _wrap_command() -> Any:
-    from toolcage.cli.main import sandbox_options
+    from toolcage.cli.options import sandbox_options
 
     # no connectors, no SafeFetch CA; an --image and a --secret of its own
     shared: Callable[[Any], Any] = sandbox_options(without=("tools", "ca_file", "image", "secret"))
@@ -110,7 +110,7 @@ def _wrap_command() -> Any:
         is shown on stderr, prefixed `toolcage: server:`.
         """
         from toolcage import logs
-        from toolcage.cli.main import _policy
+        from toolcage.cli import options
         from toolcage.cli.output import warn
         from toolcage.connectors import parse_secret_options
         from toolcage.servers.mcp_relay import ToolFilter
@@ -129,7 +129,7 @@ def _wrap_command() -> Any:
             from toolcage.servers.mcp_wrap import WRAP_NEEDS_A_CONTAINER
 
             raise UsageError(WRAP_NEEDS_A_CONTAINER)
-        policy = _policy(opts)  # a bad policy or --timeout fails here, before anything starts
+        policy = options.policy(opts)  # a bad policy or --timeout fails here, before anything starts
         if pip or apt:
             from toolcage.image.debs import check_names
             from toolcage.image.derived import pip_requirements

@@ -166,6 +166,6 @@ def test_streamed_output_is_escaped_for_the_terminal(capsys: pytest.CaptureFixtu
 
 def test_no_stream_through_a_pipe_by_default() -> None:
     """stderr is not a terminal and --stream was not given: the output is in the JSON result only."""
-    out = CliRunner().invoke(cli, ["run", "run_python", "--sandbox", "none", "--params", '{"code": "print(42)"}'])
+    out = CliRunner().invoke(cli, ["run", "run_python", "--sandbox", "none", "--params", '{"code": "print(6 * 7)"}'])
     assert out.exit_code == 0, out.output
-    assert "42" not in out.stderr and json.loads(out.stdout)["result"]["stdout"] == "42\n"
+    assert "\n42\n" not in f"\n{out.stderr}" and json.loads(out.stdout)["result"]["stdout"] == "42\n"
