@@ -1,6 +1,6 @@
 """The image's program files, shared between its sandboxes: one copy in the host's page cache, not one each.
 
-Why (issue 27, memory per warm slot): with a storage driver that gives every container a mount of its
+Why (memory per warm slot): with a storage driver that gives every container a mount of its
 own over the image (fuse-overlayfs, as on this project's machines; vfs, btrfs and zfs likewise), the
 files a worker reads at start (the interpreter, libc, libcrypto, the standard library, toolcage: about
 15 MiB) are cached anew for each container and charged to its cgroup, and every read goes through that
@@ -248,22 +248,26 @@ def _probe(engine: EngineAPI, image_id: str, usr: str, base: dict[str, str]) -> 
             _quiet(engine.remove_volume, name)
 
 
-def _in_use(engine: EngineAPI) -> set[str]:
+def _in_use(engine: EngineAPI, going: frozenset[str] = frozenset()) -> set[str]:
     """The host directories live runs' overlays are made of: the engine does not know them as in use
-    (no container mounts the shared volumes themselves), so their removal must not happen under a run."""
+    (no container mounts the shared volumes themselves), so their removal must not happen under a run.
+    Overlays named in ``going`` (removed first, in the same pass) hold nothing."""
     paths: set[str] = set()
     for v in engine.volumes(LABEL_RUN_ID):
-        if str(v.get("Name", "")).startswith(RUN_PREFIX):
+        if str(v.get("Name", "")).startswith(RUN_PREFIX) and v.get("Name") not in going:
             for part in str((v.get("Options") or {}).get("o", "")).split(","):
                 if part.startswith("lowerdir="):
                     paths.update(part.removeprefix("lowerdir=").split(":"))
     return paths
 
 
-def stale(engine: EngineAPI, now: float | None = None) -> list[tuple[str, str, str]]:
+def stale(
+    engine: EngineAPI, now: float | None = None, going: frozenset[str] = frozenset()
+) -> list[tuple[str, str, str]]:
     """What of this module is no longer of use, as (kind, id or name, why): the volumes of images the engine
     no longer has, data volumes no marker names (a fill that did not finish, or lost a race), and a
-    fill's container older than ``FILL_STALE_S`` (its process died before removing it). Containers first."""
+    fill's container older than ``FILL_STALE_S`` (its process died before removing it). Containers first.
+    ``going``: runs' overlay volumes the caller removes first (orphans): they keep nothing in use."""
     now = time.time() if now is None else now
     out: list[tuple[str, str, str]] = []
     for c in engine.containers(LABEL):
@@ -281,7 +285,7 @@ def stale(engine: EngineAPI, now: float | None = None) -> list[tuple[str, str, s
         if v["Name"] == marker_name(image):
             markers.add(v["Name"])
             named |= {labels.get(LABEL_USR) or "", labels.get(LABEL_OPT) or ""}
-    busy = _in_use(engine)
+    busy = _in_use(engine, going)
     for v in volumes:
         name, image = v["Name"], (v.get("Labels") or {}).get(LABEL, "")
         if v.get("Mountpoint") in busy:

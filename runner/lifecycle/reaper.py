@@ -15,7 +15,10 @@ under it can say who took it (:func:`removed_by`).
 
 Objects of a run started with ``--keep`` (label ``toolcage.keep``) belong to the user until
 they remove them: the background reaper never touches them, and ``gc`` lists them but removes
-them only when asked (``gc --kept``).
+them only when asked (``gc --kept``). Once the user removed a kept run's containers themselves
+(``docker rm``), what is left of it (its volumes over the image's shared files, its network) is
+of no use to anyone and no longer kept: ``gc`` removes it. ``toolcage rm RUN_ID`` removes one run
+and everything of it (toolcage.lifecycle.discard).
 """
 
 from __future__ import annotations
@@ -98,25 +101,35 @@ def find_orphans(engine: EngineAPI, now: float | None = None, include_kept: bool
         ("network", engine.networks(label), lambda n: (n["Id"], n.get("Name", "?"))),
         ("volume", engine.volumes(label), lambda v: (v["Name"], v["Name"])),
     ]
+    # runs that still have a container: a kept run's volumes and network stay kept only while one is there
+    with_container = {(c.get("Labels") or {}).get(LABEL_RUN_ID) for c in listings[0][1]}
     out: list[Orphan] = []
     for kind, objects, ident in listings:
         for obj in objects:
             labels = obj.get("Labels") or {}
             kept = is_kept(labels)
+            if kept and kind != "container" and labels.get(LABEL_RUN_ID) not in with_container:
+                kept = False  # the user removed the kept containers (docker rm): nothing of the run uses it
             if kept and not include_kept:
                 continue
             why = orphan_reason(labels, now, here)
             if why:
+                if is_kept(labels) and not kept:
+                    why = f"{why}; a kept run whose containers were removed (docker rm): nothing uses it"
                 oid, name = ident(obj)
                 out.append(Orphan(kind, oid, name, labels.get(LABEL_RUN_ID, "?"), why, kept))
     return out
 
 
-def shared_files_orphans(engine: EngineAPI) -> list[Orphan]:
-    """For ``gc``: what toolcage.engine.sharedfiles made and no longer needs (no run owns those)."""
+def shared_files_orphans(engine: EngineAPI, going: list[Orphan] | None = None) -> list[Orphan]:
+    """For ``gc``: what toolcage.engine.sharedfiles made and no longer needs (no run owns those). A run's
+    overlay volume that goes in the same pass (``going``; default: the orphans that are not kept) does not
+    hold the image's shared files, so one ``gc`` after ``docker rmi`` removes them both (the run's first)."""
     from toolcage.engine import sharedfiles
 
-    return [Orphan(kind, oid, oid, "-", why) for kind, oid, why in sharedfiles.stale(engine)]
+    going = find_orphans(engine) if going is None else going
+    names = frozenset(o.name for o in going if o.kind == "volume" and not o.kept)
+    return [Orphan(kind, oid, oid, "-", why) for kind, oid, why in sharedfiles.stale(engine, going=names)]
 
 
 def remove(engine: EngineAPI, orphans: list[Orphan], audit: Any = None, by: str = "gc") -> None:

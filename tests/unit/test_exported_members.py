@@ -17,7 +17,7 @@ PUBLIC = [
 ]  # fmt: skip
 COMMANDS = [
     "audit", "doctor", "gc", "image", "image build", "mcp", "mcp serve", "mcp wrap", "policy", "policy test", "ps",
-    "run", "serve", "tools",
+    "rm", "run", "serve", "tools",
 ]  # fmt: skip
 
 
