@@ -157,7 +157,6 @@ cli.lazy_commands.update(
     image="toolcage.cli.image",  # image build
     mcp="toolcage.cli.mcp",  # mcp serve, mcp wrap
     rm="toolcage.cli.rm",  # rm RUN: one run and everything of it
-    rm="toolcage.cli.rm",  # rm RUN: one run and everything of it
     **dict.fromkeys(("audit", "ps", "gc", "doctor"), "toolcage.cli.ops"),
 )
 
