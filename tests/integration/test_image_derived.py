@@ -139,6 +139,8 @@ def test_labels_name_the_requirements_and_the_parent(engine: Any, derived: dict[
     assert labels[REQUIREMENTS_LABEL] == hashlib.sha256(REQUIREMENTS.encode()).hexdigest()
     assert labels[PARENT_LABEL] == parent["Id"] == derived["result"]["parent_id"]
     assert labels[SOURCE_LABEL] == parent["Config"]["Labels"][SOURCE_LABEL]
+    # all in one build step (the engine's build API made one step per label, 2-10 s each: issue 35)
+    assert sum(": LABEL " in line for line in derived["stderr"].splitlines()) == 1, derived["stderr"][-2000:]
 
 
 def test_second_build_is_up_to_date(engine: Any, derived: dict[str, Any]) -> None:
