@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from toolcage.errors import BuildError, RequirementsError
+from toolcage.errors import BuildError, NoApt, RequirementsError
 from toolcage.image.wheels import Report, cache_dir
 
 SUITE = "bookworm"  # the images' Debian (worker.image.build.SUITE)
@@ -31,10 +31,6 @@ _URI = re.compile(r"^'(?P<uri>[^']+)' (?P<file>\S+\.deb) (?P<size>\d+)(?: (?P<ha
 _MISSING = re.compile(
     r"(?m)^E: (?:Unable to locate package |Package '?)([^'\s]+)'?(?: has no installation candidate)?$"
 )
-
-
-class NoApt(BuildError):
-    """This host cannot fetch Debian packages for the image (no apt-get, or another suite)."""
 
 
 def check_names(packages: tuple[str, ...]) -> tuple[str, ...]:

@@ -1,27 +1,39 @@
-"""Runner-side error tree; each class carries its CLI exit code and, for sandbox failures,
-the ``status`` that says how the run ended.
+"""The host side's one error tree, drawn below and defined in this file (the root and PolicyError come from the
+shared kernel, policies.errors, and are re-exported). Each class carries its CLI exit code and, for sandbox
+failures, the ``status`` that says how the run ended; tests/unit/test_error_tree.py holds the drawing to the classes.
 
     ToolcageError (exit 3)                 the one root (defined in policies.errors, re-exported here)
     ├── PolicyError (exit 2)               a policy that cannot be found, parsed or validated
-    ├── UsageError (exit 2)                bad CLI input, bad params JSON
+    ├── UsageError (exit 2)                bad input: CLI flags, params JSON, a call's arguments
     │   ├── WorkspaceError (exit 2)        workspace missing or too sensitive to mount
     │   ├── BadToolCall (exit 2)           unknown tool or bad params, found on the host (precheck)
     │   ├── MissingExtra (exit 2)          an optional module's extra is not installed (an ImportError too)
-    │   └── RequirementsError (exit 2)     `image build --requirements`: a file or package it cannot use
+    │   ├── RequirementsError (exit 2)     `image build --requirements`: a file or package it cannot use
+    │   ├── UploadUsage (exit 2)           upload: a local path missing or special, a remote_dir in /workspace
+    │   ├── DownloadUsage (exit 2)         download: a remote path not there or outside the roots, no local_dir
+    │   ├── ChangesUsage (exit 2)          changes(): no workspace copy in the run, or no directory to compare
+    │   └── SnapshotInvalid (exit 2)       resume=: tampered with, another key or version, not a snapshot
     ├── NotFound (exit 1)                  what was asked for is not there (`audit --run ID`)
     ├── AuditError (exit 3)                the audit log cannot be written (disk full) or read back
     └── SandboxError (exit 3)              the sandbox, not the tool, failed
-        ├── DockerUnavailable              the engine cannot be reached     status "crashed"
-        ├── ImageMissing                   the worker image is not there    status "image_missing"
+        ├── DockerUnavailable              the engine cannot be reached           status "crashed"
+        │   └── EngineUnavailable          a node's engine stopped answering      status "engine_unavailable"
+        ├── ImageMissing                   the worker image is not there          status "image_missing"
         ├── BuildError                     `image build` failed (engine, PyPI unreachable)
-        ├── SandboxTimeout                 the run deadline killed it       status "timeout"
-        ├── SandboxOOM                     the worker itself hit the limit  status "oom_killed"
-        ├── WorkerCrashed                  the worker died (stderr tail)    status "crashed"
-        ├── ProtocolError                  the container sent bad framing   status "crashed"
-        ├── NodeLost                       a cluster node or its agent died status "node_lost"
-        ├── EngineUnavailable              a node's engine stopped answering status "engine_unavailable"
-        ├── NoCapacity                     no node admitted the run in time status "no_capacity"
-        └── SandboxInterrupted (exit 130)  the runner was stopped mid-run   status "interrupted"
+        │   └── NoApt                      this host cannot fetch the image's Debian packages
+        ├── SandboxTimeout                 the run deadline killed it             status "timeout"
+        ├── SandboxOOM                     the worker itself hit the limit        status "oom_killed"
+        ├── WorkerCrashed                  the worker died (stderr tail)          status "crashed"
+        ├── ProtocolError                  the container sent bad framing         status "crashed"
+        ├── NodeLost                       a cluster node or its agent died       status "node_lost"
+        ├── NoCapacity                     no node admitted the run in time       status "no_capacity"
+        ├── UploadError                    the worker could not take an upload    status "error"
+        ├── DownloadError                  a download refused (a hostile tar)     status "error"
+        │   └── DownloadLimit              past its byte or entry cap             status "error"
+        ├── ChangesError                   changes() could not be gathered        status "error"
+        ├── DiffFailed                     git could not make the diff            status "error"
+        ├── SnapshotError                  a snapshot could not be made           status "error"
+        └── SandboxInterrupted (exit 130)  the runner was stopped mid-run         status "interrupted"
 
 ``except ToolcageError`` catches every error toolcage raises, policy errors included. Foreign errors (docker-py, OS) are
 translated once, in the Docker adapter, with ``raise ... from exc``; the CLI prints every
@@ -122,6 +134,11 @@ class BuildError(SandboxError):
     reason = "image_build"
 
 
+class NoApt(BuildError):
+    """This host cannot fetch Debian packages for the image (no apt-get, or another suite): raised by
+    toolcage.image.debs, which re-exports it."""
+
+
 class SandboxTimeout(SandboxError):
     status = "timeout"
     reason = "run_deadline"
@@ -163,14 +180,91 @@ class NoCapacity(SandboxError):
     reason = "no_capacity"
 
 
+# The files room's doors (toolcage.files: upload, download, changes, snapshot): defined here with the rest of
+# the tree, and re-exported by the module that raises each (``from toolcage.files.upload import UploadError``).
+
+
+class UploadError(SandboxError):
+    """The worker could not take the upload (a refused entry, a full /scratch, a broken call)."""
+
+    status = "error"
+    reason = "upload_failed"
+
+
+class UploadUsage(UsageError):
+    """Bad input: a local path that is missing or holds a FIFO, socket or device; a remote_dir in /workspace."""
+
+    reason = "upload_usage"
+
+
+class DownloadError(SandboxError):
+    """The sandbox sent something a download refuses (a hostile or malformed archive)."""
+
+    status = "error"
+    reason = "download_refused"
+
+
+class DownloadLimit(DownloadError):
+    """A download went over its byte or entry cap."""
+
+    reason = "download_limit"
+
+
+class DownloadUsage(UsageError):
+    """Bad input: a remote path that is not there or outside the roots, a local_dir that is not a directory."""
+
+    reason = "download_usage"
+
+
+class ChangesError(SandboxError):
+    """The changes could not be gathered (a refused stream, a cap, a worker that cannot tell)."""
+
+    status = "error"
+    reason = "changes_failed"
+
+
+class ChangesUsage(UsageError):
+    """Bad input: changes() in a run without a workspace copy, or without the host directory to compare."""
+
+    reason = "changes_usage"
+
+
+class SnapshotError(SandboxError):
+    """A snapshot could not be made (a refused stream, a cap, a secret in a file)."""
+
+    status = "error"
+    reason = "snapshot_failed"
+
+
+class SnapshotInvalid(UsageError):
+    """A snapshot that cannot be resumed: tampered with, made with another key or by another format
+    version, not a snapshot at all, or unreadable."""
+
+    reason = "snapshot_invalid"
+
+
+class DiffFailed(SandboxError):
+    """git could not make the diff: not installed, past its deadline or its memory, or it failed."""
+
+    status = "error"
+    reason = "changes_failed"
+
+
 __all__ = [
     "AuditError",
     "BadToolCall",
     "BuildError",
+    "ChangesError",
+    "ChangesUsage",
+    "DiffFailed",
     "DockerUnavailable",
+    "DownloadError",
+    "DownloadLimit",
+    "DownloadUsage",
     "EngineUnavailable",
     "ImageMissing",
     "MissingExtra",
+    "NoApt",
     "NoCapacity",
     "NodeLost",
     "NotFound",
@@ -181,7 +275,11 @@ __all__ = [
     "SandboxInterrupted",
     "SandboxOOM",
     "SandboxTimeout",
+    "SnapshotError",
+    "SnapshotInvalid",
     "ToolcageError",
+    "UploadError",
+    "UploadUsage",
     "UsageError",
     "WorkerCrashed",
     "WorkspaceError",

@@ -1,6 +1,7 @@
 """The one module that imports docker-py: every Engine call, with foreign errors translated once.
 
-Swapping the Docker client (or adding Podman) touches this file only.
+Swapping the Docker client touches this file only. Which engine answers (Docker or Podman's Docker-compatible
+service) is told apart in ``api`` and what each takes differently is a value in ``knobs`` (``FlavorKnobs``).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from toolcage.errors import SandboxError, UsageError
+from toolcage.errors import ChangesError, ChangesUsage
 from toolcage.files import download as transfer
 from toolcage.files import gitdiff, gitplumb, mountview
 from toolcage.files.changesides import HostTree, OverBudget, Side, Unreadable, link_side, stream, write_file
@@ -66,19 +66,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BYTES = 1 << 30  # changed files' content changes() holds (new and old sides)
 DEFAULT_MAX_FILES = 100_000
 _PREFIX = contract.WORKSPACE + "/"
-
-
-class ChangesError(SandboxError):
-    """The changes could not be gathered (a refused stream, a cap, a worker that cannot tell)."""
-
-    status = "error"
-    reason = "changes_failed"
-
-
-class ChangesUsage(UsageError):
-    """Bad input: changes() in a run without a workspace copy, or without the host directory to compare."""
-
-    reason = "changes_usage"
 
 
 @dataclass(frozen=True)

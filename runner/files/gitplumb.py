@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from toolcage.errors import SandboxError
+from toolcage.errors import DiffFailed
 from toolcage.files import gitdiff
 from toolcage.files.changesides import Side
 from toolcage.files.safetar import show
@@ -35,13 +35,6 @@ SHOW_MAX_BYTES = 32 << 20  # a side larger than this is not shown (a binary patc
 MAX_DIFF_BYTES = 128 << 20  # the diff changes() returns; files past it are not shown
 DIFF_SECONDS = 60.0  # git's work on the host, all of it
 log = structlog.get_logger()
-
-
-class DiffFailed(SandboxError):
-    """git could not make the diff: not installed, past its deadline or its memory, or it failed."""
-
-    status = "error"
-    reason = "changes_failed"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ import stat
 import tarfile
 from dataclasses import dataclass, field
 
-from toolcage.errors import SandboxError, UsageError
+from toolcage.errors import DownloadError as DownloadError  # re-exported: the download door raises them
+from toolcage.errors import DownloadLimit as DownloadLimit
+from toolcage.errors import DownloadUsage as DownloadUsage
 from toolcage.files.outbound import BARE_REASON, GIT_REASON, git_part
 from toolcage.files.outbound import bare_head as bare_head  # re-exported: the diff's doors import them from here
 from toolcage.files.outbound import door_problem as door_problem
@@ -33,25 +35,6 @@ _MAX_SKIPPED = 1000  # skipped entries named in the result (all are counted)
 _PIECE = 1 << 20
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _META_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE, b"X")
-
-
-class DownloadError(SandboxError):
-    """The sandbox sent something a download refuses (a hostile or malformed archive)."""
-
-    status = "error"
-    reason = "download_refused"
-
-
-class DownloadLimit(DownloadError):
-    """A download went over its byte or entry cap."""
-
-    reason = "download_limit"
-
-
-class DownloadUsage(UsageError):
-    """Bad input: a remote path that is not there or outside the roots, a local_dir that is not a directory."""
-
-    reason = "download_usage"
 
 
 @dataclass

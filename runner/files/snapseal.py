@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple, cast
 
-from toolcage.errors import SandboxError, UsageError
+from toolcage.errors import SnapshotError, SnapshotInvalid
 from toolcage.files import download as transfer
 from toolcage.files.safetar import show
 from toolcage.textsafe import escape
@@ -40,20 +40,6 @@ MAX_MANIFEST = 16 << 20  # bytes of manifest (the run's changed paths): written 
 _DATA = 512
 TAIL = 2 * tarfile.BLOCKSIZE + 2 * tarfile.BLOCKSIZE  # the seal's header and data, then the end of the tar
 _PIECE = 1 << 20
-
-
-class SnapshotError(SandboxError):
-    """A snapshot could not be made (a refused stream, a cap, a secret in a file)."""
-
-    status = "error"
-    reason = "snapshot_failed"
-
-
-class SnapshotInvalid(UsageError):
-    """A snapshot that cannot be resumed: tampered with, made with another key or by another format
-    version, not a snapshot at all, or unreadable."""
-
-    reason = "snapshot_invalid"
 
 
 class Unsealed(Exception):

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from toolcage.errors import SandboxError, UsageError
+from toolcage.errors import UploadError, UploadUsage, UsageError
 from toolcage.files import mountview
 from toolcage.policies import codes
 from toolcage.policies.gitignore import Rules, ignored, with_own
@@ -40,19 +40,6 @@ CHUNK = 1 << 20  # raw bytes per call: a call holds ~11 copies of its params (ba
 _PIECE = 1 << 20
 
 Call = Callable[[dict[str, Any]], "CallResult"]  # one ``upload`` call
-
-
-class UploadError(SandboxError):
-    """The worker could not take the upload (a refused entry, a full /scratch, a broken call)."""
-
-    status = "error"
-    reason = "upload_failed"
-
-
-class UploadUsage(UsageError):
-    """Bad input: a local path that is missing or holds a FIFO, socket or device; a remote_dir in /workspace."""
-
-    reason = "upload_usage"
 
 
 @dataclass

@@ -14,6 +14,12 @@ PUBLIC = [
     "ImageMissing", "Policy", "PolicyError", "Pool", "ProtocolError", "RunSummary", "Sandbox", "SandboxError",
     "SandboxInterrupted", "SandboxOOM", "SandboxTimeout", "ToolcageError", "UsageError", "WorkerCrashed",
     "WorkspaceError", "__version__", "load_policy", "wait_removed",
+    # what a session's doors return, its surface and a result's status
+    "Changes", "DownloadResult", "SnapshotInfo", "UploadResult", "SandboxLike", "AsyncSandboxLike", "Status",
+    # every error of the tree a caller can meet (toolcage.errors draws them)
+    "AuditError", "BadToolCall", "BuildError", "ChangesError", "ChangesUsage", "DiffFailed", "DownloadError",
+    "DownloadLimit", "DownloadUsage", "EngineUnavailable", "MissingExtra", "NoCapacity", "NodeLost", "NotFound",
+    "RequirementsError", "SnapshotError", "SnapshotInvalid", "UploadError", "UploadUsage",
 ]  # fmt: skip
 COMMANDS = [
     "audit", "doctor", "gc", "image", "image build", "mcp", "mcp serve", "mcp wrap", "policy", "policy test", "ps",
@@ -40,6 +46,21 @@ def test_every_public_name_imports() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_importing_the_names_stays_light() -> None:
+    """``import toolcage`` and its errors load neither docker-py nor the files room nor the front; a file
+    door's type loads its room only when asked for, and still no docker-py."""
+    code = (
+        "import sys, toolcage\n"
+        "from toolcage import DownloadError, EngineUnavailable, NodeLost, SnapshotInvalid, ToolcageError\n"
+        "light = sorted(m for m in sys.modules if m == 'docker' or m.startswith(('docker.', 'toolcage.files',\n"
+        "    'toolcage.sandbox', 'toolcage.engine')))\n"
+        "toolcage.Changes, toolcage.SnapshotInfo\n"
+        "print(light, 'toolcage.files.changes' in sys.modules, 'docker' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.strip() == "[] True False", proc.stderr
 
 
 def test_every_error_is_under_the_one_root() -> None:

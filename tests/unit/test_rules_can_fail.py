@@ -64,6 +64,11 @@ BREAKS = {
         LAZY.format(stmt="import toolcage.logs  # noqa"),
         "tests/unit/test_layering.py::test_no_import_circle_in_the_house",
     ),
+    "runner/ops/engines.py": (  # an error raised somewhere, outside the drawn tree
+        "\n\nfrom toolcage.errors import SandboxError as _Base  # noqa: E402\n\n\n"
+        "class StrayError(_Base):\n    reason = 'stray'\n",
+        "tests/unit/test_error_tree.py::test_every_error_is_drawn_under_its_parent_and_importable",
+    ),
 }
 
 
