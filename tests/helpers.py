@@ -166,6 +166,7 @@ def wrap_session(args: list[str], body: Any, env: dict[str, str] | None = None, 
     """Run ``await body(session)`` against `toolcage mcp wrap ARGS`, spawned and driven by the official MCP
     client over stdio (through `sh`, which records the exit code)."""
     import tempfile
+    import time
 
     import anyio
     from mcp import ClientSession
@@ -175,9 +176,16 @@ def wrap_session(args: list[str], body: Any, env: dict[str, str] | None = None, 
     base = {k: v for k, v in os.environ.items() if k.startswith("TOOLCAGE_") or k in keep}
     with tempfile.TemporaryDirectory(prefix="toolcage-wrap-test-") as tmp:
         code_file, err_file = Path(tmp) / "exit", Path(tmp) / "stderr"
-        script = f'{sys.executable} -m toolcage.cli mcp wrap "$@"; echo $? > {code_file}'
+        # In a session of its own (setsid -f): the client ends its server's process group 2 s after closing its
+        # stdin (mcp.client.stdio), and `mcp wrap` removing its container on a loaded host takes longer. What it
+        # ends with by itself is recorded once it has ended, and waited for below.
+        part = f"{code_file}.part"
+        script = f'{sys.executable} -m toolcage.cli mcp wrap "$@"; echo $? > {part}; mv {part} {code_file}'
         params = StdioServerParameters(
-            command="/bin/sh", args=["-c", script, "sh", *args], env={**base, **(env or {})}, cwd=str(ROOT)
+            command="setsid",
+            args=["-f", "/bin/sh", "-c", script, "sh", *args],
+            env={**base, **(env or {})},
+            cwd=str(ROOT),
         )
 
         async def main() -> None:
@@ -187,6 +195,9 @@ def wrap_session(args: list[str], body: Any, env: dict[str, str] | None = None, 
 
         with open(err_file, "w") as err:
             anyio.run(main)
+        ends = time.monotonic() + timeout  # a failure's bound: it ends once its client has gone
+        while not code_file.exists() and time.monotonic() < ends:
+            time.sleep(0.05)
         code = code_file.read_text().strip() if code_file.exists() else ""
         return WrapRun(err_file.read_text(), int(code) if code else None)
 

@@ -27,7 +27,13 @@ from langchain_tests.integration_tests.sandboxes import SandboxIntegrationTests
 from toolcage import PolicyError, ToolcageError, UsageError
 from toolcage.integrations.deepagents import ENDED_EXIT_CODE, ToolcageSandbox
 
-pytestmark = pytest.mark.usefixtures("no_leaks")
+pytestmark = [
+    pytest.mark.usefixtures("no_leaks"),
+    pytest.mark.runc_only(
+        "a framework's adapter: its translation of the same calls, host-side (test_exec, test_files_* and "
+        "test_workspace_copy run those calls under gVisor)"
+    ),
+]
 
 
 class Scripted(GenericFakeChatModel):

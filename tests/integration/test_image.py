@@ -9,6 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.runc_only(
+    "image building (the host's engine and its build steps): the same whatever kernel the sandbox has"
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -18,7 +18,12 @@ import pytest
 from toolcage import Sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.usefixtures("no_leaks")
+pytestmark = [
+    pytest.mark.usefixtures("no_leaks"),
+    pytest.mark.runc_only(
+        "image building (the host's engine and its build steps): the same whatever kernel the sandbox has"
+    ),
+]
 
 
 def _build(*args: str) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = "six==1.16.0\n"
 
-pytestmark = pytest.mark.usefixtures("no_leaks")
+pytestmark = [
+    pytest.mark.usefixtures("no_leaks"),
+    pytest.mark.runc_only(
+        "image building (the host's engine and its build steps): the same whatever kernel the sandbox has"
+    ),
+]
 
 
 def _parent() -> str:

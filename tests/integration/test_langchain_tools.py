@@ -29,7 +29,13 @@ from toolcage import AsyncSandbox, Sandbox
 from toolcage.errors import UsageError
 from toolcage.integrations.langchain import STREAM_TOOLS, ToolcageToolException, aget_tools, get_tools
 
-pytestmark = pytest.mark.usefixtures("no_leaks")
+pytestmark = [
+    pytest.mark.usefixtures("no_leaks"),
+    pytest.mark.runc_only(
+        "a framework's adapter: its translation of the same calls, host-side (test_exec, test_files_* and "
+        "test_workspace_copy run those calls under gVisor)"
+    ),
+]
 
 
 class ScriptedModel(GenericFakeChatModel):

@@ -128,6 +128,7 @@ def test_external_kill_mid_call(engine: Any) -> None:
     assert info.value.status == "crashed" and "exit code 137" in info.value.message
 
 
+@pytest.mark.runc_only("200 runs at once: the runner's lifecycle under load, host-side (85 s under gVisor)")
 def test_load_200_runs(engine: Any, tmp_path: Path) -> None:
     """200 runs, 10 at a time, a few calls each: all succeed, one start and one finish each, nothing left over."""
     log = tmp_path / "audit.jsonl"

@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 import ray
 
+pytestmark = pytest.mark.runc_only("the Ray cluster (placement and node failure): its nodes' engines have no runsc")
+
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "examples" / "ray_cluster" / "local_cluster.py"
 LABEL = "toolcage.test=harness"

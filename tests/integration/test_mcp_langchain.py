@@ -20,6 +20,11 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.runc_only(
+    "a framework's adapter: its translation of the same calls, host-side (test_exec, test_files_* and "
+    "test_workspace_copy run those calls under gVisor)"
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = Path(__file__).resolve().parent / "mcp_clients"
 REQUIREMENTS = CLIENTS / "requirements.txt"

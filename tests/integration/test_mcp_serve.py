@@ -15,7 +15,13 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-pytestmark = pytest.mark.usefixtures("no_leaks")
+pytestmark = [
+    pytest.mark.usefixtures("no_leaks"),
+    pytest.mark.runc_only(
+        "`mcp serve`: the MCP SDK's server around the same calls, host-side (38 s under gVisor; the calls run "
+        "under gVisor in test_exec and tests/security)"
+    ),
+]
 
 CONNECTOR = '''
 from toolcage.sdk import tool

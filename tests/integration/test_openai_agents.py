@@ -48,7 +48,13 @@ from toolcage.integrations.openai_agents import (
     toolcage_session,
 )
 
-pytestmark = pytest.mark.usefixtures("no_leaks")
+pytestmark = [
+    pytest.mark.usefixtures("no_leaks"),
+    pytest.mark.runc_only(
+        "a framework's adapter: its translation of the same calls, host-side (test_exec, test_files_* and "
+        "test_workspace_copy run those calls under gVisor)"
+    ),
+]
 
 
 def _sh(cmd: str, call_id: str) -> Any:

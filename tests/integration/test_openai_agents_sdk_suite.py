@@ -18,6 +18,11 @@ import pytest
 from tests.integration import openai_agents_sdk_mirror as mirror
 from tests.integration.openai_agents_sdk_fetch import sdk_tests
 
+pytestmark = pytest.mark.runc_only(
+    "a framework's adapter: its translation of the same calls, host-side (test_exec, test_files_* and "
+    "test_workspace_copy run those calls under gVisor)"
+)
+
 _MODULES = sdk_tests("test_docker.py", "test_runtime.py", "test_unix_local.py")
 _docker, _runtime, _unix = (_MODULES[f] for f in ("test_docker.py", "test_runtime.py", "test_unix_local.py"))
 _docker._HostBackedDockerSession = mirror.host_backed_docker_session  # type: ignore[attr-defined]

@@ -21,6 +21,8 @@ import pytest
 from toolcage import DEFAULT_IMAGE, Sandbox, wait_removed
 from toolcage.ops.views import inspect_findings
 
+pytestmark = pytest.mark.runc_only("the Podman engine: its service has no runsc")
+
 SOCKET = os.environ.get("TOOLCAGE_TEST_PODMAN_SOCKET", "/run/podman/podman.sock")
 TAG = os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE)  # the image .ci/start-podman loads
 IMAGE = f"localhost/{TAG}"

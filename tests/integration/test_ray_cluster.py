@@ -26,7 +26,10 @@ import pytest
 from tests.helpers import ray_harness
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.ray_cluster
+pytestmark = [
+    pytest.mark.ray_cluster,
+    pytest.mark.runc_only("the Ray cluster (placement and node failure): its nodes' engines have no runsc"),
+]
 
 
 @pytest.fixture(scope="module")

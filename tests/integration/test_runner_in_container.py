@@ -20,6 +20,8 @@ import pytest
 
 from toolcage import DEFAULT_IMAGE
 
+pytestmark = pytest.mark.runc_only("the runner in a container (its image, hostname and mounts): host-side")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -14,6 +14,10 @@ import pytest
 from tests.helpers import run_cli
 from toolcage import AsyncSandbox, Sandbox
 
+pytestmark = pytest.mark.runc_only(
+    "the timing contract at each door: the runner's clocks, host-side (24 s under gVisor)"
+)
+
 CALL = {"command": "echo partial; sleep 10", "timeout_s": 10}
 
 

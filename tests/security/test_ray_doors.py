@@ -17,7 +17,10 @@ import pytest
 
 from tests.helpers import ray_harness
 
-pytestmark = pytest.mark.ray_cluster
+pytestmark = [
+    pytest.mark.ray_cluster,
+    pytest.mark.runc_only("the Ray cluster (placement and node failure): its nodes' engines have no runsc"),
+]
 BIG_MIB = 150
 POLICY = {"limits": {"scratch": "256m", "memory": "1g"}}
 PER_NODE = {"warm": 0, "max_running": 2, "max_starting": 1}

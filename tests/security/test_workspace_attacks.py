@@ -809,16 +809,17 @@ def test_the_copy_is_capped_and_the_host_is_untouched(engine: Any, tmp_path: Pat
 
 
 def test_changes_while_code_rewrites_the_copy(engine: Any, tmp_path: Path) -> None:
-    """For 8 s code rewrites a file (growing and shrinking), swaps another between a file and a symlink
-    to /etc and makes and removes a directory, while changes() runs again and again: each returns within
-    its bound, and each diff applies to a fresh copy of the host's directory."""
+    """While code rewrites a file (growing and shrinking), swaps another between a file and a symlink to /etc
+    and makes and removes a directory, changes() runs again and again: each returns within its bound, and each
+    diff applies to a fresh copy of the host's directory."""
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "r.txt").write_text("start\n")
     (ws / "t").write_text("t\n")
     (ws / "keep.txt").write_text("keep\n")
+    # it races until told to stop, not for a fixed time: on a loaded host its start can come after any sleep
     race = (
-        "cd /workspace; end=$(($(date +%s)+8)); i=0; while [ $(date +%s) -lt $end ]; do i=$((i+1));"
+        "cd /workspace; i=0; while [ ! -e /scratch/stop ]; do i=$((i+1));"
         " head -c $((i % 7000)) /dev/urandom > r.txt; rm -f t; ln -s /etc t; rm -f t; echo $i > t;"
         " mkdir -p n; echo $i > n/f; rm -rf n; done"
     )
@@ -826,20 +827,26 @@ def test_changes_while_code_rewrites_the_copy(engine: Any, tmp_path: Path) -> No
     with Sandbox(policy, workspace=ws, workspace_mode="copy") as sb:
         racer = threading.Thread(target=sb.call, args=("run_shell", {"command": race}))
         racer.start()
-        seen: set[str] = set()
+
+        def check(where: str) -> set[str]:
+            t0 = time.monotonic()
+            got = sb.changes()
+            assert time.monotonic() - t0 < 30
+            assert "keep.txt" not in got.paths
+            if got.diff:
+                applies(got.diff, ws, tmp_path / where)
+            return set(got.paths)
+
         try:
-            time.sleep(0.5)
+            waited, deadline = 0, time.monotonic() + 60  # a failure's bound, not a margin: the race starts first
+            while "r.txt" not in check(f"before{waited}"):  # its first write: the race runs, not missed
+                waited += 1
+                assert time.monotonic() < deadline, "the racing call never wrote r.txt"
             for i in range(8):
-                t0 = time.monotonic()
-                got = sb.changes()
-                assert time.monotonic() - t0 < 30
-                assert "keep.txt" not in got.paths
-                seen.update(got.paths)
-                if got.diff:
-                    applies(got.diff, ws, tmp_path / f"applied{i}")
+                check(f"applied{i}")  # all 8 while it races: it stops only when told
         finally:
+            shell(sb, "touch /scratch/stop")
             racer.join()
-        assert "r.txt" in seen  # the race was run, not missed
         final = sb.changes()
         assert final.changed and set(final.paths) <= {"r.txt", "t"}
         applies(final.diff, ws, tmp_path / "applied-final")
