@@ -205,11 +205,12 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def _runtime_imports(module: str, known: set[str]) -> list[tuple[str, int]]:
+def _runtime_imports(module: str, known: set[str], source: str | None = None) -> list[tuple[str, int]]:
     """(module of the house, line) for every import ``module`` may run, at any depth (in functions too),
     ``if TYPE_CHECKING:`` blocks aside; ``from X import name`` is X.name when that is a module, and a
-    public name of the face is the module that defines it (``toolcage._EXPORTS``)."""
-    path = _file(module)
+    public name of the face is the module that defines it (``toolcage._EXPORTS``). ``source``: read this
+    text as the module's, not its file."""
+    path = _file(module) if source is None else Path(module.rpartition(".")[2] + ".py")
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: list[tuple[str, int]] = []
 
@@ -242,7 +243,7 @@ def _runtime_imports(module: str, known: set[str]) -> list[tuple[str, int]]:
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(ast.parse(path.read_text()))
+    visit(ast.parse(path.read_text() if source is None else source))
     return [(t, line) for t, line in found if t != module]
 
 
@@ -251,6 +252,25 @@ def _graph() -> dict[str, set[str]]:
     modules = _house()
     known = set(modules)
     return {m: {t for t, _ in _runtime_imports(m, known)} for m in modules}
+
+
+def test_the_reader_counts_lazy_imports_and_leaves_type_checking_aside() -> None:
+    """An import in a function counts, one under ``if TYPE_CHECKING:`` does not (its ``else`` does); a name
+    of the face counts as its defining module, a submodule as itself, a relative import as its target."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "import typing\n"
+        "from toolcage import __version__, Sandbox, logs\n"
+        "from . import hostconfig\n"
+        "if TYPE_CHECKING:\n    from toolcage.pool import Pool\n"
+        "else:\n    import toolcage.results\n"
+        "if typing.TYPE_CHECKING:\n    import toolcage.aio\n"
+        "def f():\n    from toolcage.options import worker_image\n"
+    )
+    known = set(_house())
+    found = {t for t, _ in _runtime_imports("toolcage.engine.labels", known, source)}
+    assert found == {"toolcage", "toolcage.sandbox", "toolcage.logs", "toolcage.engine.hostconfig",
+                     "toolcage.results", "toolcage.options"}  # fmt: skip
 
 
 def test_every_module_is_in_a_room() -> None:
