@@ -89,6 +89,8 @@ class Run:
         self.deadline = 0.0  # monotonic: started + run_s
         self.watchdog: Watchdog | None = None  # started by begin() for a run with a session
         self.audited = False  # its run.started was recorded (so its run.finished is)
+        self.calls = 0  # calls answered and audited (run.finished counts them)
+        self.input_closed = False  # its worker's stdin was closed on purpose: it exits once it has answered
         self._audit_later = False  # ... queued, not on disk at once (a pooled run): run.finished too
 
     def adopt(self, options: RunOptions) -> Run:

@@ -32,10 +32,9 @@ from toolcage.lifecycle import records, removal
 from toolcage.options import DEFAULT_IMAGE as DEFAULT_IMAGE  # re-exported: toolcage.DEFAULT_IMAGE
 from toolcage.options import RunOptions, resolve_audit
 from toolcage.options import resolve_policy as resolve_policy  # re-exported: its home is toolcage.options
-from toolcage.policies import PolicySource, codes, contract
+from toolcage.policies import PolicySource, contract
 from toolcage.results import CallResult, RunSummary, from_response
 from toolcage.rpc.session import Cancel, Ended, OnProgress, Session
-from toolcage.rpc.transport import Broken
 from toolcage.run import Run
 from toolcage.run import interrupted_error as interrupted_error  # re-exported (mcp serve)
 
@@ -132,8 +131,6 @@ class Sandbox:
         self._start_called = False
         self._closed = False
         self._running = False  # set once start() succeeded
-        self._input_closed = False
-        self._calls = 0
         self._usage: dict[str, Any] = {}
         self.summary: RunSummary | None = None
         if pool is None:
@@ -284,7 +281,7 @@ class Sandbox:
             params["deadline"] = round(deadline, 3)
         until = timing.answer_due(time.monotonic(), None, None, self.policy.timeouts.call_s, self._run.deadline)
         if deadline is not None and not self.tool_sources:
-            # pooled, no connectors to list: the first call goes right behind it (see _settle_configure)
+            # pooled, no connectors to list: the first call goes right behind it (see settle_configure)
             self._configure_answer = session.send_now(contract.CONFIGURE, params, until)
             return
         answer = session.request(contract.CONFIGURE, params, until)
@@ -292,8 +289,9 @@ class Sandbox:
             raise self._run.explain_end(answer)
         self._configured(connectors.configured(answer))
 
-    def _settle_configure(self) -> None:
-        """The answer to a configuration sent without waiting (it comes before any later call's)."""
+    def settle_configure(self) -> None:
+        """(Internal: before a call's answer, and a forwarded line's, toolcage.servers.serve.) The answer to
+        a configuration sent without waiting (it comes before any later call's)."""
         wait, self._configure_answer = self._configure_answer, None
         if wait is None:
             return
@@ -380,7 +378,7 @@ class Sandbox:
         with self._lock:
             if isinstance(answer, Ended):
                 raise self._run.explain_end(answer)
-            self._settle_configure()  # pooled: answered before this call was
+            self.settle_configure()  # pooled: answered before this call was
             result = from_response(tool, self.run_id, answer, round((time.monotonic() - started) * 1000, 3))
             if result is None:
                 self._run.end(
@@ -389,7 +387,7 @@ class Sandbox:
                 assert self._run.dead is not None
                 raise self._run.dead
             if tool not in records.UNAUDITED:
-                self._calls += 1
+                self._run.calls += 1
             records.audit_call(self.audit, self.run_id, params, result)
             return result
 
@@ -491,58 +489,11 @@ class Sandbox:
         self._usage = res.result if isinstance(res.result, dict) else {}
         return self._usage
 
-    # lines forwarded as they are, for `toolcage serve` (see toolcage.servers.serve) ------------------
-    def forward(self, line: bytes) -> None:
-        """Send one raw request line; its answer comes from :meth:`next_forwarded`."""
-        session = self._run.session
-        if session is None or not session.connected:
-            raise UsageError("the sandbox is not running")
-        self._settle_configure()
-        # the same timing contract as a call's: a child's timeout cut to the time left in the run
-        session.forward(timing.fit_line(line, self.policy.timeouts.call_s, self._run.deadline - time.monotonic()))
-
-    def next_forwarded(self) -> Any:
-        """Next answer to a forwarded line (dict or list); raises the SandboxError that ended the run, or
-        returns None once the worker has exited cleanly after :meth:`finish_input`."""
-        session = self._run.session
-        assert session is not None
-        while True:
-            msg = session.next_forwarded(self._run.deadline + timing.DEADLINE_SLACK_S - time.monotonic())
-            if msg is None:
-                self._run.on_expire("run")
-                raise self._run.explain_end(Ended("timeout"))
-            if isinstance(msg, dict | list):
-                return msg
-            end = Ended("broken", msg.reason) if isinstance(msg, Broken) else Ended("eof")
-            if end.how == "eof" and self._input_closed and self._run.dead is None:
-                exc = self._run.explain_exit(clean_ok=True)
-                if exc is None:
-                    return None
-                raise self._run.fail(exc)
-            raise self._run.explain_end(end)
-
-    def record_forwarded(self, method: str, params: dict[str, Any] | None, response: dict[str, Any], t0: float) -> None:
-        """Audit a forwarded call like any other (`toolcage serve`)."""
-        wall_ms = round((time.monotonic() - t0) * 1000, 3)
-        r = from_response(method, self.run_id, response, wall_ms) or CallResult(
-            "error",
-            method,
-            self.run_id,
-            error={"code": codes.INTERNAL_ERROR, "message": "malformed response"},
-            wall_ms=wall_ms,
-        )
-        self._calls += 1
-        records.audit_call(self.audit, self.run_id, params, r)
-
-    def answers_owed(self) -> int:
-        """How many answers the worker still owes (calls in flight and forwarded lines)."""
-        return self._run.session.parser.outstanding() if self._run.session is not None else 0
-
-    def finish_input(self) -> None:
-        """No more requests: close the worker's stdin so it exits after answering."""
-        self._input_closed = True
-        if self._run.session is not None:
-            self._run.session.close_input()
+    @property
+    def run(self) -> Run:
+        """(Internal: for toolcage.servers.serve's Forwarder.) The run's home: its session, deadline and
+        records (a pooled sandbox's is its slot's from ``start()`` on)."""
+        return self._run
 
     # teardown -------------------------------------------------------------------------
     def close(self) -> RunSummary | None:
@@ -550,7 +501,7 @@ class Sandbox:
         if self._closed:
             return self.summary
         run = self._run
-        if self._running and run.dead is None and not self._input_closed:
+        if self._running and run.dead is None and not run.input_closed:
             try:
                 self.usage()
             except ToolcageError:
@@ -571,5 +522,5 @@ class Sandbox:
         finally:
             if run.session is not None:
                 run.session.close()
-            self.summary = run.finish(status, self._calls, self._usage)
+            self.summary = run.finish(status, run.calls, self._usage)
         return self.summary

@@ -19,15 +19,81 @@ import time
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from toolcage.errors import SandboxError
-from toolcage.policies.codes import INVALID_PARAMS, SANDBOX_ENDED, error_response
+from toolcage import timing
+from toolcage.errors import SandboxError, UsageError
+from toolcage.lifecycle import records
+from toolcage.policies.codes import INTERNAL_ERROR, INVALID_PARAMS, SANDBOX_ENDED, error_response
 from toolcage.policies.contract import PING, id_key
-from toolcage.results import without_meta
+from toolcage.results import CallResult, from_response, without_meta
+from toolcage.rpc.session import Ended
+from toolcage.rpc.transport import Broken
 from toolcage.sandbox import Sandbox
 from toolcage.worker.protocol import MAX_REQUEST_BYTES, progress_token
 
 MAX_REQUEST_LINE = MAX_REQUEST_BYTES  # the worker's own line limit: one constant for both ends
 DRAIN_ID = "toolcage.serve.drain"  # and 64 random bits: a client's request may carry any id
+
+
+class Forwarder:
+    """Request lines forwarded as they are to one running Sandbox, and its answers back (``toolcage serve``):
+    a line keeps the timing contract of a call (a child's timeout cut to the time left in the run), each
+    answer is audited as a call, and the end of the run comes back as the error that ended it. Made once
+    the sandbox has started (a pooled sandbox's run is its slot's from then on)."""
+
+    def __init__(self, sb: Sandbox) -> None:
+        self._run, self._settle = sb.run, sb.settle_configure
+
+    def forward(self, line: bytes) -> None:
+        """Send one raw request line; its answer comes from :meth:`next_answer`."""
+        run = self._run
+        if run.session is None or not run.session.connected:
+            raise UsageError("the sandbox is not running")
+        self._settle()
+        call_s = run.options.policy.timeouts.call_s
+        run.session.forward(timing.fit_line(line, call_s, run.deadline - time.monotonic()))
+
+    def next_answer(self) -> Any:
+        """Next answer to a forwarded line (dict or list); raises the SandboxError that ended the run, or
+        returns None once the worker has exited cleanly after :meth:`finish_input`."""
+        run = self._run
+        assert run.session is not None
+        while True:
+            msg = run.session.next_forwarded(run.deadline + timing.DEADLINE_SLACK_S - time.monotonic())
+            if msg is None:
+                run.on_expire("run")
+                raise run.explain_end(Ended("timeout"))
+            if isinstance(msg, dict | list):
+                return msg
+            end = Ended("broken", msg.reason) if isinstance(msg, Broken) else Ended("eof")
+            if end.how == "eof" and run.input_closed and run.dead is None:
+                exc = run.explain_exit(clean_ok=True)
+                if exc is None:
+                    return None
+                raise run.fail(exc)
+            raise run.explain_end(end)
+
+    def record(self, method: str, params: dict[str, Any] | None, response: dict[str, Any], t0: float) -> None:
+        """Audit a forwarded call like any other."""
+        run, wall_ms = self._run, round((time.monotonic() - t0) * 1000, 3)
+        r = from_response(method, run.run_id, response, wall_ms) or CallResult(
+            "error",
+            method,
+            run.run_id,
+            error={"code": INTERNAL_ERROR, "message": "malformed response"},
+            wall_ms=wall_ms,
+        )
+        run.calls += 1
+        records.audit_call(run.options.audit, run.run_id, params, r)
+
+    def answers_owed(self) -> int:
+        """How many answers the worker still owes (calls in flight and forwarded lines)."""
+        return self._run.session.parser.outstanding() if self._run.session is not None else 0
+
+    def finish_input(self) -> None:
+        """No more requests: close the worker's stdin so it exits after answering."""
+        self._run.input_closed = True
+        if self._run.session is not None:
+            self._run.session.close_input()
 
 
 class _Pending:
@@ -60,7 +126,7 @@ class _Pending:
                     self.calls[json.dumps(req["id"])] = (req["id"], req["method"], req.get("params"), time.monotonic())
         return None
 
-    def answered(self, sb: Sandbox, msg: Any) -> None:
+    def answered(self, fw: Forwarder, msg: Any) -> None:
         for resp in msg if isinstance(msg, list) else [msg]:
             if not isinstance(resp, dict):
                 continue
@@ -73,7 +139,7 @@ class _Pending:
             if seen is None:
                 continue
             _, method, params, t0 = seen
-            sb.record_forwarded(method, params if isinstance(params, dict) else {"params": params}, resp, t0)
+            fw.record(method, params if isinstance(params, dict) else {"params": params}, resp, t0)
 
     def unanswered(self) -> list[Any]:
         with self.lock:
@@ -113,21 +179,21 @@ def _lines(fd: int) -> Iterator[bytes]:
         yield bytes(buf) + b"\n"
 
 
-def _pump_requests(sb: Sandbox, infile: BinaryIO, outfile: _Out, pending: _Pending, drain_id: str) -> None:
+def _pump_requests(fw: Forwarder, infile: BinaryIO, outfile: _Out, pending: _Pending, drain_id: str) -> None:
     try:
         for line in _lines(infile.fileno()):
             refusal = pending.saw_request(line)
             if refusal is not None:
                 outfile.write(refusal)
                 continue
-            sb.forward(line)
+            fw.forward(line)
     except (OSError, SandboxError):
         return  # the run is over; the main loop reports why
     # Do not close the worker's stdin yet: a closed stdin mid-call means "the runner is gone"
     # to the worker, which then kills what it runs. Ask for a marker answer instead; once it is
     # back and no other answer is owed (calls that run code may still be running beside it, and
     # answer later), every request has been answered.
-    sb.forward((json.dumps({"jsonrpc": "2.0", "method": PING, "id": drain_id}) + "\n").encode())
+    fw.forward((json.dumps({"jsonrpc": "2.0", "method": PING, "id": drain_id}) + "\n").encode())
 
 
 class _Out:
@@ -153,29 +219,29 @@ def _answer_unanswered(outfile: _Out, pending: _Pending, exc: SandboxError) -> N
 
 def bridge(sb: Sandbox, infile: BinaryIO, stdout: BinaryIO) -> None:
     """Run until stdin EOF has been answered and the worker exited; raise the SandboxError that ended it otherwise."""
-    pending, outfile = _Pending(), _Out(stdout)
+    fw, pending, outfile = Forwarder(sb), _Pending(), _Out(stdout)
     # unguessable: a client request with the marker's id would have its answer swallowed, and make serve
     # close the worker's stdin while the client still writes
     drain_id = f"{DRAIN_ID}.{secrets.token_hex(8)}"
     t = threading.Thread(
-        target=_pump_requests, args=(sb, infile, outfile, pending, drain_id), name="toolcage-serve-stdin", daemon=True
+        target=_pump_requests, args=(fw, infile, outfile, pending, drain_id), name="toolcage-serve-stdin", daemon=True
     )
     t.start()
     drained = False
     try:
         while True:
-            msg = sb.next_forwarded()
+            msg = fw.next_answer()
             if msg is None:
                 return  # every request answered, the worker exited cleanly
             if isinstance(msg, dict) and msg.get("id") == drain_id:
                 drained = True
             else:
-                pending.answered(sb, msg)  # first: once the client has the answer, its token is free again
+                pending.answered(fw, msg)  # first: once the client has the answer, its token is free again
                 outfile.write(without_meta(msg))
-            if drained and not sb.answers_owed():
+            if drained and not fw.answers_owed():
                 drained = False
                 sb.usage()  # for run.finished, while the worker still listens
-                sb.finish_input()  # everything answered: now the worker may see EOF and exit
+                fw.finish_input()  # everything answered: now the worker may see EOF and exit
     except SandboxError as exc:
         _answer_unanswered(outfile, pending, exc)
         raise

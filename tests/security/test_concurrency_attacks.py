@@ -26,6 +26,7 @@ from tests.security.test_connector_secrets import (
     egress_net,  # noqa: F401 - a fixture
 )
 from toolcage import AsyncSandbox, CallResult, Sandbox
+from toolcage.servers.serve import Forwarder
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -57,8 +58,9 @@ def test_a_batch_cannot_run_a_connector_call_beside_a_code_call(egress_net: str,
         scan.start()
         time.sleep(1.0)  # the scan runs
         batch = [{"jsonrpc": "2.0", "id": "b1", "method": "expose_hold", "params": {"seconds": 1.0}}]
-        sb.forward((json.dumps(batch) + "\n").encode())
-        answer = sb.next_forwarded()
+        fw = Forwarder(sb)
+        fw.forward((json.dumps(batch) + "\n").encode())
+        answer = fw.next_answer()
         scan.join(30)
         assert isinstance(answer, list) and "result" in answer[0], answer
         seen = json.loads(got["scan"].result["stdout"])

@@ -207,8 +207,8 @@ def test_serve_refuses_a_progress_token_still_in_use() -> None:
         params = {"code": "", "_meta": {"progressToken": token}}
         return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "run_python", "params": params}).encode()
 
-    class Sb:
-        def record_forwarded(self, *args: Any) -> None:
+    class Fw:
+        def record(self, *args: Any) -> None:
             pass
 
     p = _Pending()
@@ -217,6 +217,6 @@ def test_serve_refuses_a_progress_token_still_in_use() -> None:
     assert refused is not None and refused["id"] == 2 and refused["error"]["code"] == -32602
     assert "'t'" in refused["error"]["message"] and "2" not in p.calls
     assert p.saw_request(req(3, 1)) is None and p.saw_request(req(4, "1")) is None  # 1 and "1" differ
-    p.answered(Sb(), {"jsonrpc": "2.0", "id": 1, "result": {}})  # type: ignore[arg-type]
+    p.answered(Fw(), {"jsonrpc": "2.0", "id": 1, "result": {}})  # type: ignore[arg-type]
     assert p.saw_request(req(5, "t")) is None
     assert p.saw_request(b"[" + req(6, "b") + b"," + req(7, "b") + b"]") is None

@@ -3,9 +3,10 @@
 - ``toolcage.types.SandboxLike`` / ``AsyncSandboxLike``: mypy checks ``Sandbox`` and ``AsyncSandbox``
   against them (``.ci/typecheck``); here, a copy of each with one method cut out fails that check,
   and an uncut copy passes it.
-- ``toolcage.aio`` drives ``Sandbox`` and ``Pool`` through their named internal API only: it reaches
-  no other object's ``_private`` attribute (the module's own classes aside) and imports no ``_private``
-  name; the check is shown to fail on a copy that does.
+- ``toolcage.aio`` drives ``Sandbox`` and ``Pool`` through their named internal API only (and
+  ``toolcage.servers.serve``'s Forwarder a Sandbox's run): it reaches no other object's ``_private``
+  attribute (the module's own classes aside) and imports no ``_private`` name; the check is shown to fail
+  on a copy that does.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import toolcage.aio
 import toolcage.sandbox
+import toolcage.servers.serve
 
 AIO = Path(toolcage.aio.__file__)
 
@@ -45,9 +49,10 @@ def _strays(source: str) -> list[str]:
     return found
 
 
-def test_aio_reaches_no_private_of_another_class() -> None:
-    """aio.py calls Sandbox and Pool through their named internal API, never their privates."""
-    assert _strays(AIO.read_text()) == []
+@pytest.mark.parametrize("module", [toolcage.aio, toolcage.servers.serve], ids=["aio", "serve"])
+def test_the_twin_and_the_forwarder_reach_no_private_of_another_class(module: object) -> None:
+    """aio.py and serve's Forwarder use Sandbox, Pool and Run through their named (internal) API, never privates."""
+    assert _strays(Path(module.__file__).read_text()) == []  # type: ignore[attr-defined]
 
 
 def test_the_private_check_fails_on_a_broken_copy() -> None:
