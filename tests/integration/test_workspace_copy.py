@@ -211,10 +211,10 @@ def test_batch_write_and_read_in_a_few_calls(engine: Any, repo: Path) -> None:
     files = {f"many/d{i % 10}/f{i}.txt": f"file {i}\n" for i in range(1000)}
     files["bin/x.bin"] = bytes(range(256))  # type: ignore[assignment]
     with Sandbox(workspace=repo, workspace_mode="copy") as sb:
-        before = sb._calls
+        before = sb.run.calls
         wrote = sb.write_files({**files, "/workspace/w.txt": "in the copy\n"})
         got = sb.read_files([*files, "/workspace/w.txt"])
-        assert sb._calls - before <= 6  # one upload per root (open + chunk) and one download
+        assert sb.run.calls - before <= 6  # one upload per root (open + chunk) and one download
         assert wrote.files == 1002 and got["many/d3/f3.txt"] == b"file 3\n" and got["bin/x.bin"] == bytes(range(256))
         assert got["/workspace/w.txt"] == b"in the copy\n"
         with pytest.raises(UsageError, match=r"nope\.txt"):
