@@ -136,6 +136,8 @@ def _refuse_state_and_homes(path: Path) -> None:
 def validate_workspace(raw: str | os.PathLike[str], what: str = "workspace", file_ok: bool = False) -> Path:
     """Return the resolved workspace (or another path to mount read-only: ``what`` names it in
     errors, ``file_ok`` allows a single file), or raise WorkspaceError saying why it cannot be mounted."""
+    if not os.fspath(raw):  # Path("") is ".": an unset variable ("--workspace $WS") would mount the current directory
+        raise WorkspaceError(f'{what} is an empty path; name a directory ("." for the current one)')
     given = Path(raw).expanduser()
     try:
         path = given.resolve(strict=True)

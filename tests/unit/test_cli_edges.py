@@ -169,3 +169,15 @@ def test_no_stream_through_a_pipe_by_default() -> None:
     out = CliRunner().invoke(cli, ["run", "run_python", "--sandbox", "none", "--params", '{"code": "print(6 * 7)"}'])
     assert out.exit_code == 0, out.output
     assert "\n42\n" not in f"\n{out.stderr}" and json.loads(out.stdout)["result"]["stdout"] == "42\n"
+
+
+def test_an_empty_workspace_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--workspace ""` (an unset variable) was Path("") == ".": the current directory, mounted unasked. Refused now."""
+    from toolcage.errors import WorkspaceError
+    from toolcage.workspace import validate_workspace
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(WorkspaceError, match="empty path"):
+        validate_workspace("")
+    out = CliRunner().invoke(cli, ["run", "run_python", "--params", '{"code": "1"}', "--workspace", ""])
+    assert out.exit_code == 2 and json.loads(out.stdout)["error"]["reason"] == "workspace", out.output
