@@ -304,10 +304,12 @@ def test_idle_starts_when_the_client_can_be_read(tmp_path: Path) -> None:
     policy.write_text(yaml.safe_dump(doc))
     w = RawWrap(["--policy", str(policy), *raw_args()])
     try:
-        w.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT})  # before the container is up
-        first = w.answer(0)
+        # all before the container is up: once the first is answered, 0.3 s of this process not sending the next
+        # (a loaded host) would be idle, which is not what this tests
+        w.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT})
         w.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        listed = w.request(1, "tools/list")
+        w.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        first, listed = w.answer(0), w.answer(1)
     finally:
         w.close()
     assert "result" in first and "result" in listed, (first, w.stderr[-3000:])
