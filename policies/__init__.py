@@ -1,4 +1,6 @@
-"""The one policy model shared by the runner, the worker and the egress proxy.
+"""The shared kernel of both sides: the one policy model (load, validate, hash, decide) and what the
+runner, the worker and the egress proxy must agree on (``contract``, ``codes``, the error root in
+``errors``, ``gitignore``, ``typed``).
 
 Imports neither `runner` nor `worker`: both depend on it, never the other way round.
 The names below load on first use (PEP 562): the worker imports ``policies.codes`` on its

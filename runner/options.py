@@ -31,9 +31,9 @@ def _default_image() -> str:
     return f"toolcage-worker:{__version__}"
 
 
-DEFAULT_IMAGE = _default_image()
+DEFAULT_IMAGE = _default_image()  # the image this version builds (`toolcage image build`)
 # "ro": the workspace is mounted read-only at /workspace (the default); "copy": /workspace is a writable copy
-WORKSPACE_MODES = ("ro", "copy")  # the image this version builds (`toolcage image build`)
+WORKSPACE_MODES = ("ro", "copy")
 
 
 def worker_image(image: str | None = None) -> str:

@@ -1,4 +1,4 @@
-"""Validate a workspace before it is bind-mounted (read-only) into a sandbox.
+"""Validate a workspace before it is bind-mounted (read-only) into a sandbox or copied into one.
 
 Threats: a careless or hostile caller mounting the host's secrets (``/``, ``/etc``,
 ``~/.ssh``, the Docker socket, which is root on the host) into code it does not trust; and

@@ -5,7 +5,7 @@
     │   ├── PathEscape (-32002)     a path resolves outside /workspace or scratch
     │   ├── NoSpace (-32005)        scratch is full
     │   ├── EgressDenied (-32010)   the policy refuses the request (data.reason says why)
-    │   └── FetchFailed (-32011)    the request was allowed but failed
+    │   ├── FetchFailed (-32011)    the request was allowed but failed
     │   ├── HandlerFailed (-32020)  a connector's handler raised (or reported an error of its own)
     │   ├── HandlerCrashed (-32021) a connector's handler died without an answer
     │   ├── HandlerOOM (-32022)     ... killed by the memory limit

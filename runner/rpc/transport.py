@@ -50,7 +50,7 @@ class StreamParser:
 
     Threat: whatever runs in the container forging answers or flooding the runner. Only a
     message the runner is waiting for is queued: a response whose id belongs to a pending
-    request (ids are random, see ``Sandbox.call``), or, for ``toolcage serve``, an answer
+    request (ids are random, see ``Session.request`` in rpc/session.py), or, for ``toolcage serve``, an answer
     to a line that could carry no id, or a ``notifications/progress`` whose token a pending
     request registered (at most PROGRESS_MAX of them per request; more are dropped). Anything
     else (an unknown or repeated id, another notification, anything while nothing is pending)

@@ -1,4 +1,5 @@
-"""The explore tools (list_files, read_file, grep over /workspace and /scratch) and write_file (/scratch only).
+"""The explore tools (list_files, read_file, grep over /workspace and /scratch), write_file and remove
+(/scratch, and /workspace when it is a writable copy: ``writable``).
 
 One path rule for every tool (worker.tools.paths.locate): relative paths are relative to
 /scratch, as in run_python; results name files by absolute path, so any can be passed back.
