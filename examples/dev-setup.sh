@@ -2,8 +2,8 @@
 # A contributor's set-up, from a fresh clone:
 #   sh examples/dev-setup.sh
 # The user's quick start (examples/quickstart.sh: .venv, the core, the worker image, one sandboxed run),
-# then the dev extra (pytest, ruff, mypy and every framework extra the tests use: about 800 MB, two minutes
-# the first time) and the docs extra (MkDocs, Material, mkdocstrings, matplotlib for .ci/docs) into the same
+# then the dev extra (pytest, ruff, mypy and every framework extra the tests use: .venv grows
+# to about 1 GB, 1.5 minutes the first time) and the docs extra (MkDocs, Material, mkdocstrings, matplotlib for .ci/docs) into the same
 # .venv. Run again, pip is skipped while pyproject.toml is the one it installed. Then run the tests:
 #   .venv/bin/python -m pytest
 set -eu
