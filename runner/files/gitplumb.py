@@ -37,6 +37,24 @@ DIFF_SECONDS = 60.0  # git's work on the host, all of it
 log = structlog.get_logger()
 
 
+def scrubbed_env(home: str, **extra: str) -> dict[str, str]:
+    """The environment of every git this module runs: a private ``home``, no system or global config (so no
+    user-wide hooks, excludes, textconv or external diff), no attributes file, no replace objects, no
+    optional locks, no prompt; nothing else of the caller's environment but PATH."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": home,
+        "LC_ALL": "C",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_OPTIONAL_LOCKS": "0",
+        "GIT_TERMINAL_PROMPT": "0",
+        **extra,
+    }
+
+
 @dataclass(frozen=True)
 class Entry:
     """One side of one path: its name in the tree, its git mode, the runner's file holding its content
@@ -80,18 +98,7 @@ class Repo:
             )
         self.git, self.deadline, self.memory = git, deadline, memory
         self.dir = os.path.join(work, "repo.git")
-        self.env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": work,
-            "LC_ALL": "C",
-            "GIT_DIR": self.dir,
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_CONFIG_GLOBAL": os.devnull,
-            "GIT_ATTR_NOSYSTEM": "1",
-            "GIT_NO_REPLACE_OBJECTS": "1",
-            "GIT_OPTIONAL_LOCKS": "0",
-            "GIT_TERMINAL_PROMPT": "0",
-        }
+        self.env = scrubbed_env(work, GIT_DIR=self.dir)
         # a bare repository is these three (what git checks); made here, it costs no process
         os.makedirs(os.path.join(self.dir, "objects"), mode=0o700)
         os.makedirs(os.path.join(self.dir, "refs"), mode=0o700)
@@ -300,17 +307,7 @@ def host_ignored(root: str, paths: Iterable[str], home: str, deadline: float) ->
     left = deadline - time.monotonic()
     if left <= 0:
         raise DiffFailed("changes(): the diff passed its deadline")
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": home,
-        "LC_ALL": "C",
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_ATTR_NOSYSTEM": "1",
-        "GIT_NO_REPLACE_OBJECTS": "1",
-        "GIT_OPTIONAL_LOCKS": "0",
-        "GIT_TERMINAL_PROMPT": "0",
-    }
+    env = scrubbed_env(home)
     cmd = [
         *_limited(int(left) + 1, GIT_MEMORY), git,
         "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
