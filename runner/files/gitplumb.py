@@ -40,7 +40,10 @@ log = structlog.get_logger()
 def scrubbed_env(home: str, **extra: str) -> dict[str, str]:
     """The environment of every git this module runs: a private ``home``, no system or global config (so no
     user-wide hooks, excludes, textconv or external diff), no attributes file, no replace objects, no
-    optional locks, no prompt; nothing else of the caller's environment but PATH."""
+    optional locks, no prompt, no transport (a hostile workspace's partial-clone config would have check-ignore
+    lazily fetch a missing .gitignore blob, running its remote's uploadpack: a shell command; NO_LAZY_FETCH
+    from git 2.44, ALLOW_PROTOCOL naming no transport for older ones); nothing else of the caller's environment
+    but PATH."""
     return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": home,
@@ -51,6 +54,8 @@ def scrubbed_env(home: str, **extra: str) -> dict[str, str]:
         "GIT_NO_REPLACE_OBJECTS": "1",
         "GIT_OPTIONAL_LOCKS": "0",
         "GIT_TERMINAL_PROMPT": "0",
+        "GIT_NO_LAZY_FETCH": "1",
+        "GIT_ALLOW_PROTOCOL": "none",
         **extra,
     }
 

@@ -1,0 +1,65 @@
+"""Round 35's attacks on what landed that day (issue 35), from the sandbox and from a hostile workspace.
+
+- changes() asks git on the HOST (``git check-ignore`` in the host's repository) which changed paths its
+  rules ignore. The workspace may be hostile (an unpacked tarball with its own ``.git``): its config must
+  not make that git run anything. A partial clone's lazy fetch of a missing ``.gitignore`` blob runs the
+  remote's ``uploadpack`` (a shell command) unless the runner's git is kept off every transport.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from toolcage.files import gitplumb
+
+
+def git(cwd: Path, *args: str) -> str:
+    """git in ``cwd`` with no user or system config (the test's own, never the runner's)."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(cwd), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+    cfg = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    done = subprocess.run(["git", *cfg, *args], cwd=cwd, env=env, check=True, capture_output=True)
+    return done.stdout.decode()
+
+
+def promisor_trap(ws: Path, flag: Path) -> None:
+    """Make ``ws`` a repository whose ignore rules need a blob it lacks, fetched by running a command."""
+    ws.mkdir()
+    git(ws, "init", "-q")
+    (ws / "a.txt").write_text("hi\n")
+    git(ws, "add", "a.txt")
+    git(ws, "commit", "-q", "-m", "init")
+    # a .gitignore only in the index (skip-worktree: git reads its rules from the blob), the blob missing
+    git(ws, "update-index", "--add", "--cacheinfo", f"100644,{'1' * 40},.gitignore")
+    git(ws, "update-index", "--skip-worktree", ".gitignore")
+    git(ws, "config", "core.repositoryformatversion", "1")
+    git(ws, "config", "extensions.partialClone", "origin")
+    git(ws, "config", "remote.origin.promisor", "true")
+    git(ws, "config", "remote.origin.url", str(ws))
+    git(ws, "config", "remote.origin.uploadpack", f"touch {flag}; git-upload-pack")
+
+
+def test_a_hostile_workspace_repo_runs_nothing_through_check_ignore(tmp_path: Path) -> None:
+    """A partial clone's lazy fetch (its uploadpack a shell command) is never started by the ignore check."""
+    flag = tmp_path / "PWNED"
+    promisor_trap(tmp_path / "ws", flag)
+    home = tmp_path / "home"
+    home.mkdir()
+    got = gitplumb.host_ignored(str(tmp_path / "ws"), ["x.pyc", "a.txt"], str(home), time.monotonic() + 30)
+    assert got == set()
+    assert not flag.exists(), "the workspace's git config ran a command on the host"
+
+
+def test_a_gitfile_pointing_at_a_hostile_repo_runs_nothing(tmp_path: Path) -> None:
+    """A workspace whose .git is a file (gitdir: elsewhere) leads git to the trap repository: nothing runs."""
+    flag = tmp_path / "PWNED"
+    promisor_trap(tmp_path / "trap", flag)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / ".git").write_text(f"gitdir: {tmp_path / 'trap' / '.git'}\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    gitplumb.host_ignored(str(ws), ["x.pyc"], str(home), time.monotonic() + 30)
+    assert not flag.exists(), "the gitdir's config ran a command on the host"
