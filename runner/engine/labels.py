@@ -119,8 +119,9 @@ def labels(policy: Policy, run: RunSpec) -> dict[str, str]:
         LABEL_OWNER_NS: run.owner_ns,
         LABEL_ROLE: "sandbox",
     }
-    if run.keep:
-        out[LABEL_KEEP] = "1"
+    # always set: a label an image carries is merged into its containers' (a hostile image's toolcage.keep=1
+    # would have every run of it kept, never collected by gc or the reaper); ours wins over the image's
+    out[LABEL_KEEP] = "1" if run.keep else "0"
     if run.pool is not None:
         out[LABEL_POOL] = run.pool
     return out

@@ -4,14 +4,19 @@
   rules ignore. The workspace may be hostile (an unpacked tarball with its own ``.git``): its config must
   not make that git run anything. A partial clone's lazy fetch of a missing ``.gitignore`` blob runs the
   remote's ``uploadpack`` (a shell command) unless the runner's git is kept off every transport.
+- A hostile image's labels are merged into its containers' labels: one under toolcage.'s prefix that a
+  run sets only sometimes (``toolcage.keep``) must not decide what gc and ``toolcage rm`` do with it.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import secrets
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from toolcage.files import gitplumb
 
@@ -63,3 +68,26 @@ def test_a_gitfile_pointing_at_a_hostile_repo_runs_nothing(tmp_path: Path) -> No
     home.mkdir()
     gitplumb.host_ignored(str(ws), ["x.pyc"], str(home), time.monotonic() + 30)
     assert not flag.exists(), "the gitdir's config ran a command on the host"
+
+
+def test_a_hostile_images_keep_label_does_not_keep_its_runs(engine: Any, no_leaks: None) -> None:
+    """An image labelled toolcage.keep=1 (image labels are merged into its containers'): a run of it that
+    was not started with --keep is not kept (gc and the reaper would otherwise never collect it)."""
+    from toolcage import DEFAULT_IMAGE, Sandbox
+    from toolcage.lifecycle import reaper
+
+    tag = f"toolcage-test-keeplabel-{secrets.token_hex(4)}:1"
+    dockerfile = f"FROM {DEFAULT_IMAGE}\nLABEL toolcage.keep=1 toolcage.test={tag}\n".encode()
+    list(engine.api.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True, network_mode="none", decode=True))
+    try:
+        with Sandbox(image=tag) as sb:
+            labels = engine.inspect(sb.name)["Config"]["Labels"]
+        for _ in range(300):  # the container goes after close returned
+            if engine.inspect(sb.name) is None:
+                break
+            time.sleep(0.1)
+    finally:
+        engine.api.remove_image(tag)
+        for o in reaper.shared_files_orphans(engine):
+            reaper.remove(engine, [o])
+    assert not reaper.is_kept(labels), labels

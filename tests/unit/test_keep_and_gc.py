@@ -55,10 +55,10 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
 
 
 def test_keep_is_a_label_set_at_creation() -> None:
-    """RunSpec(keep=True) puts toolcage.keep=1 on the container; a normal run has no such label."""
+    """RunSpec(keep=True) puts toolcage.keep=1 on the container; a normal run toolcage.keep=0 (over an image's)."""
     p = load_policy("default")
     assert container_config(p, run_spec(keep=True))["Labels"][LABEL_KEEP] == "1"
-    assert LABEL_KEEP not in container_config(p, run_spec())["Labels"]
+    assert container_config(p, run_spec())["Labels"][LABEL_KEEP] == "0"
 
 
 def test_reaper_never_removes_a_kept_container(engine: FakeEngine) -> None:
