@@ -60,6 +60,8 @@ def find_run(engine: EngineAPI, ref: str, now: float | None = None) -> RunObject
     objects = _objects(engine, run_id)
     if not objects:
         info = engine.inspect(ref)  # a container's name or id, as docker ps shows it
+        if info is not None and not _named(ref, info):
+            info = None  # docker took ref as an id's unique prefix: a run id of 8 hex would name another run
         if info is None:
             raise NotFound(
                 f"no toolcage run {ref!r} on this engine (`toolcage ps` lists live runs, "
@@ -79,6 +81,12 @@ def find_run(engine: EngineAPI, ref: str, now: float | None = None) -> RunObject
             return RunObjects(run_id, (), _why_not(run_id, labels, here))
         found.append(Orphan(kind, oid, name, run_id, why, kept=is_kept(labels)))
     return RunObjects(run_id, tuple(found))  # containers first, as listed
+
+
+def _named(ref: str, info: dict[str, Any]) -> bool:
+    """``ref`` is the container's name, its id, or its id as ``docker ps`` shows it (12 characters or more)."""
+    cid = str(info.get("Id") or "")
+    return ref == str(info.get("Name") or "").lstrip("/") or (len(ref) >= 12 and cid.startswith(ref))
 
 
 def _objects(engine: EngineAPI, run_id: str) -> list[tuple[str, str, str, dict[str, Any]]]:

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from toolcage.files import gitplumb
 
 
@@ -91,3 +93,29 @@ def test_a_hostile_images_keep_label_does_not_keep_its_runs(engine: Any, no_leak
         for o in reaper.shared_files_orphans(engine):
             reaper.remove(engine, [o])
     assert not reaper.is_kept(labels), labels
+
+
+def test_rm_of_a_run_id_never_takes_another_runs_container_by_id_prefix(engine: Any) -> None:
+    """`toolcage rm X` where X (8 hex, a run id's shape) names no run but begins another run's container id:
+    not that run (docker resolves an id's unique prefix), NotFound; its full id, 12-char id and name do."""
+    from toolcage import DEFAULT_IMAGE
+    from toolcage.engine import ownership
+    from toolcage.errors import NotFound
+    from toolcage.lifecycle.discard import find_run
+
+    labels = {  # a kept run whose owner is gone: `toolcage rm` of it is allowed
+        "toolcage.run_id": f"other{secrets.token_hex(2)}",
+        "toolcage.owner": "vm:999999999",
+        "toolcage.owner_ns": ownership.namespace_key(),
+        "toolcage.keep": "1",
+    }
+    name = f"toolcage-test-rm-{secrets.token_hex(3)}"
+    cid = engine.api.create_container(DEFAULT_IMAGE, name=name, labels=labels, entrypoint=["/nonexistent"])["Id"]
+    try:
+        assert engine.inspect(cid[:8]) is not None  # docker takes the prefix
+        with pytest.raises(NotFound):
+            find_run(engine, cid[:8])
+        for ref in (cid, cid[:12], name):
+            assert find_run(engine, ref).run_id == labels["toolcage.run_id"]
+    finally:
+        engine.api.remove_container(cid, force=True)

@@ -58,7 +58,7 @@ class FakeEngine:
     def inspect(self, ref: str) -> dict[str, Any] | None:
         for c in self.objects["container"]:
             if ref in (c["Id"], c["Names"][0].lstrip("/")):
-                return {"Id": c["Id"], "Config": {"Labels": c["Labels"]}}
+                return {"Id": c["Id"], "Name": c["Names"][0], "Config": {"Labels": c["Labels"]}}
         return None
 
     def image(self, ref: str) -> dict[str, Any] | None:
