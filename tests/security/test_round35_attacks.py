@@ -119,3 +119,48 @@ def test_rm_of_a_run_id_never_takes_another_runs_container_by_id_prefix(engine: 
             assert find_run(engine, ref).run_id == labels["toolcage.run_id"]
     finally:
         engine.api.remove_container(cid, force=True)
+
+
+# what a sandbox prints, as it would reach an operator's terminal: clipboard (OSC 52), title, cursor moves,
+# a carriage return overwriting the line, the one-byte CSI, a bidi override, a Unicode line separator
+HOSTILE_OUTPUT = "ok\x1b]52;c;cm0gLXJmIH4=\x07\x1b]0;pwned\x07\x1b[2A\x1b[2K\rforged\x9b31m\u202egnp.exe\u2028\n"
+RAW = ("\x1b", "\x07", "\r", "\x9b", "\u202e", "\u2028")
+
+
+def test_streamed_output_reaches_the_terminal_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    """--stream: escape sequences, \\r and bidi marks in the call's output are shown escaped, line breaks kept;
+    the interrupted result's output keeps them as data (JSON escapes them on stdout)."""
+    from toolcage.cli.output import CallOutput, emit
+
+    shown = CallOutput(show=True, is_output=True)
+    shown({"progress": 1, "message": HOSTILE_OUTPUT})
+    shown({"progress": 2, "message": "tail without newline\x1b[?1049h"})
+    shown.end()
+    emit({"status": "interrupted", "output": shown.text})
+    got = capsys.readouterr()
+    assert not any(c in got.err for c in RAW), got.err
+    assert got.err.count("\n") == 2 and "\\x1b]52;c;" in got.err
+    assert not any(c in got.out for c in RAW), got.out
+
+
+def test_a_connectors_progress_report_reaches_the_terminal_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    """A connector's ctx.progress message (not output: one line of its own) is escaped, line breaks too."""
+    from toolcage.cli.output import CallOutput
+
+    shown = CallOutput(show=True, is_output=False)
+    shown({"progress": 1, "total": 2, "message": HOSTILE_OUTPUT + "toolcage: forged line\n"})
+    err = capsys.readouterr().err
+    assert not any(c in err for c in RAW) and err.count("\n") == 1, err
+
+
+def test_did_you_mean_echoes_a_hostile_tool_name_escaped() -> None:
+    """A tool name with an OSC sequence and a newline: the CLI's did-you-mean line shows it escaped, one line."""
+    from click.testing import CliRunner
+
+    from toolcage.cli.main import cli
+
+    out = CliRunner().invoke(cli, ["run", "run_shel\x1b]0;x\x07\n", "--params", "{}"])
+    assert out.exit_code != 0
+    assert "did you mean 'run_shell'" in out.stderr, out.stderr
+    assert not any(c in out.stderr for c in RAW), out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
