@@ -164,3 +164,36 @@ def test_did_you_mean_echoes_a_hostile_tool_name_escaped() -> None:
     assert "did you mean 'run_shell'" in out.stderr, out.stderr
     assert not any(c in out.stderr for c in RAW), out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_hostile_names_neither_hide_a_tracked_edit_nor_steer_check_ignore(tmp_path: Path, no_leaks: None) -> None:
+    """The host ignores *.log but tracks keep.log: its edit is shown. Names with pathspec magic (:(top),
+    :!, :(glob)), a newline, a leading dash, and one that only a prefix of a tracked name matches are
+    judged as the names they are: the .log ones ignored, the rest added."""
+    from toolcage import Sandbox
+
+    ws = tmp_path / "repo"
+    ws.mkdir()
+    (ws / ".gitignore").write_text("*.log\n")
+    (ws / "keep.log").write_text("tracked\n")
+    (ws / "main.py").write_text("print(1)\n")
+    git(ws, "init", "-q")
+    git(ws, "add", ".gitignore", "main.py")
+    git(ws, "add", "-f", "keep.log")
+    git(ws, "commit", "-q", "-m", "init")
+    attack = (
+        "import os\n"
+        "os.chdir('/workspace')\n"
+        "open('keep.log', 'a').write('edited by the sandbox\\n')\n"
+        "for n in [':(top)main.py', ':!main.py', ':(glob)*', '-v', '--no-index', 'a\\nb.log', 'x.log',"
+        " 'keep.lo', ':(exclude)keep.log']:\n"
+        "    open(n, 'w').write('x')\n"
+    )
+    with Sandbox(workspace=ws, workspace_mode="copy") as sb:
+        r = sb.call("run_python", {"code": attack})
+        assert r.ok and r.result["exit_code"] == 0, r
+        got = sb.changes()
+    assert got.changed == ("keep.log",)
+    assert "edited by the sandbox" in got.diff
+    assert set(got.ignored) == {"a\nb.log", "x.log", ":(exclude)keep.log"}, got.ignored
+    assert set(got.added) >= {":(top)main.py", ":!main.py", ":(glob)*", "-v", "--no-index", "keep.lo"}, got.added
