@@ -197,3 +197,17 @@ def test_hostile_names_neither_hide_a_tracked_edit_nor_steer_check_ignore(tmp_pa
     assert "edited by the sandbox" in got.diff
     assert set(got.ignored) == {"a\nb.log", "x.log", ":(exclude)keep.log"}, got.ignored
     assert set(got.added) >= {":(top)main.py", ":!main.py", ":(glob)*", "-v", "--no-index", "keep.lo"}, got.added
+
+
+def test_a_streamed_flood_is_bounded_by_the_output_cap(no_leaks: None) -> None:
+    """20 MB of escape bytes on stdout and on stderr: the progress the runner (and --stream) gets is at
+    most the policy's output cap per stream, whatever the sandbox writes."""
+    from toolcage import Sandbox, load_policy
+
+    cap = load_policy("default").limits.output_cap
+    got: list[int] = []
+    flood = "head -c 20000000 /dev/zero | tr '\\0' '\\033'; head -c 20000000 /dev/zero | tr '\\0' '\\r' >&2"
+    with Sandbox() as sb:
+        r = sb.call("run_shell", {"command": flood}, on_progress=lambda p: got.append(len(p.get("message") or "")))
+    assert r.status == "output_capped", r
+    assert 0 < sum(got) <= 2 * cap, (sum(got), cap)
