@@ -211,3 +211,21 @@ def test_a_streamed_flood_is_bounded_by_the_output_cap(no_leaks: None) -> None:
         r = sb.call("run_shell", {"command": flood}, on_progress=lambda p: got.append(len(p.get("message") or "")))
     assert r.status == "output_capped", r
     assert 0 < sum(got) <= 2 * cap, (sum(got), cap)
+
+
+def test_deep_names_in_a_sets_order_do_not_run_check_ignore_past_its_deadline(tmp_path: Path) -> None:
+    """20,000 changed names alternating between two chains 2,000 directories deep (4 KB each, what a
+    sandbox may name): the host's check-ignore answers within its deadline, in a second or so (was: 96 s,
+    past the 60 s deadline, and changes() failed for every file)."""
+    import random
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    git(ws, "init", "-q")
+    (ws / ".gitignore").write_text("*.log\n")
+    names = [f"c{i % 2}/" + "x/" * 2000 + f"{i}.log" for i in range(20_000)]
+    random.Random(35).shuffle(names)
+    home = tmp_path / "home"
+    home.mkdir()
+    got = gitplumb.host_ignored(str(ws), names, str(home), time.monotonic() + 30)
+    assert got == set(names)
