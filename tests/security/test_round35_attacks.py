@@ -229,3 +229,19 @@ def test_deep_names_in_a_sets_order_do_not_run_check_ignore_past_its_deadline(tm
     home.mkdir()
     got = gitplumb.host_ignored(str(ws), names, str(home), time.monotonic() + 30)
     assert got == set(names)
+
+
+def test_changes_in_a_hostile_workspace_repo_runs_nothing_on_the_host(tmp_path: Path, no_leaks: None) -> None:
+    """End to end: a copy-mode run over the trap repository; the sandbox changes a file, changes() shows it
+    and the repository's uploadpack never ran on the host."""
+    from toolcage import Sandbox
+
+    flag = tmp_path / "PWNED"
+    ws = tmp_path / "ws"
+    promisor_trap(ws, flag)
+    with Sandbox(workspace=ws, workspace_mode="copy") as sb:
+        r = sb.call("run_shell", {"command": "echo edited >> /workspace/a.txt && echo n > /workspace/new.txt"})
+        assert r.ok and r.result["exit_code"] == 0, r
+        got = sb.changes()
+    assert got.changed == ("a.txt",) and got.added == ("new.txt",), got
+    assert not flag.exists(), "the workspace's git config ran a command on the host"
