@@ -90,6 +90,8 @@ def door_problem(
         return GIT_REASON
     if parts[-1] == "HEAD" and root is not None and bare_head(parts, root, made):
         return BARE_REASON
+    if root is not None and bare_mark(parts, root, made):
+        return BARE_REASON
     if link is None:
         return None
     if not link:
@@ -129,21 +131,33 @@ def bare_head(parts: list[str], root: str | os.PathLike[str], made: Mapping[str,
     config git reads when run in it. The rule of every door out (a download, download_to, the diff)."""
 
     def kind(name: str) -> str | None:
-        rel = "/".join([*parts[:-1], name])
-        if rel in made:
-            return made[rel]
-        path = os.path.join(root, rel)
-        return (
-            "link"
-            if os.path.islink(path)
-            else "dir"
-            if os.path.isdir(path)
-            else "file"
-            if os.path.lexists(path)
-            else None
-        )
+        return _kind("/".join([*parts[:-1], name]), root, made)
 
     return (kind("objects") is not None and kind("refs") is not None) or kind("commondir") is not None
 
 
-__all__ = ["BARE_REASON", "GIT_REASON", "bare_head", "door_problem", "git_part", "show"]
+def _kind(rel: str, root: str | os.PathLike[str], made: Mapping[str, str]) -> str | None:
+    if rel in made:
+        return made[rel]
+    path = os.path.join(root, rel)
+    return (
+        "link" if os.path.islink(path) else "dir" if os.path.isdir(path) else "file" if os.path.lexists(path) else None
+    )
+
+
+BARE_MARKS = ("objects", "refs", "commondir")
+
+
+def bare_mark(parts: list[str], root: str | os.PathLike[str], made: Mapping[str, str]) -> bool:
+    """Whether the entry at ``parts`` is (or is beneath) an objects/, refs/ or commondir that, beside a HEAD already
+    there (the host's, or one the door makes), makes a bare repository: a HEAD made alone by one download and
+    objects/ and refs/ by the next would otherwise pass (the HEAD rule asks only when the HEAD is written)."""
+    for i, p in enumerate(parts):
+        if p in BARE_MARKS:
+            head = [*parts[:i], "HEAD"]
+            if _kind("/".join(head), root, made) not in (None, "dir") and bare_head(head, root, made):
+                return True
+    return False
+
+
+__all__ = ["BARE_MARKS", "BARE_REASON", "GIT_REASON", "bare_head", "bare_mark", "door_problem", "git_part", "show"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from toolcage.errors import DownloadError as DownloadError  # re-exported: the download door raises them
 from toolcage.errors import DownloadLimit as DownloadLimit
 from toolcage.errors import DownloadUsage as DownloadUsage
-from toolcage.files.outbound import BARE_REASON, GIT_REASON, git_part
+from toolcage.files.outbound import BARE_MARKS, BARE_REASON, GIT_REASON, bare_mark, git_part
 from toolcage.files.outbound import bare_head as bare_head  # re-exported: the diff's doors import them from here
 from toolcage.files.outbound import door_problem as door_problem
 from toolcage.files.outbound import show as show
@@ -219,6 +219,11 @@ class Extractor:
                     os.close(pfd)
                 self.result.files -= 1
                 self.result.skip("/".join(parts), BARE_REASON)
+        not_heads = {k: v for k, v in self.kinds.items() if k.split("/")[-1] != "HEAD"}
+        for rel in list(self.kinds):  # objects/, refs/ or commondir beside a HEAD the host has (an earlier download's)
+            parts = rel.split("/")
+            if parts[-1] in BARE_MARKS and bare_mark(parts, self.local_dir, not_heads):
+                raise self.refuse(rel, BARE_REASON)
         for parts, target in self.links:
             problem = door_problem("/".join(parts), target, self.local_dir, self.kinds)
             if problem is not None:

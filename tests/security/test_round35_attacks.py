@@ -245,3 +245,42 @@ def test_changes_in_a_hostile_workspace_repo_runs_nothing_on_the_host(tmp_path: 
         got = sb.changes()
     assert got.changed == ("a.txt",) and got.added == ("new.txt",), got
     assert not flag.exists(), "the workspace's git config ran a command on the host"
+
+
+@pytest.mark.parametrize("second", ["download", "download_again_with_head"])
+def test_a_bare_repository_is_never_made_in_two_downloads(tmp_path: Path, second: str) -> None:
+    """A first download makes proj/HEAD alone (no repository yet); a second makes objects/, refs/ and a
+    config with core.fsmonitor and a hook beside it: the second is refused whole, git in proj/ runs nothing."""
+    from tests.security.test_copy_and_download_doors import _git, _stream
+    from toolcage.errors import DownloadError
+    from toolcage.files import download as transfer
+
+    ran = tmp_path / "ran"
+    out = tmp_path / "out"
+    config = f'[core]\n\trepositoryformatversion = 0\n\tbare = true\n\tfsmonitor = "echo x >> {ran}; false"\n'
+    transfer.download(_stream([("proj/", None), ("proj/HEAD", b"ref: refs/heads/main\n")]), "/w", out)
+    stream = [("proj/", None), ("proj/objects/", None), ("proj/refs/", None), ("proj/refs/heads/", None)]
+    stream += [("proj/config", config.encode())]
+    stream += [("proj/hooks/reference-transaction", f"#!/bin/sh\necho hook >> {ran}\n".encode())]
+    if second == "download_again_with_head":
+        stream += [("proj/HEAD", b"ref: refs/heads/main\n")]
+    with pytest.raises(DownloadError, match="bare git repository"):
+        transfer.download(_stream(stream), "/w", out)
+    assert not (out / "proj" / "objects").exists() and not (out / "proj" / "config").exists()
+    for args in (["status"], ["log"], ["symbolic-ref", "HEAD", "refs/heads/other"]):
+        _git(out / "proj", *args)
+    assert not ran.exists(), "git ran the downloaded repository's hook or fsmonitor"
+
+
+def test_the_door_rule_refuses_objects_and_refs_beside_a_host_head(tmp_path: Path) -> None:
+    """door_problem (the diff's and download_to's rule): objects/ or refs/ beside the host's HEAD, with the
+    other one there or made too, is a bare repository's; beside no HEAD, or with only one of them, it is not."""
+    from toolcage.files.outbound import door_problem
+
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "HEAD").write_text("ref: refs/heads/main\n")
+    made = {"proj/objects": "dir", "proj/refs": "dir", "proj/refs/x": "file", "proj/objects/y": "file"}
+    assert "bare git repository" in (door_problem("proj/refs/x", None, tmp_path, made) or "")
+    assert "bare git repository" in (door_problem("proj/objects/y", None, tmp_path, made) or "")
+    assert door_problem("proj/refs/x", None, tmp_path, {"proj/refs": "dir", "proj/refs/x": "file"}) is None
+    assert door_problem("other/refs/x", None, tmp_path, {"other/objects": "dir", "other/refs": "dir"}) is None
