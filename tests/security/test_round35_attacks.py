@@ -286,3 +286,24 @@ def test_the_door_rule_refuses_objects_and_refs_beside_a_host_head(tmp_path: Pat
     assert "bare git repository" in (door_problem("proj/objects/y", None, tmp_path, made) or "")
     assert door_problem("proj/refs/x", None, tmp_path, {"proj/refs": "dir", "proj/refs/x": "file"}) is None
     assert door_problem("other/refs/x", None, tmp_path, {"other/objects": "dir", "other/refs": "dir"}) is None
+
+
+def test_toolcage_run_stream_end_to_end_shows_escapes_escaped(no_leaks: None) -> None:
+    """`toolcage run run_shell --stream`: the sandbox's OSC 52, title, CSI and \\r reach stderr escaped; stdout
+    is the one JSON result."""
+    import json
+    import shutil
+    import sys
+
+    exe = shutil.which("toolcage") or os.path.join(os.path.dirname(sys.executable), "toolcage")
+    command = r"printf 'a\033]52;c;cm0gLXJm\007\033]0;pwned\007\033[2A\rforged\233x\n'; printf 'e\033[31m\r\n' >&2"
+    done = subprocess.run(
+        [exe, "run", "run_shell", "--params", json.dumps({"command": command}), "--stream"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "\\x1b]52;c;" in done.stderr and not any(c in done.stderr for c in RAW), done.stderr
+    assert json.loads(done.stdout)["status"] == "ok"
