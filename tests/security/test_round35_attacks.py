@@ -6,6 +6,11 @@
   remote's ``uploadpack`` (a shell command) unless the runner's git is kept off every transport.
 - A hostile image's labels are merged into its containers' labels: one under toolcage.'s prefix that a
   run sets only sometimes (``toolcage.keep``) must not decide what gc and ``toolcage rm`` do with it.
+- ``toolcage rm X``: docker takes X as a container id's unique prefix; a run id must never name another run.
+- ``--stream``, a connector's progress and did-you-mean: what the sandbox (or a caller) chose reaches the
+  terminal escaped; a flood is bounded by the output cap.
+- check-ignore fed hostile names (pathspec magic, newlines, 20,000 deep paths in a set's order).
+- a bare repository made in two downloads (HEAD first, objects/ and refs/ with hooks next).
 """
 
 from __future__ import annotations
