@@ -24,7 +24,7 @@ from toolcage.engine import ownership
 from toolcage.engine.api import EngineAPI
 from toolcage.engine.labels import LABEL_OWNER, LABEL_OWNER_NS, LABEL_RUN_ID
 from toolcage.errors import NotFound, UsageError
-from toolcage.lifecycle.reaper import Orphan, is_kept, orphan_reason, remove
+from toolcage.lifecycle.reaper import Orphan, is_kept, labelled, orphan_reason, remove
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def find_run(engine: EngineAPI, ref: str, now: float | None = None) -> RunObject
     if not ref or any(c in ref for c in ",=\n"):
         raise UsageError(f"rm: {ref!r} is not a run id or a container name")
     run_id = ref
-    objects = _objects(engine, run_id)
+    objects = labelled(engine, f"{LABEL_RUN_ID}={run_id}")
     if not objects:
         info = engine.inspect(ref)  # a container's name or id, as docker ps shows it
         if info is not None and not _named(ref, info):
@@ -71,7 +71,7 @@ def find_run(engine: EngineAPI, ref: str, now: float | None = None) -> RunObject
         run_id = str(((info.get("Config") or {}).get("Labels") or {}).get(LABEL_RUN_ID) or "")
         if not run_id:
             raise UsageError(f"rm: container {ref!r} was not made by toolcage (no {LABEL_RUN_ID} label): not removed")
-        objects = _objects(engine, run_id)
+        objects = labelled(engine, f"{LABEL_RUN_ID}={run_id}")
     now = time.time() if now is None else now
     here = ownership.namespace_key()
     found: list[Orphan] = []
@@ -87,19 +87,6 @@ def _named(ref: str, info: dict[str, Any]) -> bool:
     """``ref`` is the container's name, its id, or its id as ``docker ps`` shows it (12 characters or more)."""
     cid = str(info.get("Id") or "")
     return ref == str(info.get("Name") or "").lstrip("/") or (len(ref) >= 12 and cid.startswith(ref))
-
-
-def _objects(engine: EngineAPI, run_id: str) -> list[tuple[str, str, str, dict[str, Any]]]:
-    """(kind, id, name, labels) of everything labelled with ``run_id``, containers first."""
-    label = f"{LABEL_RUN_ID}={run_id}"
-    out: list[tuple[str, str, str, dict[str, Any]]] = []
-    for c in engine.containers(label):
-        out.append(("container", str(c["Id"]), (c.get("Names") or ["?"])[0].lstrip("/"), c.get("Labels") or {}))
-    for n in engine.networks(label):
-        out.append(("network", str(n["Id"]), str(n.get("Name", "?")), n.get("Labels") or {}))
-    for v in engine.volumes(label):
-        out.append(("volume", str(v["Name"]), str(v["Name"]), v.get("Labels") or {}))
-    return out
 
 
 def discard(engine: EngineAPI, run: RunObjects, audit: Any = None) -> None:

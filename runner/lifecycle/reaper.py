@@ -95,29 +95,34 @@ def find_orphans(engine: EngineAPI, now: float | None = None, include_kept: bool
     out unless ``include_kept``; then they come back with ``kept=True``."""
     now = time.time() if now is None else now
     here = ownership.namespace_key()
-    label = LABEL_RUN_ID
-    listings: list[tuple[str, list[dict[str, Any]], Any]] = [  # kind, objects, (id, name) of one
-        ("container", engine.containers(label), lambda c: (c["Id"], (c.get("Names") or ["?"])[0].lstrip("/"))),
-        ("network", engine.networks(label), lambda n: (n["Id"], n.get("Name", "?"))),
-        ("volume", engine.volumes(label), lambda v: (v["Name"], v["Name"])),
-    ]
+    objects = labelled(engine, LABEL_RUN_ID)
     # runs that still have a container: a kept run's volumes and network stay kept only while one is there
-    with_container = {(c.get("Labels") or {}).get(LABEL_RUN_ID) for c in listings[0][1]}
+    with_container = {labels.get(LABEL_RUN_ID) for kind, _, _, labels in objects if kind == "container"}
     out: list[Orphan] = []
-    for kind, objects, ident in listings:
-        for obj in objects:
-            labels = obj.get("Labels") or {}
-            kept = is_kept(labels)
-            if kept and kind != "container" and labels.get(LABEL_RUN_ID) not in with_container:
-                kept = False  # the user removed the kept containers (docker rm): nothing of the run uses it
-            if kept and not include_kept:
-                continue
-            why = orphan_reason(labels, now, here)
-            if why:
-                if is_kept(labels) and not kept:
-                    why = f"{why}; a kept run whose containers were removed (docker rm): nothing uses it"
-                oid, name = ident(obj)
-                out.append(Orphan(kind, oid, name, labels.get(LABEL_RUN_ID, "?"), why, kept))
+    for kind, oid, name, labels in objects:
+        kept = is_kept(labels)
+        if kept and kind != "container" and labels.get(LABEL_RUN_ID) not in with_container:
+            kept = False  # the user removed the kept containers (docker rm): nothing of the run uses it
+        if kept and not include_kept:
+            continue
+        why = orphan_reason(labels, now, here)
+        if why:
+            if is_kept(labels) and not kept:
+                why = f"{why}; a kept run whose containers were removed (docker rm): nothing uses it"
+            out.append(Orphan(kind, oid, name, labels.get(LABEL_RUN_ID, "?"), why, kept))
+    return out
+
+
+def labelled(engine: EngineAPI, label: str) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(kind, id, name, labels) of every container, network and volume with ``label`` (``key`` or
+    ``key=value``), containers first: a volume or network in use cannot be removed before them."""
+    out: list[tuple[str, str, str, dict[str, Any]]] = []
+    for c in engine.containers(label):
+        out.append(("container", str(c["Id"]), (c.get("Names") or ["?"])[0].lstrip("/"), c.get("Labels") or {}))
+    for n in engine.networks(label):
+        out.append(("network", str(n["Id"]), str(n.get("Name", "?")), n.get("Labels") or {}))
+    for v in engine.volumes(label):
+        out.append(("volume", str(v["Name"]), str(v["Name"]), v.get("Labels") or {}))
     return out
 
 
