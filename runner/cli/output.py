@@ -68,10 +68,15 @@ class CallOutput:
     exec), kept, so that an interrupted run still says what its call printed, as a timeout does.
     It is an ``on_progress`` callback: it runs on the session's reader thread."""
 
-    def __init__(self, *, show: bool, is_output: bool) -> None:
+    def __init__(self, *, show: bool, is_output: bool, keep: int) -> None:
         self.show = show
         self.is_output = is_output
-        self._parts: list[str] = []  # bounded by the worker: it streams no more than the policy's output cap
+        # kept here, not by trusting the worker's coalescing: the channel lets a request 20,000 progress
+        # notifications of up to a line's length each, so the runner bounds what it holds itself
+        self._keep = keep  # characters kept at most (the CLI: stdout's and stderr's output caps)
+        self._parts: list[str] = []
+        self._kept = 0
+        self.truncated = False  # more came than was kept
         self._line_open = False  # the last output shown did not end its line
 
     @property
@@ -81,7 +86,7 @@ class CallOutput:
 
     @property
     def text(self) -> str:
-        """The output streamed so far (stdout and stderr as they came)."""
+        """The output streamed so far (stdout and stderr as they came), its first ``keep`` characters."""
         return "".join(self._parts)
 
     def __call__(self, params: dict[str, Any]) -> None:
@@ -89,7 +94,12 @@ class CallOutput:
         if not isinstance(message, str) or not message:
             return
         if self.is_output:
-            self._parts.append(message)
+            room = self._keep - self._kept
+            if len(message) > room:
+                self.truncated = True
+            if room > 0:
+                self._parts.append(message[:room])
+                self._kept += min(len(message), room)
             if self.show:
                 sys.stderr.write(_stream_text(message))
                 sys.stderr.flush()

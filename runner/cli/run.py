@@ -123,7 +123,11 @@ def run(
     )
     startup.collect_from_here()
     changes = snap = None
-    shown = CallOutput(show=sys.stderr.isatty() if stream is None else stream, is_output=_output_streams(tool))
+    shown = CallOutput(
+        show=sys.stderr.isatty() if stream is None else stream,
+        is_output=_output_streams(tool),
+        keep=2 * sb.policy.limits.output_cap,  # what a finished call's stdout and stderr may hold
+    )
     try:
         with sb:
             if opts["tools"]:
@@ -151,6 +155,8 @@ def run(
             out["run_wall_ms"] = sb.summary.wall_ms
             if shown.is_output:
                 out["output"] = shown.text
+                if shown.truncated:
+                    out["output_truncated"] = True
             emit(out)
         raise
     summary = sb.summary

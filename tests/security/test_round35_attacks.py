@@ -139,7 +139,7 @@ def test_streamed_output_reaches_the_terminal_escaped(capsys: pytest.CaptureFixt
     the interrupted result's output keeps them as data (JSON escapes them on stdout)."""
     from toolcage.cli.output import CallOutput, emit
 
-    shown = CallOutput(show=True, is_output=True)
+    shown = CallOutput(show=True, is_output=True, keep=1 << 20)
     shown({"progress": 1, "message": HOSTILE_OUTPUT})
     shown({"progress": 2, "message": "tail without newline\x1b[?1049h"})
     shown.end()
@@ -154,7 +154,7 @@ def test_a_connectors_progress_report_reaches_the_terminal_escaped(capsys: pytes
     """A connector's ctx.progress message (not output: one line of its own) is escaped, line breaks too."""
     from toolcage.cli.output import CallOutput
 
-    shown = CallOutput(show=True, is_output=False)
+    shown = CallOutput(show=True, is_output=False, keep=1 << 20)
     shown({"progress": 1, "total": 2, "message": HOSTILE_OUTPUT + "toolcage: forged line\n"})
     err = capsys.readouterr().err
     assert not any(c in err for c in RAW) and err.count("\n") == 1, err

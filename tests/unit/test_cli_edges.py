@@ -156,12 +156,26 @@ def test_streamed_output_is_escaped_for_the_terminal(capsys: pytest.CaptureFixtu
     """What the sandbox prints reaches stderr with its lines and tabs, its escape sequences shown, not obeyed."""
     from toolcage.cli.output import CallOutput
 
-    shown = CallOutput(show=True, is_output=True)
+    shown = CallOutput(show=True, is_output=True, keep=1 << 20)
     shown({"progress": 10, "message": "a\tb\n\x1b[2K\rforged"})
     shown.end()
     err = capsys.readouterr().err
     assert err == "a\tb\n\\x1b[2K\\x0dforged\n"
     assert shown.text == "a\tb\n\x1b[2K\rforged"  # kept as it came: the JSON result escapes it its own way
+
+
+def test_the_output_kept_for_an_interrupted_run_is_bounded_by_the_runner() -> None:
+    """More output than ``keep`` (a worker that does not coalesce, or floods): the first ``keep`` characters are
+    kept and the rest dropped, with ``truncated`` set; the runner's memory does not follow the sandbox's."""
+    from toolcage.cli.output import CallOutput
+
+    shown = CallOutput(show=False, is_output=True, keep=10)
+    for _ in range(1000):
+        shown({"progress": 1, "message": "0123456"})
+    assert shown.text == "0123456012" and shown.truncated
+    small = CallOutput(show=False, is_output=True, keep=10)
+    small({"progress": 1, "message": "0123456789"})
+    assert small.text == "0123456789" and not small.truncated
 
 
 def test_no_stream_through_a_pipe_by_default() -> None:
