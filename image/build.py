@@ -171,6 +171,7 @@ def assemble_context(wheels: Path, into: Path, debs: tuple[Path, list[str]] | No
     img = Path(str(resources.files("toolcage.image")))
     shutil.copy(img / "Dockerfile", into / "Dockerfile")
     shutil.copy(img / INSTALL_DEBS, into / INSTALL_DEBS)
+    shutil.copy(img / RT_SCRIPT, into / RT_SCRIPT)
     debs_dir, names = debs or (into, [])
     copy_debs(debs_dir, names, into / "debs")  # an empty debs/ when there are none (the Dockerfile copies it)
     copy_wheels(wheels, into / "wheels")
@@ -184,6 +185,7 @@ def assemble_context(wheels: Path, into: Path, debs: tuple[Path, list[str]] | No
 
 
 INSTALL_DEBS = "install-debs.sh"  # installs the context's debs/ in the build (worker and derived)
+RT_SCRIPT = "rt.py"  # makes /opt/toolcage/rt in the build: the worker's runtime for a user's own image
 
 
 def worker_debs(report: Report) -> tuple[Path, list[str]] | None:
@@ -216,7 +218,7 @@ def source_sha256() -> str:
     requirements): `toolcage doctor` compares it with the image's label to tell it is current."""
     h = hashlib.sha256()
     img = Path(str(resources.files("toolcage.image")))
-    for f in (img / "Dockerfile", img / INSTALL_DEBS, _requirements()):
+    for f in (img / "Dockerfile", img / INSTALL_DEBS, img / RT_SCRIPT, _requirements()):
         h.update(f.read_bytes())
     h.update(_IMAGE_INIT.encode())
     for mod in _IMAGE_MODULES:

@@ -29,6 +29,9 @@ ENV_CA_FILE = "TOOLCAGE_CA_FILE"  # the same, as a file
 ENV_POOLED = "TOOLCAGE_POOLED"  # "1": a pool's pre-started slot
 ENV_TOOL_NAMESPACES = "TOOLCAGE_TOOL_NAMESPACES"  # gVisor: the tool's namespaces are made by the worker
 ENV_TOOL_MODULES = "TOOLCAGE_TOOL_MODULES"  # extra tool modules to load
+# a user's own image (not toolcage's): its config (Env, WorkingDir, User, Entrypoint, Cmd) as JSON, data for the
+# tools (their children run with the image's ENV and WORKDIR); the worker itself runs from the rt mount
+ENV_IMAGE_CONFIG = "TOOLCAGE_IMAGE_CONFIG"
 ENV_WORKSPACE_COPY = "TOOLCAGE_WORKSPACE_COPY"  # "1": /workspace is the run's writable copy (workspace_mode copy)
 # Inside the sandbox, set by the worker for its own children.
 ENV_PROXY = "TOOLCAGE_PROXY"  # host:port of the in-sandbox relay to the egress proxy
@@ -113,6 +116,7 @@ __all__ = [
     "ENV_HANDLER_FD",
     "ENV_HOST_PATHS",
     "ENV_IMAGE",
+    "ENV_IMAGE_CONFIG",
     "ENV_IN_CONTAINER",
     "ENV_POLICY",
     "ENV_POOLED",

@@ -158,8 +158,9 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         new = _MOVED[spec.name]
-        warnings.warn(f"{spec.name} moved to {new}; the old path goes in the next release",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{spec.name} moved to {new}; the old path goes in the next release", DeprecationWarning, stacklevel=2
+        )
         return importlib.import_module(new)
 
     def exec_module(self, module: types.ModuleType) -> None:

@@ -46,6 +46,11 @@ def main() -> int:
         os.write(2, b'{"event": "worker.refused", "level": "error", "reason": "cannot make the worker non-dumpable"}\n')
         return contract.EXIT_SOFTWARE
 
+    if os.environ.get(contract.ENV_IMAGE_CONFIG):
+        from toolcage.worker import image
+
+        image.scrub()  # a user's own image: its variables, blanked by the runner, are not the worker's
+
     from toolcage.worker.protocol import Channel, readable
 
     channel = Channel.claim_stdio()  # before anything can print

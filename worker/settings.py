@@ -17,6 +17,7 @@ from toolcage.policies import contract
 
 if TYPE_CHECKING:
     from toolcage.policies import Policy
+    from toolcage.worker.image import Image
 
 WORKSPACE = contract.WORKSPACE  # the name of the project directory (read-only, or the run's writable copy)
 SCRATCH = contract.SCRATCH  # the name of the writable directory, the children's working directory
@@ -62,6 +63,7 @@ class Settings:
         proxy_socket: str | None = None,
         pooled: bool = False,
         workspace_copy: bool = False,
+        image: Image | None = None,
     ) -> None:
         self._policy_json = policy_json
         self._policy: Policy | None = None
@@ -75,6 +77,8 @@ class Settings:
         self.pooled = pooled  # a warm pool's slot: ready what adoption needs while idle
         # /workspace is the run's writable copy (workspace_mode copy): the file tools write there too
         self.workspace_copy = workspace_copy and self.workspace is not None
+        # a user's own image (not toolcage's): its ENV and WORKDIR, for the programs the tools run in it
+        self.image = image
 
     @property
     def writable_roots(self) -> tuple[str, ...]:
@@ -129,4 +133,13 @@ class Settings:
             proxy_socket=os.environ.get(contract.ENV_PROXY_SOCKET) or None,
             pooled=os.environ.get(contract.ENV_POOLED) == "1",
             workspace_copy=os.environ.get(contract.ENV_WORKSPACE_COPY) == "1",
+            image=_image_from_env(),
         )
+
+
+def _image_from_env() -> Image | None:
+    if not os.environ.get(contract.ENV_IMAGE_CONFIG):
+        return None
+    from toolcage.worker import image
+
+    return image.from_env()

@@ -8,10 +8,11 @@ import dataclasses
 from typing import Any, ClassVar
 
 from toolcage.backends.base import BackendOptions, Background, ExitStatus
-from toolcage.engine import hostpaths
+from toolcage.engine import hostpaths, imageconfig
 from toolcage.engine.api import EngineAPI
 from toolcage.engine.attach import DockerAttachTransport
 from toolcage.engine.hostconfig import PROXY_SOCKET, container_config
+from toolcage.engine.imageconfig import ImageConfig
 from toolcage.engine.knobs import RUNC, RuntimeKnobs
 from toolcage.engine.labels import RunSpec
 from toolcage.errors import SandboxError, ToolcageError, UsageError
@@ -40,6 +41,7 @@ class ContainerBackend:
         self._image_info: dict[str, Any] | None = None
         self._layers: Any = None  # where the image's shared files lie (engine.sharedfiles), or None
         self._files: list[str] = []  # this run's overlay volumes over them, made at start
+        self._runtime: Any = None  # a user's own image: the worker image's runtime (engine.runtime)
 
     @classmethod
     def unavailable(cls, engine: EngineAPI | None) -> str | None:
@@ -65,29 +67,47 @@ class ContainerBackend:
             self._image_info = self.engine.image(self.options.image) or {}
         return self._image_info or None
 
-    def _check_image(self) -> None:
-        """Threat to the user's time, not to the host: an image that is not a toolcage worker image has no
-        worker to answer (Docker said "No command specified", the run ``crashed``, exit 3). Refused before
-        anything is created, with the fix (UsageError: exit 2), as ``mcp wrap --image`` does."""
-        from toolcage.image.build import SOURCE_LABEL, check_worker_image
+    def _foreign(self) -> ImageConfig | None:
+        """A user's own image (not built FROM the worker image): its config, as values; None for a worker
+        image, or a missing one (start reports that, with the fix)."""
+        from toolcage.image.build import check_worker_image
 
-        if check_worker_image(self._image()) == "foreign":
-            image = self.options.image
+        info = self._image()
+        if check_worker_image(info) != "foreign":
+            return None
+        assert info is not None
+        try:
+            return imageconfig.from_inspect(self.options.image, info)
+        except imageconfig.BadImageConfig as exc:
+            raise UsageError(str(exc)) from None
+
+    def _worker_image_id(self) -> str:
+        """The worker image whose runtime a user's image runs with (the egress proxy's image too)."""
+        ref = self.options.proxy_image
+        info = self.engine.image(ref)
+        if info is None or not info.get("Id"):
             raise UsageError(
-                f"image {image} is not a toolcage worker image (no {SOURCE_LABEL} label), so no worker would "
-                "answer in it: use an image built FROM the worker image (`toolcage image build --pip PKG --tag "
-                "NAME`, or --requirements FILE --tag NAME), or leave --image out for the worker image"
+                f"image {self.options.image} is not a toolcage worker image, so it runs with the worker image's "
+                f"runtime, and the worker image {ref} is missing: run `toolcage image build`"
             )
+        return str(info["Id"])
 
     def proxy_runtime(self) -> RuntimeKnobs:
         """The egress proxy's runtime: the sandbox's (a subclass may say otherwise)."""
         return self.runtime
 
     def complete(self, run: RunSpec) -> RunSpec:
-        self._check_image()
-        from toolcage.engine import sharedfiles
+        from toolcage.engine import runtime, sharedfiles
 
-        self._layers = sharedfiles.layers(self.engine, self.image_id())
+        foreign = self._foreign()
+        if foreign is not None:
+            # a user's own image, unchanged: the worker comes from the worker image's runtime, mounted read-only
+            self._runtime = runtime.find(self.engine, self._worker_image_id())
+            run = dataclasses.replace(
+                run, foreign=foreign, runtime_mounts=runtime.run_mounts(run.run_id, self._runtime)
+            )
+        else:
+            self._layers = sharedfiles.layers(self.engine, self.image_id())
         run = dataclasses.replace(
             run,
             runtime=self.runtime,
@@ -120,6 +140,13 @@ class ContainerBackend:
             # before either container: the sandbox and its proxy (same image) mount them
             self._files = sharedfiles.make_run_volumes(
                 self.engine, self._layers, run.shared_files, {**labels(self.policy, run), LABEL_ROLE: "files"}
+            )
+        if run.runtime_mounts and self._runtime is not None:
+            from toolcage.engine import runtime
+            from toolcage.engine.labels import LABEL_ROLE, labels
+
+            self._files += runtime.make_run_volumes(
+                self.engine, self._runtime, run.runtime_mounts, {**labels(self.policy, run), LABEL_ROLE: "runtime"}
             )
         if run.proxy_volume is None:
             return self._start_sandbox(run, parser)

@@ -78,6 +78,11 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
         mounts.append(
             {"Type": "volume", "Source": volume, "Target": target, "ReadOnly": True, "VolumeOptions": {"NoCopy": True}}
         )
+    for volume, target in run.runtime_mounts:
+        # A user's own image: the worker's runtime (toolcage.engine.runtime), read-only, never copied into
+        mounts.append(
+            {"Type": "volume", "Source": volume, "Target": target, "ReadOnly": True, "VolumeOptions": {"NoCopy": True}}
+        )
     reserved = {
         contract.ENV_POLICY: policy.canonical_json(),
         contract.ENV_RUN_ID: run.run_id,
@@ -93,7 +98,10 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
         reserved[contract.ENV_TOOL_NAMESPACES] = "1"
     # Threat: extra_env carrying a looser policy (or no deadline) to the worker while the
     # labels and HostConfig say otherwise. The policy's own values always win.
-    env = {**run.extra_env, **reserved}
+    # Threat (a user's own image): its ENV running code in the worker (LD_PRELOAD, PYTHONSTARTUP, ...). Every
+    # variable of the image is blanked and the worker's own set over it (ImageConfig.blanked_env)
+    own = run.foreign.blanked_env() if run.foreign is not None else {}
+    env = {**own, **run.extra_env, **reserved}
     tmpfs = {SCRATCH: f"rw,nosuid,nodev,size={lim.scratch},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700"}
     if run.workspace_copy:
         # Threat: the tool changing the caller's files. Nothing of the host is mounted: a tmpfs the runner
@@ -147,7 +155,16 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
         "NetworkDisabled": True,
         "HostConfig": host_config,
     }
-    if run.entrypoint:
+    if run.foreign is not None:
+        # the image's ENTRYPOINT and CMD never run: the worker starts from the runtime, by absolute path
+        from toolcage.engine.runtime import ENTRYPOINT
+
+        entry = list(run.entrypoint or ENTRYPOINT)
+        if entry[0] == "python3":  # mcp wrap's launcher: the runtime's interpreter, never the image's python3
+            entry[0] = ENTRYPOINT[0]
+        config["Entrypoint"] = entry
+        config["Cmd"] = []
+    elif run.entrypoint:
         config["Entrypoint"] = list(run.entrypoint)
     return config
 
@@ -174,7 +191,9 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
     """The egress proxy's container: as hardened as the sandbox; its one network is the egress
     network, and it serves the sandbox on a Unix socket in the run's proxy volume."""
     assert run.proxy_volume is not None
-    bare = dataclasses.replace(run, workspace=None, proxy_volume=None, tool_mounts=(), entrypoint=())
+    bare = dataclasses.replace(
+        run, workspace=None, proxy_volume=None, tool_mounts=(), entrypoint=(), foreign=None, runtime_mounts=()
+    )
     cfg = _hardened(policy, bare, run.proxy_runtime, PROXY_RESOURCES)
     hc = cfg["HostConfig"]
     hc["NetworkMode"] = egress_network

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolcage.engine import ownership
+from toolcage.engine.imageconfig import ImageConfig
 from toolcage.engine.knobs import DOCKER, RUNC, FlavorKnobs, RuntimeKnobs
 from toolcage.policies import Policy
 
@@ -82,6 +83,10 @@ class RunSpec:
     # (volume, path) pairs holding the image's program files, shared by its containers, mounted read-only
     # over the image's own (toolcage.engine.sharedfiles); () reads the image's files through its own root
     shared_files: tuple[tuple[str, str], ...] = ()
+    # a user's own image (not a toolcage worker image): its config, for the worker's tools; the worker then
+    # runs from the runtime's volumes (toolcage.engine.runtime), mounted read-only as (volume, path) pairs
+    foreign: ImageConfig | None = None
+    runtime_mounts: tuple[tuple[str, str], ...] = ()
     # the namespace the owner's pid means a process in (ownership.namespace_key), of the process that made the spec
     owner_ns: str = field(default_factory=ownership.namespace_key)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import sys
 
 import pytest
 
@@ -56,5 +57,9 @@ def test_wrap_only_where_the_runner_asked(monkeypatch: pytest.MonkeyPatch) -> No
     assert namespaces.wrap(["python3", "-c", "pass"]) == ["python3", "-c", "pass"]
     monkeypatch.setenv(namespaces.ENV, "1")
     wrapped = namespaces.wrap(["python3", "-c", "pass"])
-    assert wrapped[:3] == ["python3", "-I", "-S"] and wrapped[3].endswith("/worker/children/nsinit.py")
+    # the worker's own interpreter by absolute path: in a user's own image "python3" on PATH is the image's
+    assert wrapped[:3] == [sys.executable, "-I", "-S"] and wrapped[3].endswith("/worker/children/nsinit.py")
     assert wrapped[4:] == ["--", "python3", "-c", "pass"]
+    # a user's own image: the program's environment travels to nsinit as an argument, not in its own env
+    wrapped = namespaces.wrap(["prog"], env={"LD_PRELOAD": "/evil.so"})
+    assert wrapped[4:7] == ["--env", '{"LD_PRELOAD": "/evil.so"}', "--"] and wrapped[7:] == ["prog"]

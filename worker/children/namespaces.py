@@ -20,7 +20,9 @@ tool never runs: nsinit fails the call (exit 126, the reason on stderr) instead 
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 
 from toolcage.policies import contract
 
@@ -28,16 +30,20 @@ ENV = contract.ENV_TOOL_NAMESPACES
 NSINIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nsinit.py")
 # -I: no PYTHONPATH, no user site, and not the script's directory from the cwd (scratch, which
 # tool code writes); -S: no site import (faster, and nothing of site-packages runs)
-LAUNCHER = ("python3", "-I", "-S", NSINIT, "--")
+# the worker's own interpreter by absolute path: in a user's own image "python3" on PATH is the image's
+LAUNCHER = (sys.executable or "python3", "-I", "-S", NSINIT, "--")
 
 
 def enabled() -> bool:
     return os.environ.get(ENV) == "1"
 
 
-def wrap(argv: list[str], keep: bool = False) -> list[str]:
+def wrap(argv: list[str], keep: bool = False, env: dict[str, str] | None = None) -> list[str]:
     """``argv`` as it must be started: in namespaces of its own where they are on, else unchanged.
-    ``keep``: what it leaves in the background outlives it (``unsafe_background_processes``)."""
+    ``keep``: what it leaves in the background outlives it (``unsafe_background_processes``). ``env``: the
+    program's own environment (a user's own image), which nsinit execs it with; nsinit itself then starts
+    with the worker's (worker.tools.proc.run_child), so the image's LD_PRELOAD never runs in it."""
     if not enabled():
         return argv
-    return [*LAUNCHER[:-1], *(["--keep"] if keep else []), LAUNCHER[-1], *argv]
+    extra = ["--env", json.dumps(env)] if env is not None else []
+    return [*LAUNCHER[:-1], *(["--keep"] if keep else []), *extra, LAUNCHER[-1], *argv]

@@ -232,14 +232,20 @@ def _relay(pid: int, status: int | None = None) -> None:
 def main(args: list[str]) -> None:
     keep = args[:1] == ["--keep"]
     args = args[1:] if keep else args
+    env = None
+    if args[:1] == ["--env"] and len(args) > 1:  # a user's own image: the program's own environment
+        import json
+
+        env = json.loads(args[1])
+        args = args[2:]
     if args[:1] != ["--"] or len(args) < 2:
-        os.write(2, b"usage: nsinit.py [--keep] -- ARGV\n")
+        os.write(2, b"usage: nsinit.py [--keep] [--env JSON] -- ARGV\n")
         os._exit(2)
     enter(ctypes.CDLL(None, use_errno=True), keep)
-    exec_tool(args[1:])
+    exec_tool(args[1:], env)
 
 
-def exec_tool(argv: list[str]) -> None:
+def exec_tool(argv: list[str], env: dict[str, str] | None = None) -> None:
     """Exec the call's program as ``subprocess`` would start it: every signal at its default (this
     interpreter ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across an exec:
     `yes | head -1` then saw EPIPE instead of dying of SIGPIPE). Also the zygote's. Never returns."""
@@ -250,7 +256,10 @@ def exec_tool(argv: list[str]) -> None:
             except (OSError, ValueError):
                 pass
     try:
-        os.execvp(argv[0], argv)  # noqa: S606 - the call's own program, as subprocess would start it
+        if env is None:
+            os.execvp(argv[0], argv)  # noqa: S606 - the call's own program, as subprocess would start it
+        else:
+            os.execvpe(argv[0], argv, env)  # noqa: S606 - the same, in its image's environment
     except OSError as exc:
         # as subprocess reports it: the program could not be started
         os.write(2, f"toolcage: cannot run {argv[0]!r}: {exc.strerror}\n".encode())

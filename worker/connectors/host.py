@@ -250,6 +250,7 @@ def run_handler(settings: Settings, job: dict[str, Any], timeout: float) -> tupl
             extra_env=env,
             pass_fds=(fd,),
             stream_output=False,
+            own=True,  # the worker's code, holding secrets: never the environment of a user's own image
         )
     finally:
         parent.close()

@@ -28,7 +28,7 @@ from toolcage.worker.settings import SCRATCH, WORKSPACE, Settings
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
 from toolcage.worker.tools.paths import MAX_PATH, locate, opened
-from toolcage.worker.tools.proc import _child_env, _program, run_child
+from toolcage.worker.tools.proc import _child_env, _program, run_child, shell_present
 
 ENV_PROGRAM = "/usr/bin/env"  # sets the caller's variables, then execs the program (coreutils)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -46,8 +46,10 @@ class ExecParams:
         "the program and its arguments, run as they are (no shell); a bare name is looked up on PATH", None
     )
     command: str | None = doc("a shell command, run as `/bin/sh -c command` (give argv or command, not both)", None)
-    cwd: Annotated[str, MaxLen(MAX_PATH)] = doc(
-        f"working directory, under {SCRATCH} or {WORKSPACE}; relative to {SCRATCH}", SCRATCH
+    cwd: Annotated[str, MaxLen(MAX_PATH)] | None = doc(
+        f"working directory, under {SCRATCH} or {WORKSPACE}; relative to {SCRATCH}; default {SCRATCH} (in a "
+        "user's own image: its WORKDIR, and any directory of the image may be named)",
+        None,
     )
     env: dict[str, str] | None = doc("extra environment variables for the program (names TOOLCAGE_* are refused)", None)
     stdin: str | None = doc("fed to the program's stdin: text, or bytes in base64 with stdin_encoding 'base64'", None)
@@ -137,22 +139,43 @@ def _check_program(program: str, workdir: str, path: str) -> None:
     )
 
 
+def _image_workdir(s: Settings, cwd: str | None) -> str:
+    """A user's own image: its WORKDIR by default, any directory of the image by absolute path (the image is
+    the program's; the mounts are the boundary), a relative one under scratch as elsewhere."""
+    assert s.image is not None
+    if cwd is None:
+        return s.image.default_dir(s.scratch)
+    inside = any(cwd == root or cwd.startswith(root + "/") for root in (SCRATCH, WORKSPACE))
+    if cwd.startswith("/") and not inside:
+        if "\0" in cwd or not os.path.isdir(cwd):
+            raise ToolError(f"cwd {cwd!r} is not a directory of the image", {"cwd": cwd})
+        return os.path.normpath(cwd)
+    return _workdir(s, cwd)
+
+
 def run_exec(s: Settings, p: ExecParams) -> dict[str, Any]:
-    workdir = _workdir(s, p.cwd)
+    workdir = _image_workdir(s, p.cwd) if s.image is not None else _workdir(s, p.cwd or SCRATCH)
+    extra: dict[str, str] | None = None
     if p.command is not None:
+        if s.image is not None:
+            shell_present(s)
         argv = _program(s, ["/bin/sh"], p.command, ".sh")
     else:
         assert p.argv is not None
         argv = list(p.argv)
         path = (p.env or {}).get("PATH", _child_env(s)["PATH"])
         _check_program(argv[0], workdir, path)
-    if p.env:
+    if p.env and s.image is not None:
+        # the program's environment goes to it alone (nsinit starts with the worker's, worker.tools.proc): the
+        # image may have no /usr/bin/env (busybox, distroless)
+        extra = dict(p.env)
+    elif p.env:
         argv = [ENV_PROGRAM, "--", *(f"{k}={v}" for k, v in p.env.items()), *argv]
     stdin: str | bytes | None = p.stdin
     if p.stdin is not None and p.stdin_encoding == "base64":
         stdin = _stdin_bytes(p.stdin)
     try:
-        return run_child(argv, s, p.timeout_s, stdin, cwd=workdir)
+        return run_child(argv, s, p.timeout_s, stdin, cwd=workdir, extra_env=extra)
     except OSError as exc:  # the program went away, or all of argv and env are over the kernel's limit
         if exc.errno == errno.E2BIG:
             raise BadParams("argv and env together are too long for the kernel") from None

@@ -24,7 +24,7 @@ from toolcage.worker.errors import ToolError
 from toolcage.worker.settings import Settings
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
-from toolcage.worker.tools.proc import _program, run_child
+from toolcage.worker.tools.proc import _program, image_program, run_child
 
 MiB = 1024 * 1024
 _PATH = "/usr/local/bin:/usr/bin:/bin"  # the child's PATH (worker.tools.proc._child_env)
@@ -58,9 +58,11 @@ def node_binary() -> str:
 
 
 def node_argv(settings: Settings, code: str) -> list[str]:
-    """``node [flags] -e code``, or ``node [flags] FILE`` for code staged in scratch."""
+    """``node [flags] -e code``, or ``node [flags] FILE`` for code staged in scratch (in a user's own
+    image: its node, found on its PATH)."""
+    node = image_program(settings, ("node", "nodejs"), "Node.js") if settings.image is not None else node_binary()
     interpreter = [
-        node_binary(),
+        node,
         f"--max-old-space-size={heap_mib(settings.policy.limits.memory)}",
         f"--v8-pool-size={_V8_POOL}",
     ]
@@ -78,6 +80,10 @@ def _node_env() -> dict[str, str]:
 
 
 def run_node(settings: Settings, p: RunNodeParams) -> dict[str, Any]:
+    if settings.image is not None:
+        env = {"UV_THREADPOOL_SIZE": str(_UV_POOL), "NO_UPDATE_NOTIFIER": "1"}
+        cwd = settings.image.default_dir(settings.scratch)
+        return run_child(node_argv(settings, p.code), settings, p.timeout_s, p.stdin, extra_env=env, cwd=cwd)
     return run_child(node_argv(settings, p.code), settings, p.timeout_s, p.stdin, extra_env=_node_env())
 
 

@@ -86,14 +86,51 @@ DEPS_DIR = contract.DEPS_DIR  # packages `toolcage image build --requirements` a
 
 def python_path(worker_lib: bool = False) -> str | None:
     """A child's PYTHONPATH: the image's extra packages, after where the worker finds toolcage
-    when ``worker_lib`` (a connector's handler imports toolcage.sdk; tool code does not need it)."""
+    when ``worker_lib`` (a connector's handler imports toolcage.sdk; tool code does not need it).
+    In a user's own image, never its ``DEPS_DIR``: that directory is the image's, not toolcage's."""
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] if worker_lib else []
-    if os.path.isdir(DEPS_DIR):
+    if os.path.isdir(DEPS_DIR) and not os.environ.get(contract.ENV_IMAGE_CONFIG):
         paths.append(DEPS_DIR)
     return os.pathsep.join(paths) or None
 
 
+# a user's own image: the variables of the worker's environment its programs get too (the proxy's)
+_IMAGE_ENV_KEEP = tuple(k for k in _CHILD_ENV_KEEP if k not in ("LANG", "LC_ALL", "TZ"))
+
+
+def _image_env(settings: Settings) -> dict[str, str]:
+    """What the image's own programs run with: the image's ENV (PATH, HOME, its other variables), the egress
+    proxy's settings, and scratch for HOME and TMPDIR where the image names none."""
+    assert settings.image is not None
+    env = dict(settings.image.env)
+    env.update({k: v for k, v in os.environ.items() if k in _IMAGE_ENV_KEEP})
+    env["PATH"] = settings.image.path
+    env.setdefault("HOME", settings.scratch)
+    env.setdefault("TMPDIR", settings.scratch)
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    env.update(settings.child_env())
+    return env
+
+
+def worker_child_env(settings: Settings) -> dict[str, str]:
+    """The worker's own children in a user's own image (a connector's handler, the namespace launcher):
+    the runtime's interpreter with the worker's environment, never the image's (its LD_PRELOAD would load)."""
+    env = {k: v for k, v in os.environ.items() if k in _IMAGE_ENV_KEEP}
+    env.update(
+        PATH=os.environ.get("PATH", "/opt/toolcage/rt/bin"),
+        HOME=settings.scratch,
+        TMPDIR=settings.scratch,
+        LC_ALL="C",
+        PYTHONUTF8="1",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    env.update(settings.child_env())
+    return env
+
+
 def _child_env(settings: Settings) -> dict[str, str]:
+    if settings.image is not None:
+        return _image_env(settings)
     env = {k: v for k, v in os.environ.items() if k in _CHILD_ENV_KEEP}
     path = python_path()
     if path:
@@ -126,6 +163,7 @@ def run_child(
     pass_fds: tuple[int, ...] = (),
     stream_output: bool = True,
     fast_source: str | None = None,
+    own: bool = False,
 ) -> dict[str, Any]:
     """Run argv; return stdout/stderr (capped), exit code, and how it ended. ``link`` (a connector
     child's socket, worker.connectors.Link) is served while the child runs. The call in progress
@@ -134,35 +172,44 @@ def run_child(
     ``fast_source``: argv is ``python3 -c fast_source``, which a fork of the zygote may serve
     (``worker.children.zygote``); everything after the start is the same for both. ``cwd``: where
     it starts (default scratch; the caller has checked it). The streams come back as
-    :func:`stream_fields` gives them."""
+    :func:`stream_fields` gives them. ``own``: the worker's own program (a connector's handler), which in
+    a user's own image runs with the worker's environment, not the image's."""
     cap = settings.policy.limits.output_cap
     timeout = min(timeout_s or settings.policy.timeouts.call_s, settings.policy.timeouts.run_s)
     if _SHUTTING_DOWN:
         raise ToolError("the run is over (its runner went away or its deadline passed)")
     oom_before = cgroup.oom_kills()
     guarded = memguard.enabled()
-    env = {**_child_env(settings), **(extra_env or {})}
+    foreign = settings.image is not None
+    base = worker_child_env(settings) if own and foreign else _child_env(settings)
+    env = {**base, **(extra_env or {})}
     workdir = cwd or settings.scratch
+    launch_env, tool_env = env, None
+    if foreign and namespaces.enabled():
+        # the namespace launcher is the runtime's interpreter: it starts with the worker's environment (an
+        # image's LD_PRELOAD would run in it before its seccomp filter), and hands the program its own
+        launch_env, tool_env = worker_child_env(settings), env
     started = time.monotonic()
     proc: Any = None
     # spawned and registered under the lock the orphan reaper takes: a child that exits at once is
     # never reaped as an orphan by a concurrent call before it is known to be a call's own
     with _SPAWN_LOCK:
-        if fast_source is not None and not pass_fds and zygote.enabled():
+        # (never in a user's own image: the zygote is the runtime's interpreter, the image's programs are its own)
+        if fast_source is not None and not pass_fds and not foreign and zygote.enabled():
             proc = zygote.spawn(fast_source, stdin is not None, env, workdir)
-        elif not pass_fds and not settings.policy.unsafe_background_processes and zygote.enabled():
+        elif not pass_fds and not settings.policy.unsafe_background_processes and not foreign and zygote.enabled():
             # under gVisor only: an exec from a fork of the zygote (never where processes outlive their
             # call: that takes nsinit's keeper, and an earlier call's process could tamper with the zygote)
             proc = zygote.spawn_argv(argv, stdin is not None, env, workdir)
         try:
             proc = proc or subprocess.Popen(
                 # under gVisor: in namespaces of its own (worker.children.namespaces)
-                namespaces.wrap(argv, keep=settings.policy.unsafe_background_processes),
+                namespaces.wrap(argv, keep=settings.policy.unsafe_background_processes, env=tool_env),
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=workdir,
-                env=env,
+                env=launch_env,
                 start_new_session=True,  # own process group: killpg reaches every descendant
                 close_fds=True,
                 pass_fds=pass_fds,
@@ -352,7 +399,24 @@ def _program(settings: Settings, interpreter: list[str], source: str, suffix: st
     return [*interpreter, path]
 
 
+def image_program(settings: Settings, names: tuple[str, ...], what: str) -> str:
+    """A user's own image: its interpreter, found on its PATH, or a ToolError naming what is missing."""
+    assert settings.image is not None
+    found = settings.image.which(*names)
+    if found is None:
+        raise ToolError(
+            f"the image {settings.image.ref or ''} has no {what} (looked for {', '.join(names)} on its PATH="
+            f"{settings.image.path}); exec runs its own programs",
+            {"missing": names[0], "path": settings.image.path},
+        )
+    return found
+
+
 def run_python(settings: Settings, p: RunPythonParams) -> dict[str, Any]:
+    if settings.image is not None:  # a user's own image: its Python, with its packages
+        python = image_program(settings, ("python3", "python"), "Python")
+        argv = _program(settings, [python], p.code, ".py")
+        return run_child(argv, settings, p.timeout_s, p.stdin, cwd=settings.image.default_dir(settings.scratch))
     argv = _program(settings, [sys.executable], p.code, ".py")
     # the zygote's fork serves `python3 -c code` only, and never where processes outlive their call
     fast = argv[1:2] == ["-c"] and not settings.policy.unsafe_background_processes
@@ -360,7 +424,21 @@ def run_python(settings: Settings, p: RunPythonParams) -> dict[str, Any]:
 
 
 def run_shell(settings: Settings, p: RunShellParams) -> dict[str, Any]:
-    return run_child(_program(settings, ["/bin/sh"], p.command, ".sh"), settings, p.timeout_s, p.stdin)
+    cwd = None
+    if settings.image is not None:
+        shell_present(settings)
+        cwd = settings.image.default_dir(settings.scratch)
+    return run_child(_program(settings, ["/bin/sh"], p.command, ".sh"), settings, p.timeout_s, p.stdin, cwd=cwd)
+
+
+def shell_present(settings: Settings) -> None:
+    """A user's own image may have no shell at all (distroless): say so, not "cannot start"."""
+    if not os.access("/bin/sh", os.X_OK):
+        ref = settings.image.ref if settings.image is not None else ""
+        raise ToolError(
+            f"the image {ref} has no /bin/sh (a distroless image?): run its programs with exec argv=[...]",
+            {"missing": "/bin/sh"},
+        )
 
 
 _RETURNS = (
