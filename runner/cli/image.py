@@ -135,16 +135,20 @@ def _share_files(engine: Any, tag: str, step: Any, before: str | None) -> None:
     """Now rather than at the image's first run: its files in the volumes its sandboxes share, where the
     engine's storage driver does not share them itself (toolcage.engine.sharedfiles; a few seconds, once).
     The image this build replaced (``before``), once no tag names it, loses its volumes (~225 MiB)."""
-    from toolcage.engine import sharedfiles
+    from toolcage.engine import runtime, sharedfiles
 
     image_id = (engine.image(tag) or {}).get("Id")
     if before and before != image_id and not (engine.image(before) or {}).get("RepoTags"):
-        dropped = sharedfiles.drop(engine, before)
+        dropped = sharedfiles.drop(engine, before) + runtime.drop(engine, before)
         if dropped:
             step(f"removed the shared files of the image this build replaced ({len(dropped)} volumes)")
     if image_id and sharedfiles.enabled() and engine.flavor().shared_files:
         step("the image's program files, shared by its sandboxes (once per image)")
         sharedfiles.layers(engine, image_id)
+    if image_id:
+        # now rather than at the first run of a user's own image: the worker's runtime in two volumes
+        step("the worker's runtime, for images that are not toolcage's (once per image)")
+        runtime.find(engine, image_id)
 
 
 def build_derived_image(

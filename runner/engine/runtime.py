@@ -253,6 +253,26 @@ def _in_use(engine: EngineAPI) -> set[str]:
     return paths
 
 
+def drop(engine: EngineAPI, image_id: str) -> list[str]:
+    """Remove this worker image's runtime volumes (a build replaced the image, no tag names it): the marker
+    first, so a run asks again rather than mounting half of them; none while a live run's overlay is made of
+    them (``toolcage gc`` then, once the image is gone). The names removed."""
+    volumes = sorted(engine.volumes(f"{LABEL}={image_id}"), key=lambda v: v["Name"] != marker_name(image_id))
+    busy = _in_use(engine)
+    if any(v.get("Mountpoint") in busy for v in volumes):
+        return []
+    removed = []
+    for v in volumes:
+        try:
+            engine.remove_volume(v["Name"])
+            removed.append(v["Name"])
+        except ToolcageError:
+            continue
+    for key in [k for k in _known if k[1] == image_id]:
+        del _known[key]
+    return removed
+
+
 def forget() -> None:
     _known.clear()
 
@@ -274,6 +294,7 @@ __all__ = [
     "RT",
     "TARGETS",
     "Runtime",
+    "drop",
     "find",
     "forget",
     "make_run_volumes",

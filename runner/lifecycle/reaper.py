@@ -130,11 +130,12 @@ def shared_files_orphans(engine: EngineAPI, going: list[Orphan] | None = None) -
     """For ``gc``: what toolcage.engine.sharedfiles made and no longer needs (no run owns those). A run's
     overlay volume that goes in the same pass (``going``; default: the orphans that are not kept) does not
     hold the image's shared files, so one ``gc`` after ``docker rmi`` removes them both (the run's first)."""
-    from toolcage.engine import sharedfiles
+    from toolcage.engine import runtime, sharedfiles
 
     going = find_orphans(engine) if going is None else going
     names = frozenset(o.name for o in going if o.kind == "volume" and not o.kept)
-    return [Orphan(kind, oid, oid, "-", why) for kind, oid, why in sharedfiles.stale(engine, going=names)]
+    found = sharedfiles.stale(engine, going=names) + runtime.stale(engine)  # (and the runtime's, same reasons)
+    return [Orphan(kind, oid, oid, "-", why) for kind, oid, why in found]
 
 
 def remove(engine: EngineAPI, orphans: list[Orphan], audit: Any = None, by: str = "gc") -> None:
