@@ -225,6 +225,9 @@ def gc(dry_run: bool, kept: bool, as_json: bool) -> None:
 
         remove(engine, doomed, audit_mod.shared())
         sharedfiles.forget()
+        from toolcage.engine import runtime
+
+        runtime.forget()
     if as_json:
         emit(
             {
