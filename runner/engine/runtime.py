@@ -46,8 +46,9 @@ LABEL_VOLUMES = "toolcage.rt.volumes"  # on the marker: the data volumes, comma-
 LABEL_OVERLAY = "toolcage.rt.overlay"  # on the marker: "1" runs mount overlays of them, "0" the volumes
 TARGETS = ("/opt/toolcage/lib", "/opt/toolcage/rt")
 RT = "/opt/toolcage/rt"
-# the worker in a user's image: rt's interpreter by absolute path, never one found on the image's PATH
-ENTRYPOINT = (f"{RT}/bin/python3", "-S", "-m", "toolcage.worker")
+# the worker in a user's image: rt's interpreter by absolute path, never one found on the image's PATH;
+# -P: `-m` would put the working directory (/scratch, tool code's) first on sys.path (worker.__main__ too)
+ENTRYPOINT = (f"{RT}/bin/python3", "-P", "-S", "-m", "toolcage.worker")
 FILL_STALE_S = 600.0
 
 
@@ -166,23 +167,34 @@ def _make(engine: EngineAPI, image_id: str) -> None:
             _quiet(engine.remove, filler)
     where = {v["Name"]: v.get("Mountpoint") for v in engine.volumes(f"{LABEL}={image_id}")}
     overlay = "1" if _probe(engine, image_id, str(where.get(names[1]) or ""), base) else "0"
+    if overlay == "0" and not _probe(engine, image_id, "", base, volume=names[1]):
+        # not even the volume itself runs rt's python3: an engine that did not copy the image's directory
+        # at create (or a worker image older than rt). No marker: asked again, with the reason now
+        for name in made:
+            _quiet(engine.remove_volume, name)
+        raise SandboxError(
+            f"the worker image {short} gives no runtime for other images on this engine (its /opt/toolcage/rt "
+            "did not run from a volume): rebuild it with `toolcage image build`"
+        )
     engine.create_volume(marker_name(image_id), {**base, LABEL_VOLUMES: ",".join(names), LABEL_OVERLAY: overlay})
 
 
-def _probe(engine: EngineAPI, image_id: str, rt_path: str, base: dict[str, str]) -> bool:
-    """Whether this engine mounts an overlay of rt for a run: rt's python3 runs from one, once per image."""
-    if not rt_path:
+def _probe(engine: EngineAPI, image_id: str, rt_path: str, base: dict[str, str], volume: str | None = None) -> bool:
+    """Whether rt's python3 runs for a run: from an overlay of ``rt_path`` (this engine mounts such overlays),
+    or, given ``volume``, from that volume itself. Once per worker image."""
+    if not rt_path and volume is None:
         return False
     tag = secrets.token_hex(4)
     short = _short(image_id)
     names = (f"{PREFIX}{short}-{tag}-probe", f"{PREFIX}{short}-{tag}-empty")
     cid: str | None = None
     try:
-        engine.create_volume(names[1], base)
-        where = {v["Name"]: v.get("Mountpoint") for v in engine.volumes(f"{LABEL}={image_id}")}
-        if not where.get(names[1]):
-            return False
-        engine.create_volume(names[0], base, overlay_options(rt_path, str(where[names[1]])))
+        if volume is None:
+            engine.create_volume(names[1], base)
+            where = {v["Name"]: v.get("Mountpoint") for v in engine.volumes(f"{LABEL}={image_id}")}
+            if not where.get(names[1]):
+                return False
+            engine.create_volume(names[0], base, overlay_options(rt_path, str(where[names[1]])))
         config = {
             "Image": image_id,
             "Entrypoint": [f"{RT}/bin/python3", "-S", "-c", "pass"],
@@ -193,7 +205,7 @@ def _probe(engine: EngineAPI, image_id: str, rt_path: str, base: dict[str, str])
                 "NetworkMode": "none",
                 "ReadonlyRootfs": True,
                 "Mounts": [
-                    {"Type": "volume", "Source": names[0], "Target": RT, "ReadOnly": True,
+                    {"Type": "volume", "Source": volume or names[0], "Target": RT, "ReadOnly": True,
                      "VolumeOptions": {"NoCopy": True}}
                 ],
             },
@@ -207,9 +219,9 @@ def _probe(engine: EngineAPI, image_id: str, rt_path: str, base: dict[str, str])
     finally:
         if cid is not None:
             _quiet(engine.remove, cid)
-        # the empty layer stays while the marker names it (its Mountpoint is every overlay's second layer)
-        _quiet(engine.remove_volume, names[0])
-        _quiet(engine.remove_volume, names[1])
+        if volume is None:
+            _quiet(engine.remove_volume, names[0])
+            _quiet(engine.remove_volume, names[1])
 
 
 def stale(engine: EngineAPI, now: float | None = None) -> list[tuple[str, str, str]]:
