@@ -17,6 +17,7 @@ import pytest
 from toolcage import wait_removed
 
 ROOT = Path(__file__).resolve().parent
+pytest_plugins = ["tests.foreign_conftest_plugin"]  # foreign_image, foreign_images_all (issue 36)
 
 
 def pytest_configure(config: pytest.Config) -> None:

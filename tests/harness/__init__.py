@@ -1,0 +1,1 @@
+"""Test harnesses that build what the tests run in (issue 36: foreign images)."""
