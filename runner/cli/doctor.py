@@ -22,10 +22,22 @@ from toolcage.textsafe import escape
     show_default=True,
     help="The sandbox kind --probe proves.",
 )
+@click.option(
+    "--image",
+    "image_ref",
+    metavar="REF",
+    help="Only check this image (the engine's; nothing is pulled): what it offers and whether it runs, "
+    "from its config and one short hardened run.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def doctor(probe: bool, policy_ref: str, sandbox: str, as_json: bool) -> None:
+def doctor(probe: bool, policy_ref: str, sandbox: str, image_ref: str | None, as_json: bool) -> None:
     """Check the engine, the sandbox kinds it offers (and which `--sandbox auto` picks), the image,
     the daemon's security features and every live sandbox against its policy.
+
+    With --image REF, only that image: its platform, size, user, workdir, entrypoint, PATH and HOME, then
+    one short run under the same hardening as any run (the worker's first answer, /bin/sh, Python and its
+    version, Node, git, pip). Exit 0 when it runs, 1 with a one-line reason when it will not (missing,
+    another platform than linux/amd64, the worker not answering in it).
 
     Exit 1 when anything is weaker than it should be (or cannot be checked). Warnings (a runtime
     older than the fix for a known escape) are printed and do not change the exit code.
@@ -33,6 +45,9 @@ def doctor(probe: bool, policy_ref: str, sandbox: str, as_json: bool) -> None:
     from toolcage.ops.doctor import report as checks
 
     use_json(as_json)
+    if image_ref is not None:
+        _image(image_ref, sandbox, as_json)
+        return
     report = checks(probe, policy_ref, sandbox)
     findings: list[str] = report["findings"]
     if as_json:
@@ -40,6 +55,77 @@ def doctor(probe: bool, policy_ref: str, sandbox: str, as_json: bool) -> None:
     else:
         _doctor_text(report, findings)
     sys.exit(1 if findings else 0)
+
+
+def _image(ref: str, sandbox: str, as_json: bool) -> None:
+    """doctor --image: the report (toolcage.ops.imagecheck), then exit 0 runnable, 1 with the reason."""
+    from toolcage.cli.output import say
+    from toolcage.ops.imagecheck import check
+
+    report = check(ref, sandbox)  # NotFound (missing, another platform): the CLI's one line, exit 1
+    if as_json:
+        emit(report)
+    else:
+        for line in image_text(report):
+            click.echo(line)
+    if not report["runnable"]:
+        say(f"image {ref} will not run: {report['reason']}")
+        sys.exit(1)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _program(about: dict[str, Any] | None, ran: bool) -> str:
+    """One program's line: where and which version, or what is missing (escaped: the image answered it)."""
+    about = about or {}
+    if not about.get("present"):
+        return "not found on its PATH" if ran else "not checked"
+    words = [escape(about.get("path")) if about.get("path") else "found"]
+    if about.get("version"):
+        words.append(escape(about["version"]))
+    if about.get("via"):
+        words.append(f"(as {escape(about['via'])})")
+    if about.get("error"):
+        words.append(f"FAILS: {escape(about['error'])}")
+    return " ".join(words)
+
+
+def image_text(report: dict[str, Any]) -> list[str]:
+    """doctor --image's lines for people; every value the image or its probe gave is escaped."""
+    kind = "a toolcage worker image" if report["kind"] == "worker" else "the image's own (the worker mounted in)"
+    layers = report["layers"]
+    never = "  (never run: the worker is the entrypoint)" if report["entrypoint"] and report["kind"] != "worker" else ""
+    lines = [
+        f"image       {escape(report['ref'])}  {escape(report['id'][:19])}",
+        f"            {escape(report['platform'])}, {_mib(report['size_bytes'])}, "
+        f"{layers} layer{'s' if layers != 1 else ''}; {kind}",
+        f"user        {escape(report['user']) or '(none: root)'}; the run's code runs as 65532 whatever it says",
+        f"workdir     {escape(report['workdir']) or '(none)'}",
+        f"entrypoint  {escape(' '.join(report['entrypoint'])) or '(none)'}{never}",
+        f"PATH        {escape(report['path']) if report['path'] is not None else '(unset: the usual default)'}",
+        f"HOME        {escape(report['home']) if report['home'] is not None else '(unset: /scratch for its programs)'}",
+    ]
+    p = report.get("probe") or {}
+    if p.get("answered"):
+        lines.append(f"worker      answered in {p['first_answer_ms']:.0f} ms (sandbox {escape(p.get('sandbox'))})")
+    else:
+        lines.append(f"worker      DID NOT ANSWER: {escape(p.get('error') or '?')}")
+    ran = bool(p.get("answered"))
+    shell = p.get("shell") or {}
+    lines.append(f"shell       {'/bin/sh' if shell.get('present') else 'none' if ran else 'not checked'}")
+    py = p.get("python") or {}
+    py_line = _program(py, ran)
+    if py.get("present") and not py.get("error"):
+        py_line += "  (run_python uses it)" if py.get("supported") else "  (too old for run_python: 3.8 or newer)"
+    lines.append(f"python      {py_line}")
+    for name in ("node", "git", "pip"):
+        lines.append(f"{name:<12}{_program(p.get(name), ran)}")
+    lines.extend(f"note        {escape(n)}" for n in report.get("notes", []))
+    verdict = "runs" if report["runnable"] else f"WILL NOT RUN: {escape(report['reason'])}"
+    lines.append(f"verdict     {verdict}")
+    return lines
 
 
 def _doctor_text(report: dict[str, Any], findings: list[str]) -> None:
@@ -106,4 +192,4 @@ def _doctor_text(report: dict[str, Any], findings: list[str]) -> None:
         click.echo(f"FINDING     {escape(f)}")
 
 
-__all__ = ["doctor"]
+__all__ = ["doctor", "image_text"]
