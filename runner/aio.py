@@ -185,11 +185,16 @@ class AsyncSandbox:
         return await _on_thread(self._executor, functools.partial(self._sync.read_files, paths, missing_ok=missing_ok))
 
     async def changes(
-        self, *, download_to: str | os.PathLike[str] | None = None, max_bytes: int | None = None
+        self,
+        *,
+        path: str | None = None,
+        download_to: str | os.PathLike[str] | None = None,
+        max_bytes: int | None = None,
     ) -> Changes:
-        """As :meth:`Sandbox.changes`, on a thread."""
+        """As :meth:`Sandbox.changes`, on a thread (``path``: a writable path of the image, writable=)."""
         return await _on_thread(
-            self._executor, functools.partial(self._sync.changes, download_to=download_to, max_bytes=max_bytes)
+            self._executor,
+            functools.partial(self._sync.changes, path=path, download_to=download_to, max_bytes=max_bytes),
         )
 
     async def snapshot(self, target: str | os.PathLike[str] | IO[bytes]) -> SnapshotInfo:
@@ -249,18 +254,25 @@ class AsyncPool:
         """Runs served."""
         return self.pool.adopted
 
-    def sandbox(self, *, secrets: Mapping[str, str] | None = None) -> AsyncSandbox:
-        """An AsyncSandbox that adopts one slot when started (``async with pool.sandbox() as sb:``)."""
-        return AsyncSandbox(pool=self, secrets=secrets)
+    def sandbox(self, *, secrets: Mapping[str, str] | None = None, image: str | None = None) -> AsyncSandbox:
+        """An AsyncSandbox that adopts one slot when started (``async with pool.sandbox() as sb:``);
+        ``image``: a slot of that image (as :meth:`Pool.sandbox`)."""
+        sb = AsyncSandbox(pool=self.pool.for_image(image), secrets=secrets)
+        sb._apool = self  # within this pool's max_concurrent_starts, closed on its threads
+        return sb
 
-    def ready(self) -> int:
-        """How many slots wait, started and answering."""
-        return self.pool.ready()
+    def warm(self, image: str | None = None, count: int = 1) -> None:
+        """Start ``count`` slots of ``image`` ahead (as :meth:`Pool.warm`; never blocks)."""
+        self.pool.warm(image, count)
 
-    async def wait_ready(self, count: int | None = None, timeout: float = 60.0) -> bool:
+    def ready(self, image: str | None = None) -> int:
+        """How many slots wait, started and answering (of ``image``: default the pool's own)."""
+        return self.pool.ready(image)
+
+    async def wait_ready(self, count: int | None = None, timeout: float = 60.0, image: str | None = None) -> bool:
         """Until ``count`` (default: ``size``) slots wait; False on timeout (as :meth:`Pool.wait_ready`,
         without blocking the loop or holding a thread). Raises what stops slots from starting."""
-        pool, loop = self.pool, asyncio.get_running_loop()
+        pool, loop = self.pool.for_image(image), asyncio.get_running_loop()
         changed = asyncio.Event()
 
         def watcher() -> None:  # under the pool's lock, from any thread

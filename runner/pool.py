@@ -10,6 +10,16 @@ Labels cannot change after create, so a slot's id *is* the run id of the one run
 refilled in the background, at most ``size`` wait at once, and one unused for ``idle_s`` is
 removed (the pool goes cold when nobody asks). Every slot carries the owner and deadline labels,
 so ``toolcage gc`` and the reaper remove what a SIGKILLed owner left.
+
+Other images (an eval loop over per-task images): ``pool.sandbox(image=REF)`` takes a slot of REF.
+Each image other than the pool's own gets its slots from a sub-pool made when first asked for
+(same policy, workspace, tools and limits; slots started with the same runtime mounts as a cold
+run of that image), filled on demand: a slot starts when a run asks and waits for it, or ahead of
+time with ``pool.warm(REF, n)``; ``per_image`` keeps that many of each image asked for warm. Warm
+slots across those images are bounded by ``max_warm``: asking for one more evicts the waiting slots
+of the image asked for least recently. A sub-pool with nothing waiting, starting or asked for during
+``idle_s`` ends (its threads too); ``close()`` closes them all. Their starts share one gate of
+``parallel`` (a burst over many images starts no more containers at once than one image would).
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import dataclasses
 import functools
 import os
 import threading
@@ -64,6 +75,7 @@ class Slot:
         self.deadline = float("inf")  # epoch seconds: when its container, worker and proxy stop (set when made)
         self.session: Session | None = None
         self.retired = False
+        self.ahead = False  # taken as one of the slots its pool was asked to start ahead (Pool.warm)
 
     def adopted_by(self, log: Any, on_broken: Callable[[str], None], redact: Callable[[Any], Any] | None) -> Backend:
         """The run that took the slot: from now on the session's callbacks reach it (no reaching into it).
@@ -162,17 +174,36 @@ class Pool:
         run_s: float | None = None,
         memory: int | str | None = None,
         scratch: int | str | None = None,
+        per_image: int = 0,
+        max_warm: int | None = None,
     ) -> None:
         # start_gate: held while a slot starts, shared with whatever else starts containers on the same
         # engine (a cluster node's agent caps its engine's concurrent starts with one: toolcage.ray)
         self.start_gate = start_gate
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise UsageError("pool size must be a positive integer")
+        if isinstance(per_image, bool) or not isinstance(per_image, int) or per_image < 0:
+            raise UsageError("pool per_image must be a non-negative integer")
+        if max_warm is not None and (isinstance(max_warm, bool) or not isinstance(max_warm, int) or max_warm < 0):
+            raise UsageError("pool max_warm must be a non-negative integer (or None: size)")
         self.options = RunOptions.resolve(
             policy, tool=tool, sandbox=sandbox, image=image, workspace=workspace, tools=tools,
             run_timeout=run_timeout, engine=engine, egress_network=egress_network, egress_proxy=egress_proxy,
             ca_file=ca_file, audit=audit, run_s=run_s, memory=memory, scratch=scratch,
         )  # fmt: skip
+        self.size = size
+        self.idle_s = float(idle_s if idle_s is not None else self.options.policy.timeouts.idle_s)
+        if self.idle_s <= 0:
+            raise UsageError("pool idle_s must be a positive number of seconds")
+        self.parallel = max(1, min(parallel or min(size, 2), size))
+        self.per_image = per_image
+        self.max_warm = size if max_warm is None else max_warm
+        self._setup(token_hex(4), keep=size, parent=None)
+        self.options.warn_unreadable_workspace(self.log, in_container(self.kind))
+
+    def _setup(self, pool_id: str, keep: int, parent: Pool | None) -> None:
+        """What a pool and an image's sub-pool (``_for_image``) both are, once ``options``, ``size``,
+        ``idle_s``, ``parallel`` and ``start_gate`` are set; starts the fillers."""
         self.policy, self.kind, self.image, self.tool = (
             self.options.policy,
             self.options.kind,
@@ -181,18 +212,16 @@ class Pool:
         )
         self.workspace, self.tool_sources = self.options.workspace, self.options.tool_sources
         self.audit: Audit | None = self.options.audit
-        self.size = size
-        self.idle_s = float(idle_s if idle_s is not None else self.policy.timeouts.idle_s)
-        if self.idle_s <= 0:
-            raise UsageError("pool idle_s must be a positive number of seconds")
-        self.parallel = max(1, min(parallel or min(size, 2), size))
-        self.id = token_hex(4)
-        self.log = logs.get_logger(pool=self.id)
-        self.options.warn_unreadable_workspace(self.log, in_container(self.kind))
+        self.id = pool_id
+        self.parent = parent
+        self.log = logs.get_logger(pool=self.id) if parent is None else logs.get_logger(pool=self.id, image=self.image)
         self._cond = threading.Condition()
         self._ready: collections.deque[Slot] = collections.deque()
         self._starting = 0
         self._waiting = 0  # takers waiting: threads in take(), and async takers (_handoffs)
+        # how many wait ready when nobody asks: _keep is refilled after a take (size; a sub-pool's per_image),
+        # _extra is not (a sub-pool's warm(): started ahead for runs to come, each taken once)
+        self._keep, self._extra = keep, 0
         # async takers (toolcage.aio), oldest first: handed a slot, or what stops slots from starting, by
         # whichever thread has it (a filler, mostly); no thread waits for them
         self._handoffs: collections.deque[Handoff] = collections.deque()
@@ -203,29 +232,141 @@ class Pool:
         self._last_used = time.monotonic()  # a new pool fills at once
         self._last_taken = 0.0
         self.adopted = 0  # runs served
+        # the other images' sub-pools, least recently asked for first; the gate their starts share
+        self._images: collections.OrderedDict[str, Pool] = collections.OrderedDict()
+        self._images_lock = threading.Lock()
+        self._image_gate = self.start_gate or threading.Semaphore(self.parallel)
         self._threads = [
             threading.Thread(target=self._fill, name=f"toolcage-pool-fill-{i}", daemon=True)
             for i in range(self.parallel)
         ]
-        _POOLS.add(self)
+        if parent is None:
+            _POOLS.add(self)
         for t in self._threads:
             t.start()
 
+    # other images --------------------------------------------------------------------------
+    def for_image(self, image: str | None) -> Pool:
+        """The pool whose slots run ``image``: this one for its own image (or None), else that image's
+        sub-pool, made on first use (counted as asked for now: it is the most recently used)."""
+        if image is None or image == self.image:
+            return self
+        if not isinstance(image, str) or not image:
+            raise UsageError("image must be an image reference (name[:tag] or an image id)")
+        if self.parent is not None:
+            return self.parent.for_image(image)
+        with self._images_lock:
+            if self._closed:
+                raise UsageError("the pool is closed")
+            for ended in [ref for ref, p in self._images.items() if p._closed]:
+                del self._images[ended]  # (their fillers have returned)
+            sub = self._images.get(image)
+            if sub is not None and not sub._touch(self.per_image):
+                sub = None  # it ended, idle: a new one
+            if sub is None:
+                sub = self._images[image] = self._for_image(image)
+            self._images.move_to_end(image)
+            if self.per_image:
+                self._bound(sub)
+            return sub
+
+    def _for_image(self, image: str) -> Pool:
+        sub = Pool.__new__(Pool)
+        sub.start_gate = self._image_gate  # shared: a burst over many images starts `parallel` at a time
+        sub.options = dataclasses.replace(self.options, image=image)
+        sub.size, sub.idle_s, sub.per_image, sub.max_warm = max(self.per_image, 1), self.idle_s, 0, 0
+        sub.parallel = self.parallel
+        sub._setup(self.id, keep=self.per_image, parent=self)  # the pool's id: its slots carry its label
+        return sub
+
+    def _touch(self, keep: int) -> bool:
+        """A sub-pool asked for: False if it has ended (idle), else it is now in use, and keeps ``keep``
+        warm again (an eviction may have cut it)."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._last_used = time.monotonic()
+            self._keep = keep
+            return True
+
+    def warm(self, image: str | None = None, count: int = 1) -> None:
+        """Start ``count`` slots of ``image`` ahead of the runs that will take them (each taken once, not
+        refilled), within ``max_warm`` across images: the least recently asked-for image's waiting slots
+        are evicted to make room. The pool's own image (None) is kept at ``size`` already."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise UsageError("warm count must be a non-negative integer")
+        sub = self.for_image(image)
+        if sub is self:
+            return
+        with self._images_lock:
+            with sub._cond:
+                sub._extra += count
+                sub._last_used = time.monotonic()
+            self._bound(sub)
+            with sub._cond:
+                sub._changed()
+
+    def _bound(self, keep: Pool) -> None:
+        """Held under _images_lock: at most ``max_warm`` slots asked for ahead across the sub-pools;
+        beyond, the least recently asked-for image's are evicted (``keep``'s last, and only down to what
+        fits). Slots a run waits for are not warm: never evicted."""
+
+        def asked(p: Pool) -> int:
+            return p._keep + p._extra
+
+        over = sum(asked(p) for p in self._images.values()) - self.max_warm
+        for p in [*(p for p in self._images.values() if p is not keep), keep]:
+            if over <= 0:
+                break
+            with p._cond:
+                cut = min(over, asked(p))
+                over -= cut
+                from_extra = min(cut, p._extra)
+                p._extra -= from_extra
+                p._keep -= cut - from_extra
+                evicted: list[Slot] = []
+                while len(p._ready) > asked(p) + p._waiting:
+                    evicted.append(p._ready.pop())
+                p._changed()
+            for slot in evicted:
+                p._retire(slot, "evicted")
+
+    def images(self) -> dict[str, int]:
+        """The other images' sub-pools now, and how many slots of each wait ready."""
+        with self._images_lock:
+            subs = list(self._images.items())
+        return {image: sub.ready() for image, sub in subs if not sub._closed}
+
+    def _idle_end(self, now: float) -> bool:
+        """Held under the lock: a sub-pool nobody asked anything of during idle_s, with nothing waiting
+        or starting, ends (its fillers return); the next ask makes a new one."""
+        if self.parent is None or self._ready or self._starting or self._waiting or self._handoffs:
+            return False
+        if self._keep + self._extra > 0 or now - self._last_used < self.idle_s:
+            return False
+        self._closed = True
+        return True
+
     # the caller's side -----------------------------------------------------------------
-    def sandbox(self, *, secrets: Mapping[str, str] | None = None) -> Any:
-        """A Sandbox that adopts one slot when started (``with pool.sandbox() as sb:``)."""
+    def sandbox(self, *, secrets: Mapping[str, str] | None = None, image: str | None = None) -> Any:
+        """A Sandbox that adopts one slot when started (``with pool.sandbox() as sb:``); ``image``: a slot
+        of that image (default: the pool's own), from its sub-pool (see the module's note)."""
         from toolcage.sandbox import Sandbox
 
-        return Sandbox(pool=self, secrets=secrets)
+        return Sandbox(pool=self.for_image(image), secrets=secrets)
 
-    def ready(self) -> int:
-        """How many slots wait, started and answering."""
-        with self._cond:
-            return len(self._ready)
+    def ready(self, image: str | None = None) -> int:
+        """How many slots wait, started and answering (of ``image``: default the pool's own)."""
+        pool = self.for_image(image) if image is not None else self
+        with pool._cond:
+            return len(pool._ready)
 
-    def wait_ready(self, count: int | None = None, timeout: float = 60.0) -> bool:
-        """Block until ``count`` (default: ``size``) slots wait; False on timeout. Raises what stops
-        slots from starting (the image missing, Docker down)."""
+    def wait_ready(self, count: int | None = None, timeout: float = 60.0, image: str | None = None) -> bool:
+        """Block until ``count`` (default: ``size``; of another ``image``: what was asked for it with
+        ``per_image`` and ``warm()``) slots wait; False on timeout. Raises what stops slots from starting
+        (the image missing, Docker down)."""
+        if image is not None and (pool := self.for_image(image)) is not self:
+            return pool.wait_ready(count, timeout)
         want = self.wanted_ready(count)
         until = time.monotonic() + timeout
         with self._cond:
@@ -240,8 +381,9 @@ class Pool:
         """(Internal: wait_ready's first step, and AsyncPool's.) How many slots a wait_ready waits for
         (asking is using: a pool gone cold refills; counted once, from now: counted on every wake-up,
         slots made meanwhile would outlive the pool's use)."""
-        want = self.size if count is None else min(count, self.size)
         with self._cond:
+            asked = self._keep + self._extra  # a sub-pool's: what per_image and warm() asked for
+            want = asked if count is None else min(count, max(asked, self.size if self.parent is None else 0))
             self._last_used = time.monotonic()
             self._changed()
         return want
@@ -306,7 +448,11 @@ class Pool:
             return None
         self.adopted += 1
         self._last_taken = time.monotonic()
-        return self._ready.popleft()
+        slot = self._ready.popleft()
+        slot.ahead = self._extra > 0
+        if slot.ahead:  # one started ahead (warm()) is taken: not refilled
+            self._extra -= 1
+        return slot
 
     # the async twin's side (toolcage.aio: AsyncPool, AsyncSandbox(pool=...)), no thread waits for them.
     # Internal, not for users: wanted_ready, ready_for and watch above; take_later, forget and give_back here.
@@ -335,6 +481,7 @@ class Pool:
         with self._cond:
             if not self._closed:
                 self.adopted -= 1
+                self._extra += slot.ahead  # as it was before the hand-off
                 self._ready.appendleft(slot)
                 self._changed()
                 return
@@ -352,6 +499,7 @@ class Pool:
             self._waiting -= 1
             if not handoff(slot):  # its event loop is gone: the slot goes to the next taker
                 self.adopted -= 1
+                self._extra += slot.ahead
                 self._ready.appendleft(slot)
         if self._handoffs and (stop := self._why_no_slot(starting=True)) is not None:
             while self._handoffs:
@@ -373,7 +521,7 @@ class Pool:
             return False
         have = len(self._ready) + self._starting
         in_use = now - self._last_used < self.idle_s or self._waiting > 0
-        return in_use and have < self.size + max(self._waiting - len(self._ready), 0)
+        return in_use and have < self._keep + self._extra + max(self._waiting - len(self._ready), 0)
 
     def _fill(self) -> None:
         while True:
@@ -386,7 +534,7 @@ class Pool:
                             break
                         self._cond.wait(later)
                         continue
-                    if self._closed:
+                    if self._closed or self._idle_end(now):
                         return
                     self._expire_idle()
                     self._cond.wait(min(self.idle_s / 4, 1.0))
@@ -505,8 +653,13 @@ class Pool:
             waiting = list(self._ready)
             self._ready.clear()
             self._changed()  # async takers still waiting learn that the pool is closed
+        with self._images_lock:  # (for_image makes none once it sees the pool closed)
+            subs = list(self._images.values())
+            self._images.clear()
         for slot in waiting:
             self._retire(slot, "closed")
+        for sub in subs:
+            sub.close()
         for t in self._threads:
             t.join(READY_WAIT_S + 5)  # a slot mid-start is retired by its filler
         removal.wait_removed()
