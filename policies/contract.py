@@ -33,6 +33,8 @@ ENV_TOOL_MODULES = "TOOLCAGE_TOOL_MODULES"  # extra tool modules to load
 # tools (their children run with the image's ENV and WORKDIR); the worker itself runs from the rt mount
 ENV_IMAGE_CONFIG = "TOOLCAGE_IMAGE_CONFIG"
 ENV_WORKSPACE_COPY = "TOOLCAGE_WORKSPACE_COPY"  # "1": /workspace is the run's writable copy (workspace_mode copy)
+# ":"-joined paths of the image made writable for the run (a tmpfs each, filled by the runner: writable=)
+ENV_WRITABLE = "TOOLCAGE_WRITABLE"
 # Inside the sandbox, set by the worker for its own children.
 ENV_PROXY = "TOOLCAGE_PROXY"  # host:port of the in-sandbox relay to the egress proxy
 ENV_HANDLER_FD = "TOOLCAGE_HANDLER_FD"  # a connector handler's private protocol fd
@@ -132,6 +134,7 @@ __all__ = [
     "ENV_WATCH_RUNNER",
     "ENV_WORKSPACE",
     "ENV_WORKSPACE_COPY",
+    "ENV_WRITABLE",
     "ENV_ZYGOTE",
     "EXIT_CONFIG",
     "EXIT_DEADLINE",

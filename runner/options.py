@@ -101,6 +101,9 @@ class RunOptions:
     # copy leaves out what the workspace's .gitignore files ignore, and .git
     workspace_copy: bool = False
     workspace_gitignore: bool = False
+    # writable=: paths of the image writable for the run, (path, size cap in bytes), each a tmpfs the
+    # runner fills with the image's content there (toolcage.files.imagepaths); () keeps the root read-only
+    writable: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def resolve(
@@ -124,13 +127,19 @@ class RunOptions:
         run_s: float | None = None,
         memory: int | str | None = None,
         scratch: int | str | None = None,
+        writable: Iterable[str] | str = (),
+        writable_size: int | str | None = None,
     ) -> RunOptions:
         """Check and resolve every option before anything starts (UsageError/PolicyError with the fix).
 
         ``run_s``, ``memory``, ``scratch``: the policy's ``timeouts.run_s`` and ``limits.memory`` and
         ``limits.scratch`` set for this run (as the CLI's ``--run-s``, ``--memory``, ``--scratch``: sizes
         as bytes or ``"512m"``, ``"1g"``), checked against the model like the policy's own; ``run_timeout``
-        then only tightens the deadline."""
+        then only tightens the deadline.
+
+        ``writable``: paths of the image (``/testbed``, ``/root``, ``/usr/local``, ``/tmp``) made writable for
+        this run, each a tmpfs of ``writable_size`` (default 256m) filled with the image's content there; the
+        sizes count against ``memory`` (a tmpfs is memory), with ``scratch`` (toolcage.files.imagepaths)."""
         from toolcage import connectors
         from toolcage.backends import default_kind, resolve_kind
         from toolcage.workspace import validate_workspace
@@ -144,10 +153,20 @@ class RunOptions:
             raise UsageError(f"workspace_mode must be one of {', '.join(WORKSPACE_MODES)}, not {workspace_mode!r}")
         if workspace_gitignore and workspace_mode != "copy":
             raise UsageError("workspace_gitignore applies to a workspace copy: give workspace_mode='copy' too")
+        # auto: the strongest the engine has; a policy's isolation minimum is checked here
+        kind = resolve_kind(default_kind(sandbox), pol, engine)
+        wanted = (writable,) if isinstance(writable, str) else tuple(writable)
+        if wanted:
+            from toolcage.files import imagepaths
+
+            paths = imagepaths.check(wanted, writable_size, pol.limits, workspace_mode == "copy", kind)
+        elif writable_size is not None:
+            raise UsageError("writable_size sizes the writable paths: give writable=PATH too (--writable PATH)")
+        else:
+            paths = ()
         return cls(
             policy=pol,
-            # auto: the strongest the engine has; a policy's isolation minimum is checked here
-            kind=resolve_kind(default_kind(sandbox), pol, engine),
+            kind=kind,
             image=worker_image(image),
             tool=tool,
             workspace=validate_workspace(workspace) if workspace is not None else None,
@@ -161,6 +180,7 @@ class RunOptions:
             engine=engine,
             workspace_copy=workspace_mode == "copy",
             workspace_gitignore=workspace_gitignore,
+            writable=paths,
         )
 
     def backend_options(self) -> dict[str, Any]:

@@ -223,6 +223,7 @@ class Run:
             owner_started=owner_started,
             workspace=None if opts.workspace_copy else opts.workspace,
             workspace_copy=opts.workspace_copy,
+            writable=opts.writable,
             keep=opts.keep,
             tool_mounts=tuple((str(src.path), src.target) for src in opts.tool_sources),
             **extra,

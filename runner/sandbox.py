@@ -41,6 +41,7 @@ from toolcage.run import interrupted_error as interrupted_error  # re-exported (
 if TYPE_CHECKING:
     from toolcage.files.changes import Changes
     from toolcage.files.download import DownloadResult
+    from toolcage.files.imagepaths import Originals
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
     from toolcage.pool import Pool, Slot
@@ -51,7 +52,14 @@ class Sandbox:
 
     ``policy``: a bundled name, a file, a mapping or a Policy; ``run_s`` (its deadline, 60 s in the bundled
     policies), ``memory`` and ``scratch`` (sizes: bytes, ``"512m"``, ``"1g"``) set those of its knobs for
-    this run, checked as the policy's own (the CLI's ``--run-s``, ``--memory``, ``--scratch``)."""
+    this run, checked as the policy's own (the CLI's ``--run-s``, ``--memory``, ``--scratch``).
+
+    ``writable``: paths of the image (``("/testbed", "/root")``) writable for this run, each a tmpfs of
+    ``writable_size`` (default 256m) the runner fills with the image's content there before the first call:
+    writes past it get ENOSPC, other runs never see them, nothing is left after the run, and the root stays
+    read-only elsewhere. The sizes, with ``scratch``, count against ``memory`` (a tmpfs is memory: raise it for
+    bigger paths). ``changes(path="/testbed")`` is then the diff against the image's tree there
+    (toolcage.files.imagepaths)."""
 
     # close() returns once the worker's input is closed; the container is removed by a background
     # thread (toolcage.wait_removed() waits for it; at exit it is waited for anyway)
@@ -82,6 +90,8 @@ class Sandbox:
         run_s: float | None = None,
         memory: int | str | None = None,
         scratch: int | str | None = None,
+        writable: Iterable[str] | str = (),
+        writable_size: int | str | None = None,
     ) -> None:
         # pool: start() adopts one of its pre-started sandboxes, made for the pool's policy, workspace,
         # tools and image (toolcage.pool); this run brings its secrets, and its deadline starts at adoption
@@ -94,10 +104,11 @@ class Sandbox:
             if self._resume.workspace:  # a snapshot with a workspace copy resumes into one
                 workspace_mode = "copy"
         if pool is not None:
-            own = (run_timeout, workspace, image, run_s, memory, scratch)
-            if keep or tools or any(value is not None for value in own):
+            own = (run_timeout, workspace, image, run_s, memory, scratch, writable_size)
+            if keep or tools or writable or any(value is not None for value in own):
                 raise UsageError(
-                    "a pooled sandbox takes its policy, workspace, tools, image, timeouts and limits from its pool"
+                    "a pooled sandbox takes its policy, workspace, tools, image, writable paths, timeouts and limits "
+                    "from its pool"
                 )
             if workspace_mode != "ro" or resume is not None:
                 raise UsageError(
@@ -110,8 +121,10 @@ class Sandbox:
                 run_timeout=run_timeout, engine=engine, egress_network=egress_network, egress_proxy=egress_proxy,
                 ca_file=ca_file, audit=audit, keep=keep, workspace_gitignore=workspace_gitignore,
                 workspace_mode=workspace_mode, run_s=run_s, memory=memory, scratch=scratch,
+                writable=writable, writable_size=writable_size,
             )  # fmt: skip
         self.options = opts
+        self._originals: Originals | None = None  # writable=: the image's trees, read at start
         if opts.workspace_copy and opts.workspace is not None and self._resume is None:
             self._check_copy_size()
         self._snapshot_key = snapshot_key
@@ -183,6 +196,8 @@ class Sandbox:
             redact=self._secrets.redact if self._secrets else None,  # after the worker's own redaction
         )
         try:
+            if self.options.writable:  # read before the sandbox exists: a path the image lacks starts nothing
+                self._read_image_paths()
             self._run.begin(session.parser, closer=self.close)
         except BaseException as exc:
             if not isinstance(exc, Exception):
@@ -199,8 +214,28 @@ class Sandbox:
             raise
         return self
 
+    def _read_image_paths(self) -> None:
+        """writable=: the image's trees at its writable paths, read by the engine (toolcage.files.imagepaths)."""
+        from toolcage.engine import labels as run_labels
+        from toolcage.engine import ownership
+        from toolcage.files.imagepaths import FETCH_SECONDS, Originals
+
+        engine = getattr(self._run.backend, "engine", None)
+        if engine is None:
+            raise UsageError(f"writable= needs a container sandbox, and this run's is {self.kind}")
+        owner, owner_started = ownership.owner()
+        labels = {
+            run_labels.LABEL_RUN_ID: self.run_id, run_labels.LABEL_TOOL: self.tool,
+            run_labels.LABEL_OWNER: owner, run_labels.LABEL_OWNER_STARTED: owner_started,
+            run_labels.LABEL_OWNER_NS: ownership.namespace_key(),
+            run_labels.LABEL_DEADLINE: f"{time.time() + 2 * FETCH_SECONDS:.3f}", run_labels.LABEL_KEEP: "0",
+        }  # fmt: skip
+        self._originals = Originals()
+        self._originals.read(engine, self.image, self.options.writable, labels)
+
     def _fill(self) -> None:
-        """A resumed run's files (its snapshot's scratch, and its workspace copy), or the workspace copy."""
+        """A resumed run's files (its snapshot's scratch, and its workspace copy), or the workspace copy; the
+        writable paths of the image (writable=)."""
         from toolcage.files import upload
 
         def call(params: dict[str, Any]) -> CallResult:
@@ -229,6 +264,8 @@ class Sandbox:
                     "workspace.withheld", count=got.withheld_count, paths=got.withheld[:20],
                     hint=f"uid {contract.SANDBOX_UID} (the sandbox) could not read these: `chmod o+rX` to copy them",
                 )  # fmt: skip
+        if self._originals is not None:
+            self._originals.fill(call, self.log)
 
     # the async twin's side (toolcage.aio.AsyncSandbox): internal, not for users ----------------------
     def claim_start(self) -> None:
@@ -397,7 +434,7 @@ class Sandbox:
         its policy lets its scratch and workspace copy hold, not a fixed cap (toolcage.files.download.out_bound)."""
         from toolcage.files import download as transfer
 
-        return transfer.out_bound(self.policy.limits)
+        return transfer.out_bound(self.policy.limits) + sum(size for _, size in self.options.writable)
 
     def download(
         self,
@@ -441,11 +478,27 @@ class Sandbox:
 
         return batch.read_files(self.call, paths, missing_ok=missing_ok)
 
-    def changes(self, *, download_to: str | os.PathLike[str] | None = None, max_bytes: int | None = None) -> Changes:
+    def changes(
+        self,
+        *,
+        path: str | None = None,
+        download_to: str | os.PathLike[str] | None = None,
+        max_bytes: int | None = None,
+    ) -> Changes:
         """What the run changed in its writable workspace copy, against the host's workspace: ``added``,
         ``changed`` and ``removed`` paths and a ``diff`` that ``git apply`` takes in that directory (binary
-        files included); ``download_to``: also write the added and changed files there (toolcage.files.changes)."""
+        files included); ``download_to``: also write the added and changed files there (toolcage.files.changes).
+        ``path``: a writable path of the image (writable=) instead, against the image's tree there: the diff
+        applies in that directory of the image (``git apply`` in /testbed)."""
         from toolcage.files import changes
+
+        if path is not None:
+            if self._originals is None:
+                raise changes.ChangesUsage(f"{path} is not writable in this run: start it with writable=({path!r},)")
+            cap = dict(self.options.writable).get(path.rstrip("/") or "/", 0)
+            return self._originals.changes(
+                self.call, path, download_to=download_to, max_bytes=2 * cap if max_bytes is None else max_bytes
+            )
 
         if not self.options.workspace_copy:
             raise changes.ChangesUsage(
@@ -522,5 +575,7 @@ class Sandbox:
         finally:
             if run.session is not None:
                 run.session.close()
+            if self._originals is not None:
+                self._originals.close()
             self.summary = run.finish(status, run.calls, self._usage)
         return self.summary

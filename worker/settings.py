@@ -64,6 +64,7 @@ class Settings:
         pooled: bool = False,
         workspace_copy: bool = False,
         image: Image | None = None,
+        image_roots: tuple[str, ...] = (),
     ) -> None:
         self._policy_json = policy_json
         self._policy: Policy | None = None
@@ -79,14 +80,23 @@ class Settings:
         self.workspace_copy = workspace_copy and self.workspace is not None
         # a user's own image (not toolcage's): its ENV and WORKDIR, for the programs the tools run in it
         self.image = image
+        # writable paths of the image (writable=: /testbed, /usr/local): a tmpfs each, filled by the runner;
+        # the file tools, upload and download place paths under them as under /scratch (worker.tools.paths)
+        from toolcage.worker.tools import paths
+
+        paths.set_image_roots(image_roots)
+        self.image_roots = paths.image_roots()
 
     @property
     def writable_roots(self) -> tuple[str, ...]:
-        """The roots a tool may write under, by their names: /scratch, and /workspace when it is a copy."""
-        return (SCRATCH, WORKSPACE) if self.workspace_copy else (SCRATCH,)
+        """The roots a tool may write under, by their names: /scratch, /workspace when it is a copy, and the
+        writable paths of the image."""
+        return ((SCRATCH, WORKSPACE) if self.workspace_copy else (SCRATCH,)) + self.image_roots
 
     def real_root(self, name: str) -> str:
-        """Where the root named ``name`` (/workspace or /scratch) is on this machine."""
+        """Where the root named ``name`` (/workspace, /scratch or a writable path of the image) is on this machine."""
+        if name in self.image_roots:
+            return name
         if name == WORKSPACE:
             assert self.workspace is not None
             return self.workspace
@@ -134,6 +144,7 @@ class Settings:
             pooled=os.environ.get(contract.ENV_POOLED) == "1",
             workspace_copy=os.environ.get(contract.ENV_WORKSPACE_COPY) == "1",
             image=_image_from_env(),
+            image_roots=tuple(p for p in os.environ.get(contract.ENV_WRITABLE, "").split(":") if p),
         )
 
 

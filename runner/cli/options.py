@@ -65,6 +65,8 @@ def sandbox_options(f: Any = None, *, without: tuple[str, ...] = ()) -> Any:
     (``toolcage mcp wrap`` has no connectors and an --image of its own)."""
     if f is None:
         return lambda g: sandbox_options(g, without=without)
+    if "image" in without:  # mcp wrap, with an --image of its own: no --writable there yet
+        without = (*without, "writable", "writable_size")
     opts = [
         click.option(
             "--sandbox",
@@ -99,6 +101,21 @@ def sandbox_options(f: Any = None, *, without: tuple[str, ...] = ()) -> Any:
         click.option("--keep", is_flag=True, help="Leave the container after the run, for debugging."),
         click.option(
             "--image", default=None, help="Worker image (default toolcage-worker:<version>, or $TOOLCAGE_IMAGE)."
+        ),
+        click.option(
+            "--writable",
+            "writable",
+            multiple=True,
+            metavar="PATH",
+            help="A directory of the image writable for this run (repeatable, e.g. /testbed, /root, /usr/local): a "
+            "tmpfs of --writable-size filled with the image's content there, discarded at the end.",
+        ),
+        click.option(
+            "--writable-size",
+            "writable_size",
+            default=None,
+            metavar="SIZE",
+            help="The cap of each --writable path, e.g. 512m (default 256m; counts against --memory).",
         ),
         click.option("-v", "--verbose", count=True, help="Log run events on stderr (-vv for debug)."),
         click.option(
@@ -172,6 +189,10 @@ def sandbox(tool: str, opts: dict[str, Any], **more: Any) -> Any:
     from toolcage.sandbox import Sandbox
 
     kwargs = keywords(tool, opts)
+    if opts.get("writable"):  # writable=: the run's own paths of the image (not a pool's: see pool())
+        kwargs.update(writable=tuple(opts["writable"]), writable_size=opts.get("writable_size"))
+    elif opts.get("writable_size") is not None:
+        raise UsageError("--writable-size sizes the --writable paths: give --writable PATH too")
     return Sandbox(policy(opts), keep=opts["keep"], secrets=parse_secret_options(opts["secret"]), **kwargs, **more)
 
 
@@ -185,6 +206,8 @@ def pool(tool: str, opts: dict[str, Any], size: int) -> Any:
     kwargs = keywords(tool, opts)
     if opts["keep"]:
         raise UsageError("--keep cannot be used with --pool: a pooled container is always removed after its run")
+    if opts.get("writable"):
+        raise UsageError("--writable cannot be used with --pool yet: each run fills its paths from the image at start")
     secrets = parse_secret_options(opts["secret"])
     warm = Pool(policy(opts), size=size, **kwargs)
     return warm, lambda: Sandbox(pool=warm, secrets=secrets)

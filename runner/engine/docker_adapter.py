@@ -132,6 +132,16 @@ class Engine:
         chunks = _call(self.api.get_image, ref, chunk_size=1 << 20, image=ref)
         return iter(chunks)
 
+    def archive(self, cid: str, path: str) -> tuple[Iterator[bytes], dict[str, Any]] | None:
+        """``GET /containers/{cid}/archive?path=PATH``: the tree at ``path`` as a tar stream (in chunks), read
+        by the engine from the container's layers as root, and its stat (name, size, mode, linkTarget); None
+        when there is nothing at ``path`` (toolcage.files.imagepaths)."""
+        got = _call(self.api.get_archive, cid, path, chunk_size=1 << 20, on_missing=None)
+        if got is None:
+            return None
+        stream, st = got
+        return iter(stream), dict(st or {})
+
     def load_image(self, data: bytes | Iterator[bytes]) -> None:
         """``docker load`` of a ``save_image`` stream; the image keeps its id and tags."""
         out = _call(self.api.load_image, data, quiet=True)

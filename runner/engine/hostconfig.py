@@ -92,6 +92,8 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
     }
     if run.workspace_copy:
         reserved[contract.ENV_WORKSPACE_COPY] = "1"
+    if run.writable:
+        reserved[contract.ENV_WRITABLE] = ":".join(path for path, _ in run.writable)
     if runtime.tool_namespaces:
         # tool code starts in namespaces of its own, where gVisor's procfs and signals would let it
         # reach the worker (toolcage.worker.children.namespaces)
@@ -110,6 +112,13 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
         tmpfs[WORKSPACE] = (
             f"rw,nosuid,nodev,exec,size={lim.workspace_copy},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755"
         )
+    for path, size in run.writable:
+        # Threat: a run filling the host's disk, or leaving files for the next run of the image. A writable
+        # path of the image (writable=) is a tmpfs of its own: every write capped by the kernel (ENOSPC, the
+        # sandbox lives on), charged to the run's memory, gone with the container; the image's content is
+        # put there by the runner over the protocol (toolcage.files.imagepaths: the engine cannot write into
+        # a gVisor sentry's tmpfs), owned by the sandbox user, never setuid or device nodes.
+        tmpfs[path] = f"rw,nosuid,nodev,exec,size={size},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755"
     host_config: dict[str, Any] = {
         "ReadonlyRootfs": True,  # tool code cannot alter the image (or plant files for later calls)
         "Mounts": mounts,

@@ -87,6 +87,9 @@ class RunSpec:
     # runs from the runtime's volumes (toolcage.engine.runtime), mounted read-only as (volume, path) pairs
     foreign: ImageConfig | None = None
     runtime_mounts: tuple[tuple[str, str], ...] = ()
+    # writable=: (path of the image, size cap in bytes) pairs, each a tmpfs of its own the runner fills with
+    # the image's content there over the protocol (toolcage.files.imagepaths); () keeps the root read-only
+    writable: tuple[tuple[str, int], ...] = ()
     # the namespace the owner's pid means a process in (ownership.namespace_key), of the process that made the spec
     owner_ns: str = field(default_factory=ownership.namespace_key)
 

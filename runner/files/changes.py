@@ -110,7 +110,7 @@ def _result(res: Any, what: str) -> dict[str, Any]:
     raise ChangesError(f"{what} failed ({res.status}): {escape(str(err.get('message', '')))}")
 
 
-def _unwire(path: str) -> str | None:
+def _unwire(path: str, prefix: str = _PREFIX) -> str | None:
     """A path as the tools name it (``/workspace/…``, quoted when not UTF-8) as a relative path, or None."""
     if len(path) >= 3 and path.startswith('"/') and path.endswith('"'):
         raw, body, i = bytearray(), path[1:-1], 0
@@ -129,9 +129,9 @@ def _unwire(path: str) -> str | None:
                 raw += c.encode("utf-8", "surrogateescape")
                 i += 1
         path = os.fsdecode(bytes(raw))
-    if not path.startswith(_PREFIX):
+    if not path.startswith(prefix):
         return None
-    return clean(path[len(_PREFIX) :])
+    return clean(path[len(prefix) :])
 
 
 # A symlink named like .gitmodules is refused by git too (what git takes for .git: toolcage.files.outbound).
@@ -150,17 +150,22 @@ def collect(
     diff_seconds: float = DIFF_SECONDS,
     max_diff_bytes: int = MAX_DIFF_BYTES,
     repo_ignores: bool = True,
+    root: str = contract.WORKSPACE,
 ) -> Changes:
     """The run's changes against ``host`` (module doc); ``prior``: paths a resumed snapshot had changed;
     ``diff_seconds``: the deadline of the work git does on the host; ``max_diff_bytes``: the most diff
     returned (files past it are changed, not shown); ``repo_ignores``: leave out what the ignore rules of
-    the host's git repository leave out (``Changes.ignored``; the module doc says why by default)."""
+    the host's git repository leave out (``Changes.ignored``; the module doc says why by default); ``root``:
+    a writable path of the image instead of /workspace (toolcage.files.imagepaths: ``host`` is then the image's
+    tree there, as the runner sent it, and nothing of it was withheld from the sandbox)."""
     if host is None:
         raise ChangesUsage(
             "changes() compares the copy with the workspace it was made from, and this run has none: "
             "pass workspace=DIR (with resume=, the directory the snapshot's copy came from)"
         )
-    hints = _result(call("workspace_changes", {"gitignore": gitignore}), "changes")
+    prefix = root + "/"
+    asked: dict[str, Any] = {"gitignore": gitignore, **({"root": root} if root != contract.WORKSPACE else {})}
+    hints = _result(call("workspace_changes", asked), "changes")
     if hints.get("truncated"):
         raise ChangesError(f"changes: more than {DEFAULT_MAX_FILES} paths changed; download the workspace instead")
     skipped: list[dict[str, str]] = []
@@ -168,9 +173,9 @@ def collect(
     gone: set[str] = set()
     for key, into in (("changed", touched), ("removed", gone)):
         for raw in hints.get(key) or ():
-            rel = _unwire(raw) if isinstance(raw, str) else None
+            rel = _unwire(raw, prefix) if isinstance(raw, str) else None
             if rel is None:
-                skipped.append({"path": escape(str(raw)), "reason": "not a plain path in the workspace"})
+                skipped.append({"path": escape(str(raw)), "reason": f"not a plain path in {root}"})
             else:
                 into.add(rel)
     for rel in prior:
@@ -183,7 +188,7 @@ def collect(
     try:
         os.mkdir(os.path.join(work, "new"), 0o700)
         os.mkdir(os.path.join(work, "old"), 0o700)
-        got = _Gather(call, tree, work, skipped, max_bytes, max_files)
+        got = _Gather(call, tree, work, skipped, max_bytes, max_files, root)
         got.fetch(touched, gitignore, gone, deadline if repo_ignores else None)
         return got.compare(download_to, deadline - time.monotonic(), max_diff_bytes)
     finally:
@@ -195,9 +200,16 @@ class _Gather:
     """One changes(): the new sides fetched, each path compared, the diff made by git (toolcage.files.gitplumb)."""
 
     def __init__(
-        self, call: ToolCall, tree: HostTree, work: str, skipped: list[dict[str, str]], max_bytes: int, max_files: int
+        self,
+        call: ToolCall,
+        tree: HostTree,
+        work: str,
+        skipped: list[dict[str, str]],
+        max_bytes: int,
+        max_files: int,
+        root: str = contract.WORKSPACE,
     ) -> None:
-        self.call, self.tree, self.work, self.skipped = call, tree, work, skipped
+        self.call, self.tree, self.work, self.skipped, self.root = call, tree, work, skipped, root
         self.max_bytes, self.max_files = max_bytes, max_files
         self.new: dict[str, Side] = {}
         self.unsent: dict[str, str] = {}  # paths the worker named but did not send (a sparse file): why
@@ -220,7 +232,7 @@ class _Gather:
                     gone.discard(rel)
         # what the copy withheld (the sandbox's user could not read it through the mount: toolcage.files.mountview)
         # is never read for the diff: its old side would hand the host's 0600 file to whoever reads the diff
-        for rel in sorted(touched | gone, key=os.fsencode):
+        for rel in sorted(touched | gone, key=os.fsencode) if self.root == contract.WORKSPACE else ():
             if self.tree.kind(rel) is not None and not mountview.copied(self.tree.root, rel):
                 self.skip(rel, "withheld from the copy (the sandbox's user cannot read it on the host): never read")
                 touched.discard(rel)
@@ -236,7 +248,7 @@ class _Gather:
         got = DownloadResult("")
         entries = transfer.members(
             call_download(self.call),
-            {"path": contract.WORKSPACE, "paths": [_PREFIX + p for p in sorted(touched)]},
+            {"path": self.root, "paths": [f"{self.root}/{p}" for p in sorted(touched)]},
             max_bytes=self.max_bytes,
             max_files=self.max_files,
             result=got,

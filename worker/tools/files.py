@@ -487,6 +487,8 @@ def full_message(root: str) -> str:
     """What a full root is called, with the policy limit that sizes it."""
     if root == WORKSPACE:
         return f"{WORKSPACE} is full (limits.workspace_copy, the size of the workspace copy)"
+    if root != SCRATCH:
+        return f"{root} is full (writable_size, the size of each writable path of the image)"
     return f"{SCRATCH} is full (limits.scratch)"
 
 

@@ -30,6 +30,21 @@ from toolcage.worker.tools.names import from_wire, to_wire
 MAX_PATH = 4096  # PATH_MAX: longer is a params error, never an OSError deep inside a tool
 NAME_MAX = 255  # bytes per component, as every Linux file system limits it
 
+# writable paths of the image (writable=: /testbed, /usr/local), each a root of its own, named as it is
+# mounted (a tmpfs the runner filled): set once at start from TOOLCAGE_WRITABLE (worker.settings)
+_image_roots: tuple[str, ...] = ()
+
+
+def set_image_roots(roots: tuple[str, ...]) -> None:
+    """The run's writable image paths, as roots the tools place paths under (worker.settings)."""
+    global _image_roots
+    _image_roots = tuple(os.path.normpath(r) for r in roots if os.path.isabs(r) and os.path.normpath(r) != "/")
+
+
+def image_roots() -> tuple[str, ...]:
+    return _image_roots
+
+
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_BENEATH = 0x08
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture but alpha
@@ -71,9 +86,9 @@ def _beneath(path: str, root: str) -> str | None:
 
 
 def locate(path: str, workspace: str | None, scratch: str) -> Located:
-    """Place ``path`` under /workspace or /scratch, lexically, by one rule for every tool: a
-    relative path is relative to /scratch (run_python's working directory, where write_file
-    writes), an absolute one names its root. With ``--sandbox none`` the local directories
+    """Place ``path`` under /workspace or /scratch (or a writable path of the image: set_image_roots),
+    lexically, by one rule for every tool: a relative path is relative to /scratch (run_python's working
+    directory, where write_file writes), an absolute one names its root. With ``--sandbox none`` the local directories
     (``workspace``, ``scratch``) are accepted too, and stand for those names.
 
     ``..`` is resolved on the text, before any file system lookup, so it can never climb
@@ -109,7 +124,11 @@ def locate(path: str, workspace: str | None, scratch: str) -> Located:
             rel = _beneath(joined, os.path.normpath(prefix))
             if rel is not None:
                 return Located(given, name, workspace if name == WORKSPACE else scratch, rel, hint)
-    allowed = [WORKSPACE, SCRATCH] if workspace is not None else [SCRATCH]
+        for root in _image_roots if candidates[0] == WORKSPACE else ():  # by their names, in a container
+            rel = _beneath(joined, root)
+            if rel is not None:
+                return Located(given, root, root, rel, hint)
+    allowed = ([WORKSPACE, SCRATCH] if workspace is not None else [SCRATCH]) + list(_image_roots)
     shown = to_wire(joined)
     raise PathEscape(
         f"path {shown!r} lies outside the allowed directories ({', '.join(allowed)})",

@@ -289,8 +289,11 @@ def _full(exc: OSError, root: str = SCRATCH) -> ToolError:
 def _open(s: Settings, path: str, base: bool) -> dict[str, Any]:
     loc = locate(path, s.workspace, s.scratch)
     writable(s, loc, "upload")
-    if base and (loc.name != WORKSPACE or loc.rel != "."):
-        raise ToolError(f"upload: base is for the workspace copy itself ({WORKSPACE})", {"path": path})
+    if base and (loc.name not in (WORKSPACE, *s.image_roots) or loc.rel != "."):
+        raise ToolError(
+            f"upload: base is for the workspace copy itself ({WORKSPACE}) or a writable path of the image",
+            {"path": path},
+        )
     try:
         st = _Stream(s, loc, base)
     except OSError as exc:
@@ -319,7 +322,7 @@ def _finish(st: _Stream) -> dict[str, Any]:
     if st.base:
         from toolcage.worker.tools import workspace
 
-        workspace.record_base(ex.kinds)
+        workspace.record_base(ex.kinds, st.root_name)
     return {
         "path": st.shown,
         "files": ex.files,

@@ -29,8 +29,10 @@ _STAGE = ".toolcage-upload-"  # upload's staging directories (worker.tools.uploa
 _CLOCK_REALTIME_COARSE = 5  # Linux's clock id: the clock file times are set from
 MAX_PATHS = 100_000  # paths one answer names (the rest: truncated)
 
-_base: str | None = None  # the copy's files and symlinks, "\0"-joined (compact: 100,000 paths in ~5 MB)
-_threshold_ns = 0  # a file whose ctime is at or past this was touched after the copy
+# per root (/workspace, or a writable path of the image the runner filled: writable=): the copy's files and
+# symlinks, "\0"-joined (compact: 100,000 paths in ~5 MB), and the ctime threshold: a file whose ctime is at
+# or past it was touched after the copy
+_bases: dict[str, tuple[str, int]] = {}
 
 
 def _coarse_ns() -> int:
@@ -40,20 +42,20 @@ def _coarse_ns() -> int:
         return time.time_ns()
 
 
-def record_base(kinds: dict[str, str]) -> None:
-    """The copy just made (``upload``'s entries: path -> "dir", "file" or "link"), and the time after it:
-    wait until the clock file times come from has moved past every time the copy set."""
-    global _base, _threshold_ns
-    _base = "\0".join(sorted(k for k, v in kinds.items() if v != "dir"))
+def record_base(kinds: dict[str, str], root: str = WORKSPACE) -> None:
+    """The copy just made under ``root`` (``upload``'s entries: path -> "dir", "file" or "link"), and the time
+    after it: wait until the clock file times come from has moved past every time the copy set."""
+    base = "\0".join(sorted(k for k, v in kinds.items() if v != "dir"))
     start = _coarse_ns()
     while (now := _coarse_ns()) <= start:
         time.sleep(0.001)
-    _threshold_ns = now
+    _bases[root] = (base, now)
 
 
 @params
 class ChangesParams:
     gitignore: bool = doc("skip what the copy's .gitignore files ignore (as the copy was made)", False)
+    root: str = doc(f"{WORKSPACE}, or a writable path of the image the run was given (writable=)", WORKSPACE)
 
 
 def _git_dir(name: str) -> bool:
@@ -68,17 +70,24 @@ def _is_link(dfd: int, name: str) -> bool:
 
 
 def changes(s: Settings, p: ChangesParams) -> dict[str, Any]:
-    if not s.workspace_copy or s.workspace is None:
+    if p.root != WORKSPACE:
+        if p.root not in s.image_roots or p.root not in _bases:
+            raise ToolError(f"{p.root} is not a writable path of the image in this run (writable=)", {"root": p.root})
+        real = p.root
+    elif not s.workspace_copy or s.workspace is None:
         raise ToolError(
             f"this run has no writable copy of the workspace (workspace_mode copy): {WORKSPACE} is "
             "read-only, nothing in it can have changed",
             {},
         )
-    base = set(_base.split("\0")) if _base else set()
+    else:
+        real = s.workspace
+    recorded, threshold_ns = _bases.get(p.root, ("", 0))
+    base = set(recorded.split("\0")) if recorded else set()
     changed: list[str] = []
     seen: set[str] = set()
     truncated = False
-    with root_fd(s.workspace) as rfd:
+    with root_fd(real) as rfd:
         walker = os.fwalk(".", dir_fd=rfd, follow_symlinks=False)
         rules: dict[str, tuple[Rules, ...]] = {"": ()}
         for dirpath, dirnames, filenames, dfd in walker:
@@ -110,7 +119,7 @@ def changes(s: Settings, p: ChangesParams) -> dict[str, Any]:
                 if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                     continue
                 seen.add(path)
-                if path not in base or st.st_ctime_ns >= _threshold_ns:
+                if path not in base or st.st_ctime_ns >= threshold_ns:
                     if len(changed) >= MAX_PATHS:
                         truncated = True
                         continue
@@ -129,8 +138,8 @@ def changes(s: Settings, p: ChangesParams) -> dict[str, Any]:
                 removed.append(path)
     changed.sort()
     return {
-        "changed": [to_wire(f"{WORKSPACE}/{x}") for x in changed],
-        "removed": [to_wire(f"{WORKSPACE}/{x}") for x in removed],
+        "changed": [to_wire(f"{p.root}/{x}") for x in changed],
+        "removed": [to_wire(f"{p.root}/{x}") for x in removed],
         "base_files": len(base),
         "truncated": truncated,
     }
