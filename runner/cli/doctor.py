@@ -46,7 +46,9 @@ def doctor(probe: bool, policy_ref: str, sandbox: str, image_ref: str | None, as
 
     use_json(as_json)
     if image_ref is not None:
-        _image(image_ref, sandbox, as_json)
+        # the kind a plain run of the image gets, unless --sandbox says (the probe is a run like any other)
+        given = click.get_current_context().get_parameter_source("sandbox") != click.core.ParameterSource.DEFAULT
+        _image(image_ref, sandbox if given else None, as_json)
         return
     report = checks(probe, policy_ref, sandbox)
     findings: list[str] = report["findings"]
@@ -57,7 +59,7 @@ def doctor(probe: bool, policy_ref: str, sandbox: str, image_ref: str | None, as
     sys.exit(1 if findings else 0)
 
 
-def _image(ref: str, sandbox: str, as_json: bool) -> None:
+def _image(ref: str, sandbox: str | None, as_json: bool) -> None:
     """doctor --image: the report (toolcage.ops.imagecheck), then exit 0 runnable, 1 with the reason."""
     from toolcage.cli.output import say
     from toolcage.ops.imagecheck import check

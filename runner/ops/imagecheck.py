@@ -86,7 +86,7 @@ def platform_problem(info: dict[str, Any]) -> str | None:
     )
 
 
-def probe(ref: str, sandbox: str = "auto") -> dict[str, Any]:
+def probe(ref: str, sandbox: str | None = None) -> dict[str, Any]:
     """One short hardened run of the image (a plain ``Sandbox``), asked what a run will find in it."""
     from toolcage.sandbox import Sandbox
 
@@ -198,21 +198,22 @@ def parse_version_program(outcome: dict[str, Any], path: str | None) -> dict[str
     return {"present": True, "path": path, "version": found.group(0) if found else None}
 
 
-def check(ref: str, sandbox: str = "auto") -> dict[str, Any]:
+def check(ref: str, sandbox: str | None = None) -> dict[str, Any]:
     """The whole report: :func:`facts`, then :func:`probe`; ``runnable`` and, when not, ``reason`` (one line).
     NotFound (the CLI's one line, exit 1) for a missing image or another platform: nothing is started."""
     from toolcage.engine import runtime
     from toolcage.engine.docker_adapter import Engine
-    from toolcage.sandbox import DEFAULT_IMAGE
+    from toolcage.options import worker_image
 
     engine = Engine.default()
     report = facts(ref, engine.image(ref))
     notes: list[str] = []
     if report["kind"] == "foreign":
-        worker = engine.image(DEFAULT_IMAGE)
+        worker_ref = worker_image()
+        worker = engine.image(worker_ref)
         if worker is None:
             raise NotFound(
-                f"image {ref} runs with the worker image's runtime, and {DEFAULT_IMAGE} is missing: "
+                f"image {ref} runs with the worker image's runtime, and {worker_ref} is missing: "
                 "run `toolcage image build`"
             )
         if not any(v.get("Name") == runtime.marker_name(str(worker["Id"])) for v in engine.volumes(runtime.LABEL)):
