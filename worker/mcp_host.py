@@ -5,6 +5,10 @@ one bounded config line from stdin (the server's argv and the secrets, as env va
 never appear in the container's settings), then runs the server with the container's
 stdin/stdout (the MCP stream) and stderr (its log). It stays init: reaps orphans, forwards
 SIGTERM, kills everything left when the server ends, and exits with the server's status.
+
+In a user's own image (issue 36) it runs from the worker image's runtime mount, as the worker does: it drops
+the image's variables the runner blanked (``worker.image.scrub``), and starts the server as the image expects
+it, with the image's ENV, PATH and WORKDIR (:func:`image_server_env`), never with its own.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ DEPS_DIR = contract.DEPS_DIR
 SCRATCH = contract.SCRATCH
 # as for run_python children (worker.tools.proc): ordinary HTTP clients find the egress relay
 ENV_KEEP = ("LANG", "LC_ALL", "TZ", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy")
+# a user's own image: its locale and zone are its own; only the egress proxy's settings pass from ours
+IMAGE_ENV_KEEP = tuple(k for k in ENV_KEEP if k not in ("LANG", "LC_ALL", "TZ"))
 
 
 def _say(event: str, **fields: Any) -> None:
@@ -78,6 +84,32 @@ def server_env(secrets: dict[str, str], environ: dict[str, str] | None = None) -
     return env
 
 
+def image_server_env(image: Any, secrets: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment in a user's own image (``worker.image.Image``), as the tools run the image's
+    programs (``worker.tools.proc``): the image's ENV with its PATH, the egress proxy's settings, scratch for
+    HOME and TMPDIR where the image names none, then the secrets. None of the worker's own variables."""
+    environ = dict(os.environ) if environ is None else environ
+    env = dict(image.env)
+    env.update({k: v for k, v in environ.items() if k in IMAGE_ENV_KEEP})
+    env["PATH"] = image.path
+    env.setdefault("HOME", SCRATCH)
+    env.setdefault("TMPDIR", SCRATCH)
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    env.update(secrets)
+    return env
+
+
+def _launcher_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What the namespace launcher (nsinit, the runtime's interpreter) starts with in a user's own image: ours,
+    never the image's (its LD_PRELOAD would run in nsinit before its seccomp filter and namespaces)."""
+    environ = dict(os.environ) if environ is None else environ
+    env = {k: v for k, v in environ.items() if k in IMAGE_ENV_KEEP}
+    env.update(
+        PATH=environ.get("PATH", "/opt/toolcage/rt/bin"), HOME=SCRATCH, TMPDIR=SCRATCH, LC_ALL="C", PYTHONUTF8="1"
+    )
+    return env
+
+
 def _kill_everything(pgid: int | None) -> None:
     from toolcage.worker.children import sweep
 
@@ -120,6 +152,12 @@ def main() -> int:
     if not hardening.make_non_dumpable() and in_container:
         _say("mcp_host.refused", level="error", reason="cannot make the launcher non-dumpable")
         return contract.EXIT_SOFTWARE
+    image = None
+    if os.environ.get(contract.ENV_IMAGE_CONFIG):
+        from toolcage.worker import image as own_image
+
+        image = own_image.from_env()  # read before the scrub: the config is data for the server's start
+        own_image.scrub()  # a user's own image: its variables, blanked by the runner, are not this launcher's
     try:
         cfg = read_config()
     except ValueError as exc:
@@ -142,14 +180,24 @@ def main() -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
+    argv, launch_env, tool_env = cfg["argv"], server_env(cfg["env"]), None
     cwd = SCRATCH if os.path.isdir(SCRATCH) else None
+    if image is not None:
+        # the image's server, as the image would start it: its ENV and PATH (the command is looked up there),
+        # its WORKDIR when that is a directory
+        launch_env, cwd = image_server_env(image, cfg["env"]), image.default_dir(SCRATCH)
+        if namespaces.enabled():
+            # nsinit is the runtime's interpreter: our environment for it, the server's handed over as an
+            # argument (under gVisor, where an argv is seen only inside the sandbox: by nothing but us and nsinit)
+            launch_env, tool_env = _launcher_env(), launch_env
     try:
         proc = subprocess.Popen(
-            namespaces.wrap(cfg["argv"]),  # under gVisor: in namespaces of its own (worker.children.namespaces)
+            # under gVisor: in namespaces of its own (worker.children.namespaces)
+            namespaces.wrap(argv, env=tool_env),
             stdin=0,
             stdout=1,
             stderr=2,
-            env=server_env(cfg["env"]),
+            env=launch_env,
             cwd=cwd,
             start_new_session=True,  # its own group: a signal reaches its children too
             close_fds=True,
@@ -158,7 +206,7 @@ def main() -> int:
     except OSError as exc:
         _say("mcp_host.not_started", level="error", command=cfg["argv"][0][:200], reason=exc.strerror or str(exc))
         return NOT_STARTED
-    del cfg  # the secrets now live in the server's environment only
+    del cfg, launch_env, tool_env  # the secrets now live in the server's environment only
     pgid[0] = proc.pid
     # this process keeps no copy of the MCP stream: the server alone reads and writes it
     devnull = os.open(os.devnull, os.O_RDWR)

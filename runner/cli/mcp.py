@@ -76,7 +76,7 @@ def _wrap_command() -> Any:
         "--image",
         metavar="REF",
         default=None,
-        help="Run the server from this image (built FROM the worker image, e.g. by `toolcage image build --pip`).",
+        help="Run the server from this image, any the engine has (nothing is pulled), with its ENV, PATH and WORKDIR.",
     )
     @click.option(
         "--pip",
@@ -124,7 +124,10 @@ def _wrap_command() -> Any:
         if allow_tool and deny_tool:
             raise UsageError("give --allow-tool or --deny-tool, not both")
         if image and (pip or apt):
-            raise UsageError("give --image REF or --pip/--apt PKG, not both (--pip and --apt build the image)")
+            raise UsageError(
+                "give --image REF or --pip/--apt PKG, not both: --pip and --apt build an image FROM the worker "
+                "image, they add nothing to REF (install the server's packages in REF itself)"
+            )
         if opts["sandbox"] == "none":
             from toolcage.servers.mcp_wrap import WRAP_NEEDS_A_CONTAINER
 
@@ -170,6 +173,7 @@ def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any, apt: tuple[s
             raise image_missing(worker)
         return engine, worker
     from toolcage.cli.image import build_derived_image
+    from toolcage.image.build import check_worker_image
     from toolcage.image.derived import (
         REQUIREMENTS_LABEL,
         derived_current,
@@ -182,6 +186,11 @@ def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any, apt: tuple[s
     existing = engine.image(worker)
     if existing is not None and REQUIREMENTS_LABEL in ((existing.get("Config") or {}).get("Labels") or {}):
         raise UsageError(f"{worker} ($TOOLCAGE_IMAGE) is a derived image: --pip derives from the worker image")
+    if check_worker_image(existing) == "foreign":
+        raise UsageError(
+            f"{worker} ($TOOLCAGE_IMAGE) is not a toolcage worker image: --pip and --apt build FROM the worker "
+            f"image, not from an image of your own (install the server's packages in it and give --image {worker})"
+        )
     tag = wrap_image_tag(pip_requirements(pip) if pip else b"", worker, apt)
     spec = prepare_pip(pip, tag, None, worker) if pip else None
     spec = with_apt(spec, apt, tag, None, worker) if apt else spec
@@ -199,23 +208,19 @@ def _wrap_image(image: str | None, pip: tuple[str, ...], warn: Any, apt: tuple[s
 
 
 def image_check(engine: Any, image: str, say_warning: Any) -> None:
-    """``--image``: it exists here (nothing can be pulled) and is built from the worker image, whose
-    launcher (toolcage.worker.mcp_host) runs the server; exit 2 otherwise."""
-    from toolcage.image.build import SOURCE_LABEL, check_worker_image, is_current
+    """``--image``: it exists here (nothing can be pulled); exit 2 otherwise. Any image runs: a worker image (or
+    one built FROM it) with its own launcher, a user's own image with the worker image's runtime mounted
+    read-only, whose launcher (toolcage.worker.mcp_host) starts the server with the image's ENV, PATH and WORKDIR."""
+    from toolcage.image.build import check_worker_image, is_current
 
     info = engine.image(image)
     found = check_worker_image(info)
     if found == "missing":
         raise UsageError(
-            f"--image {image}: no such image here (nothing is pulled): build one with "
-            "`toolcage image build --pip PKG --tag NAME`, or use --pip PKG"
+            f"--image {image}: no such image on this engine (`docker images` lists them; nothing is pulled): "
+            "build or load it with docker, or use --pip PKG"
         )
-    if found == "foreign":
-        raise UsageError(
-            f"--image {image} is not built from the toolcage worker image (no {SOURCE_LABEL} label): its launcher "
-            "runs the server; build it FROM the worker image (`toolcage image build --pip PKG --tag NAME`)"
-        )
-    if not is_current(info):
+    if found == "worker" and not is_current(info):
         say_warning(f"--image {image} was built from other toolcage sources; rebuild it if the server does not start")
 
 
