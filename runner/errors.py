@@ -115,19 +115,21 @@ class ImageMissing(SandboxError):
 
 
 def image_missing(image: str | None) -> ImageMissing:
-    """``image`` is not on this engine, with what makes that tag: a plain `toolcage image build` builds
-    only this version's worker image (toolcage-worker:<version>), not a tag of your own."""
+    """``image`` is not on this engine (nothing is pulled), with what makes that tag: any image of your own runs
+    once the engine has it; a plain `toolcage image build` builds only this version's worker image
+    (toolcage-worker:<version>), not a tag of your own."""
     from toolcage import __version__
 
     if image is None or image == f"toolcage-worker:{__version__}":
         how = "Build it with `toolcage image build`."
     else:
         how = (
-            f"Build it here with `toolcage image build --tag {image}` (the worker image under that tag) or "
-            f"`toolcage image build --pip PKG --tag {image}` (the worker image plus packages), or load it "
-            "(`docker load`); a plain `toolcage image build` builds only the default worker image."
+            "Any image runs once the engine has it: build, pull or load it with docker; or make a worker image "
+            f"under that tag (`toolcage image build --tag {image}`, with packages "
+            f"`toolcage image build --pip PKG --tag {image}`)."
         )
-    return ImageMissing(f"The image {image or '(unknown)'} is not present. {how}", image=image)
+    where = "is not on this engine (`docker images` lists them; nothing is pulled)"
+    return ImageMissing(f"The image {image or '(unknown)'} {where}. {how}", image=image)
 
 
 class BuildError(SandboxError):

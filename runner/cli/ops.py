@@ -161,7 +161,7 @@ def _cluster_audit(address: str, run_id: str | None, limit: int, verify: bool, a
     "--ray", "ray_address", default=None, metavar="ADDRESS", help="Every node of this Ray cluster (toolcage.ray)."
 )
 def ps(as_json: bool, ray_address: str | None) -> None:
-    """Live runs (from Docker labels): name, tool, policy, age, memory."""
+    """Live runs (from Docker labels): name, tool, policy, image, age, memory."""
     from toolcage.engine.docker_adapter import Engine
     from toolcage.ops.views import format_age, live_runs
 
@@ -181,7 +181,8 @@ def ps(as_json: bool, ray_address: str | None) -> None:
     from rich.text import Text
 
     cluster = ray_address is not None
-    table = Table(*(("NODE",) if cluster else ()), "NAME", "TOOL", "POLICY", "AGE", "MEMORY", "OWNER", box=None)
+    heads = ("NAME", "TOOL", "POLICY", "IMAGE", "AGE", "MEMORY", "OWNER")
+    table = Table(*(("NODE",) if cluster else ()), *heads, box=None)
     for r in rows:
         mem = f"{r['memory_bytes'] / 2**20:.1f} MiB" if r["memory_bytes"] else "-"
         # Text, not str: a label like "[red]x" is shown, not read as rich markup
@@ -190,6 +191,7 @@ def ps(as_json: bool, ray_address: str | None) -> None:
             r["name"],
             r["tool"],
             r["policy"],
+            r.get("image"),  # (a node of an older release gives none)
             format_age(r["age_s"]),
             mem,
             r["owner"],

@@ -98,7 +98,8 @@ class ToolcageSandbox(BaseSandbox):
         secrets: values for the policy's named secrets (``{"GITHUB_TOKEN": "..."}``): the egress proxy
             adds them to requests to their bound origin; the code in the sandbox never sees them.
         audit: ``None`` the default audit log, a path, a ``toolcage`` ``Audit``, or ``False`` for none.
-        image: the worker image (default toolcage's).
+        image: the image the commands run in, any the engine has (a user's own runs unchanged, its PATH, ENV
+            and WORKDIR for the commands; it needs /bin/sh); default toolcage's worker image.
         sandbox: ``"container"`` (runc), ``"gvisor"`` (runsc) or ``"auto"``; default ``$TOOLCAGE_SANDBOX``
             or ``"container"``. ``"none"`` is refused: it would run the agent's commands on the host.
         session_s: the session's lifetime (the policy's ``timeouts.run_s``). ``None`` (default): the policy's

@@ -8,6 +8,9 @@
         tools = get_tools(sb)  # run_python, run_shell, exec, read_file, grep, ... with their JSON schemas
         agent = create_react_agent(model, tools)
 
+The image is the sandbox's: ``Sandbox(image="my-agent:latest")``, any image the engine has, gives the same
+tools, running that image's programs with its PATH, ENV and WORKDIR.
+
 Each tool is built from the sandbox's own ``tools.list`` answer (its name, description and params JSON
 schema, as ``args_schema``; connector tools included), and calls the sandbox: ``invoke`` through
 ``Sandbox.call``, ``ainvoke`` natively through ``AsyncSandbox.call`` (no thread waits for the answer,

@@ -157,8 +157,9 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
     - ``secrets``: values for the secrets the policy binds (``secrets:`` with ``send_to``); SafeFetch adds them
       to requests to their origin, the sandbox's code never reads them. Never serialised with the session state;
     - ``audit``: the audit log's path; None: toolcage's default log; False: none;
-    - ``image``: the worker image (default ``toolcage-worker:<version>``); ``sandbox``: ``"container"`` (runc),
-      ``"gvisor"`` or ``"auto"`` (default: ``$TOOLCAGE_SANDBOX``, else runc);
+    - ``image``: the image the commands run in, any the engine has (a user's own runs unchanged, with toolcage's
+      runtime mounted read-only; default the worker image ``toolcage-worker:<version>``);
+    - ``sandbox``: ``"container"`` (runc), ``"gvisor"`` or ``"auto"`` (default: ``$TOOLCAGE_SANDBOX``, else runc);
     - ``workspace``: a host directory copied into ``/workspace`` at start (never mounted, never written);
       ``workspace_gitignore``: leave out what its ``.gitignore`` files ignore, and ``.git``;
     - ``run_s``/``idle_s``: the session's deadline and idle timeout (default: the policy's; a policy that keeps
@@ -222,9 +223,8 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
             return
         if found is None:
             raise UsageError(
-                f"image {self.image!r} is not in the container engine: build it FROM the worker image "
-                f"(`toolcage image build --pip PKG --tag {self.image}`) or load it there, or leave image out "
-                "for the worker image"
+                f"image {self.image!r} is not in the container engine (`docker images` lists them; nothing is "
+                "pulled): build or load it there (any image runs), or leave image out for the worker image"
             )
 
     def resolved_policy(self) -> Any:

@@ -170,6 +170,7 @@ def live_runs(engine: EngineAPI, with_memory: bool = True) -> list[dict[str, Any
                 "run_id": labels.get(LABEL_RUN_ID),
                 "tool": labels.get(LABEL_TOOL),
                 "policy": labels.get(LABEL_POLICY),
+                "image": c.get("Image"),  # the ref it was started from (a user's own image too), as `docker ps` says
                 "age_s": age_seconds(labels.get(LABEL_STARTED_AT, "")),  # a number: programs compare it
                 "memory_bytes": mem,
                 "owner": labels.get(LABEL_OWNER),

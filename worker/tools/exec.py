@@ -36,7 +36,8 @@ _OWNED_PREFIX = "TOOLCAGE_"  # the worker's own variables (where the roots are, 
 _WHERE_EXEC = (
     f"cwd is {SCRATCH} by default (writable; a relative cwd resolves there, as in the file tools) or a directory "
     f"under it or under {WORKSPACE} (read-only). Where they are elsewhere (--sandbox none), $TOOLCAGE_SCRATCH "
-    "and $TOOLCAGE_WORKSPACE name them."
+    "and $TOOLCAGE_WORKSPACE name them. In a user's own image the programs are the image's, with its PATH and ENV; "
+    "cwd is its WORKDIR by default and may be any of its directories."
 )
 
 

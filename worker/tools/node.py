@@ -94,7 +94,8 @@ TOOLS = [
         "returns: stdout, stderr (plus stdout_b64/stderr_b64 when they are not UTF-8), exit_code, signal, "
         "timed_out, truncated, oom_killed. V8's heap is three quarters of the sandbox's memory. The working "
         "directory is /scratch (writable); the workspace, if any, is /workspace (read-only). Where they are "
-        "elsewhere (--sandbox none), process.env.TOOLCAGE_SCRATCH and process.env.TOOLCAGE_WORKSPACE name them.",
+        "elsewhere (--sandbox none), process.env.TOOLCAGE_SCRATCH and process.env.TOOLCAGE_WORKSPACE name them. "
+        "In a user's own image: the image's node, in its WORKDIR (an error says when it has no Node.js).",
         RunNodeParams,
         run_node,
         in_process_timeout=False,
