@@ -42,6 +42,7 @@ class ContainerBackend:
         self._layers: Any = None  # where the image's shared files lie (engine.sharedfiles), or None
         self._files: list[str] = []  # this run's overlay volumes over them, made at start
         self._runtime: Any = None  # a user's own image: the worker image's runtime (engine.runtime)
+        self._proxy_ref: str | None = None  # the worker image, where $TOOLCAGE_IMAGE names a user's own
 
     @classmethod
     def unavailable(cls, engine: EngineAPI | None) -> str | None:
@@ -82,9 +83,17 @@ class ContainerBackend:
             raise UsageError(str(exc)) from None
 
     def _worker_image_id(self) -> str:
-        """The worker image whose runtime a user's image runs with (the egress proxy's image too)."""
+        """The worker image whose runtime a user's image runs with (the egress proxy's image too): this
+        installation's (``$TOOLCAGE_IMAGE`` or the default), or the default where ``$TOOLCAGE_IMAGE`` names a
+        user's own image (every run is then of that image; the runtime and the proxy still need toolcage's)."""
+        from toolcage.image.build import check_worker_image
+        from toolcage.options import DEFAULT_IMAGE
+
         ref = self.options.proxy_image
         info = self.engine.image(ref)
+        if check_worker_image(info) == "foreign":
+            ref = self._proxy_ref = DEFAULT_IMAGE
+            info = self.engine.image(ref)
         if info is None or not info.get("Id"):
             raise UsageError(
                 f"image {self.options.image} is not a toolcage worker image, so it runs with the worker image's "
@@ -156,7 +165,7 @@ class ContainerBackend:
         self._egress = Egress(
             self.engine, self.policy, run, opts.egress_network, opts.egress_proxy, self.log,
             on_decision=audit_decisions(opts.audit, run.run_id),  # written as they happen, not at close
-            proxy_image=opts.proxy_image, redact=opts.redact,
+            proxy_image=self._proxy_ref or opts.proxy_image, redact=opts.redact,
         )  # fmt: skip
         self._egress.prepare()
         # the proxy and the sandbox start at the same time: each start is mostly the engine's waiting

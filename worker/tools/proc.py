@@ -449,7 +449,8 @@ _RETURNS = (
 _WHERE = (
     "The working directory is /scratch (writable; relative paths resolve there, as in the file tools); "
     "the workspace, if any, is /workspace (read-only). Where they are elsewhere (--sandbox none), "
-    "$TOOLCAGE_SCRATCH and $TOOLCAGE_WORKSPACE name them."
+    "$TOOLCAGE_SCRATCH and $TOOLCAGE_WORKSPACE name them. In a user's own image the program is the image's "
+    "(its python3, its /bin/sh), with the image's environment, in its WORKDIR."
 )
 
 TOOLS = [
