@@ -46,9 +46,8 @@ LABEL_VOLUMES = "toolcage.rt.volumes"  # on the marker: the data volumes, comma-
 LABEL_OVERLAY = "toolcage.rt.overlay"  # on the marker: "1" runs mount overlays of them, "0" the volumes
 TARGETS = ("/opt/toolcage/lib", "/opt/toolcage/rt")
 RT = "/opt/toolcage/rt"
-# the worker in a user's image: rt's interpreter by absolute path, never one found on the image's PATH;
-# -P: `-m` would put the working directory (/scratch, tool code's) first on sys.path (worker.__main__ too)
-ENTRYPOINT = (f"{RT}/bin/python3", "-P", "-S", "-m", "toolcage.worker")
+# the worker in a user's image: rt's interpreter by absolute path, never one found on the image's PATH
+ENTRYPOINT = (f"{RT}/bin/python3", "-S", "-m", "toolcage.worker")
 FILL_STALE_S = 600.0
 
 
