@@ -40,6 +40,11 @@ WORKER_ENV = {
     "PATH": "/opt/toolcage/rt/bin",
     "HOME": contract.SCRATCH,
 }
+# glibc's loader acts on these whatever their value, the empty one they are blanked to included: an image's
+# ENV LD_SHOW_AUXV printed the auxiliary vector on the worker's stdout (the channel) before the worker ran,
+# LD_TRACE_LOADED_OBJECTS listed its libraries there instead of starting it (tests/security/
+# test_foreign_image_attacks.py). Docker cannot unset an image's variable: such an image is refused at once.
+LOADER_ANY_VALUE = frozenset({"LD_SHOW_AUXV", "LD_TRACE_LOADED_OBJECTS", "LD_TRACE_PRELINKING", "LD_DYNAMIC_WEAK"})
 MAX_ENV = 4096  # variables an image may declare that are read (more: refused, a hostile config)
 MAX_CONFIG_BYTES = 256 * 1024  # the JSON handed to the worker (Docker's own Env is bounded by the kernel)
 
@@ -98,6 +103,11 @@ def from_inspect(ref: str, info: dict[str, Any]) -> ImageConfig:
         key, sep, value = str(item).partition("=")
         if sep and key and "\0" not in item:
             env.append((key, value))
+        if key in LOADER_ANY_VALUE:
+            raise BadImageConfig(
+                f"image {ref}: its ENV sets {key}, which would act on toolcage's worker whatever its value: "
+                "remove it from the image"
+            )
     out = ImageConfig(
         ref=ref,
         id=str(info.get("Id") or ""),
@@ -112,4 +122,4 @@ def from_inspect(ref: str, info: dict[str, Any]) -> ImageConfig:
     return out
 
 
-__all__ = ["WORKER_ENV", "BadImageConfig", "ImageConfig", "from_inspect"]
+__all__ = ["LOADER_ANY_VALUE", "WORKER_ENV", "BadImageConfig", "ImageConfig", "from_inspect"]
