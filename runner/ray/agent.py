@@ -313,13 +313,18 @@ class EngineAgent:
         ray.actor.exit_actor()  # type: ignore[no-untyped-call]
 
     # admission ---------------------------------------------------------------------------------
-    async def _admit(self, wait_s: float) -> None:
+    async def _admit(self, wait_s: float, image: str | None = None) -> None:
         if self._stopping:
             raise NoCapacity("the node's agent is shutting down", node=self.node_id, refused=True)
         why = self._why_not()
         if why:
             err = EngineUnavailable if not self.engine_ok else ImageMissing
             raise err(f"node {self.node_id[:12]} takes no runs: {why}", node=self.node_id, refused=True)
+        if image is not None and not await asyncio.to_thread(self._has, image):  # the driver sends it, then asks again
+            raise ImageMissing(
+                f"node {self.node_id[:12]} does not have the image {image}", node=self.node_id, refused=True,
+                image_missing=image,
+            )  # fmt: skip
         if self._cond is None:
             self._cond = asyncio.Condition()
         async with self._cond:
@@ -375,14 +380,15 @@ class EngineAgent:
     # one-off runs -----------------------------------------------------------------------------
     async def run(
         self, client: str, tool: str, params: dict[str, Any] | None, secrets: dict[str, str] | None,
-        timeout: float | None, wait_s: float,
+        timeout: float | None, image: str | None, wait_s: float,
     ) -> Outcome:  # fmt: skip
-        """One fresh sandbox (a warm one when the pool has it), one call, then it is gone."""
+        """One fresh sandbox (a warm one when the pool has it), one call, then it is gone. ``image``: another
+        image than the cluster's, by content id (the driver sent it here if the node lacked it)."""
         from toolcage.aio import AsyncSandbox
 
         task = asyncio.current_task()
         try:
-            await self._admit(wait_s)
+            await self._admit(wait_s, image)
         except ToolcageError as exc:
             return ("error", exc, self.load())
         assert task is not None
@@ -391,11 +397,13 @@ class EngineAgent:
         handed_off = False  # to a closer, which releases the run's place when the sandbox is gone
         try:
             if self.apool is not None:
-                sb = _counted(AsyncSandbox(pool=self.apool, secrets=secrets))
+                sb = _counted(self.apool.sandbox(secrets=secrets, image=image))
                 await sb.start()
             else:
                 sb = _counted(
-                    AsyncSandbox(self.policy, image=self.config.image, tool="ray", secrets=secrets, audit=self.audit)
+                    AsyncSandbox(
+                        self.policy, image=image or self.config.image, tool="ray", secrets=secrets, audit=self.audit
+                    )
                 )
                 await asyncio.to_thread(self._gated, sb._sync.start)
             result = await sb.call(tool, params, timeout=timeout)
@@ -438,8 +446,9 @@ class EngineAgent:
         verifies the snapshot with its own key and fills the session through ``call``."""
         from toolcage.aio import AsyncSandbox
 
+        image = options.get("image")  # another image than the cluster's, by content id
         try:
-            await self._admit(wait_s)
+            await self._admit(wait_s, image)
         except ToolcageError as exc:
             return ("error", exc, self.load())
         try:
@@ -448,12 +457,12 @@ class EngineAgent:
             # a copy (filled from this node's workspace, or empty for the driver to fill from a snapshot it
             # verified) is something the pool's sandboxes lack
             cold = options.get("workspace") is not None or mode != "ro" or self.apool is None
-            if not cold:
-                sb = _counted(AsyncSandbox(pool=self.apool, secrets=secrets))
+            if not cold:  # (the pool's sub-pool of that image, filled on demand: toolcage.pool)
+                sb = _counted(self.apool.sandbox(secrets=secrets, image=image))
                 await sb.start()
             else:
                 sb = _counted(AsyncSandbox(
-                    self.policy, image=self.config.image, tool=options.get("tool") or "ray-session",
+                    self.policy, image=image or self.config.image, tool=options.get("tool") or "ray-session",
                     workspace=options.get("workspace"), workspace_mode=mode,
                     workspace_gitignore=bool(options.get("workspace_gitignore")), secrets=secrets, audit=self.audit,
                 ))  # fmt: skip
@@ -531,6 +540,51 @@ class EngineAgent:
                 f"{self.config.image_id}"
             )
         self._ensure_pool()
+        return {**self.load(), "load_s": took}
+
+    # other images (a run's own: cluster.sandbox(image=...)), by content id ----------------------------
+    def _has(self, image_id: str) -> bool:
+        try:
+            info = self.engine.image(image_id)
+        except ToolcageError:
+            return False
+        return info is not None and info.get("Id") == image_id
+
+    async def has_images(self, image_ids: list[str]) -> list[str]:
+        """Which of these images (content ids) this node's engine has."""
+        return [i for i in image_ids if await asyncio.to_thread(self._has, i)]
+
+    async def image_id_of(self, ref: str) -> str | None:
+        """The content id of ``ref`` on this node's engine, or None."""
+        try:
+            info = await asyncio.to_thread(self.engine.image, ref)
+        except ToolcageError:
+            return None
+        return str(info["Id"]) if info else None
+
+    async def export_image_of(self, ref: str, image_id: str) -> bytes:
+        """``docker save`` of ``ref`` (checked to be ``image_id`` here), for a node that lacks it."""
+        if await self.image_id_of(ref) != image_id:
+            raise ImageMissing(f"node {self.node_id[:12]} does not have {ref} as {image_id}")
+        return await asyncio.to_thread(lambda: b"".join(self.engine.save_image(ref)))
+
+    async def load_image_of(self, data: bytes, ref: str, image_id: str) -> dict[str, Any]:
+        """``docker load`` of a run's image sent by the driver (or a peer through it); the load is kept only
+        if the engine then has that content id (the image's config digest: what was sent is what runs). The
+        worker image's runtime volumes for it are made at its first run (toolcage.engine.runtime.find)."""
+        t0 = time.monotonic()
+        if not await asyncio.to_thread(self._has, image_id):
+            # a load is as heavy on the engine as a start: within max_starting (a thread waits, not the loop)
+            await asyncio.to_thread(self._gated, lambda: self.engine.load_image(data))
+        took = round(time.monotonic() - t0, 3)
+        ok = await asyncio.to_thread(self._has, image_id)
+        if self.audit is not None:
+            self.audit.event(
+                "cluster.image_loaded", cluster=self.config.cluster, node=self.node_id, image=ref,
+                image_id=image_id, bytes=len(data), seconds=took, ready=ok,
+            )  # fmt: skip
+        if not ok:
+            raise ImageMissing(f"node {self.node_id[:12]} loaded {ref} but has no image {image_id} after it")
         return {**self.load(), "load_s": took}
 
     # operators --------------------------------------------------------------------------------

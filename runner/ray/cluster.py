@@ -115,6 +115,11 @@ class Cluster:
         self._image_ref: Any = None  # the image's bytes in Ray's object store, put once
         self._loading: dict[str, threading.Thread] = {}
         self.events: list[dict[str, Any]] = []  # what the view saw: nodes joining, lost, images sent
+        # runs' own images (cluster.sandbox(image=...)), by content id: the nodes known to have each (asked
+        # once, then kept up to date by what this driver sends and what the nodes refuse), and one lock per
+        # (node, image) so concurrent runs send an image to a node once
+        self._holders: dict[str, set[str]] = {}
+        self._sending: dict[tuple[str, str], threading.Lock] = {}
         self._refresh()
         self._thread = threading.Thread(target=self._refresh_loop, name="toolcage-ray-view", daemon=True)
         self._thread.start()
@@ -292,15 +297,106 @@ class Cluster:
             ]  # fmt: skip
 
     # placement --------------------------------------------------------------------------------
-    def _order(self, node: str | None) -> list[NodeAgent]:
+    def _order(self, node: str | None, image: tuple[str, str] | None = None) -> list[NodeAgent]:
+        prefer = self._holders_of(image[1]) if image is not None else set()
         with self._lock:
             if node is not None:
                 agent = self._agents.get(node)
                 if agent is None:
                     raise NodeLost(f"node {node[:12]} is not in the cluster (left, or lost)", node=node)
                 return [agent]
-            decision = placement.decide([a.view for a in self._agents.values()], self.placement, self.k)
+            views = [a.view for a in self._agents.values()]
+            decision = placement.decide(views, self.placement, self.k, prefer=prefer)
             return [self._agents[n] for n in decision.order if n in self._agents]
+
+    # runs' own images ---------------------------------------------------------------------------
+    def resolve_image(self, ref: str) -> tuple[str, str] | None:
+        """``(ref, content id)`` of a run's image, or None for the cluster's own. The id is this driver's
+        engine's for ``ref``, else the first node's that has it (ImageMissing when none has)."""
+        if not isinstance(ref, str) or not ref:
+            raise UsageError("image must be an image reference (name[:tag] or an image id)")
+        if ref == self.image:
+            return None
+        image_id: str | None = None
+        if self._local_engine is not None:
+            with contextlib.suppress(ToolcageError):
+                info = self._local_engine.image(ref)
+                image_id = str(info["Id"]) if info else None
+        if image_id is None:
+            agents = [a for a in list(self._agents.values()) if not a.lost]
+            refs = [a.handle.image_id_of.remote(ref) for a in agents]
+            for got in ray.get(refs, timeout=30) if refs else []:
+                if got:
+                    image_id = str(got)
+                    break
+        if image_id is None:
+            raise ImageMissing(f"no engine in reach has the image {ref} (this driver's nor a node's): build or load it")
+        if image_id == self.image_id:
+            return None
+        return ref, image_id
+
+    def _holders_of(self, image_id: str) -> set[str]:
+        """The nodes known to have ``image_id`` (asked of every node the first time)."""
+        with self._lock:
+            known = self._holders.get(image_id)
+            if known is not None:
+                return set(known)
+            agents = [a for a in self._agents.values() if not a.lost and a.view.eligible]
+        found: set[str] = set()
+        refs = {a.handle.has_images.remote([image_id]): a for a in agents}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=10) if refs else ([], [])
+        for ref in ready:
+            with contextlib.suppress(Exception):
+                if ray.get(ref):
+                    found.add(refs[ref].node_id)
+        with self._lock:
+            self._holders.setdefault(image_id, set()).update(found)
+            return set(self._holders[image_id])
+
+    def _has(self, agent: NodeAgent, image_id: str, has: bool) -> None:
+        with self._lock:
+            held = self._holders.setdefault(image_id, set())
+            if has:
+                held.add(agent.node_id)
+            else:
+                held.discard(agent.node_id)
+
+    def _send_run_image(self, agent: NodeAgent, ref: str, image_id: str) -> None:
+        """Send a run's image to a node that lacks it, with no registry: ``docker save`` of it from this
+        driver's engine (or from a node that has it, node to node through Ray's object store), ``docker
+        load`` there, its content id checked after the load. Once per (node, image) at a time."""
+        with self._lock:
+            lock = self._sending.setdefault((agent.node_id, image_id), threading.Lock())
+        with lock:
+            with self._lock:
+                if agent.node_id in self._holders.get(image_id, set()):
+                    return  # another run sent it meanwhile
+            t0 = time.time()
+            src: Any = None
+            if self._local_engine is not None:
+                with contextlib.suppress(ToolcageError):
+                    info = self._local_engine.image(ref)
+                    if info and info.get("Id") == image_id:
+                        src = ray.put(b"".join(self._local_engine.save_image(ref)))
+            if src is None:
+                peers = [a for a in list(self._agents.values()) if a.node_id in self._holders_of(image_id)]
+                if not peers:
+                    raise ImageMissing(f"no engine in reach has {ref} ({image_id}) to send to {agent.node_id[:12]}")
+                src = peers[0].handle.export_image_of.remote(ref, image_id)
+            try:
+                out = ray.get(agent.handle.load_image_of.remote(src, ref, image_id))
+            except Exception as exc:
+                if actor_lost(exc):
+                    raise self._lost(agent, exc) from None
+                if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, ToolcageError):
+                    raise exc.cause from None
+                raise
+            self._update(agent, out)
+            self._has(agent, image_id, True)
+            self.events.append({
+                "event": "run_image_sent", "node": agent.node_id, "image": ref, "image_id": image_id,
+                "s": round(time.time() - t0, 2), "load_s": out.get("load_s"),
+            })  # fmt: skip
 
     def _lost(self, agent: NodeAgent, exc: BaseException) -> NodeLost:
         alive = agent.node_id in set(self._nodes())
@@ -320,22 +416,38 @@ class Cluster:
         return value
 
     def _admitted(
-        self, method: str, args: tuple[Any, ...], wait_s: float | None, node: str | None
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        wait_s: float | None,
+        node: str | None,
+        image: tuple[str, str] | None = None,
     ) -> tuple[NodeAgent, Any]:
         """Ask the nodes in placement order until one admits the call (none waits: a full node says so at
         once); when all are full, wait on the best one for what is left of ``wait_s``. Nothing has run on a
-        node that refused, so trying the next one is not a retry."""
+        node that refused, so trying the next one is not a retry. ``image``: the run's own (ref, content
+        id): the nodes that have it are asked first; one that lacks it is sent it before it is asked."""
         wait = self.wait_s if wait_s is None else wait_s
         until = time.monotonic() + wait
         refused: list[str] = []
         slice_s = WAIT_SLICE_S[0]
         while True:
-            order = self._order(node)
+            order = self._order(node, image)
             for i, agent in enumerate(order):
                 last = i == len(order) - 1
                 # the last node asked waits a slice for room, then every node is asked again: room may come
                 # anywhere first; the slices grow, so many waiting runs do not flood the agents
                 left = max(min(until - time.monotonic(), slice_s), 0) if last else 0
+                if image is not None and agent.node_id not in self._holders_of(image[1]):
+                    if agent.view.load >= 1.0 and not last:
+                        continue  # full: no use sending it there now
+                    try:
+                        self._send_run_image(agent, *image)
+                    except NodeLost:
+                        continue
+                    except ToolcageError as exc:
+                        refused.append(f"{agent.node_id[:12]}: {exc.message}")
+                        continue
                 agent.view.inflight += 1
                 try:
                     outcome = ray.get(getattr(agent.handle, method).remote(*args, left))
@@ -349,6 +461,8 @@ class Cluster:
                 kind, value, load = outcome
                 self._update(agent, load)
                 refusal = kind == "error" and isinstance(value, ToolcageError) and value.details.get("refused")
+                if refusal and image is not None and value.details.get("image_missing"):
+                    self._has(agent, image[1], False)  # removed there since: sent again on the next round
                 if refusal:  # nothing ran there: ask another, or wait, or say why none took it
                     refused.append(f"{agent.node_id[:12]}: {value.message}")
                     if last and time.monotonic() >= until:
@@ -373,12 +487,15 @@ class Cluster:
         timeout: float | None = None,
         wait_s: float | None = None,
         node: str | None = None,
+        image: str | None = None,
     ) -> CallResult:
         """One call in one fresh sandbox on the best node, then the sandbox is gone (as ``Sandbox``, once).
-        ``wait_s``: how long to wait for a node with room (then ``NoCapacity``); ``node``: that node only."""
+        ``wait_s``: how long to wait for a node with room (then ``NoCapacity``); ``node``: that node only;
+        ``image``: any image (default: the cluster's), placed on a node that has it, else sent to one."""
         self._check_open()
-        args = (self._job_hex(), tool, params, dict(secrets) if secrets else None, timeout)
-        agent, outcome = self._admitted("run", args, wait_s, node)
+        own = self.resolve_image(image) if image is not None else None
+        args = (self._job_hex(), tool, params, dict(secrets) if secrets else None, timeout, own[1] if own else None)
+        agent, outcome = self._admitted("run", args, wait_s, node, own)
         result: CallResult = self._settle(agent, outcome)
         return result
 
@@ -409,7 +526,10 @@ class Cluster:
         """A session pinned to one node (``with cluster.sandbox() as sb:``): ``Sandbox``'s calls, files and
         snapshots. Options: ``workspace`` (a directory the node can see; a diff reads it as this driver sees
         it), ``workspace_mode``, ``workspace_gitignore``, ``resume`` (a snapshot: a path or bytes here,
-        verified here with the driver's key, then sent to the node), ``secrets``, ``node``, ``wait_s``."""
+        verified here with the driver's key, then sent to the node), ``secrets``, ``node``, ``wait_s``,
+        ``image`` (any image, unchanged, as ``Sandbox(image=...)``: placed on a node that has it, by content
+        id, else sent to the least loaded one with no registry; on the node, a slot of that image from its
+        warm pool, started on demand)."""
         return ClusterSandbox(self, options)
 
     def async_sandbox(self, **options: Any) -> AsyncClusterSandbox:

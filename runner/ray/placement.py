@@ -5,6 +5,10 @@ Pure (no Ray, no engine): the driver's view of each node is refreshed from the a
 burst spreads before any agent has answered. The agent enforces its caps itself (``max_running``,
 ``max_starting``); the view only orders the nodes to ask. E2B places by best of K sampled nodes for
 the same reason (research: scale-and-frameworks.md §1.1): it needs no global lock and no fresh view.
+
+A run in an image other than the cluster's (``cluster.sandbox(image=...)``) prefers the nodes that already
+have that image (by content id): they are asked first, by the same strategy; the others after, least
+loaded first, each sent the image before it is asked (``docker save``/``load``, no registry).
 """
 
 from __future__ import annotations
@@ -48,10 +52,17 @@ class Decision:
     skipped: dict[str, str] = field(default_factory=dict)  # node -> why it was not asked
 
 
-def decide(nodes: list[NodeView], strategy: str = BEST_OF_K, k: int = 2, rng: random.Random | None = None) -> Decision:
+def decide(
+    nodes: list[NodeView],
+    strategy: str = BEST_OF_K,
+    k: int = 2,
+    rng: random.Random | None = None,
+    prefer: frozenset[str] | set[str] = frozenset(),
+) -> Decision:
     """The nodes a run should be offered to, best first. ``best_of_k``: K nodes sampled, the least loaded
     of them first, then the rest by load; ``least_loaded``: all nodes by load. Nodes that cannot take runs
-    (engine down, image not there yet) are left out, with why."""
+    (engine down, image not there yet) are left out, with why. ``prefer``: the nodes that have the run's
+    image: those first (by the strategy), then the others by load."""
     if strategy not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, not {strategy!r}")
     skipped = {n.node_id: n.why_not or "not ready" for n in nodes if not n.eligible}
@@ -59,6 +70,12 @@ def decide(nodes: list[NodeView], strategy: str = BEST_OF_K, k: int = 2, rng: ra
     if not ready:
         return Decision((), "no node can take runs", skipped)
     rng = rng or random.Random()  # noqa: S311 - spreading load, not a secret
+    have = [n for n in ready if n.node_id in prefer]
+    if have and len(have) < len(ready):
+        with_it = decide(have, strategy, k, rng)
+        lack = sorted((n for n in ready if n.node_id not in prefer), key=lambda n: (n.load, rng.random()))
+        why = f"nodes with the image first ({with_it.reason}), then the others (sent it)"
+        return Decision((*with_it.order, *(n.node_id for n in lack)), why, skipped)
     by_load = sorted(ready, key=lambda n: (n.load, rng.random()))
     if strategy == LEAST_LOADED or len(ready) <= k:
         return Decision(tuple(n.node_id for n in by_load), "least loaded first", skipped)

@@ -35,7 +35,10 @@ class ClusterSandbox:
     """A session on one node of a :class:`Cluster`: the sandbox stays on that node, calls go through its agent."""
 
     def __init__(self, cluster: Cluster, options: dict[str, Any]) -> None:
-        known = {"workspace", "workspace_mode", "workspace_gitignore", "resume", "secrets", "node", "wait_s", "tool"}
+        known = {
+            "workspace", "workspace_mode", "workspace_gitignore", "resume", "secrets", "node", "wait_s", "tool",
+            "image",
+        }  # fmt: skip
         bad = set(options) - known
         if bad:
             raise UsageError(f"cluster.sandbox() does not take {', '.join(sorted(bad))}")
@@ -57,7 +60,7 @@ class ClusterSandbox:
         return (self.options.get("workspace_mode") or "ro") == "copy"
 
     def _open_args(self, resumed: Any) -> dict[str, Any]:
-        opts = {k: v for k, v in self.options.items() if k not in {"node", "wait_s", "resume"}}
+        opts = {k: v for k, v in self.options.items() if k not in {"node", "wait_s", "resume", "image"}}
         if opts.get("workspace") is not None:
             opts["workspace"] = str(opts["workspace"])
         if resumed is not None and resumed.workspace:  # an empty copy, filled here from the verified snapshot
@@ -82,8 +85,10 @@ class ClusterSandbox:
             if resumed.workspace:
                 self.options["workspace_mode"] = "copy"
         try:
-            args = (c._job_hex(), self._open_args(resumed))
-            agent, outcome = c._admitted("open", args, self.options.get("wait_s"), self.options.get("node"))
+            # a run's own image: by content id, resolved here (the node runs what this driver named)
+            image = c.resolve_image(self.options["image"]) if self.options.get("image") is not None else None
+            args = (c._job_hex(), {**self._open_args(resumed), **({"image": image[1]} if image else {})})
+            agent, outcome = c._admitted("open", args, self.options.get("wait_s"), self.options.get("node"), image)
             info = c._settle(agent, outcome)
             self._agent, self.session, self.run_id, self.name = agent, info["session"], info["run_id"], info["name"]
             if resumed is not None:
