@@ -112,6 +112,8 @@ def image_text(report: dict[str, Any]) -> list[str]:
     p = report.get("probe") or {}
     if p.get("answered"):
         lines.append(f"worker      answered in {p['first_answer_ms']:.0f} ms (sandbox {escape(p.get('sandbox'))})")
+    elif p.get("started") is False:
+        lines.append("worker      not started: a run refuses this image's config")
     else:
         lines.append(f"worker      DID NOT ANSWER: {escape(p.get('error') or '?')}")
     ran = bool(p.get("answered"))

@@ -206,7 +206,8 @@ def check(ref: str, sandbox: str | None = None) -> dict[str, Any]:
     from toolcage.options import worker_image
 
     engine = Engine.default()
-    report = facts(ref, engine.image(ref))
+    info = engine.image(ref)
+    report = facts(ref, info)
     notes: list[str] = []
     if report["kind"] == "foreign":
         worker_ref = worker_image()
@@ -216,6 +217,11 @@ def check(ref: str, sandbox: str | None = None) -> dict[str, Any]:
                 f"image {ref} runs with the worker image's runtime, and {worker_ref} is missing: "
                 "run `toolcage image build`"
             )
+        refused = config_problem(ref, info)
+        if refused:  # a config no run takes (engine.imageconfig): said without starting anything
+            probed = {"answered": False, "started": False, "error": refused}
+            report.update(probe=probed, runnable=False, reason=refused, notes=notes)
+            return report
         if not any(v.get("Name") == runtime.marker_name(str(worker["Id"])) for v in engine.volumes(runtime.LABEL)):
             notes.append("the worker's runtime volumes were filled by this check (once per worker image)")
     report["probe"] = p = probe(ref, sandbox)
@@ -224,6 +230,18 @@ def check(ref: str, sandbox: str | None = None) -> dict[str, Any]:
     notes.extend(tool_notes(p))
     report["notes"] = notes
     return report
+
+
+def config_problem(ref: str, info: dict[str, Any] | None) -> str | None:
+    """Why a run refuses this image's config before it starts (too many variables, a loader variable that acts
+    whatever its value), as the run's own check says it; None when a run takes it."""
+    from toolcage.engine import imageconfig
+
+    try:
+        imageconfig.from_inspect(ref, info or {})
+    except imageconfig.BadImageConfig as exc:
+        return str(exc)
+    return None
 
 
 def tool_notes(p: dict[str, Any]) -> list[str]:

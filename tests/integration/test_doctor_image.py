@@ -100,3 +100,37 @@ def test_other_platform_refused_before_any_start(arm64_image: str) -> None:
     assert done.stderr.count("\n") == 1 and "linux/arm64" in done.stderr and "linux/amd64" in done.stderr
     ps = ["docker", "ps", "-aq", "--filter", f"ancestor={arm64_image}"]
     assert subprocess.run(ps, capture_output=True, text=True, timeout=30).stdout == ""  # nothing made of it
+
+
+def test_config_a_run_refuses_is_said_before_any_start() -> None:
+    """An image whose ENV sets LD_SHOW_AUXV (the loader acts on it whatever its value): exit 1, the reason
+    names it on one stderr line, nothing of the image started."""
+    ref = "toolcage-test-doctor-auxv:1"
+    made = subprocess.run(
+        ["docker", "import", "--change", "ENV LD_SHOW_AUXV=1", "-", ref],
+        input=_one_file_tar(),
+        capture_output=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    try:
+        done = _doctor("--image", ref)
+        assert done.returncode == 1
+        assert done.stderr.count("\n") == 1 and "LD_SHOW_AUXV" in done.stderr
+        assert "worker      not started: a run refuses this image's config" in done.stdout
+        ps = ["docker", "ps", "-aq", "--filter", f"ancestor={ref}"]
+        assert subprocess.run(ps, capture_output=True, text=True, timeout=30).stdout == ""
+    finally:
+        subprocess.run(["docker", "rmi", "-f", ref], capture_output=True, timeout=60)
+
+
+def _one_file_tar() -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("f")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"hi\n"))
+    return buf.getvalue()

@@ -168,3 +168,15 @@ def test_text_escapes_what_the_image_said() -> None:
     text = "\n".join(image_text(report))
     assert "\x1b" not in text and "\x07" not in text
     assert len(image_text(report)) == text.count("\n") + 1  # every value stayed on its own line
+
+
+def test_config_a_run_refuses() -> None:
+    """An ENV variable glibc's loader acts on whatever its value: the run's own refusal, found from the config."""
+    bad = {**INSPECT, "Config": {**INSPECT["Config"], "Env": ["LD_SHOW_AUXV=1"]}}
+    problem = imagecheck.config_problem("x:1", bad)
+    assert problem is not None and "LD_SHOW_AUXV" in problem
+    assert imagecheck.config_problem("x:1", INSPECT) is None
+    report = _report({"answered": False, "started": False, "error": problem}, runnable=False, reason=problem)
+    lines = image_text(report)
+    assert "worker      not started: a run refuses this image's config" in lines
+    assert lines[-1].startswith("verdict     WILL NOT RUN: ") and "LD_SHOW_AUXV" in lines[-1]
