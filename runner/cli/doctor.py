@@ -119,6 +119,10 @@ def image_text(report: dict[str, Any]) -> list[str]:
     ran = bool(p.get("answered"))
     shell = p.get("shell") or {}
     lines.append(f"shell       {'/bin/sh' if shell.get('present') else 'none' if ran else 'not checked'}")
+    writable = p.get("writable")
+    if ran:
+        shown = ", ".join(escape(w) for w in writable) if writable else "nothing" if writable == [] else "not known"
+        lines.append(f"writable    {shown}{'  (no shell to ask)' if writable is None else ''}")
     py = p.get("python") or {}
     py_line = _program(py, ran)
     if py.get("present") and not py.get("error"):

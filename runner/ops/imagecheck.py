@@ -26,9 +26,15 @@ from toolcage.errors import NotFound, ToolcageError
 PLATFORM = "linux/amd64"  # the worker's runtime (/opt/toolcage/rt) is x86_64 Linux
 MIN_PYTHON = (3, 8)  # run_python in a user's image needs this (issue 36)
 _VALUE_MAX = 300  # any string an image's probe answers is cut to this (a report, not a channel)
+WRITABLE_ASKED = ("/tmp", "/scratch", "/workspace", "/var/tmp", "/usr/local", "/testbed")
 PROGRAMS = ("python3", "python", "node", "nodejs", "git", "pip3", "pip")
 # one shell call: where each program is on the image's PATH (busybox's ash and dash both have command -v)
-SHELL_LOOKUP = "for n in " + " ".join(PROGRAMS) + '; do p=$(command -v "$n") && printf "%s=%s\\n" "$n" "$p"; done; :'
+SHELL_LOOKUP = (
+    "for n in " + " ".join(PROGRAMS) + '; do p=$(command -v "$n") && printf "%s=%s\\n" "$n" "$p"; done; '
+    # where a run's programs may write (its default directory, HOME, the usual ones), as the sandbox user
+    'for d in "$PWD" "$HOME" ' + " ".join(WRITABLE_ASKED) + '; do [ -d "$d" ] && [ -w "$d" ] && '
+    'printf "writable=%s\\n" "$d"; done; :'
+)
 # Python 2.7 too: the report says which version, the note says it is too old
 PYTHON_PROBE = 'import json, sys; print(json.dumps({"path": sys.executable, "version": list(sys.version_info[:3])}))'
 NODE_PROBE = "console.log(JSON.stringify({path: process.execPath, version: process.versions.node}))"
@@ -112,6 +118,7 @@ def _tools(sb: Any) -> dict[str, Any]:
     shell = _call(sb, "run_shell", {"command": SHELL_LOOKUP})
     where = parse_lookup(shell["stdout"]) if shell["ok"] else {}
     got: dict[str, Any] = {"shell": {"present": shell["ok"], "path": "/bin/sh" if shell["ok"] else None}}
+    got["writable"] = parse_writable(shell["stdout"]) if shell["ok"] else None  # None: not known (no shell)
     if not shell["ok"]:
         got["shell"]["error"] = shell["error"]
     py = _call(sb, "run_python", {"code": PYTHON_PROBE})
@@ -157,6 +164,16 @@ def parse_lookup(stdout: str) -> dict[str, str]:
         name, sep, path = line.partition("=")
         if sep and name in PROGRAMS and path.startswith("/") and name not in out:
             out[name] = _cut(path)
+    return out
+
+
+def parse_writable(stdout: str) -> list[str]:
+    """``writable=/dir`` lines from :data:`SHELL_LOOKUP`: absolute directories, each once, in order."""
+    out: list[str] = []
+    for line in stdout.splitlines():
+        key, sep, path = line.partition("=")
+        if sep and key == "writable" and path.startswith("/") and _cut(path) not in out and len(out) < 16:
+            out.append(_cut(path))
     return out
 
 

@@ -33,6 +33,7 @@ def _probe(**over: Any) -> dict[str, Any]:
         "first_answer_ms": 612.4,
         "sandbox": "container",
         "shell": {"present": True, "path": "/bin/sh"},
+        "writable": ["/tmp", "/scratch"],
         "python": {"present": True, "path": "/usr/bin/python3", "version": "3.11.2", "supported": True},
         "node": {"present": False, "error": "the image x has no Node.js"},
         "git": {"present": True, "path": "/usr/bin/git", "version": "2.39.5"},
@@ -93,6 +94,15 @@ def test_parse_lookup_keeps_asked_names_and_absolute_paths() -> None:
     assert imagecheck.parse_lookup(out) == {"git": "/usr/bin/git", "pip3": "/a/pip3"}
 
 
+def test_parse_writable() -> None:
+    """The writable lines: absolute directories, each once; no shell means not known (None), shown so."""
+    out = "git=/usr/bin/git\nwritable=/tmp\nwritable=rel\nwritable=/tmp\nwritable=/scratch\n"
+    assert imagecheck.parse_writable(out) == ["/tmp", "/scratch"]
+    lines = image_text(_report(_probe(writable=None, shell={"present": False, "path": None})))
+    assert "writable    not known  (no shell to ask)" in lines
+    assert "writable    nothing" in image_text(_report(_probe(writable=[])))
+
+
 def test_parse_python_versions() -> None:
     """run_python's JSON: 3.11 supported, 3.7 and 2.7 not; a missing Python is not present, with the error."""
     ok = {"ok": True, "ran": True, "stdout": '{"path": "/usr/bin/python3", "version": [3, 11, 2]}\n', "error": None}
@@ -146,6 +156,7 @@ def test_text_table() -> None:
     assert "entrypoint  /entry.sh  (never run: the worker is the entrypoint)" in lines
     assert "worker      answered in 612 ms (sandbox container)" in lines
     assert "python      /usr/bin/python3 3.11.2  (run_python uses it)" in lines
+    assert "writable    /tmp, /scratch" in lines
     assert "node        not found on its PATH" in lines
     assert "git         /usr/bin/git 2.39.5" in lines
     assert "pip         found 23.0.1 (as /usr/bin/python3 -m pip)" in lines
