@@ -326,7 +326,7 @@ class Pool:
                 p._keep -= cut - from_extra
                 evicted: list[Slot] = []
                 while len(p._ready) > asked(p) + p._waiting:
-                    evicted.append(p._ready.pop())
+                    evicted.append(p._ready.popleft())  # the oldest: the least life left
                 p._changed()
             for slot in evicted:
                 p._retire(slot, "evicted")
