@@ -137,3 +137,25 @@ def test_async_pool_takes_slots_of_many_images(engine: Any) -> None:
             return list(await asyncio.gather(*(one(r) for r in refs)))
 
     assert asyncio.run(main()) == [engine.image(r)["Id"] for r in refs]
+
+
+def test_a_pooled_slot_of_a_foreign_image_runs_its_programs_as_a_cold_run_does(engine: Any) -> None:
+    """The pooled path (ENV_POOLED, adoption) in a foreign image: the image's config is the slot's from its
+    start, so exec runs the image's own shell with its PATH, HOME and WORKDIR, as a cold Sandbox does."""
+    from toolcage import Sandbox
+
+    ref = "toolcage-base:bookworm"  # a Debian image without the worker label: a foreign image
+    assert engine.image(ref) is not None, f"{ref} is built by `toolcage image build` (the worker's base)"
+    argv = ["sh", "-c", "command -v sh; echo $PATH; echo $HOME; pwd; id -u; cat /etc/debian_version"]
+    with Sandbox(image=ref, audit=False) as cold:
+        want = cold.call("exec", {"argv": argv})
+    assert want.ok, want.error
+    with Pool(size=1, audit=False) as pool:
+        pool.warm(ref)
+        assert pool.wait_ready(1, image=ref, timeout=60)
+        with pool.sandbox(image=ref) as sb:
+            got = sb.call("exec", {"argv": argv})
+            assert got.ok, got.error
+            assert image_of(engine, sb.container_id) == engine.image(ref)["Id"]
+    assert got.result["stdout"] == want.result["stdout"]
+    assert got.result["stdout"].splitlines()[4] != "0"  # never root
