@@ -292,8 +292,59 @@ def run_build(
             report(stream[:160])
     if error:
         raise BuildError(f"docker build of {tag} failed: {error} (last output: " + " / ".join(output[-8:]) + ")")
-    if engine.image(tag) is None:
+    built = engine.image(tag)
+    if built is None:
         raise BuildError("docker build finished but the image is missing")
+    record_built(str(built.get("Id") or ""))
+
+
+# Images this installation built (worker and derived), by content id: only these run their own worker. The
+# worker label alone proves nothing: any image can carry it, and an image that did would otherwise run its
+# own code as the worker, which holds a connector's secrets and speaks for the sandbox on the channel.
+BUILT_FILE = "built-images"
+KEEP_BUILT = 2000  # ids kept (the oldest go first): a build adds one
+
+
+def _built_path() -> Path:
+    from toolcage.workspace import state_dir
+
+    return state_dir() / BUILT_FILE
+
+
+def built_here() -> frozenset[str]:
+    try:
+        return frozenset(_built_path().read_text(encoding="ascii", errors="replace").split())
+    except OSError:
+        return frozenset()
+
+
+def record_built(image_id: str) -> None:
+    """Remember an image this installation built (a failure to write only costs that image its own worker)."""
+    if not image_id.startswith("sha256:"):
+        return
+    path = _built_path()
+    try:
+        old = [i for i in path.read_text(encoding="ascii", errors="replace").split() if i != image_id]
+    except OSError:
+        old = []
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{BUILT_FILE}.{os.getpid()}")
+        tmp.write_text("\n".join([*old[-(KEEP_BUILT - 1) :], image_id]) + "\n", encoding="ascii")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def runs_own_worker(info: dict[str, Any] | None, worker: dict[str, Any] | None) -> bool:
+    """Does the image run its own worker: it is this installation's worker image (``worker``, the inspect data
+    of the tag ``$TOOLCAGE_IMAGE`` or the default names), or an image built here from it. Every other image,
+    the worker label or not, runs with the worker image's runtime mounted (toolcage.engine.runtime)."""
+    if check_worker_image(info) != "worker":
+        return False
+    assert info is not None
+    image_id = str(info.get("Id") or "")
+    return bool(image_id) and (image_id == (worker or {}).get("Id") or image_id in built_here())
 
 
 def build_image(
@@ -318,6 +369,7 @@ def build_image(
         fresh = labels.get(CONTEXT_LABEL) == digest and labels.get(SOURCE_LABEL) == source
         if existing is not None and fresh and not force:
             report(f"{tag} is up to date")
+            record_built(str(existing.get("Id") or ""))
             return BuildResult(tag, base_ref, digest, False, time.monotonic() - started)
         run_build(engine, ctx, tag, {"BASE": base_ref}, {CONTEXT_LABEL: digest, SOURCE_LABEL: source}, report)
     return BuildResult(tag, base_ref, digest, True, time.monotonic() - started)

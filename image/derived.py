@@ -28,6 +28,7 @@ from toolcage.image.build import (
     check_worker_image,
     image_labels,
     is_current,
+    record_built,
     run_build,
     source_sha256,
 )
@@ -292,6 +293,7 @@ def build_derived(
 
     if existing is not None and not force and all(labels.get(k) == v for k, v in wanted.items()):
         report(f"{spec.tag} is up to date")
+        record_built(str(existing.get("Id") or ""))
         return result(False)
     with tempfile.TemporaryDirectory(prefix="toolcage-deps-") as tmp:
         ctx = Path(tmp)

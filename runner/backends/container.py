@@ -71,11 +71,17 @@ class ContainerBackend:
     def _foreign(self) -> ImageConfig | None:
         """A user's own image (not built FROM the worker image): its config, as values; None for a worker
         image, or a missing one (start reports that, with the fix)."""
-        from toolcage.image.build import check_worker_image
+        from toolcage.image.build import check_worker_image, runs_own_worker
 
         info = self._image()
-        if check_worker_image(info) != "foreign":
+        found = check_worker_image(info)
+        if found == "missing":
             return None
+        if found == "worker":
+            if runs_own_worker(info, self.engine.image(self.options.proxy_image)):
+                return None
+            # the label, but not an image of this installation: anyone can write a label
+            self.log.warning("image.not_built_here", image=self.options.image, detail="runs with toolcage's runtime")
         assert info is not None
         try:
             return imageconfig.from_inspect(self.options.image, info)
@@ -86,13 +92,13 @@ class ContainerBackend:
         """The worker image whose runtime a user's image runs with (the egress proxy's image too): this
         installation's (``$TOOLCAGE_IMAGE`` or the default), or the default where ``$TOOLCAGE_IMAGE`` names a
         user's own image (every run is then of that image; the runtime and the proxy still need toolcage's)."""
+        from toolcage import __version__
         from toolcage.image.build import check_worker_image
-        from toolcage.options import DEFAULT_IMAGE
 
         ref = self.options.proxy_image
         info = self.engine.image(ref)
         if check_worker_image(info) == "foreign":
-            ref = self._proxy_ref = DEFAULT_IMAGE
+            ref = self._proxy_ref = f"toolcage-worker:{__version__}"  # the default (toolcage.options)
             info = self.engine.image(ref)
         if info is None or not info.get("Id"):
             raise UsageError(
