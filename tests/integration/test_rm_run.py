@@ -16,6 +16,7 @@ import pytest
 
 from toolcage import Sandbox
 from toolcage.engine import sharedfiles
+from toolcage.image.build import record_built
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -79,6 +80,7 @@ def test_one_gc_pass_removes_a_gone_images_shared_files_and_a_kept_runs_overlays
     dockerfile = f"FROM {DEFAULT_IMAGE}\nLABEL toolcage.test={tag}\n".encode()
     list(engine.api.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True, network_mode="none", decode=True))
     image_id = engine.image(tag)["Id"]
+    record_built(image_id)  # as `toolcage image build` does: an image of this installation runs its own worker
     try:  # a kept run of it, by a command that has ended (the run's owner is gone, as after `toolcage run`)
         out = toolcage("run", "run_shell", "--params", '{"command": "true"}', "--keep", "--image", tag)
         assert out.returncode == 0, out.stderr[-2000:]

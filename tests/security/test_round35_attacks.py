@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from toolcage.files import gitplumb
+from toolcage.image.build import record_built
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -88,6 +89,7 @@ def test_a_hostile_images_keep_label_does_not_keep_its_runs(engine: Any, no_leak
     dockerfile = f"FROM {DEFAULT_IMAGE}\nLABEL toolcage.keep=1 toolcage.test={tag}\n".encode()
     list(engine.api.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True, network_mode="none", decode=True))
     image_id = engine.image(tag)["Id"]
+    record_built(image_id)  # as `toolcage image build` does: an image of this installation runs its own worker
     try:
         with Sandbox(image=tag) as sb:
             labels = engine.inspect(sb.name)["Config"]["Labels"]

@@ -25,6 +25,7 @@ import pytest
 from tests.helpers import run_cli
 from toolcage import DEFAULT_IMAGE, Sandbox, wait_removed
 from toolcage.engine import sharedfiles
+from toolcage.image.build import record_built
 
 ATTACK = r"""
 import errno, json, os, ctypes
@@ -124,6 +125,7 @@ def test_gc_removes_the_shared_files_of_an_image_that_is_gone(engine: Any, no_le
     ctx.seek(0)
     list(engine.api.build(fileobj=ctx, custom_context=True, tag=tag, rm=True, network_mode="none", decode=True))
     image_id = engine.image(tag)["Id"]
+    record_built(image_id)  # as `toolcage image build` does: an image of this installation runs its own worker
     try:
         with Sandbox("default", image=tag) as sb:
             r = sb.call("run_python", {"code": "import json; print(json.dumps(1))"})
