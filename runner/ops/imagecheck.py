@@ -32,8 +32,9 @@ PROGRAMS = ("python3", "python", "node", "nodejs", "git", "pip3", "pip")
 SHELL_LOOKUP = (
     "for n in " + " ".join(PROGRAMS) + '; do p=$(command -v "$n") && printf "%s=%s\\n" "$n" "$p"; done; '
     # where a run's programs may write (its default directory, HOME, the usual ones), as the sandbox user
-    'for d in "$PWD" "$HOME" ' + " ".join(WRITABLE_ASKED) + '; do [ -d "$d" ] && [ -w "$d" ] && '
-    'printf "writable=%s\\n" "$d"; done; :'
+    # (a file made and removed, not test -w: busybox's test reads the mode bits, not a read-only mount)
+    'for d in "$PWD" "$HOME" ' + " ".join(WRITABLE_ASKED) + '; do f="$d/.toolcage-doctor.$$"; '
+    '[ -d "$d" ] && (: > "$f") 2>/dev/null && rm -f "$f" && printf "writable=%s\\n" "$d"; done; :'
 )
 # Python 2.7 too: the report says which version, the note says it is too old
 PYTHON_PROBE = 'import json, sys; print(json.dumps({"path": sys.executable, "version": list(sys.version_info[:3])}))'

@@ -55,7 +55,7 @@ def test_busybox_image(foreign_image: str) -> None:
     assert r["runnable"] and r["path"] == "/bin" and r["workdir"] == "/tmp" and r["layers"] >= 1
     p = r["probe"]
     assert p["shell"]["present"] and not p["python"]["present"] and not p["git"]["present"]
-    assert "/scratch" in p["writable"] and "/tmp" in p["writable"]  # its WORKDIR /tmp is the run's tmpfs
+    assert "/scratch" in p["writable"]  # the run's tmpfs, whatever the image; found by writing a file there
     assert not p["pip"]["present"]
     assert any("no Python" in n for n in r["notes"])
     text = _doctor("--image", foreign_image)
