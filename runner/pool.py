@@ -150,7 +150,18 @@ class Pool:
     ``size``: how many wait at most; ``idle_s``: a slot unused this long is removed (default: the
     policy's ``timeouts.idle_s``); ``parallel``: how many start at once; ``run_s``, ``memory``, ``scratch``:
     those knobs of the policy for every run it serves (as on :class:`Sandbox`). A context manager;
-    ``close()`` removes every slot not yet adopted (adopted ones go when their run closes)."""
+    ``close()`` removes every slot not yet adopted (adopted ones go when their run closes).
+
+    Other images (``pool.sandbox(image=REF)``, ``pool.warm(REF, n)``): ``per_image``: how many slots each
+    image asked for keeps warm (default 0: a slot starts when a run asks); ``max_warm``: at most this
+    many warm slots across those images (default ``size``), the least recently asked-for evicted first.
+
+        with Pool(size=2, max_warm=4) as pool:         # an eval loop over per-task images
+            for task in tasks:
+                pool.warm(next_image(task))            # optional: start the next one's slot ahead
+                with pool.sandbox(image=task.image) as sb:
+                    ...
+    """
 
     def __init__(
         self,
