@@ -221,15 +221,23 @@ def check(ref: str, sandbox: str | None = None) -> dict[str, Any]:
     NotFound (the CLI's one line, exit 1) for a missing image or another platform: nothing is started."""
     from toolcage.engine import runtime
     from toolcage.engine.docker_adapter import Engine
-    from toolcage.options import worker_image
+    from toolcage.image.build import check_worker_image, runs_own_worker
+    from toolcage.options import DEFAULT_IMAGE, worker_image
 
     engine = Engine.default()
     info = engine.image(ref)
     report = facts(ref, info)
     notes: list[str] = []
-    if report["kind"] == "foreign":
-        worker_ref = worker_image()
+    # the worker image whose runtime a foreign run mounts, chosen as the container backend does
+    worker_ref = worker_image()
+    worker = engine.image(worker_ref)
+    if check_worker_image(worker) == "foreign":
+        worker_ref = DEFAULT_IMAGE
         worker = engine.image(worker_ref)
+    if report["kind"] == "worker" and not runs_own_worker(info, worker):
+        report["kind"] = "foreign"  # a label anyone can write: only images built here run their own worker
+        notes.append("it carries the worker label but was not built by this installation: its own worker never runs")
+    if report["kind"] == "foreign":
         if worker is None:
             raise NotFound(
                 f"image {ref} runs with the worker image's runtime, and {worker_ref} is missing: "

@@ -135,3 +135,24 @@ def _one_file_tar() -> bytes:
         info.size = 3
         tar.addfile(info, io.BytesIO(b"hi\n"))
     return buf.getvalue()
+
+
+def test_worker_label_not_built_here_is_foreign() -> None:
+    """An image built FROM the worker image by plain docker build carries the worker label but was not built by
+    this installation: doctor reports it foreign (it runs with toolcage's runtime, never its own worker)."""
+    from toolcage.options import worker_image
+
+    ref = "toolcage-test-doctor-labelled:1"
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+    dockerfile = f"FROM {worker_image()}\nLABEL toolcage.test.doctor=1\n"
+    cmd = ["docker", "build", "-q", "--network", "none", "-t", ref, "-"]
+    built = subprocess.run(cmd, input=dockerfile, capture_output=True, text=True, env=env, timeout=300)
+    assert built.returncode == 0, built.stderr
+    try:
+        r = _report(ref)
+        assert r["kind"] == "foreign" and r["runnable"]
+        assert any("not built by this installation" in n for n in r["notes"])
+        mine = _report(worker_image())
+        assert mine["kind"] == "worker" and not any("not built" in n for n in mine["notes"])
+    finally:
+        subprocess.run(["docker", "rmi", "-f", ref], capture_output=True, timeout=60)
