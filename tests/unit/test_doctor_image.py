@@ -191,3 +191,27 @@ def test_config_a_run_refuses() -> None:
     lines = image_text(report)
     assert "worker      not started: a run refuses this image's config" in lines
     assert lines[-1].startswith("verdict     WILL NOT RUN: ") and "LD_SHOW_AUXV" in lines[-1]
+
+
+@pytest.mark.parametrize(("runnable", "code"), [(True, 0), (False, 1)])
+def test_cli_exit_code_and_reason(monkeypatch: pytest.MonkeyPatch, runnable: bool, code: int) -> None:
+    """doctor --image exits 0 when the image runs, 1 with the reason on one stderr line when it does not; the
+    kind a plain run gets is used unless --sandbox is given."""
+    from click.testing import CliRunner
+
+    from toolcage.cli.main import cli
+
+    seen: list[str | None] = []
+
+    def fake(ref: str, sandbox: str | None = None) -> dict[str, Any]:
+        seen.append(sandbox)
+        probe = _probe() if runnable else {"answered": False, "error": "boom"}
+        return _report(probe)
+
+    monkeypatch.setattr(imagecheck, "check", fake)
+    got = CliRunner().invoke(cli, ["doctor", "--image", "team/agent:1"])
+    assert got.exit_code == code
+    assert ("will not run" in got.stderr) is (not runnable)
+    assert got.stderr.count("\n") == (0 if runnable else 1)
+    CliRunner().invoke(cli, ["doctor", "--image", "team/agent:1", "--sandbox", "gvisor", "--json"])
+    assert seen == [None, "gvisor"]
