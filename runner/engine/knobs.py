@@ -47,7 +47,10 @@ class RuntimeKnobs:
         if self.readonly_tmp:
             host_config["Tmpfs"] = {
                 **(host_config.get("Tmpfs") or {}),
-                **dict.fromkeys(self.readonly_tmp, READONLY_TMPFS),
+                # a path the run made writable itself (writable=: a capped tmpfs) keeps its own
+                **dict.fromkeys(
+                    (p for p in self.readonly_tmp if p not in (host_config.get("Tmpfs") or {})), READONLY_TMPFS
+                ),
             }
 
 
@@ -125,7 +128,10 @@ class FlavorKnobs:
         if self.readonly_tmp:
             host_config["Tmpfs"] = {
                 **(host_config.get("Tmpfs") or {}),
-                **dict.fromkeys(self.readonly_tmp, READONLY_TMPFS),
+                # a path the run made writable itself (writable=: a capped tmpfs) keeps its own
+                **dict.fromkeys(
+                    (p for p in self.readonly_tmp if p not in (host_config.get("Tmpfs") or {})), READONLY_TMPFS
+                ),
             }
         if self.nproc is not None and not any(u["Name"] == "nproc" for u in host_config["Ulimits"]):
             host_config["Ulimits"] = [
