@@ -20,7 +20,7 @@ from toolcage.textsafe import escape
     type=click.Choice(["container", "gvisor", "auto"]),
     default="auto",
     show_default=True,
-    help="The sandbox kind --probe proves.",
+    help="The sandbox kind --probe proves (--image: the kind its run uses; default, a plain run's).",
 )
 @click.option(
     "--image",
@@ -35,9 +35,10 @@ def doctor(probe: bool, policy_ref: str, sandbox: str, image_ref: str | None, as
     the daemon's security features and every live sandbox against its policy.
 
     With --image REF, only that image: its platform, size, user, workdir, entrypoint, PATH and HOME, then
-    one short run under the same hardening as any run (the worker's first answer, /bin/sh, Python and its
-    version, Node, git, pip). Exit 0 when it runs, 1 with a one-line reason when it will not (missing,
-    another platform than linux/amd64, the worker not answering in it).
+    one short run under the same hardening as any run (the worker's first answer, /bin/sh, where a run may
+    write, Python and its version, Node, git, pip). Exit 0 when it runs, 1 with a one-line reason when it
+    will not (missing: nothing is pulled; a platform other than linux/amd64; a config a run refuses; the
+    worker not answering in it).
 
     Exit 1 when anything is weaker than it should be (or cannot be checked). Warnings (a runtime
     older than the fix for a known escape) are printed and do not change the exit code.
