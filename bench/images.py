@@ -18,6 +18,7 @@ content id. Figures (``python -m bench.images [pool|cluster|all]``):
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import statistics
@@ -39,7 +40,8 @@ def burst_image(n: int, engine: Any = None, *, fresh: bool = False) -> str:
 
     engine = engine or Engine.default()
     ref = f"{PREFIX}{n}"
-    if not fresh and engine.image(ref) is not None:
+    old = engine.image(ref)
+    if not fresh and old is not None:
         return ref
     body = f"task {n}\n" + (f"salt {time.time_ns()}\n" if fresh else "")
     with tempfile.TemporaryDirectory(prefix="toolcage-test-burst-") as tmp:
@@ -54,7 +56,18 @@ def burst_image(n: int, engine: Any = None, *, fresh: bool = False) -> str:
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
         engine.import_tarball(str(archive), ref, "latest")
+    if old is not None:  # the build it replaces, untagged now: not left behind
+        drop_image(old["Id"], engine)
     return ref
+
+
+def drop_image(ref: str, engine: Any = None) -> None:
+    """Remove an image this module made (not one a container still uses)."""
+    from toolcage.engine.docker_adapter import Engine
+
+    engine = engine or Engine.default()
+    with contextlib.suppress(Exception):
+        engine.api.remove_image(ref)
 
 
 def burst_images(count: int = 20, engine: Any = None) -> list[str]:
@@ -134,6 +147,8 @@ def first_runs(repeat: int = 3) -> dict[str, Any]:
         first.append(cold(ref))
         second.append(cold(ref))
         worker.append(cold(None))
+    for i in range(repeat):
+        drop_image(f"{PREFIX}{90 + i}")
     med = statistics.median
     return {
         "repeat": repeat,
@@ -225,6 +240,8 @@ def cluster_figures(images: Sequence[str], repeat: int = 3) -> dict[str, Any]:
             ray.shutdown()
     finally:
         lc.down()
+        for i in (*range(80, 80 + repeat), *range(85, 85 + repeat)):
+            drop_image(f"{PREFIX}{i}", engine)
 
 
 def main(argv: Sequence[str]) -> int:
