@@ -11,6 +11,7 @@ import``s (bench.images.burst_image), put on node 0 only, or on no node at all (
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -153,3 +154,36 @@ def test_an_image_missing_everywhere_is_a_clear_error(lc: Any, ray_driver: Any) 
             c.sandbox(image="toolcage-test-burst-nowhere:never").start()
     finally:
         c.close(stop_agents=True)
+
+
+def test_a_burst_over_many_images_sends_each_at_most_once_per_node_and_leaves_nothing(
+    lc: Any, ray_driver: Any, engine: Any
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import toolcage.ray as tcr
+
+    refs = [burst_image(n, engine) for n in range(15, 21)]
+    c = tcr.Cluster("default", name="fburst", per_node={"warm": 1, "max_running": 4, "max_starting": 2}, linger_s=1)
+    try:
+        assert c.wait_ready(count=2, timeout=180) == 2, c.nodes()
+
+        def one(ref: str) -> bool:
+            return c.run("write_file", {"path": "a.txt", "content": ref}, image=ref).ok
+
+        with ThreadPoolExecutor(6) as ex:
+            assert all(ex.map(one, refs * 2))
+        sent = [(e["node"], e["image_id"]) for e in c.events if e["event"] == "run_image_sent"]
+        assert len(sent) == len(set(sent)), sent  # never the same image to the same node twice
+        assert {i for _, i in sent} <= {engine.image(r)["Id"] for r in refs}
+    finally:
+        c.close(stop_agents=True)
+    label = "toolcage.cluster=fburst"
+
+    def left() -> list[Any]:
+        return [x["Names"] for node in lc.nodes for x in node_engine(node).containers(label)]
+
+    until = time.monotonic() + 30  # removal may end just after the agents answered their shutdown
+    while left() and time.monotonic() < until:
+        time.sleep(0.5)
+    assert not left()
