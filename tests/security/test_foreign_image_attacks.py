@@ -69,7 +69,7 @@ def _build(tag: str, dockerfile: str, files: dict[str, str] | None = None) -> st
             Path(tmp, name).write_text(text)
             Path(tmp, name).chmod(0o755)
         r = subprocess.run(
-            ["docker", "build", "--network", "none", "-q", "-t", tag, tmp], capture_output=True, text=True, timeout=900
+            ["docker", "build", "--network", "none", "-q", "-t", tag, tmp], capture_output=True, text=True, timeout=2400
         )
     if r.returncode != 0:
         pytest.fail(f"cannot build {tag}: {r.stderr.strip()[-400:]}", pytrace=False)
@@ -600,14 +600,16 @@ def test_egress_from_a_foreign_image_reaches_only_the_allowlist(engine: Any, tmp
 
 # ---------------------------------------------------------------------------------------------- 10: its files
 
+# WORKDIR first: a step after the million files makes the legacy builder on fuse-overlayfs diff the whole tree
+# again (it ran past 10 minutes); so the build is one RUN, about 14 minutes on the loaded 2-core machine
 FILES = """\
 FROM {base}
+WORKDIR /testbed
 RUN mkdir -p /testbed/many && cd /testbed/many && i=0; while [ $i -lt 1000 ]; do mkdir d$i; i=$((i+1)); done \\
  && for d in d*; do (cd $d && seq 1 1000 | xargs touch); done \\
  && dd if=/dev/zero of=/testbed/sparse.bin bs=1 count=0 seek=2G 2>/dev/null \\
  && mkfifo /testbed/fifo.py && mknod /testbed/null c 1 3 && mknod /testbed/sda b 8 0 \\
  && ln -s / /testbed/root-link && ln -s /testbed /testbed/loop
-WORKDIR /testbed
 """
 
 
@@ -622,7 +624,7 @@ def _start_s(image: str) -> float:
 def test_a_million_files_a_sparse_file_and_device_nodes_do_not_stall_the_start() -> None:
     """An image with 1,000,000 files, a 2 GB sparse file, a FIFO named like a module and device nodes under
     /testbed (its WORKDIR) starts and answers as fast as plain busybox (within 3x + 3 s): nothing walks the
-    image, nothing opens the FIFO. (Built once, about 2 min; kept by its tag.)"""
+    image, nothing opens the FIFO (a `find` over it took about a minute). (Built once, about 15 min here.)"""
     base = _kind("busybox")
     tag = _build(f"{PREFIX}files:1", FILES.format(base=base))
     _start_s(base)  # warm: the runtime volumes
@@ -630,5 +632,7 @@ def test_a_million_files_a_sparse_file_and_device_nodes_do_not_stall_the_start()
     heavy = min(_start_s(tag) for _ in range(2))
     assert heavy < 3 * plain + 3, (heavy, plain)
     with Sandbox(image=tag) as sb:
-        r = sh(sb, "ls /testbed/many | wc -l; ls -ls /testbed/sparse.bin; pwd")
-        assert r["stdout"].split()[0] == "1000" and r["stdout"].strip().endswith("/testbed"), r
+        # the planted files are there (a listing of the million is left out: minutes through fuse-overlayfs)
+        r = sh(sb, "ls /testbed/many/d999/1000; ls -ls /testbed/sparse.bin; ls -l /testbed/fifo.py", timeout_s=60)
+        out = r["stdout"].split("\n")
+        assert out[0] == "/testbed/many/d999/1000" and "2147483648" in out[1] and out[2].startswith("p"), r
