@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import json
 import os
 import platform
 import resource
@@ -105,7 +106,7 @@ class Zygote:
             self.ready = True
         return untouched(self.pid)
 
-    def spawn(self, source: bytes, stdin: bool, argv: bool = False) -> Spawned | None:
+    def spawn(self, source: bytes, stdin: bool, argv: bool = False, with_env: bool = False) -> Spawned | None:
         """A fresh child running ``source`` (``argv``: exec'ing the NUL-separated argv it is), or None
         (the caller takes the subprocess path)."""
         code_r, code_w = os.pipe()
@@ -131,7 +132,8 @@ class Zygote:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             fds += [out_r, out_w, err_r, err_w]
-            socket.send_fds(self.sock, [b"X" if argv else b"F"], [code_r, in_r, out_w, err_w])
+            kind = b"E" if with_env else b"X" if argv else b"F"
+            socket.send_fds(self.sock, [kind], [code_r, in_r, out_w, err_w])
             if not readable([self.sock.fileno()], _REPLY_S):
                 return None
             reply = self.sock.recv(16)
@@ -217,15 +219,23 @@ def pid() -> int | None:
     return _current.pid if _current is not None else None
 
 
-def spawn_argv(argv: list[str], stdin: bool, env: dict[str, str], cwd: str) -> Spawned | None:
+def spawn_argv(
+    argv: list[str], stdin: bool, env: dict[str, str], cwd: str, tool_env: dict[str, str] | None = None
+) -> Spawned | None:
     """With tool namespaces (gVisor): exec ``argv`` from a fork of the zygote that entered them, instead
-    of a subprocess through nsinit (an interpreter's start, ~30 ms there); None: use subprocess."""
+    of a subprocess through nsinit (an interpreter's start, ~30 ms there); None: use subprocess.
+    ``tool_env``: a user's own image: the program's environment, handed to the exec (the zygote runs with
+    ``env``, the worker's: the image's LD_PRELOAD never runs in it)."""
     if not namespaces.enabled() or any("\0" in a for a in argv):
         return None
-    return spawn("\0".join(argv), stdin, env, cwd, argv=True)
+    if tool_env is None:
+        return spawn("\0".join(argv), stdin, env, cwd, argv=True)
+    return spawn(json.dumps(tool_env) + "\n" + "\0".join(argv), stdin, env, cwd, argv=True, with_env=True)
 
 
-def spawn(source: str, stdin: bool, env: dict[str, str], cwd: str, argv: bool = False) -> Spawned | None:
+def spawn(
+    source: str, stdin: bool, env: dict[str, str], cwd: str, argv: bool = False, with_env: bool = False
+) -> Spawned | None:
     """Fork a call's child from the zygote, if one is ready for this env and cwd; None: use subprocess."""
     global _current, _wanted
     _wanted = (dict(env), cwd)
@@ -241,7 +251,7 @@ def spawn(source: str, stdin: bool, env: dict[str, str], cwd: str, argv: bool = 
         discard()
         return None
     try:
-        child = z.spawn(data, stdin, argv)
+        child = z.spawn(data, stdin, argv, with_env)
     except OSError:
         child = None
     if child is None:

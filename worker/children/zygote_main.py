@@ -71,7 +71,7 @@ if _PATH0 is not None:
 del _PATH0
 
 
-def _child(fds: list[int], pid_r: int, pid_w: int, argv_mode: bool = False) -> None:
+def _child(fds: list[int], pid_r: int, pid_w: int, argv_mode: bool = False, with_env: bool = False) -> None:
     """In the forked child: become what ``python3 -c code`` is, then run the code. Never returns.
     ``argv_mode`` (only with namespaces, where a subprocess would pay a launcher's interpreter start):
     the pipe carries an argv (NUL-separated) to exec in the namespaces, as ``subprocess`` would start it."""
@@ -100,6 +100,11 @@ def _child(fds: list[int], pid_r: int, pid_w: int, argv_mode: bool = False) -> N
         os.close(keep)
         source = b"".join(chunks).decode("utf-8", "surrogateescape")
         _libc.prctl(4, 1, 0, 0, 0)  # dumpable again, as after an exec (and so it may write its uid_map)
+        if argv_mode and with_env:  # a user's own image: the program's environment (JSON), a newline, the argv
+            import json
+
+            head, _, rest = source.partition("\n")
+            _exec(rest.split("\0"), json.loads(head))
         if argv_mode:
             _exec(source.split("\0"))
         if _become_init is not None:
@@ -132,12 +137,13 @@ def _child(fds: list[int], pid_r: int, pid_w: int, argv_mode: bool = False) -> N
     end(None)
 
 
-def _exec(argv: list[str]) -> None:
-    """Exec ``argv`` in namespaces of its own, as nsinit does for a subprocess. Never returns."""
+def _exec(argv: list[str], env: dict[str, str] | None = None) -> None:
+    """Exec ``argv`` in namespaces of its own, as nsinit does for a subprocess (with ``env``, a user's own
+    image's: the zygote itself runs with the worker's). Never returns."""
     if _become_init is None or not argv or not argv[0]:
         os._exit(70)
     _become_init(_libc)
-    _exec_tool(argv)
+    _exec_tool(argv, env)
 
 
 def _end(code: Any, sys: Any = sys, os: Any = os, gc: Any = gc, atexit: Any = atexit) -> None:
@@ -222,7 +228,7 @@ def _serve() -> None:
             except OSError:
                 os._exit(1)
             if pid == 0:
-                _child(fds, pid_r, pid_w, argv_mode=msg == b"X")
+                _child(fds, pid_r, pid_w, argv_mode=msg in (b"X", b"E"), with_env=msg == b"E")
             os.write(pid_w, pid.to_bytes(8, "little"))
             os._exit(0)
         os.close(pid_w)

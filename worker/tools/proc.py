@@ -197,10 +197,11 @@ def run_child(
         # (never in a user's own image: the zygote is the runtime's interpreter, the image's programs are its own)
         if fast_source is not None and not pass_fds and not foreign and zygote.enabled():
             proc = zygote.spawn(fast_source, stdin is not None, env, workdir)
-        elif not pass_fds and not settings.policy.unsafe_background_processes and not foreign and zygote.enabled():
+        elif not pass_fds and not settings.policy.unsafe_background_processes and zygote.enabled():
             # under gVisor only: an exec from a fork of the zygote (never where processes outlive their
-            # call: that takes nsinit's keeper, and an earlier call's process could tamper with the zygote)
-            proc = zygote.spawn_argv(argv, stdin is not None, env, workdir)
+            # call: that takes nsinit's keeper, and an earlier call's process could tamper with the zygote).
+            # A user's own image: the zygote runs with the worker's environment, the program gets the image's
+            proc = zygote.spawn_argv(argv, stdin is not None, launch_env, workdir, tool_env)
         try:
             proc = proc or subprocess.Popen(
                 # under gVisor: in namespaces of its own (worker.children.namespaces)
