@@ -69,9 +69,10 @@ def check(
     """``writable=`` and ``writable_size`` checked before anything starts: (path, cap) pairs, UsageError with
     the fix otherwise. The caps, with /scratch (and a workspace copy), count against ``memory``: a tmpfs is
     memory, and a run whose writes pass its memory limit is killed where a full tmpfs answers ENOSPC."""
+    from toolcage.backends import in_container
     from toolcage.policies.typed import parse_size
 
-    if kind == "none":
+    if not in_container(kind):
         raise UsageError(
             "writable= makes paths of the image writable, and --sandbox none runs no image: use a container"
         )
