@@ -223,7 +223,11 @@ class ContainerBackend:
         sock, closer = self.engine.attach(self.container_id)
         transport = DockerAttachTransport(sock, parser, closer)
         transport.start()  # attached and reading before the worker's first byte
-        self.engine.start(self.container_id)
+        try:
+            self.engine.start(self.container_id)
+        except BaseException:
+            transport.close()  # the engine refused the start (a mount it cannot make): no socket left open
+            raise
         return transport
 
     def kill(self) -> None:

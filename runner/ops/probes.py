@@ -172,7 +172,13 @@ CODE_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
         "the worker itself is PID 1 of the sandbox's own PID namespace (no docker-init holding the stream)",
         "print(json.dumps({'init': 'the call itself' if os.getpid() == 1 else "
         "open('/proc/1/cmdline').read().split('\\0')[:4]}))",
-        {"init": ["python3", "-S", "-m", "toolcage.worker"]},
+        # the worker image's worker, or in a user's own image the runtime's (toolcage.engine.runtime.ENTRYPOINT)
+        {
+            "init": (
+                ["python3", "-S", "-m", "toolcage.worker"],
+                ["/opt/toolcage/rt/bin/python3", "-S", "-m", "toolcage.worker"],
+            )
+        },
     ),
     (
         "init_fds_not_openable",
