@@ -59,6 +59,11 @@ MAX_ENTRIES = 200_000  # entries of one path's tree (a 100,000-file repository f
 FETCH_SECONDS = 300.0  # the engine's archive of one path, all of it
 # kernel file systems, toolcage's runtime and the run's own roots: never an image path made writable
 RESERVED = ("/proc", "/sys", "/dev", "/opt/toolcage", contract.WORKSPACE, contract.SCRATCH)
+# where a toolcage worker image's own worker runs from (its interpreter, stdlib, loader, libraries, and the
+# loader's /etc/ld.so.preload): never writable in such an image, or the sandbox could change the worker's code
+# before the worker loads it. A user's own image runs the worker from /opt/toolcage/rt, whose loader and
+# libraries read nothing of the image's (toolcage.engine.runtime), so only RESERVED holds there.
+WORKER_OWN = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc")
 # plain names only: they go into the engine's Tmpfs map and, ":"-joined, into the worker's environment
 _PATH = re.compile(r"(?:/[A-Za-z0-9._@+-]+)+")
 
@@ -110,6 +115,19 @@ def check(
             "memory, so raise memory (--memory) or lower writable_size (--writable-size)"
         )
     return tuple((path, cap) for path in out)
+
+
+def check_worker_image(writable: tuple[tuple[str, int], ...]) -> None:
+    """In an image that runs its own worker (toolcage's, or one built FROM it): UsageError for a path the worker
+    runs from (WORKER_OWN)."""
+    for path, _ in writable:
+        for own in WORKER_OWN:
+            if path == own or path.startswith(own + "/") or own.startswith(path + "/"):
+                raise UsageError(
+                    f"writable: {path} cannot be made writable in a toolcage worker image: its worker runs from "
+                    f"{own}, and the sandbox could change it; name another path (/testbed, /root, /tmp), or run "
+                    "your own image, where the worker runs from toolcage's read-only runtime"
+                )
 
 
 class _Archives(Protocol):

@@ -11,6 +11,9 @@
   runner, and the file tools refuse to follow them out), leaves the device nodes and the FIFO out, drops the
   setuid bit and makes the sandbox user the owner (the setuid binary cannot read /etc/shadow); a writable path
   that is itself a symlink out (/linked -> /etc) is refused before a sandbox starts;
+- in toolcage's worker image, whose worker runs from the image's own /usr (interpreter, stdlib) and reads its
+  /etc/ld.so.preload, a writable /usr/local, /usr/lib or /etc would let the sandbox change the worker's code
+  before the worker loads it: refused before a sandbox starts;
 - a 100,000-file tree fills within a time bound; a huge sparse file (8 GiB of holes, which the engine's archive
   sends as zeros) is refused while it is read, within a time bound, with no sandbox started and the reading
   container removed.
@@ -173,6 +176,15 @@ def test_hostile_links_devices_and_setuid_in_the_image(images: dict[str, str], n
         sb2.start()
     assert sb2.container_id is None
     sb2.close()
+
+
+@pytest.mark.parametrize("path", ["/usr/local", "/usr/lib", "/etc"])
+def test_the_worker_image_never_makes_its_worker_writable(path: str, no_leaks: None) -> None:
+    sb = Sandbox(writable=(path,), writable_size="8m")
+    with pytest.raises(UsageError, match="worker runs from"):
+        sb.start()
+    assert sb.container_id is None
+    sb.close()
 
 
 def test_a_100k_file_tree_fills_within_a_bound(images: dict[str, str], no_leaks: None) -> None:

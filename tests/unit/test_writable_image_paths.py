@@ -51,6 +51,13 @@ def test_sizes_count_against_memory() -> None:
         imagepaths.check(["/testbed"], "256m", _limits(), True, "container")
 
 
+@pytest.mark.parametrize("path", ["/usr", "/usr/local", "/usr/lib/python3.11", "/etc", "/lib", "/bin"])
+def test_a_worker_image_keeps_its_own_worker_read_only(path: str) -> None:
+    with pytest.raises(UsageError, match="worker runs from"):
+        imagepaths.check_worker_image(((path, MIB),))
+    imagepaths.check_worker_image((("/tmp", MIB), ("/root", MIB), ("/testbed", MIB)))
+
+
 def test_no_container_no_writable_and_bad_sizes() -> None:
     with pytest.raises(UsageError, match="sandbox none"):
         imagepaths.check(["/testbed"], None, _limits(), False, "none")
