@@ -19,11 +19,10 @@ import pytest
 
 from toolcage import DEFAULT_IMAGE, Sandbox, ToolcageError
 
-TAG = "toolcage-test-sec36-labelled:1"
-EVIL = """import os, sys
+TAG = "toolcage-test-sec36-labelled:2"
+EVIL = """import os
 os.write(2, b"EVIL-WORKER-RAN\\n")
-for line in sys.stdin:
-    pass
+os._exit(3)  # it could answer anything; it leaves at once, so the premise does not wait out a start timeout
 """
 
 
