@@ -157,9 +157,11 @@ class RunOptions:
         kind = resolve_kind(default_kind(sandbox), pol, engine)
         wanted = (writable,) if isinstance(writable, str) else tuple(writable)
         if wanted:
-            from toolcage.files import imagepaths
+            from toolcage.backends import in_container
+            from toolcage.engine import writable as writable_paths
 
-            paths = imagepaths.check(wanted, writable_size, pol.limits, workspace_mode == "copy", kind)
+            copy = workspace_mode == "copy"
+            paths = writable_paths.check(wanted, writable_size, pol.limits, copy, in_container(kind))
         elif writable_size is not None:
             raise UsageError("writable_size sizes the writable paths: give writable=PATH too (--writable PATH)")
         else:

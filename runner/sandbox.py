@@ -230,13 +230,7 @@ class Sandbox:
             run_labels.LABEL_OWNER_NS: ownership.namespace_key(),
             run_labels.LABEL_DEADLINE: f"{time.time() + 2 * FETCH_SECONDS:.3f}", run_labels.LABEL_KEEP: "0",
         }  # fmt: skip
-        from toolcage.files.imagepaths import check_worker_image
-        from toolcage.image.build import runs_own_worker
-        from toolcage.options import worker_image
-
-        info = engine.image(self.image)
-        if info is not None and runs_own_worker(info, engine.image(worker_image())):
-            check_worker_image(self.options.writable)  # its worker runs from the image's own /usr
+        # (an image that runs its own worker refuses the paths that worker runs from: the backend's complete())
         self._originals = Originals()
         self._originals.read(engine, self.image, self.options.writable, labels)
 

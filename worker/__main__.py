@@ -14,7 +14,7 @@ import sys
 # `python3 -m` puts that directory first on sys.path, so the worker's next lazy import of the name (tarfile
 # on an upload, secrets on a download) ran the planted file in PID 1, which holds the channel (issue 36
 # attack, tests/security/test_foreign_image_attacks.py). Dropped before anything is imported lazily.
-if sys.path and not sys.flags.safe_path and sys.path[0] in ("", os.getcwd()):
+if __name__ == "__main__" and sys.path and not sys.flags.safe_path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
 
 from toolcage.policies import contract

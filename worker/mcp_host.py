@@ -24,7 +24,7 @@ from typing import Any
 
 # Threat: the wrapped server planting a module in /scratch (this process's working directory, which `python3 -m`
 # puts first on sys.path) for a later lazy import here, in PID 1: dropped first, as the worker does
-if sys.path and not sys.flags.safe_path and sys.path[0] in ("", os.getcwd()):
+if __name__ == "__main__" and sys.path and not sys.flags.safe_path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
 
 from toolcage.policies import contract

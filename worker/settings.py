@@ -11,6 +11,7 @@ passes in ``TOOLCAGE_WORKSPACE`` / ``TOOLCAGE_SCRATCH`` (``workspace`` and ``scr
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from toolcage.policies import contract
@@ -82,10 +83,12 @@ class Settings:
         self.image = image
         # writable paths of the image (writable=: /testbed, /usr/local): a tmpfs each, filled by the runner;
         # the file tools, upload and download place paths under them as under /scratch (worker.tools.paths)
-        from toolcage.worker.tools import paths
+        self.image_roots = tuple(os.path.normpath(r) for r in image_roots if os.path.isabs(r) and r.strip("/"))
+        # (the path rules are imported with the first file tool, not at start: lean start-up)
+        if self.image_roots or "toolcage.worker.tools.paths" in sys.modules:
+            from toolcage.worker.tools import paths
 
-        paths.set_image_roots(image_roots)
-        self.image_roots = paths.image_roots()
+            paths.set_image_roots(self.image_roots)
 
     @property
     def writable_roots(self) -> tuple[str, ...]:

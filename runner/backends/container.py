@@ -122,6 +122,10 @@ class ContainerBackend:
                 run, foreign=foreign, runtime_mounts=runtime.run_mounts(run.run_id, self._runtime)
             )
         else:
+            if run.writable:  # its worker runs from the image's own /usr: never writable there
+                from toolcage.engine.writable import check_worker_image
+
+                check_worker_image(run.writable)
             self._layers = sharedfiles.layers(self.engine, self.image_id())
         run = dataclasses.replace(
             run,

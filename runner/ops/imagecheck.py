@@ -22,11 +22,12 @@ import time
 from typing import Any
 
 from toolcage.errors import NotFound, ToolcageError
+from toolcage.policies import contract
 
 PLATFORM = "linux/amd64"  # the worker's runtime (/opt/toolcage/rt) is x86_64 Linux
 MIN_PYTHON = (3, 8)  # run_python in a user's image needs this (issue 36)
 _VALUE_MAX = 300  # any string an image's probe answers is cut to this (a report, not a channel)
-WRITABLE_ASKED = ("/tmp", "/scratch", "/workspace", "/var/tmp", "/usr/local", "/testbed")
+WRITABLE_ASKED = ("/tmp", contract.SCRATCH, contract.WORKSPACE, "/var/tmp", "/usr/local", "/testbed")
 PROGRAMS = ("python3", "python", "node", "nodejs", "git", "pip3", "pip")
 # one shell call: where each program is on the image's PATH (busybox's ash and dash both have command -v)
 SHELL_LOOKUP = (

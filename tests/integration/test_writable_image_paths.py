@@ -47,7 +47,7 @@ COPY pip /usr/lib/python3/dist-packages/pip
 @pytest.fixture(scope="module")
 def image() -> Iterator[str]:
     if subprocess.run(["docker", "image", "inspect", BASE], capture_output=True).returncode != 0:
-        pytest.skip(f"{BASE} is not on this engine")
+        pytest.fail(f"{BASE} is not on this engine: run `toolcage image build` (it bootstraps it)", pytrace=False)
     import pip
 
     with tempfile.TemporaryDirectory() as ctx:
@@ -73,7 +73,7 @@ def test_testbed_is_writable_filled_from_the_image_and_diffed(image: str, no_lea
             "id -u; cat /testbed/rootonly.txt; stat -c '%a %u' /testbed/setuid_true /testbed/src/calc.py; "
             "readlink /testbed/calc_link; cmp /testbed/hard.bin /testbed/data/blob.bin && echo same; "
             "sed -i 's/a - b/a + b/' /testbed/src/calc.py && cd /testbed && python3 test_calc.py && echo passed; "
-            "rm /testbed/data/blob.bin; awk '$5 == \"/\" {split($6, o, \",\"); print o[1]}' /proc/self/mountinfo",
+            'rm /testbed/data/blob.bin; awk \'$5 == "/" {split($6, o, ","); print o[1]}\' /proc/self/mountinfo',
         )
         lines = str(out["stdout"]).splitlines()
         assert lines[0] == "65532"  # never root, whatever the image's USER

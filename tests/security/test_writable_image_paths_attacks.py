@@ -54,7 +54,7 @@ RUN mkdir -p /testbed && truncate -s 8G /testbed/sparse
 
 def _build(tag: str, dockerfile: str) -> str:
     if subprocess.run(["docker", "image", "inspect", BASE], capture_output=True).returncode != 0:
-        pytest.skip(f"{BASE} is not on this engine")
+        pytest.fail(f"{BASE} is not on this engine: run `toolcage image build` (it bootstraps it)", pytrace=False)
     with tempfile.TemporaryDirectory() as ctx:
         Path(ctx, "Dockerfile").write_text(dockerfile)
         subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, ctx], check=True, capture_output=True)

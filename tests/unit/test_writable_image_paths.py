@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from toolcage.engine import writable
 from toolcage.errors import UsageError
 from toolcage.files import imagepaths
 from toolcage.options import RunOptions
@@ -31,39 +32,39 @@ def _limits(memory: int = 512 * MIB) -> Limits:
 )  # fmt: skip
 def test_reserved_and_odd_paths_are_refused(path: str) -> None:
     with pytest.raises(UsageError, match="writable"):
-        imagepaths.check([path], None, _limits(), False, "container")
+        writable.check([path], None, _limits(), False, True)
 
 
 def test_paths_normalised_deduplicated_and_nesting_refused() -> None:
-    got = imagepaths.check(["/testbed/", "/testbed", "/root"], "32m", _limits(), False, "container")
+    got = writable.check(["/testbed/", "/testbed", "/root"], "32m", _limits(), False, True)
     assert got == (("/testbed", 32 * MIB), ("/root", 32 * MIB))
     with pytest.raises(UsageError, match="nest"):
-        imagepaths.check(["/usr", "/usr/local"], "32m", _limits(), False, "container")
+        writable.check(["/usr", "/usr/local"], "32m", _limits(), False, True)
 
 
 def test_sizes_count_against_memory() -> None:
     # 2 x 256 MiB + 64 MiB scratch > 512 MiB: a tmpfs is memory, the error says so and names the fix
     with pytest.raises(UsageError, match="memory") as exc:
-        imagepaths.check(["/testbed", "/root"], None, _limits(), False, "container")
+        writable.check(["/testbed", "/root"], None, _limits(), False, True)
     assert "--memory" in exc.value.message and "writable_size" in exc.value.message
-    assert imagepaths.check(["/testbed", "/root"], None, _limits(1024 * MIB), False, "container")
+    assert writable.check(["/testbed", "/root"], None, _limits(1024 * MIB), False, True)
     with pytest.raises(UsageError, match="workspace copy"):  # the copy's tmpfs counts too
-        imagepaths.check(["/testbed"], "256m", _limits(), True, "container")
+        writable.check(["/testbed"], "256m", _limits(), True, True)
 
 
 @pytest.mark.parametrize("path", ["/usr", "/usr/local", "/usr/lib/python3.11", "/etc", "/lib", "/bin"])
 def test_a_worker_image_keeps_its_own_worker_read_only(path: str) -> None:
     with pytest.raises(UsageError, match="worker runs from"):
-        imagepaths.check_worker_image(((path, MIB),))
-    imagepaths.check_worker_image((("/tmp", MIB), ("/root", MIB), ("/testbed", MIB)))
+        writable.check_worker_image(((path, MIB),))
+    writable.check_worker_image((("/tmp", MIB), ("/root", MIB), ("/testbed", MIB)))
 
 
 def test_no_container_no_writable_and_bad_sizes() -> None:
     with pytest.raises(UsageError, match="sandbox none"):
-        imagepaths.check(["/testbed"], None, _limits(), False, "none")
+        writable.check(["/testbed"], None, _limits(), False, False)
     for bad in ("lots", "0", "100k"):
         with pytest.raises(UsageError, match="writable_size"):
-            imagepaths.check(["/testbed"], bad, _limits(), False, "container")
+            writable.check(["/testbed"], bad, _limits(), False, True)
 
 
 def test_run_options_carry_the_paths_and_refuse_a_size_alone() -> None:

@@ -23,9 +23,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from toolcage.policies import contract
 from toolcage.worker.errors import BadParams, PathEscape, ToolError
-from toolcage.worker.settings import SCRATCH, WORKSPACE
 from toolcage.worker.tools.names import from_wire, to_wire
+
+SCRATCH, WORKSPACE = contract.SCRATCH, contract.WORKSPACE  # (worker.settings sets the roots from here)
 
 MAX_PATH = 4096  # PATH_MAX: longer is a params error, never an OSError deep inside a tool
 NAME_MAX = 255  # bytes per component, as every Linux file system limits it
