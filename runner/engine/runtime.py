@@ -35,8 +35,7 @@ from typing import Any
 
 from toolcage import logs
 from toolcage.engine.api import EngineAPI
-from toolcage.engine.labels import LABEL_RUN_ID
-from toolcage.engine.sharedfiles import overlay_options
+from toolcage.engine.sharedfiles import drop_volumes, in_use_paths, overlay_options
 from toolcage.errors import SandboxError, ToolcageError
 
 PREFIX = "toolcage-rt-"
@@ -241,7 +240,7 @@ def stale(engine: EngineAPI, now: float | None = None) -> list[tuple[str, str, s
             present[image] = bool(image) and engine.image(image) is not None
         if v["Name"] == marker_name(image):
             named |= set(str(labels.get(LABEL_VOLUMES, "")).split(","))
-    busy = _in_use(engine)
+    busy = in_use_paths(engine, prefix=RUN_PREFIX)
     for v in volumes:
         name, image = v["Name"], (v.get("Labels") or {}).get(LABEL, "")
         if v.get("Mountpoint") in busy:
@@ -254,31 +253,10 @@ def stale(engine: EngineAPI, now: float | None = None) -> list[tuple[str, str, s
     return sorted(out, key=lambda o: (o[0] != "container", o[1] in markers))
 
 
-def _in_use(engine: EngineAPI) -> set[str]:
-    paths: set[str] = set()
-    for v in engine.volumes(LABEL_RUN_ID):
-        if str(v.get("Name", "")).startswith(RUN_PREFIX):
-            for part in str((v.get("Options") or {}).get("o", "")).split(","):
-                if part.startswith("lowerdir="):
-                    paths.update(part.removeprefix("lowerdir=").split(":"))
-    return paths
-
-
 def drop(engine: EngineAPI, image_id: str) -> list[str]:
     """Remove this worker image's runtime volumes (a build replaced the image, no tag names it): the marker
-    first, so a run asks again rather than mounting half of them; none while a live run's overlay is made of
-    them (``toolcage gc`` then, once the image is gone). The names removed."""
-    volumes = sorted(engine.volumes(f"{LABEL}={image_id}"), key=lambda v: v["Name"] != marker_name(image_id))
-    busy = _in_use(engine)
-    if any(v.get("Mountpoint") in busy for v in volumes):
-        return []
-    removed = []
-    for v in volumes:
-        try:
-            engine.remove_volume(v["Name"])
-            removed.append(v["Name"])
-        except ToolcageError:
-            continue
+    first; none while a live run's overlay is made of them (``toolcage gc`` then). The names removed."""
+    removed = drop_volumes(engine, f"{LABEL}={image_id}", marker_name(image_id), RUN_PREFIX)
     for key in [k for k in _known if k[1] == image_id]:
         del _known[key]
     return removed

@@ -248,13 +248,14 @@ def _probe(engine: EngineAPI, image_id: str, usr: str, base: dict[str, str]) -> 
             _quiet(engine.remove_volume, name)
 
 
-def _in_use(engine: EngineAPI, going: frozenset[str] = frozenset()) -> set[str]:
+def in_use_paths(engine: EngineAPI, going: frozenset[str] = frozenset(), prefix: str = RUN_PREFIX) -> set[str]:
     """The host directories live runs' overlays are made of: the engine does not know them as in use
     (no container mounts the shared volumes themselves), so their removal must not happen under a run.
-    Overlays named in ``going`` (removed first, in the same pass) hold nothing."""
+    Overlays named in ``going`` (removed first, in the same pass) hold nothing. ``prefix``: the runs' overlay
+    volumes of which module (this one's, or toolcage.engine.runtime's)."""
     paths: set[str] = set()
     for v in engine.volumes(LABEL_RUN_ID):
-        if str(v.get("Name", "")).startswith(RUN_PREFIX) and v.get("Name") not in going:
+        if str(v.get("Name", "")).startswith(prefix) and v.get("Name") not in going:
             for part in str((v.get("Options") or {}).get("o", "")).split(","):
                 if part.startswith("lowerdir="):
                     paths.update(part.removeprefix("lowerdir=").split(":"))
@@ -285,7 +286,7 @@ def stale(
         if v["Name"] == marker_name(image):
             markers.add(v["Name"])
             named |= {labels.get(LABEL_USR) or "", labels.get(LABEL_OPT) or ""}
-    busy = _in_use(engine, going)
+    busy = in_use_paths(engine, going)
     for v in volumes:
         name, image = v["Name"], (v.get("Labels") or {}).get(LABEL, "")
         if v.get("Mountpoint") in busy:
@@ -304,9 +305,18 @@ def drop(engine: EngineAPI, image_id: str) -> list[str]:
     so a run of that image asks again rather than mounting half of them. One in use (a sandbox of that
     image still running) stays, for ``toolcage gc`` once the image is gone; none goes while a live run's
     overlay is made of them. The names removed."""
+    removed = drop_volumes(engine, f"{LABEL}={image_id}", marker_name(image_id), RUN_PREFIX)
+    for key in [k for k in _known if k[1] == image_id]:
+        del _known[key]
+    return removed
+
+
+def drop_volumes(engine: EngineAPI, label: str, marker: str, run_prefix: str) -> list[str]:
+    """Remove the volumes under ``label``, ``marker`` first (a run asks again rather than mounting half of
+    them); none while a live run's overlay (``run_prefix``) is made of one. The names removed."""
     removed = []
-    volumes = sorted(engine.volumes(f"{LABEL}={image_id}"), key=lambda v: v["Name"] != marker_name(image_id))
-    busy = _in_use(engine)
+    volumes = sorted(engine.volumes(label), key=lambda v: v["Name"] != marker)
+    busy = in_use_paths(engine, prefix=run_prefix)
     if any(v.get("Mountpoint") in busy for v in volumes):
         return []  # a run of that image still lives (a pool made before the build): gc, once the image is gone
     for v in volumes:
@@ -315,8 +325,6 @@ def drop(engine: EngineAPI, image_id: str) -> list[str]:
             removed.append(v["Name"])
         except ToolcageError:
             continue
-    for key in [k for k in _known if k[1] == image_id]:
-        del _known[key]
     return removed
 
 
@@ -342,8 +350,10 @@ __all__ = [
     "TARGETS",
     "Layers",
     "drop",
+    "drop_volumes",
     "enabled",
     "forget",
+    "in_use_paths",
     "layers",
     "make_run_volumes",
     "marker_name",
