@@ -18,7 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 BOOKWORM = "toolcage-base:bookworm"  # Debian with CPython 3.11, no worker label: a foreign image
 ARM64 = "toolcage-test-doctor-arm64:1"
 
-pytestmark = [pytest.mark.usefixtures("no_leaks")]
+pytestmark = [
+    pytest.mark.usefixtures("no_leaks"),
+    pytest.mark.runc_only(
+        "doctor's report of an image, host-side (its probe is a plain run; under gVisor: test_foreign_image_attacks)"
+    ),
+]
 
 
 def _doctor(*args: str) -> subprocess.CompletedProcess[str]:

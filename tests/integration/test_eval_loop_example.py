@@ -9,6 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.runc_only(
+    "the example's loop, host-side; writable paths and their diff under gVisor: test_writable_image_paths"
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "eval_loop" / "eval_loop.py"
 

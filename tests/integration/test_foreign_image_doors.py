@@ -25,6 +25,11 @@ from tests.harness import foreign_images
 from tests.helpers import ROOT, run_cli, wrap_session
 from toolcage.lifecycle import audit
 
+pytestmark = pytest.mark.runc_only(
+    "each door's plumbing for a user's image (CLI, MCP, adapters, ps, the audit record), host-side; "
+    "a foreign image under gVisor: test_foreign_image_attacks and test_writable_image_paths"
+)
+
 MUSL = "musl"
 FIXTURES = ROOT / "tests" / "fixtures" / "foreign_doors"
 MISSING = "toolcage-test-doors-no-such-image:0"

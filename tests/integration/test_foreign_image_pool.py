@@ -21,7 +21,12 @@ from toolcage.aio import AsyncPool
 from toolcage.errors import ImageMissing
 from toolcage.pool import Pool
 
-pytestmark = pytest.mark.usefixtures("no_leaks")
+pytestmark = [
+    pytest.mark.usefixtures("no_leaks"),
+    pytest.mark.runc_only(
+        "the pool's bookkeeping per image, host-side; a foreign image under gVisor: test_foreign_image_attacks"
+    ),
+]
 
 
 def eventually(check: Callable[[], bool], timeout: float = 20.0) -> bool:

@@ -16,6 +16,10 @@ import pytest
 
 from tests.harness import foreign_images as fi
 
+pytestmark = pytest.mark.runc_only(
+    "builds the test images and checks them with plain docker run: no sandbox, nothing of gVisor's"
+)
+
 
 def _docker(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *argv], capture_output=True, text=True, timeout=timeout, check=False)

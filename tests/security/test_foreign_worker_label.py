@@ -19,6 +19,10 @@ import pytest
 
 from toolcage import DEFAULT_IMAGE, Sandbox, ToolcageError
 
+pytestmark = pytest.mark.runc_only(
+    "which worker an image runs is the runner's decision, made before any runtime starts"
+)
+
 TAG = "toolcage-test-sec36-labelled:2"
 EVIL = """import os
 os.write(2, b"EVIL-WORKER-RAN\\n")
