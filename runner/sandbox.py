@@ -230,7 +230,9 @@ class Sandbox:
             run_labels.LABEL_OWNER_NS: ownership.namespace_key(),
             run_labels.LABEL_DEADLINE: f"{time.time() + 2 * FETCH_SECONDS:.3f}", run_labels.LABEL_KEEP: "0",
         }  # fmt: skip
-        # (an image that runs its own worker refuses the paths that worker runs from: the backend's complete())
+        check = getattr(self._run.backend, "check_writable", None)
+        if check is not None:  # an image that runs its own worker: never the paths that worker runs from
+            check(self.options.writable)
         self._originals = Originals()
         self._originals.read(engine, self.image, self.options.writable, labels)
 

@@ -88,6 +88,15 @@ class ContainerBackend:
         except imageconfig.BadImageConfig as exc:
             raise UsageError(str(exc)) from None
 
+    def check_writable(self, writable: tuple[tuple[str, int], ...]) -> None:
+        """writable=: in an image that runs its own worker (toolcage's, or one built here FROM it) the worker
+        runs from the image's own /usr: UsageError for those paths (toolcage.engine.writable.WORKER_OWN), asked
+        before the image's trees are read. A user's own image runs the worker from the runtime: all may be."""
+        if writable and self._image() is not None and self._foreign() is None:
+            from toolcage.engine.writable import check_worker_image
+
+            check_worker_image(writable)
+
     def _worker_image_id(self) -> str:
         """The worker image whose runtime a user's image runs with (the egress proxy's image too): this
         installation's (``$TOOLCAGE_IMAGE`` or the default), or the default where ``$TOOLCAGE_IMAGE`` names a
@@ -122,10 +131,7 @@ class ContainerBackend:
                 run, foreign=foreign, runtime_mounts=runtime.run_mounts(run.run_id, self._runtime)
             )
         else:
-            if run.writable:  # its worker runs from the image's own /usr: never writable there
-                from toolcage.engine.writable import check_worker_image
-
-                check_worker_image(run.writable)
+            self.check_writable(run.writable)
             self._layers = sharedfiles.layers(self.engine, self.image_id())
         run = dataclasses.replace(
             run,
