@@ -25,8 +25,15 @@ def _setup() -> Any:
     matplotlib.use("svg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"svg.hashsalt": "toolcage", "svg.fonttype": "none", "font.size": 10,
-                         "axes.spines.top": False, "axes.spines.right": False})
+    plt.rcParams.update(
+        {
+            "svg.hashsalt": "toolcage",
+            "svg.fonttype": "none",
+            "font.size": 10,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+        }
+    )
     return plt
 
 
@@ -108,17 +115,33 @@ def main() -> int:
     machine, sets = data["machine"], data["sets"]
     plt = _setup()
     made = [
-        _save(plt, _hbars(plt, sets["start"], machine, "Time to a first answer (p50)", "ms (log scale)", log=True),
-              "start"),
-        _save(plt, _grouped(plt, sets["gvisor"], machine, "runc beside gVisor (p50)", "ms (log scale)", log=True),
-              "gvisor"),
-        _save(plt, _grouped(plt, sets["memory"], machine, "Memory per warm sandbox, in its cgroup", "MiB"),
-              "memory"),
-        _save(plt, _grouped(plt, sets["files"], machine, "Moving files: toolcage beside docker cp", "seconds"),
-              "files"),
+        _save(
+            plt,
+            _hbars(plt, sets["start"], machine, "Time to a first answer (p50)", "ms (log scale)", log=True),
+            "start",
+        ),
+        _save(
+            plt,
+            _grouped(plt, sets["gvisor"], machine, "runc beside gVisor (p50)", "ms (log scale)", log=True),
+            "gvisor",
+        ),
+        _save(plt, _grouped(plt, sets["memory"], machine, "Memory per warm sandbox, in its cgroup", "MiB"), "memory"),
+        _save(
+            plt, _grouped(plt, sets["files"], machine, "Moving files: toolcage beside docker cp", "seconds"), "files"
+        ),
         _save(plt, _cluster(plt, sets["cluster"], machine), "cluster"),
-        _save(plt, _grouped(plt, sets["openai_agents"], machine, "OpenAI Agents SDK sandbox clients (medians)",
-                            "ms (log scale)", log=True), "openai_agents"),
+        _save(
+            plt,
+            _grouped(
+                plt,
+                sets["openai_agents"],
+                machine,
+                "OpenAI Agents SDK sandbox clients (medians)",
+                "ms (log scale)",
+                log=True,
+            ),
+            "openai_agents",
+        ),
     ]
     for path in made:
         print(path.relative_to(ROOT), file=sys.stderr)
