@@ -48,7 +48,7 @@ RUN set -eu; mkdir -p /testbed/src; cd /testbed; echo 'x = 1' > src/a.py; \\
     cp /bin/cat suid_cat; chmod 4755 suid_cat; ln -s /etc /linked
 """
 SPARSE = f"""FROM {BASE}
-RUN mkdir -p /testbed && truncate -s 1G /testbed/sparse
+RUN mkdir -p /testbed && truncate -s 512M /testbed/sparse
 """
 
 
@@ -92,7 +92,7 @@ def images() -> Iterator[dict[str, str]]:
     made = {
         "hostile": _build("toolcage-test-wr-hostile:1", HOSTILE),
         "many": _many("toolcage-test-wr-many:1"),
-        "sparse": _build("toolcage-test-wr-sparse:2", SPARSE),
+        "sparse": _build("toolcage-test-wr-sparse:3", SPARSE),
     }
     yield made  # (kept for the next pass: test images, by their prefix)
 
