@@ -91,15 +91,8 @@ def server_env(secrets: dict[str, str], environ: dict[str, str] | None = None) -
 
 def image_server_env(image: Any, secrets: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, str]:
     """The server's environment in a user's own image (``worker.image.Image``), as the tools run the image's
-    programs (``worker.tools.proc``): the image's ENV with its PATH, the egress proxy's settings, scratch for
-    HOME and TMPDIR where the image names none, then the secrets. None of the worker's own variables."""
-    environ = dict(os.environ) if environ is None else environ
-    env = dict(image.env)
-    env.update({k: v for k, v in environ.items() if k in IMAGE_ENV_KEEP})
-    env["PATH"] = image.path
-    env.setdefault("HOME", SCRATCH)
-    env.setdefault("TMPDIR", SCRATCH)
-    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    programs (``Image.program_env``), then the secrets. None of the worker's own variables."""
+    env: dict[str, str] = image.program_env(os.environ if environ is None else environ, IMAGE_ENV_KEEP, SCRATCH)
     env.update(secrets)
     return env
 
@@ -107,12 +100,9 @@ def image_server_env(image: Any, secrets: dict[str, str], environ: dict[str, str
 def _launcher_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """What the namespace launcher (nsinit, the runtime's interpreter) starts with in a user's own image: ours,
     never the image's (its LD_PRELOAD would run in nsinit before its seccomp filter and namespaces)."""
-    environ = dict(os.environ) if environ is None else environ
-    env = {k: v for k, v in environ.items() if k in IMAGE_ENV_KEEP}
-    env.update(
-        PATH=environ.get("PATH", "/opt/toolcage/rt/bin"), HOME=SCRATCH, TMPDIR=SCRATCH, LC_ALL="C", PYTHONUTF8="1"
-    )
-    return env
+    from toolcage.worker.image import worker_env
+
+    return worker_env(os.environ if environ is None else environ, IMAGE_ENV_KEEP, SCRATCH)
 
 
 def _kill_everything(pgid: int | None) -> None:

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from toolcage import logs
 from toolcage.engine.api import EngineAPI
-from toolcage.engine.sharedfiles import drop_volumes, in_use_paths, overlay_options
+from toolcage.engine.sharedfiles import drop_volumes, in_use_paths, overlay_options, stale_of
 from toolcage.errors import SandboxError, ToolcageError
 
 PREFIX = "toolcage-rt-"
@@ -47,7 +46,6 @@ TARGETS = ("/opt/toolcage/lib", "/opt/toolcage/rt")
 RT = "/opt/toolcage/rt"
 # the worker in a user's image: rt's interpreter by absolute path, never one found on the image's PATH
 ENTRYPOINT = (f"{RT}/bin/python3", "-S", "-m", "toolcage.worker")
-FILL_STALE_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -224,33 +222,14 @@ def _probe(engine: EngineAPI, image_id: str, rt_path: str, base: dict[str, str],
 
 def stale(engine: EngineAPI, now: float | None = None) -> list[tuple[str, str, str]]:
     """What of this module is no longer of use, as (kind, id or name, why): the volumes of worker images the
-    engine no longer has, volumes no marker names, and a fill's container older than ``FILL_STALE_S``."""
-    now = time.time() if now is None else now
-    out: list[tuple[str, str, str]] = []
-    for c in engine.containers(LABEL):
-        if now - float(c.get("Created") or 0) > FILL_STALE_S:
-            out.append(("container", str(c["Id"]), "a fill of the worker's runtime whose process did not remove it"))
-    volumes = engine.volumes(LABEL)
-    named: set[str] = set()
-    present: dict[str, bool] = {}
-    for v in volumes:
-        labels = v.get("Labels") or {}
-        image = labels.get(LABEL, "")
-        if image not in present:
-            present[image] = bool(image) and engine.image(image) is not None
-        if v["Name"] == marker_name(image):
-            named |= set(str(labels.get(LABEL_VOLUMES, "")).split(","))
+    engine no longer has, volumes no marker names, and a fill's container older than ``sharedfiles.FILL_STALE_S``
+    (sharedfiles.stale_of, the same rules as the shared files')."""
+
+    def named(labels: dict[str, str]) -> set[str]:
+        return set(str(labels.get(LABEL_VOLUMES, "")).split(","))
+
     busy = in_use_paths(engine, prefix=RUN_PREFIX)
-    for v in volumes:
-        name, image = v["Name"], (v.get("Labels") or {}).get(LABEL, "")
-        if v.get("Mountpoint") in busy:
-            continue
-        if not present.get(image):
-            out.append(("volume", name, f"the runtime of worker image {_short(image) or '?'}, no longer here"))
-        elif name != marker_name(image) and name not in named:
-            out.append(("volume", name, "a runtime volume no marker names (a fill that did not finish)"))
-    markers = {marker_name((v.get("Labels") or {}).get(LABEL, "")) for v in volumes}
-    return sorted(out, key=lambda o: (o[0] != "container", o[1] in markers))
+    return stale_of(engine, LABEL, marker_name, named, "the worker's runtime", busy, now)
 
 
 def drop(engine: EngineAPI, image_id: str) -> list[str]:

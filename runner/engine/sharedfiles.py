@@ -44,6 +44,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,34 +270,52 @@ def stale(
     no longer has, data volumes no marker names (a fill that did not finish, or lost a race), and a
     fill's container older than ``FILL_STALE_S`` (its process died before removing it). Containers first.
     ``going``: runs' overlay volumes the caller removes first (orphans): they keep nothing in use."""
+
+    def named(labels: dict[str, str]) -> set[str]:
+        return {labels.get(LABEL_USR) or "", labels.get(LABEL_OPT) or ""}
+
+    return stale_of(engine, LABEL, marker_name, named, "shared files", in_use_paths(engine, going), now)
+
+
+def stale_of(
+    engine: EngineAPI,
+    label: str,
+    marker: Callable[[str], str],
+    named: Callable[[dict[str, str]], set[str]],
+    what: str,
+    busy: set[str],
+    now: float | None = None,
+) -> list[tuple[str, str, str]]:
+    """The stale objects of a module that keeps volumes per image under ``label`` (this one, and
+    toolcage.engine.runtime): its fill containers older than ``FILL_STALE_S``, the volumes of images the
+    engine no longer has, and data volumes their image's ``marker`` volume does not name (``named``: the
+    names its labels give). None whose mountpoint a live run's overlay is made of (``busy``). Containers first,
+    markers last."""
     now = time.time() if now is None else now
     out: list[tuple[str, str, str]] = []
-    for c in engine.containers(LABEL):
+    for c in engine.containers(label):
         if now - float(c.get("Created") or 0) > FILL_STALE_S:
-            out.append(("container", str(c["Id"]), "a fill of shared files whose process did not remove it"))
-    volumes = engine.volumes(LABEL)
+            out.append(("container", str(c["Id"]), f"a fill of {what} whose process did not remove it"))
+    volumes = engine.volumes(label)
     present: dict[str, bool] = {}
-    named: set[str] = set()
+    names: set[str] = set()
     markers: set[str] = set()
     for v in volumes:
         labels = v.get("Labels") or {}
-        image = labels.get(LABEL, "")
+        image = labels.get(label, "")
         if image not in present:
             present[image] = bool(image) and engine.image(image) is not None
-        if v["Name"] == marker_name(image):
+        if v["Name"] == marker(image):
             markers.add(v["Name"])
-            named |= {labels.get(LABEL_USR) or "", labels.get(LABEL_OPT) or ""}
-    busy = in_use_paths(engine, going)
+            names |= named(labels)
     for v in volumes:
-        name, image = v["Name"], (v.get("Labels") or {}).get(LABEL, "")
+        name, image = v["Name"], (v.get("Labels") or {}).get(label, "")
         if v.get("Mountpoint") in busy:
             continue  # a live run's overlay is made of it: later
         if not present.get(image):
-            out.append(
-                ("volume", name, f"shared files of image {_short(image) or '?'}, which the engine no longer has")
-            )
-        elif name != marker_name(image) and name not in named:
-            out.append(("volume", name, "shared files no marker names (a fill that did not finish)"))
+            out.append(("volume", name, f"{what} of image {_short(image) or '?'}, which the engine no longer has"))
+        elif name != marker(image) and name not in names:
+            out.append(("volume", name, f"{what} no marker names (a fill that did not finish)"))
     return sorted(out, key=lambda o: (o[0] != "container", o[1] in markers))  # markers last
 
 
@@ -360,4 +379,5 @@ __all__ = [
     "overlay_options",
     "run_volumes",
     "stale",
+    "stale_of",
 ]

@@ -99,31 +99,19 @@ _IMAGE_ENV_KEEP = tuple(k for k in _CHILD_ENV_KEEP if k not in ("LANG", "LC_ALL"
 
 
 def _image_env(settings: Settings) -> dict[str, str]:
-    """What the image's own programs run with: the image's ENV (PATH, HOME, its other variables), the egress
-    proxy's settings, and scratch for HOME and TMPDIR where the image names none."""
+    """What the image's own programs run with (worker.image.Image.program_env), the roots' names too."""
     assert settings.image is not None
-    env = dict(settings.image.env)
-    env.update({k: v for k, v in os.environ.items() if k in _IMAGE_ENV_KEEP})
-    env["PATH"] = settings.image.path
-    env.setdefault("HOME", settings.scratch)
-    env.setdefault("TMPDIR", settings.scratch)
-    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    env = settings.image.program_env(os.environ, _IMAGE_ENV_KEEP, settings.scratch)
     env.update(settings.child_env())
     return env
 
 
 def worker_child_env(settings: Settings) -> dict[str, str]:
     """The worker's own children in a user's own image (a connector's handler, the namespace launcher):
-    the runtime's interpreter with the worker's environment, never the image's (its LD_PRELOAD would load)."""
-    env = {k: v for k, v in os.environ.items() if k in _IMAGE_ENV_KEEP}
-    env.update(
-        PATH=os.environ.get("PATH", "/opt/toolcage/rt/bin"),
-        HOME=settings.scratch,
-        TMPDIR=settings.scratch,
-        LC_ALL="C",
-        PYTHONUTF8="1",
-        PYTHONDONTWRITEBYTECODE="1",
-    )
+    the worker's environment, never the image's (worker.image.worker_env)."""
+    from toolcage.worker.image import worker_env
+
+    env = worker_env(os.environ, _IMAGE_ENV_KEEP, settings.scratch)
     env.update(settings.child_env())
     return env
 
