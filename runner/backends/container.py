@@ -43,6 +43,8 @@ class ContainerBackend:
         self._files: list[str] = []  # this run's overlay volumes over them, made at start
         self._runtime: Any = None  # a user's own image: the worker image's runtime (engine.runtime)
         self._proxy_ref: str | None = None  # the worker image, where $TOOLCAGE_IMAGE names a user's own
+        self._foreign_decided = False  # _foreign() asked: its answer is _foreign_config
+        self._foreign_config: ImageConfig | None = None
 
     @classmethod
     def unavailable(cls, engine: EngineAPI | None) -> str | None:
@@ -70,23 +72,31 @@ class ContainerBackend:
 
     def _foreign(self) -> ImageConfig | None:
         """A user's own image (not built FROM the worker image): its config, as values; None for a worker
-        image, or a missing one (start reports that, with the fix)."""
+        image, or a missing one (start reports that, with the fix). Decided once per run."""
+        if self._foreign_decided:
+            return self._foreign_config
         from toolcage.image.build import check_worker_image, runs_own_worker
 
         info = self._image()
         found = check_worker_image(info)
-        if found == "missing":
-            return None
-        if found == "worker":
-            if runs_own_worker(info, self.engine.image(self.options.proxy_image)):
-                return None
-            # the label, but not an image of this installation: anyone can write a label
-            self.log.warning("image.not_built_here", image=self.options.image, detail="runs with toolcage's runtime")
-        assert info is not None
-        try:
-            return imageconfig.from_inspect(self.options.image, info)
-        except imageconfig.BadImageConfig as exc:
-            raise UsageError(str(exc)) from None
+        config = None
+        # the worker image itself (the common run) is its own worker without asking the engine again
+        own = found == "worker" and (
+            self.options.image == self.options.proxy_image
+            or runs_own_worker(info, self.engine.image(self.options.proxy_image))
+        )
+        if found != "missing" and not own:
+            if found == "worker":  # the label, but not an image of this installation: anyone can write a label
+                self.log.warning(
+                    "image.not_built_here", image=self.options.image, detail="runs with toolcage's runtime"
+                )
+            assert info is not None
+            try:
+                config = imageconfig.from_inspect(self.options.image, info)
+            except imageconfig.BadImageConfig as exc:
+                raise UsageError(str(exc)) from None
+        self._foreign_decided, self._foreign_config = True, config
+        return config
 
     def check_writable(self, writable: tuple[tuple[str, int], ...]) -> None:
         """writable=: in an image that runs its own worker (toolcage's, or one built here FROM it) the worker
@@ -131,7 +141,7 @@ class ContainerBackend:
                 run, foreign=foreign, runtime_mounts=runtime.run_mounts(run.run_id, self._runtime)
             )
         else:
-            self.check_writable(run.writable)
+            self.check_writable(run.writable)  # (decided above: no second look at the image)
             self._layers = sharedfiles.layers(self.engine, self.image_id())
         run = dataclasses.replace(
             run,
