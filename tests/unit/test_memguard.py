@@ -23,14 +23,14 @@ MiB = 1024**2
 
 
 def test_gvisor_host_limit_is_the_policy_memory_and_a_bounded_headroom() -> None:
-    """Under runsc the host's memory limit is the policy's plus 64 MiB and 1 MiB per process (at most 1 GiB
+    """Under runsc the host's memory limit is the policy's plus 128 MiB and 1 MiB per process (at most 1 GiB
     of them), swap still equal; under runc it is the policy's own, unchanged."""
     p = load_policy(FIX / "good-small.yaml")  # 128 MiB, 32 processes
     runc = container_config(p, run_spec())["HostConfig"]
     gvisor = container_config(p, run_spec(runtime=GVISOR))["HostConfig"]
     assert runc["Memory"] == runc["MemorySwap"] == 128 * MiB
-    assert gvisor["Memory"] == gvisor["MemorySwap"] == (128 + 64 + 32) * MiB
-    assert gvisor_memory_headroom(32768) == gvisor_memory_headroom(1024) == (64 + 1024) * MiB
+    assert gvisor["Memory"] == gvisor["MemorySwap"] == (128 + 128 + 32) * MiB
+    assert gvisor_memory_headroom(32768) == gvisor_memory_headroom(1024) == (128 + 1024) * MiB
 
 
 def test_doctor_takes_the_gvisor_headroom_and_no_more() -> None:
@@ -99,15 +99,15 @@ def test_the_victim_is_the_process_the_kernel_would_choose(monkeypatch: pytest.M
     tree = {10: (1, 100), 11: (10, 300), 12: (11, 200), 20: (1, 250), 21: (20, 50), 5: (1, 9999), 7: (1, 9000)}
     monkeypatch.setattr(memguard, "_watched", {10, 20})
     _fake_proc(monkeypatch, tree, {})
-    assert memguard._victim(budget, 0) == (11, 10)  # the biggest, in a call that is not the biggest's group
+    assert memguard._victim(budget, 0) == (11, 10, 300)  # the biggest, in a call that is not the biggest's group
     _fake_proc(monkeypatch, tree, {21: 1000})
-    assert memguard._victim(budget, 0) == (21, 20)  # adj 1000: chosen though the smallest
+    assert memguard._victim(budget, 0) == (21, 20, 50)  # adj 1000: chosen though the smallest
     _fake_proc(monkeypatch, tree, {12: 5})
-    assert memguard._victim(budget, 0) == (12, 10)  # 200 + 5 * pages / 1000 > 300
+    assert memguard._victim(budget, 0) == (12, 10, 200)  # 200 + 5 * pages / 1000 > 300
     assert 200 + 5 * pages // 1000 > 300
     _fake_proc(monkeypatch, tree, {11: -1000, 10: -1000})
-    assert memguard._victim(budget, 0) == (11, 10)  # no call makes itself immune: the worker's 0 is the floor
-    assert memguard._victim(budget, -1000) == (20, 20)  # (where the worker's own is -1000, the kernel's rule)
+    assert memguard._victim(budget, 0) == (11, 10, 300)  # no call makes itself immune: the worker's 0 is the floor
+    assert memguard._victim(budget, -1000) == (20, 20, 250)  # (where the worker's own is -1000, the kernel's rule)
     monkeypatch.setattr(memguard, "_watched", set())
     assert memguard._victim(budget, 0) is None
 
@@ -145,3 +145,20 @@ def test_not_under_gvisor_the_guard_is_off(monkeypatch: pytest.MonkeyPatch) -> N
     """Without the tool namespaces (runc, --sandbox none) there is no guard and no peak from it."""
     monkeypatch.delenv("TOOLCAGE_TOOL_NAMESPACES", raising=False)
     assert not memguard.enabled() and memguard.peak() is None
+
+
+def test_a_dead_childs_memory_counts_as_freed_when_the_usage_falls_or_soon_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a child (not a call's first process) is killed, the next victim may come as soon as that child is
+    dead and its pages are back (the usage fell by half of what it held), or _FREED_S after its death: a fixed
+    second let a call's other allocators reach the host's limit (gVisor's CI pass, forked bomb)."""
+    alive = {True}
+    monkeypatch.setattr(memguard, "_alive", lambda pid: True in alive)
+    dying: list[float] = [11, 200 * MiB, 40 * MiB, 0.0]
+    assert not memguard._freed(dying, 150 * MiB, 10.0)  # still alive: whatever the usage says
+    alive.clear()
+    assert not memguard._freed(dying, 190 * MiB, 10.0)  # dead, its pages not back yet
+    assert dying[3] == 10.0
+    assert memguard._freed(dying, 175 * MiB, 10.01)  # fell by half of its 40 MiB
+    assert memguard._freed(dying, 199 * MiB, 10.0 + memguard._FREED_S)  # or dead long enough

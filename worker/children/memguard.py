@@ -42,12 +42,17 @@ USAGE = "/sys/fs/cgroup/memory/memory.usage_in_bytes"  # gVisor's cgroupfs (v1 l
 # How often: sooner the nearer the usage is to the budget, as if it grew at RATE (one process here
 # allocated ~400 MiB/s under gVisor; RATE leaves room for several): 5 ms apart near it, 100 ms far
 # below (a read costs ~0.1 ms of the sandbox's CPU)
-RATE = 2 << 30  # bytes per second
+RATE = 4 << 30  # bytes per second
 INTERVAL_S = (0.005, 0.1)
-# after a kill the victim's memory is freed as it dies, which outlasts the reaping of its first process
-# (the rest of its PID namespace dies after it): no second victim until the usage is back under the
-# budget, or this long
+# after a kill the victim's memory is freed as it dies. A call's first process takes its whole PID
+# namespace with it, which outlasts the reaping of that first process: after such a kill no second victim
+# until the usage is back under the budget, or this long. Any other victim (a child of a call that forks
+# several allocators) frees its memory as it dies: the next victim may be chosen as soon as it is dead,
+# as the other allocators go on growing meanwhile (a fixed second let three of them reach the host's limit).
+# gVisor frees a dead process's pages a few ms after it shows as a zombie (5-15 ms measured here): dead, its
+# memory counts as freed once the usage fell by half of what it held, or _FREED_S after it was seen dead
 _SETTLE_S = 1.0
+_FREED_S = 0.15
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 _lock = threading.Condition()
@@ -122,6 +127,9 @@ def release(pgid: int) -> bool:
 def _run() -> None:
     global _kills
     settle_until = 0.0
+    # the last victim while its memory's release is awaited: (pid, the usage when it was killed, its resident
+    # bytes, when it was seen dead); None when there is none or it was a call's first process (wait that out)
+    dying: list[float] | None = None
     floor = _adj(os.getpid()) or 0  # every call starts with the worker's own oom_score_adj
     while True:
         with _lock:
@@ -134,15 +142,15 @@ def _run() -> None:
             continue
         now = time.monotonic()
         if used <= budget:
-            settle_until = 0.0  # the last victim's memory is free
-        elif now >= settle_until:
+            settle_until, dying = 0.0, None  # the last victim's memory is free
+        elif now >= settle_until or (dying is not None and _freed(dying, used, now)):
             try:
                 victim = _victim(budget, floor)
             except (OSError, ValueError, IndexError) as exc:  # never the end of the guard
                 logs.warning("memguard.failed", error=f"{type(exc).__name__}: {exc}")
                 victim = None
             if victim is not None:
-                pid, group = victim
+                pid, group, rss = victim
                 with _lock:
                     _killed.add(group)
                     _kills += 1
@@ -150,12 +158,13 @@ def _run() -> None:
                     os.kill(pid, signal.SIGKILL)  # that process only, as the kernel's OOM killer
                 logs.info("memguard.killed", pid=pid, pgid=group, usage_bytes=used, limit_bytes=budget)
                 settle_until = now + _SETTLE_S
+                dying = None if pid == group else [pid, used, rss * PAGE, 0.0]
         time.sleep(min(INTERVAL_S[1], max(INTERVAL_S[0], (budget - used) / RATE)))
 
 
-def _victim(budget: int, floor: int) -> tuple[int, int] | None:
-    """(pid, its call's group) of the process Linux's OOM killer would choose among the watched calls'
-    (``oom_badness``: resident pages + oom_score_adj * the budget's pages / 1000), or None."""
+def _victim(budget: int, floor: int) -> tuple[int, int, int] | None:
+    """(pid, its call's group, its resident pages) of the process Linux's OOM killer would choose among the
+    watched calls' (``oom_badness``: resident pages + oom_score_adj * the budget's pages / 1000), or None."""
     with _lock:
         groups = set(_watched)
     if not groups:
@@ -174,7 +183,7 @@ def _victim(budget: int, floor: int) -> tuple[int, int] | None:
         points = rss + max(adj, floor) * total // 1000
         if best is None or (points, rss) > best[:2]:
             best = (points, rss, pid, group)
-    return (best[2], best[3]) if best is not None else None
+    return (best[2], best[3], best[1]) if best is not None else None
 
 
 def _call_of(pid: int, procs: dict[int, tuple[int, int]], groups: set[int], seen: dict[int, int | None]) -> int | None:
@@ -195,6 +204,27 @@ def _call_of(pid: int, procs: dict[int, tuple[int, int]], groups: set[int], seen
     for q in path:
         seen[q] = found
     return found
+
+
+def _freed(dying: list[float], used: int, now: float) -> bool:
+    """Whether the non-first victim ``dying`` (see _run) is dead and its memory back (the usage fell by half of
+    what it held, or it has been dead _FREED_S)."""
+    pid, used_then, held, dead_at = dying
+    if not dead_at:
+        if _alive(int(pid)):
+            return False
+        dying[3] = dead_at = now
+    return used <= used_then - held / 2 or now - dead_at >= _FREED_S
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still holds its memory (neither gone nor a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
 
 
 def _adj(pid: int) -> int | None:
