@@ -330,13 +330,16 @@ class Dispatcher:
         except ValueError:
             return _UNPARSABLE
 
-    def concurrent(self, msg: Any) -> bool:
+    def concurrent(self, msg: Any) -> bool | str:
         """Whether this request may run on a thread of its own beside others: a call (with an id)
-        of a tool that runs code in a child, when the policy allows more than one at a time.
+        of a tool that runs code in a child, when the policy allows more than one at a time; "waits"
+        for a call that waits on a background process (a thread of its own whatever the concurrency).
         Anything else runs on the main thread, in order."""
         if not isinstance(msg, dict) or "id" not in msg or not isinstance(msg.get("method"), str):
             return False
         tool = self.catalog.find(msg["method"])
+        if tool is not None and tool.waits:
+            return "waits"
         return tool is not None and tool.runs_code and not tool.alone and self.concurrency() > 1
 
     def alone(self, msg: Any) -> bool:

@@ -6,7 +6,9 @@ each call ends, matched by id. Everything else (``ping``, ``tools.list``, the fi
 ``sandbox.configure``, batches, notifications, lines that are not JSON) is served on the main
 thread, in order; those that start a connector's child (its calls, which may hold the run's
 secrets, ``sandbox.configure``, the first ``tools.list``) first wait until no code call is in
-flight, so they run alone, after the sweep. With ``concurrency: 1`` every request is served on
+flight, so they run alone, after the sweep. Calls that wait on a background process (``proc_read`` with a
+timeout, ``proc_wait``) get a thread of their own too, up to ``WAITS_MAX``, whatever the concurrency.
+With ``concurrency: 1`` every request is served on
 the main thread, one after another, as the worker always did.
 
 While calls run on their threads the main thread keeps reading the channel: a cancel acts the
@@ -24,6 +26,8 @@ from typing import Any
 
 from toolcage.worker.protocol import readable
 
+WAITS_MAX = 16  # calls waiting on background processes at once (each a thread); more wait for a free one
+
 
 class Loop:
     def __init__(self, channel: Any, dispatcher: Any, idle: Callable[[], bool]) -> None:
@@ -32,6 +36,7 @@ class Loop:
         self.idle = idle
         self.served = 0
         self._in_flight = 0
+        self._waiting = 0  # calls that wait on a background process (never counted as code calls)
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()  # a call's thread ended (close-on-exec, as os.pipe makes them)
         os.set_blocking(self._wake_w, False)
@@ -45,7 +50,7 @@ class Loop:
                 self._serve(line)
                 continue
             in_flight = self._count()
-            if channel.at_eof and not in_flight:
+            if channel.at_eof and not in_flight and not self._count(waiting=True):
                 return self.served
             if not in_flight and self.idle():  # logs, the zygote, the policy: only when nothing runs
                 channel.read_some()  # idle saw the channel readable: no second poll to learn it again
@@ -55,7 +60,18 @@ class Loop:
     def _serve(self, line: bytes | None) -> None:
         self.served += 1
         msg = self.dispatcher.parse(line)
-        if not self.dispatcher.concurrent(msg):
+        kind = self.dispatcher.concurrent(msg)
+        if kind == "waits":
+            while self._count(waiting=True) >= WAITS_MAX:
+                self._wait(read=self.channel.readable_soon)
+            with self._lock:
+                self._waiting += 1
+            try:
+                _thread.start_new_thread(self._call, (line, msg, True))
+            except RuntimeError:
+                self._call(line, msg, True)
+            return
+        if not kind:
             if self.dispatcher.alone(msg):
                 while self._count():  # until every code call has ended (the last one out swept)
                     self._wait(read=self.channel.readable_soon)
@@ -75,22 +91,25 @@ class Loop:
             # request with concurrency 1 (its own child will likely fail to start, and say so)
             self._call(line, msg)
 
-    def _call(self, line: bytes | None, msg: Any) -> None:
+    def _call(self, line: bytes | None, msg: Any, waiting: bool = False) -> None:
         try:
             response = self.dispatcher.handle(line, msg)
             if response:
                 self.channel.send(response)
         finally:
             with self._lock:
-                self._in_flight -= 1
+                if waiting:
+                    self._waiting -= 1
+                else:
+                    self._in_flight -= 1
             try:
                 os.write(self._wake_w, b"x")
             except BlockingIOError:
                 pass  # the main thread has wake-ups waiting already
 
-    def _count(self) -> int:
+    def _count(self, waiting: bool = False) -> int:
         with self._lock:
-            return self._in_flight
+            return self._waiting if waiting else self._in_flight
 
     def _wait(self, read: bool) -> None:
         """Until the channel is readable (when ``read``) or a call's thread ends."""

@@ -38,12 +38,18 @@ def enabled() -> bool:
     return os.environ.get(ENV) == "1"
 
 
-def wrap(argv: list[str], keep: bool = False, env: dict[str, str] | None = None) -> list[str]:
+def wrap(
+    argv: list[str], keep: bool = False, env: dict[str, str] | None = None, bg: int = -1, tty: bool = False
+) -> list[str]:
     """``argv`` as it must be started: in namespaces of its own where they are on, else unchanged.
     ``keep``: what it leaves in the background outlives it (``unsafe_background_processes``). ``env``: the
     program's own environment (a user's own image), which nsinit execs it with; nsinit itself then starts
-    with the worker's (worker.tools.proc.run_child), so the image's LD_PRELOAD never runs in it."""
+    with the worker's (worker.tools.proc.run_child), so the image's LD_PRELOAD never runs in it. ``bg``: a
+    background process (worker.children.background), the descriptor nsinit tells its keeper's pid on;
+    ``tty``: its stdin is a terminal, made its controlling one."""
     if not enabled():
         return argv
-    extra = ["--env", json.dumps(env)] if env is not None else []
+    extra = ["--bg", str(bg)] if bg >= 0 else []
+    extra += ["--tty"] if tty else []
+    extra += ["--env", json.dumps(env)] if env is not None else []
     return [*LAUNCHER[:-1], *(["--keep"] if keep else []), *extra, LAUNCHER[-1], *argv]

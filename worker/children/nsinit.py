@@ -88,21 +88,31 @@ def _fail(libc: ctypes.CDLL, step: str) -> None:
     os._exit(EXIT_NOT_ISOLATED)
 
 
-def enter(libc: ctypes.CDLL, keep: bool = False) -> None:
+def enter(libc: ctypes.CDLL, keep: bool = False, bg: int = -1) -> None:
     """Steps 1 to 3 in this process: returns in PID 1 of the new namespaces, ready to run the tool;
     the process that called it stays outside, waits, and ends as the tool ends (never returns).
 
     ``keep`` (the policy's ``unsafe_background_processes``): what the tool leaves running in the
     background must outlive its call, which a PID namespace's end would not allow. PID 1 then stays
-    (``_keeper``) and the tool returns from here as PID 2; the call ends when the tool does."""
+    (``_keeper``) and the tool returns from here as PID 2; the call ends when the tool does.
+
+    ``bg`` (a background process, ``worker.children.background``: a descriptor, else -1): as ``keep``, and
+    the keeper's pid is written there (the worker finds the namespace by it), and the keeper kills nothing
+    when the tool ends: what it started lives in the namespace until the worker kills the keeper."""
     unshare(libc)
+    keep = keep or bg >= 0
     told_r, told_w = os.pipe() if keep else (-1, -1)
     pid = os.fork()
     if pid != 0:
+        if bg >= 0:
+            os.write(bg, str(pid).encode())
+            os.close(bg)
         if keep:
             os.close(told_w)
             _relay(pid, _read_status(told_r))
         _relay(pid)
+    if bg >= 0:
+        os.close(bg)
     # the worker's kill of the call's group ends the outside process; this one dies with it, and
     # everything in the namespace with this one
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
@@ -166,13 +176,14 @@ def become_init(libc: ctypes.CDLL) -> None:
 
 def _keeper(libc: ctypes.CDLL, told_w: int) -> None:
     """PID 1 that outlives the tool: fork it (returns there, as PID 2), wait for it, tell the outside
-    how it ended, then stay, reaping, while anything it left runs. The end of the tool ends its own
-    process group, as the worker's kill of a call's group does under runc; a process that left the
-    group (setsid, as a daemon does) lives on, as there."""
+    how it ended, then stay, reaping, while anything it left runs: what the tool left in the background
+    (`cmd &`, nohup, a daemon) lives on, as the worker leaves it under runc with
+    ``unsafe_background_processes``, until the worker kills this keeper (a background process's end) or the
+    run ends."""
     tool = os.fork()  # (become_init made this one a session of its own: the worker's kill at the call's end misses it)
     if tool == 0:
         os.close(told_w)
-        os.setsid()  # the tool's own group, ended with it
+        os.setsid()  # the tool's own session and group, as a subprocess child has
         return
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # the call's pipes: the worker reads them until every holder has closed them
@@ -182,10 +193,6 @@ def _keeper(libc: ctypes.CDLL, told_w: int) -> None:
         pid, status = os.waitpid(-1, 0)
         if pid == tool:
             break
-    try:
-        os.killpg(tool, signal.SIGKILL)
-    except OSError:
-        pass
     libc.prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)  # the outside process ends now: this one stays
     os.write(told_w, status.to_bytes(4, "little"))
     os.close(told_w)
@@ -232,6 +239,11 @@ def _relay(pid: int, status: int | None = None) -> None:
 def main(args: list[str]) -> None:
     keep = args[:1] == ["--keep"]
     args = args[1:] if keep else args
+    bg, tty = -1, False
+    if args[:1] == ["--bg"] and len(args) > 1:  # a background process: the descriptor to tell the keeper's pid
+        bg, args = int(args[1]), args[2:]
+    if args[:1] == ["--tty"]:  # on a terminal (its stdin): the tool's controlling terminal
+        tty, args = True, args[1:]
     env = None
     if args[:1] == ["--env"] and len(args) > 1:  # a user's own image: the program's own environment
         import json
@@ -239,10 +251,29 @@ def main(args: list[str]) -> None:
         env = json.loads(args[1])
         args = args[2:]
     if args[:1] != ["--"] or len(args) < 2:
-        os.write(2, b"usage: nsinit.py [--keep] [--env JSON] -- ARGV\n")
+        os.write(2, b"usage: nsinit.py [--keep] [--bg FD] [--tty] [--env JSON] -- ARGV\n")
         os._exit(2)
-    enter(ctypes.CDLL(None, use_errno=True), keep)
+    enter(ctypes.CDLL(None, use_errno=True), keep, bg)
+    if tty:
+        controlling_tty()
     exec_tool(args[1:], env)
+
+
+def controlling_tty() -> None:
+    """Make the terminal on stdin this process's controlling terminal (a session of its own first), so
+    that Ctrl-C typed on it is SIGINT to its foreground job. Also ``worker/children/ttyinit.py``'s."""
+    import fcntl
+    import termios
+
+    try:
+        os.setsid()
+    except OSError:
+        pass  # a session leader already
+    try:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    except OSError as exc:
+        os.write(2, f"toolcage: the terminal could not be made the process's own ({exc.strerror})\n".encode())
+        os._exit(126)
 
 
 def exec_tool(argv: list[str], env: dict[str, str] | None = None) -> None:

@@ -19,6 +19,7 @@ import ctypes
 import os
 import signal
 import stat
+import sys
 import threading
 import time
 from typing import Any
@@ -66,6 +67,7 @@ def reap(exclude: frozenset[int] = frozenset()) -> int:
             if pid == 0:
                 return n
             EXEMPT.discard(pid)
+            _reaped(pid, _)
             n += 1
     # during a call: only zombies that are ours and not the call's own child, so its exit status stays ours
     try:
@@ -76,10 +78,19 @@ def reap(exclude: frozenset[int] = frozenset()) -> int:
         if pid in exclude or not _is_zombie_child(pid):
             continue
         with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0]:
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got:
                 EXEMPT.discard(pid)
+                _reaped(pid, status)
                 n += 1
     return n
+
+
+def _reaped(pid: int, status: int) -> None:
+    """A background process's leader reaped here: its registry gets the status (worker.children.background)."""
+    background = sys.modules.get("toolcage.worker.children.background")
+    if background is not None:
+        background.reaped(pid, status)
 
 
 def _is_zombie_child(pid: int) -> bool:
@@ -173,8 +184,43 @@ def _writable_and_retry(fn: Any, path: str, _exc: Any) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def kill_outside(kept: Any, rounds: int = 50) -> tuple[int, int] | None:
+    """SIGKILL every other process of the namespace that ``kept(pid)`` does not claim (a background process's,
+    worker.children.background), and reap them: (killed, left), or None when /proc cannot be read (no
+    descriptor left): the caller then kills every process, the background ones too (fail closed).
+
+    Threat: a process that forks as fast as it is killed. Each round kills every process it lists; a child
+    forked meanwhile is listed in the next one (the pids limit bounds them). What no round ended is ``left``."""
+    killed: set[int] = set()
+    victims: list[int] = []
+    for round_ in range(rounds + 1):
+        try:
+            victims = [pid for pid in others() if not kept(pid)]
+        except OSError:
+            return None
+        if not victims:
+            return len(killed), 0
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        killed.update(victims)
+        reap()
+        if round_ < rounds:
+            time.sleep(0.002)
+    return len(killed), len(victims)
+
+
 def after_call() -> dict[str, int]:
-    """What the worker runs when a call that ran tool code ends (PID 1 only)."""
+    """What the worker runs when a call that ran tool code ends (PID 1 only). With background processes
+    kept, every process but theirs; their IPC objects stay (a server may use /dev/shm)."""
+    background = sys.modules.get("toolcage.worker.children.background")
+    if background is not None and background.any_kept():
+        with _SWEEP_LOCK:
+            done = kill_outside(background.kept())
+        if done is not None:
+            killed, left = done
+            return {"killed": killed, "left": left, "ipc_removed": 0}
+        background.kill_all()  # fail closed: no telling them apart, so nothing is kept
     survivors = _count_others()
     left = kill_others() if survivors != 0 else 0
     if survivors is None:

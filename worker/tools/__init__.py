@@ -39,6 +39,10 @@ BUILTIN: dict[str, str] = {
     "download": "toolcage.worker.tools.download",
     "upload": "toolcage.worker.tools.upload",
     "workspace_changes": "toolcage.worker.tools.workspace",
+    **dict.fromkeys(
+        ("proc_start", "proc_read", "proc_wait", "proc_write", "proc_signal", "proc_kill", "proc_resize", "proc_list"),
+        "toolcage.worker.tools.background",
+    ),
 }
 
 
@@ -53,6 +57,9 @@ class Tool(NamedTuple):  # a NamedTuple, not a dataclass: importing dataclasses 
     # it may hold the run's secrets (a connector): it runs with no other code call in flight, after the
     # sweep, and none starts beside it (a same-uid process could read its memory through /proc)
     alone: bool = False
+    # it waits (for a background process's output or end): served on a thread of its own beside every other
+    # call, whatever the policy's concurrency, and never counted as a code call (worker.loop)
+    waits: bool = False
 
     def validate(self, raw: dict[str, Any]) -> Any:
         if self.params is None:

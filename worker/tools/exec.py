@@ -60,25 +60,30 @@ class ExecParams:
     def __post_init__(self) -> None:
         # checked here, not in the handler: the host's precheck (runner/precheck.py) then refuses
         # a bad call before a container starts, with the worker's own words
-        if (self.argv is None) == (self.command is None):
-            raise ValueError("give exactly one of argv (a list: program and arguments) or command (a shell string)")
-        if self.argv is not None:
-            if not self.argv[0]:
-                raise ValueError("argv[0] (the program) is empty")
-            for i, a in enumerate(self.argv):
-                _check_string(f"argv[{i}]", a)
-            if self.env and "=" in self.argv[0]:
-                raise ValueError("argv[0] contains '=': with env, name the program without one")
-        if self.command is not None:
-            _check_string("command", self.command, limit=None)  # a long one goes through a file (proc._program)
-        for name, value in (self.env or {}).items():
-            if not _NAME.fullmatch(name):
-                raise ValueError(f"env: {name!r} is not a variable name (letters, digits, _; not first a digit)")
-            if name.upper().startswith(_OWNED_PREFIX):
-                raise ValueError(f"env: {name} is the worker's own (TOOLCAGE_* cannot be set)")
-            _check_string(f"env: the value of {name}", f"{name}={value}")
+        check_program_params(self.argv, self.command, self.env)
         if self.stdin is not None and self.stdin_encoding == "base64":
             _stdin_bytes(self.stdin)
+
+
+def check_program_params(argv: list[str] | None, command: str | None, env: dict[str, str] | None) -> None:
+    """argv or command, and env, as exec and proc_start take them (ValueError: what is wrong)."""
+    if (argv is None) == (command is None):
+        raise ValueError("give exactly one of argv (a list: program and arguments) or command (a shell string)")
+    if argv is not None:
+        if not argv[0]:
+            raise ValueError("argv[0] (the program) is empty")
+        for i, a in enumerate(argv):
+            _check_string(f"argv[{i}]", a)
+        if env and "=" in argv[0]:
+            raise ValueError("argv[0] contains '=': with env, name the program without one")
+    if command is not None:
+        _check_string("command", command, limit=None)  # a long one goes through a file (proc._program)
+    for name, value in (env or {}).items():
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"env: {name!r} is not a variable name (letters, digits, _; not first a digit)")
+        if name.upper().startswith(_OWNED_PREFIX):
+            raise ValueError(f"env: {name} is the worker's own (TOOLCAGE_* cannot be set)")
+        _check_string(f"env: the value of {name}", f"{name}={value}")
 
 
 _MAX_ARG_STRLEN = 128 * 1024  # Linux: one argv or environment string, its NUL included
@@ -154,18 +159,24 @@ def _image_workdir(s: Settings, cwd: str | None) -> str:
     return _workdir(s, cwd)
 
 
-def run_exec(s: Settings, p: ExecParams) -> dict[str, Any]:
-    workdir = _image_workdir(s, p.cwd) if s.image is not None else _workdir(s, p.cwd or SCRATCH)
-    extra: dict[str, str] | None = None
-    if p.command is not None:
+def program(
+    s: Settings, argv: list[str] | None, command: str | None, cwd: str | None, env: dict[str, str] | None
+) -> tuple[list[str], str]:
+    """The argv to start and the directory to start it in, checked (exec's rules; background processes' too)."""
+    workdir = _image_workdir(s, cwd) if s.image is not None else _workdir(s, cwd or SCRATCH)
+    if command is not None:
         if s.image is not None:
             shell_present(s)
-        argv = _program(s, ["/bin/sh"], p.command, ".sh")
-    else:
-        assert p.argv is not None
-        argv = list(p.argv)
-        path = (p.env or {}).get("PATH", _child_env(s)["PATH"])
-        _check_program(argv[0], workdir, path)
+        return _program(s, ["/bin/sh"], command, ".sh"), workdir
+    assert argv is not None
+    path = (env or {}).get("PATH", _child_env(s)["PATH"])
+    _check_program(argv[0], workdir, path)
+    return list(argv), workdir
+
+
+def run_exec(s: Settings, p: ExecParams) -> dict[str, Any]:
+    argv, workdir = program(s, p.argv, p.command, p.cwd, p.env)
+    extra: dict[str, str] | None = None
     if p.env and s.image is not None:
         # the program's environment goes to it alone (nsinit starts with the worker's, worker.tools.proc): the
         # image may have no /usr/bin/env (busybox, distroless)

@@ -319,7 +319,14 @@ def run_child(
                     stream.close()
         sel.close()
         raise
-    _kill_group(pgid)
+    if settings.policy.unsafe_background_processes and not timed_out:
+        # what it left in the background (`cmd &`, nohup) lives on, as the policy says; its main process
+        # only, if its streams closed before it ended
+        if reaped is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(proc.pid, signal.SIGKILL)
+    else:
+        _kill_group(pgid)
     if call is not None:
         call.pgid = None
         call.flush(final=True)  # progress never comes after the answer
