@@ -43,6 +43,10 @@ _EXPORTS = {
     "BadToolCall": "toolcage.errors",
     "BuildError": "toolcage.errors",
     "ChangesError": "toolcage.errors",
+    "ProcessError": "toolcage.errors",
+    "Process": "toolcage.processes",
+    "AsyncProcess": "toolcage.processes",
+    "ProcessOutput": "toolcage.processes",
     "ChangesUsage": "toolcage.errors",
     "DiffFailed": "toolcage.errors",
     "DownloadError": "toolcage.errors",
@@ -83,6 +87,7 @@ __all__ = [
     "DEFAULT_IMAGE",
     "STATUSES",
     "AsyncPool",
+    "AsyncProcess",
     "AsyncSandbox",
     "AsyncSandboxLike",
     "AuditError",
@@ -108,6 +113,9 @@ __all__ = [
     "Policy",
     "PolicyError",
     "Pool",
+    "Process",
+    "ProcessError",
+    "ProcessOutput",
     "ProtocolError",
     "RequirementsError",
     "RunSummary",
@@ -203,6 +211,7 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs
         NoCapacity,
         NodeLost,
         NotFound,
+        ProcessError,
         ProtocolError,
         RequirementsError,
         SandboxError,
@@ -224,6 +233,7 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs
     from toolcage.files.upload import UploadResult
     from toolcage.lifecycle.removal import wait_removed
     from toolcage.policies import Policy, PolicyError, load_policy
+    from toolcage.processes import AsyncProcess, Process, ProcessOutput
     from toolcage.results import STATUSES, CallResult, RunSummary, Status
     from toolcage.rpc.session import Cancel
     from toolcage.sandbox import DEFAULT_IMAGE, Sandbox

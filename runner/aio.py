@@ -17,7 +17,7 @@ import functools
 import os
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from toolcage.files.download import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
+    from toolcage.processes import AsyncProcess
 
 T = TypeVar("T")
 
@@ -200,6 +201,34 @@ class AsyncSandbox:
     async def snapshot(self, target: str | os.PathLike[str] | IO[bytes]) -> SnapshotInfo:
         """As :meth:`Sandbox.snapshot`, on a thread (it writes the archive as the chunks come)."""
         return await _on_thread(self._executor, self._sync.snapshot, target)
+
+    async def spawn(
+        self,
+        command: str | None = None,
+        *,
+        argv: Sequence[str] | None = None,
+        pty: bool | tuple[int, int] = False,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = True,
+        name: str | None = None,
+    ) -> AsyncProcess:
+        """As :meth:`Sandbox.spawn`: the handle's methods are awaited (:class:`toolcage.processes.AsyncProcess`)."""
+        from toolcage.processes import AsyncProcess, answer, start_params
+
+        params = start_params(command, argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
+        got = answer(await self.call("proc_start", params))
+        return AsyncProcess(self, int(got["id"]), got.get("pid"), bool(got.get("pty")))
+
+    def process(self, proc_id: int) -> AsyncProcess:
+        from toolcage.processes import AsyncProcess
+
+        return AsyncProcess(self, proc_id)
+
+    async def processes(self) -> list[dict[str, Any]]:
+        from toolcage.processes import answer
+
+        return list(answer(await self.call("proc_list", {}))["processes"])
 
     async def usage(self) -> dict[str, Any]:
         """As :meth:`Sandbox.usage`, on a thread."""

@@ -33,6 +33,7 @@ failures, the ``status`` that says how the run ended; tests/unit/test_error_tree
         ├── ChangesError                   changes() could not be gathered        status "error"
         ├── DiffFailed                     git could not make the diff            status "error"
         ├── SnapshotError                  a snapshot could not be made           status "error"
+        ├── ProcessError                   a background process refused the call  status "error"
         └── SandboxInterrupted (exit 130)  the runner was stopped mid-run         status "interrupted"
 
 ``except ToolcageError`` catches every error toolcage raises, policy errors included. Foreign errors (docker-py, OS) are
@@ -245,6 +246,14 @@ class SnapshotInvalid(UsageError):
     reason = "snapshot_invalid"
 
 
+class ProcessError(SandboxError):
+    """A background process (``Sandbox.spawn``) refused what was asked: no such id, its stdin closed, no
+    terminal, at the limit of processes running. The message says which."""
+
+    status = "error"
+    reason = "process_failed"
+
+
 class DiffFailed(SandboxError):
     """git could not make the diff: not installed, past its deadline or its memory, or it failed."""
 
@@ -271,6 +280,7 @@ __all__ = [
     "NodeLost",
     "NotFound",
     "PolicyError",
+    "ProcessError",
     "ProtocolError",
     "RequirementsError",
     "SandboxError",

@@ -71,8 +71,9 @@ def without_meta(msg: Any) -> Any:
 
 
 def classify_result(result: Any) -> Status:
-    """Status of a successful JSON-RPC result: a child process reports how it ended."""
-    if isinstance(result, dict) and "exit_code" in result:
+    """Status of a successful JSON-RPC result: a child process reports how it ended (a background process's
+    ``state``, ``exit_code`` and ``signal`` describe it, not the call: that call is ok)."""
+    if isinstance(result, dict) and "exit_code" in result and "state" not in result:
         if result.get("oom_killed"):
             return Status.OOM_KILLED
         if result.get("timed_out"):

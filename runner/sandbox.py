@@ -16,7 +16,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from toolcage import connectors, timing
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
     from toolcage.pool import Pool, Slot
+    from toolcage.processes import Process
 
 
 class Sandbox:
@@ -538,6 +539,41 @@ class Sandbox:
             self.call, target, workspace=self.options.workspace_copy, meta=meta,
             secret_values=secret_values, key=self._snapshot_key, max_bytes=self.max_out_bytes,
         )  # fmt: skip
+
+    # background processes -------------------------------------------------------------
+    def spawn(
+        self,
+        command: str | None = None,
+        *,
+        argv: Sequence[str] | None = None,
+        pty: bool | tuple[int, int] = False,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = True,
+        name: str | None = None,
+    ) -> Process:
+        """Start a program in the background and return its handle at once (:class:`toolcage.processes.Process`):
+        a shell ``command`` or an ``argv``, on pipes (stdout and stderr kept together, stdin open for
+        ``write`` unless ``stdin=False``) or on a terminal (``pty=True``, or ``(rows, cols)``; default 24x80).
+        It lives across calls until ``kill()`` or the sandbox's end, never longer."""
+        from toolcage.processes import Process, answer, start_params
+
+        params = start_params(command, argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
+        got = answer(self.call("proc_start", params))
+        return Process(self, int(got["id"]), got.get("pid"), bool(got.get("pty")))
+
+    def process(self, proc_id: int) -> Process:
+        """A handle on a background process started earlier (by any client of this sandbox), by its id."""
+        from toolcage.processes import Process
+
+        return Process(self, proc_id)
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Every background process the sandbox keeps: id, command or argv, pty, state, exit_code, signal,
+        started_at, ended_at, output_bytes, stdin_open."""
+        from toolcage.processes import answer
+
+        return list(answer(self.call("proc_list", {}))["processes"])
 
     def usage(self) -> dict[str, Any]:
         """CPU time and peak memory of the whole sandbox so far (from its cgroup)."""

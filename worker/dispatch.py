@@ -141,6 +141,25 @@ def _signed(fn: Callable[..., Result]) -> Callable[..., Result]:
     return fn
 
 
+def _no_background_beside(tool: str) -> None:
+    """Threat: a background process (worker.children.background) reading a connector's memory, which may hold
+    the run's secrets, through /proc (the same uid). Under runc a connector therefore runs with no background
+    process alive; under gVisor each lives in a PID namespace of its own, where it cannot name the handler."""
+    from toolcage.worker.children import namespaces
+
+    background = sys.modules.get("toolcage.worker.children.background")
+    if background is None or namespaces.enabled() or not background.any_kept():
+        return
+    from toolcage.worker.errors import ToolError
+
+    running = [p.id for p in background.all_procs() if not p.killed]
+    raise ToolError(
+        f"the connector {tool} runs alone (it may hold the run's secrets), and background processes {running} "
+        "are alive: proc_kill them first",
+        {"background": running},
+    )
+
+
 class Dispatcher:
     """Turns one request line into one response line (or "" for notifications)."""
 
@@ -224,6 +243,7 @@ class Dispatcher:
 
     def _connector_handler(self, name: str) -> Callable[[Settings, Any], Any]:
         def handler(_settings: Settings, params: Any) -> Any:
+            _no_background_beside(name)
             return self.connectors.call(name, params)
 
         return handler

@@ -136,7 +136,14 @@ def test_only_the_adapter_imports_docker() -> None:
 # modules at the top of ``toolcage``. A module in no room fails test_every_module_is_in_a_room: place it here.
 ROOMS: dict[str, tuple[str, ...]] = {
     "face": ("toolcage",),  # the package's __init__ alone: __version__ and the public names, loaded on first use
-    "front": ("toolcage.sandbox", "toolcage.aio", "toolcage.pool", "toolcage.types", "toolcage.sdk"),
+    "front": (
+        "toolcage.sandbox",
+        "toolcage.aio",
+        "toolcage.pool",
+        "toolcage.types",
+        "toolcage.sdk",
+        "toolcage.processes",
+    ),
     "home": ("toolcage.run", "toolcage.options", "toolcage.timing", "toolcage.connectors", "toolcage.precheck"),
     "base": ("toolcage.errors", "toolcage.results", "toolcage.logs", "toolcage.textsafe", "toolcage.workspace"),
     "files": ("toolcage.files",),
