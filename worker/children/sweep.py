@@ -210,17 +210,58 @@ def kill_outside(kept: Any, rounds: int = 50) -> tuple[int, int] | None:
     return len(killed), len(victims)
 
 
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(ppid, session) of ``pid`` (None: gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), int(fields[3])
+
+
+def _session(pid: int) -> int | None:
+    st = _stat(pid)
+    return None if st is None else st[1]
+
+
+def _from_the_engine() -> set[int]:
+    """The sessions of processes the engine started in the sandbox from outside it (``docker exec``: the
+    runner's relay of an exposed port), whose parent is outside the sandbox (ppid 0). No process of the
+    sandbox can have that parent, nor join their sessions: they and theirs outlive a call's sweep. Empty
+    when /proc cannot be read (the sweep then kills every process: fail closed)."""
+    try:
+        pids = others()
+    except OSError:
+        return set()
+    found = set()
+    for pid in pids:
+        st = _stat(pid)
+        if st is not None and st[0] == 0:
+            found.add(st[1])
+    return found
+
+
 def after_call() -> dict[str, int]:
     """What the worker runs when a call that ran tool code ends (PID 1 only). With background processes
-    kept, every process but theirs; their IPC objects stay (a server may use /dev/shm)."""
+    kept, every process but theirs; their IPC objects stay (a server may use /dev/shm). Processes the engine
+    execs from outside (an exposed port's relay) are kept too."""
     background = sys.modules.get("toolcage.worker.children.background")
-    if background is not None and background.any_kept():
+    kept_bg = background is not None and background.any_kept()
+    engines = _from_the_engine()
+    if kept_bg or engines:
+        bg_kept = background.kept() if kept_bg and background is not None else (lambda pid: False)
+
+        def kept(pid: int) -> bool:
+            return bg_kept(pid) or _session(pid) in engines
+
         with _SWEEP_LOCK:
-            done = kill_outside(background.kept())
+            done = kill_outside(kept)
         if done is not None:
             killed, left = done
-            return {"killed": killed, "left": left, "ipc_removed": 0}
-        background.kill_all()  # fail closed: no telling them apart, so nothing is kept
+            return {"killed": killed, "left": left, "ipc_removed": 0 if kept_bg else clear_ipc()}
+        if background is not None:
+            background.kill_all()  # fail closed: no telling them apart, so nothing is kept
     survivors = _count_others()
     left = kill_others() if survivors != 0 else 0
     if survivors is None:
