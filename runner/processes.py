@@ -101,6 +101,13 @@ def output(result: dict[str, Any]) -> ProcessOutput:
     )
 
 
+def _read_params(proc_id: int, since: int, max_bytes: int, timeout: float) -> dict[str, Any]:
+    params: dict[str, Any] = {"id": proc_id, "since": since, "max_bytes": max_bytes}
+    if timeout:
+        params["timeout_s"] = timeout
+    return params
+
+
 def _write_params(proc_id: int, data: bytes | str, eof: bool) -> dict[str, Any]:
     if isinstance(data, bytes):
         return {"id": proc_id, "data": base64.b64encode(data).decode("ascii"), "encoding": "base64", "eof": eof}
@@ -149,9 +156,7 @@ class Process:
     def read(self, since: int | None = None, *, max_bytes: int = 65536, timeout: float = 0) -> ProcessOutput:
         """Its output from ``since`` (default: where the last read ended), at most ``max_bytes``, waiting up to
         ``timeout`` seconds for some when none is there yet. Moves the handle's cursor."""
-        params = {"id": self.id, "since": self.cursor if since is None else since, "max_bytes": max_bytes}
-        if timeout:
-            params["timeout_s"] = timeout
+        params = _read_params(self.id, self.cursor if since is None else since, max_bytes, timeout)
         out = output(self._call("proc_read", params, _call_timeout(params)))
         self.cursor = out.cursor
         return out
@@ -209,9 +214,7 @@ class AsyncProcess:
         return answer(await call(tool, params, timeout=timeout))
 
     async def read(self, since: int | None = None, *, max_bytes: int = 65536, timeout: float = 0) -> ProcessOutput:
-        params = {"id": self.id, "since": self.cursor if since is None else since, "max_bytes": max_bytes}
-        if timeout:
-            params["timeout_s"] = timeout
+        params = _read_params(self.id, self.cursor if since is None else since, max_bytes, timeout)
         out = output(await self._call("proc_read", params, _call_timeout(params)))
         self.cursor = out.cursor
         return out
@@ -238,4 +241,49 @@ class AsyncProcess:
         await self._call("proc_resize", {"id": self.id, "rows": rows, "cols": cols})
 
 
-__all__ = ["AsyncProcess", "Process", "ProcessOutput", "answer", "output", "start_params"]
+def spawn(
+    sandbox: Any,
+    command: str | None = None,
+    *,
+    argv: Sequence[str] | None = None,
+    pty: bool | tuple[int, int] = False,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: bool = True,
+    name: str | None = None,
+) -> Process:
+    """``sandbox.spawn(...)`` for any session with a ``call`` (``Sandbox``, a cluster session)."""
+    params = start_params(command, argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
+    got = answer(sandbox.call("proc_start", params))
+    return Process(sandbox, int(got["id"]), got.get("pid"), bool(got.get("pty")))
+
+
+async def spawn_async(
+    sandbox: Any,
+    command: str | None = None,
+    *,
+    argv: Sequence[str] | None = None,
+    pty: bool | tuple[int, int] = False,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: bool = True,
+    name: str | None = None,
+) -> AsyncProcess:
+    """``await sandbox.spawn(...)`` for any async session with an awaitable ``call``."""
+    params = start_params(command, argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
+    got = answer(await sandbox.call("proc_start", params))
+    return AsyncProcess(sandbox, int(got["id"]), got.get("pid"), bool(got.get("pty")))
+
+
+def listing(sandbox: Any) -> list[dict[str, Any]]:
+    return list(answer(sandbox.call("proc_list", {}))["processes"])
+
+
+async def listing_async(sandbox: Any) -> list[dict[str, Any]]:
+    return list(answer(await sandbox.call("proc_list", {}))["processes"])
+
+
+__all__ = [
+    "AsyncProcess", "Process", "ProcessOutput", "answer", "listing", "listing_async", "output", "spawn",
+    "spawn_async", "start_params",
+]  # fmt: skip

@@ -15,7 +15,7 @@ Only the common surface is here: a door may offer more (``Sandbox.call``'s ``on_
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Protocol, Self
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from toolcage.files.download import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
+    from toolcage.processes import AsyncProcess, Process
     from toolcage.results import CallResult, RunSummary
 
 # a snapshot's target: a path, or a binary stream it is written to
@@ -88,6 +89,28 @@ class SandboxLike(Protocol):
         """Write what the session holds to ``target``, to resume in a fresh sandbox."""
         ...
 
+    def spawn(
+        self,
+        command: str | None = None,
+        *,
+        argv: Sequence[str] | None = None,
+        pty: bool | tuple[int, int] = False,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = True,
+        name: str | None = None,
+    ) -> Process:
+        """Start a background process (``argv=``, ``pty=``, ``cwd=``, ``env=``, ``stdin=``, ``name=``): its handle."""
+        ...
+
+    def process(self, proc_id: int) -> Process:
+        """A handle on a background process started earlier, by its id."""
+        ...
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Every background process the sandbox keeps."""
+        ...
+
     def usage(self) -> dict[str, Any]:
         """CPU time and peak memory of the whole sandbox so far."""
         ...
@@ -142,6 +165,22 @@ class AsyncSandboxLike(Protocol):
     ) -> Changes: ...
 
     async def snapshot(self, target: SnapshotTarget) -> SnapshotInfo: ...
+
+    async def spawn(
+        self,
+        command: str | None = None,
+        *,
+        argv: Sequence[str] | None = None,
+        pty: bool | tuple[int, int] = False,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = True,
+        name: str | None = None,
+    ) -> AsyncProcess: ...
+
+    def process(self, proc_id: int) -> AsyncProcess: ...
+
+    async def processes(self) -> list[dict[str, Any]]: ...
 
     async def usage(self) -> dict[str, Any]: ...
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import io
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from toolcage.files.safetar import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
+    from toolcage.processes import AsyncProcess, Process
     from toolcage.ray.cluster import Cluster
     from toolcage.results import CallResult, RunSummary
     from toolcage.types import AsyncSandboxLike, SandboxLike, SnapshotTarget
@@ -210,6 +211,32 @@ class ClusterSandbox:
             max_bytes=transfer.out_bound(self.cluster.policy.limits),
         )  # fmt: skip
 
+    def spawn(
+        self,
+        command: str | None = None,
+        *,
+        argv: Sequence[str] | None = None,
+        pty: bool | tuple[int, int] = False,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = True,
+        name: str | None = None,
+    ) -> Process:
+        """As :meth:`toolcage.Sandbox.spawn`: a background process on this session's node (over ``call``)."""
+        from toolcage.processes import spawn
+
+        return spawn(self, command, argv=argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
+
+    def process(self, proc_id: int) -> Process:
+        from toolcage.processes import Process
+
+        return Process(self, proc_id)
+
+    def processes(self) -> list[dict[str, Any]]:
+        from toolcage.processes import listing
+
+        return listing(self)
+
     def usage(self) -> dict[str, Any]:
         """``Sandbox.usage``: CPU time and peak memory of the whole sandbox so far (from its cgroup, on its node)."""
         from toolcage.policies import contract
@@ -300,6 +327,32 @@ class AsyncClusterSandbox:
 
     async def snapshot(self, target: SnapshotTarget) -> SnapshotInfo:
         return await asyncio.to_thread(self._sync.snapshot, target)
+
+    async def spawn(
+        self,
+        command: str | None = None,
+        *,
+        argv: Sequence[str] | None = None,
+        pty: bool | tuple[int, int] = False,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = True,
+        name: str | None = None,
+    ) -> AsyncProcess:
+        """As :meth:`toolcage.AsyncSandbox.spawn`, on this session's node."""
+        from toolcage.processes import spawn_async
+
+        return await spawn_async(self, command, argv=argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
+
+    def process(self, proc_id: int) -> AsyncProcess:
+        from toolcage.processes import AsyncProcess
+
+        return AsyncProcess(self, proc_id)
+
+    async def processes(self) -> list[dict[str, Any]]:
+        from toolcage.processes import listing_async
+
+        return await listing_async(self)
 
     async def usage(self) -> dict[str, Any]:
         """As :meth:`ClusterSandbox.usage`, awaited."""
