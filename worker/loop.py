@@ -29,6 +29,14 @@ from toolcage.worker.protocol import readable
 WAITS_MAX = 16  # calls waiting on background processes at once (each a thread); more wait for a free one
 
 
+def _end_waits() -> None:
+    import sys
+
+    background = sys.modules.get("toolcage.worker.children.background")
+    if background is not None:
+        background.shutdown()
+
+
 class Loop:
     def __init__(self, channel: Any, dispatcher: Any, idle: Callable[[], bool]) -> None:
         self.channel = channel
@@ -50,8 +58,11 @@ class Loop:
                 self._serve(line)
                 continue
             in_flight = self._count()
-            if channel.at_eof and not in_flight and not self._count(waiting=True):
+            waiting = self._count(waiting=True)
+            if channel.at_eof and not in_flight and not waiting:
                 return self.served
+            if channel.at_eof and waiting:
+                _end_waits()  # the runner closed the channel: waits on background processes answer now
             if not in_flight and self.idle():  # logs, the zygote, the policy: only when nothing runs
                 channel.read_some()  # idle saw the channel readable: no second poll to learn it again
                 continue

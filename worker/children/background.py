@@ -306,15 +306,31 @@ def _whole(data: bytes) -> int:
     return len(data)
 
 
+_closing = False  # the run is ending (its runner closed the channel or went away): no wait goes on
+
+
+def shutdown() -> None:
+    """The run is ending: every wait answers now (the worker exits once every call has answered)."""
+    global _closing
+    with _lock:
+        _closing = True
+        _lock.notify_all()
+
+
+def closing() -> bool:
+    return _closing
+
+
 def wait(predicate: Any, timeout: float, cancelled: Any) -> bool:
-    """Wait until ``predicate()`` (called under the lock) is true, ``timeout`` passes or ``cancelled()``."""
+    """Wait until ``predicate()`` (called under the lock) is true, ``timeout`` passes, ``cancelled()``, or the
+    run ends."""
     deadline = time.monotonic() + timeout
     with _lock:
         while True:
             if predicate():
                 return True
             left = deadline - time.monotonic()
-            if left <= 0 or cancelled():
+            if left <= 0 or cancelled() or _closing:
                 return False
             _lock.wait(min(left, 0.1))
 

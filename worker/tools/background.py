@@ -268,7 +268,7 @@ def wait(s: Settings, p: WaitParams) -> dict[str, Any]:
         assert p.port is not None
         deadline = time.monotonic() + timeout
         met = False
-        while not calls.cancelled():
+        while not calls.cancelled() and not background.closing():
             if listening(p.port):
                 met = True
                 break

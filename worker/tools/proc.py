@@ -61,6 +61,9 @@ def kill_all_children() -> None:
     new one (the run is over)."""
     global _SHUTTING_DOWN
     _SHUTTING_DOWN = True
+    background = sys.modules.get("toolcage.worker.children.background")
+    if background is not None:
+        background.shutdown()  # calls waiting on a background process answer now
     for pgid in list(_LIVE_GROUPS):
         _kill_group(pgid)
     if sweep.active():
