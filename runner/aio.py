@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from toolcage.files.download import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
+    from toolcage.lifecycle.ports import ExposedPort
     from toolcage.processes import AsyncProcess
 
 T = TypeVar("T")
@@ -229,6 +230,16 @@ class AsyncSandbox:
         from toolcage.processes import answer
 
         return list(answer(await self.call("proc_list", {}))["processes"])
+
+    def expose(self, port: int, host_port: int = 0) -> ExposedPort:
+        """As :meth:`Sandbox.expose` (it only binds a listener: no thread needed)."""
+        return self._sync.expose(port, host_port)
+
+    def exposed(self) -> dict[int, ExposedPort]:
+        return self._sync.exposed()
+
+    def unexpose(self, port: int) -> None:
+        self._sync.unexpose(port)
 
     async def usage(self) -> dict[str, Any]:
         """As :meth:`Sandbox.usage`, on a thread."""

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from toolcage.files.imagepaths import Originals
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
+    from toolcage.lifecycle.ports import ExposedPort, Ports
     from toolcage.pool import Pool, Slot
     from toolcage.processes import Process
 
@@ -93,11 +94,17 @@ class Sandbox:
         scratch: int | str | None = None,
         writable: Iterable[str] | str = (),
         writable_size: int | str | None = None,
+        expose: Iterable[int] = (),
     ) -> None:
         # pool: start() adopts one of its pre-started sandboxes, made for the pool's policy, workspace,
         # tools and image (toolcage.pool); this run brings its secrets, and its deadline starts at adoption
         self._pool = pool
         self._resume = None
+        from toolcage.lifecycle.ports import check_port
+
+        # ports to expose once started (expose()); the relays live in self._ports (toolcage.lifecycle.ports)
+        self._expose_at_start = tuple(check_port(port) for port in expose)
+        self._ports: Ports | None = None
         if resume is not None and pool is None:  # checked before anything starts: a tampered one never runs
             from toolcage.files import snapshot
 
@@ -210,6 +217,7 @@ class Sandbox:
             if self.tool_sources or self._secrets:
                 self._configure()
             self._fill()
+            self._expose_started()
         except BaseException:
             self.close()
             raise
@@ -307,6 +315,7 @@ class Sandbox:
         )  # fmt: skip
         try:
             self._configure(deadline=time.time() + self.policy.timeouts.run_s)
+            self._expose_started()
         except BaseException:
             self.close()
             raise
@@ -575,6 +584,52 @@ class Sandbox:
 
         return list(answer(self.call("proc_list", {}))["processes"])
 
+    # exposed ports -------------------------------------------------------------------
+    def expose(self, port: int, host_port: int = 0) -> ExposedPort:
+        """Reach the sandbox's TCP ``port`` from the host: a listener on 127.0.0.1:``host_port`` (0: a free
+        one) relaying each connection into the sandbox (HTTP, WebSocket, any TCP), the sandbox keeping only
+        ``lo`` and its policy's network. The same port again returns the same ExposedPort. Closed with the
+        sandbox (toolcage.lifecycle.ports). UsageError for a bad port or a sandbox not running; SandboxError
+        for a sandbox without an engine that can exec (``sandbox="none"``)."""
+        from toolcage.lifecycle.ports import Ports, check_port, max_connections
+
+        check_port(port)
+        with self._lock:
+            if self._ports is None:
+                cap = max_connections(self.policy.limits.pids)
+                self._ports = Ports(self._port_target, max_connections=cap, log=self.log)
+            ports = self._ports
+        return ports.expose(port, host_port)
+
+    def exposed(self) -> dict[int, ExposedPort]:
+        """The ports exposed now: sandbox port -> ExposedPort."""
+        return self._ports.exposed() if self._ports is not None else {}
+
+    def unexpose(self, port: int) -> None:
+        """Stop listening for ``port`` (its relayed connections end with either side, or the sandbox)."""
+        from toolcage.lifecycle.ports import check_port
+
+        check_port(port)
+        if self._ports is not None:
+            self._ports.unexpose(port)
+
+    def _expose_started(self) -> None:
+        for port in self._expose_at_start:
+            self.expose(port)
+
+    def _port_target(self) -> tuple[EngineAPI, str, bool]:
+        """Where an exposed port's relays run: the engine, the container, and whether it is a user's own image."""
+        if not self._running or self._closed or self._run.dead is not None:
+            raise UsageError("the sandbox is not running: start it before exposing a port")
+        backend = self._run.backend
+        cid = backend.container_id
+        engine = getattr(backend, "engine", None)
+        if cid is None or engine is None or not in_container(self.kind):
+            raise SandboxError(
+                f"a sandbox of kind {self.kind!r} runs in no container the engine can exec in: no port can be exposed"
+            )
+        return engine, cid, getattr(backend, "_foreign_config", None) is not None
+
     def usage(self) -> dict[str, Any]:
         """CPU time and peak memory of the whole sandbox so far (from its cgroup)."""
         res = self.call(contract.USAGE, timeout=5)
@@ -601,6 +656,8 @@ class Sandbox:
             except BaseException:
                 self.interrupt()  # interrupted while asking: never wait on the worker again
         self._closed = True
+        if self._ports is not None:  # every listener and relayed connection, before the container goes
+            self._ports.close()
         if run.watchdog is not None:
             run.watchdog.stop()
         status = run.dead.status if run.dead is not None else "ok"

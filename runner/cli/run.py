@@ -79,6 +79,15 @@ from toolcage.textsafe import dumps, escape
     help="Show the call's output on stderr as it comes (stdout keeps the one JSON result); "
     "default: when stderr is a terminal.",
 )
+@click.option(
+    "--expose",
+    "expose",
+    multiple=True,
+    type=click.IntRange(1, 65535),
+    metavar="PORT",
+    help="Reach the sandbox's TCP PORT from the host while the call runs: a listener on 127.0.0.1 (a free port, "
+    "said on stderr) relays each connection into the sandbox, which keeps no network. Repeatable.",
+)
 @options.sandbox_options
 @options.dry_run_option
 def run(
@@ -93,6 +102,7 @@ def run(
     diff_file: str | None,
     snapshot_file: str | None,
     resume_file: str | None,
+    expose: tuple[int, ...],
     **opts: Any,
 ) -> None:
     """Run one TOOL call in a fresh sandbox and print the result as JSON.
@@ -135,6 +145,8 @@ def run(
 
                 check_connector(tool, sb.connector_tools)
             sent = [_send(sb, local, remote) for local, remote in sends]  # a failed upload stops the run
+            for port in expose:  # listening before the call starts: its server is reachable as soon as it is up
+                say(f"exposed sandbox port {port} at {sb.expose(port).url()}")
             try:
                 res = sb.call(tool, parsed, on_progress=shown if shown.wanted else None)
             finally:

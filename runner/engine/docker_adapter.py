@@ -61,6 +61,22 @@ def _call(fn: Callable[..., Any], *args: Any, on_missing: Any = _RAISE, image: s
         raise _translate(exc, image) from exc
 
 
+def _raw(sock: Any) -> tuple[socket.socket, Callable[[], None]]:
+    """The socket under docker-py's hijacked response, and a function closing it with its wrappers."""
+    raw = getattr(sock, "_sock", sock)
+    assert isinstance(raw, socket.socket)
+
+    def close() -> None:
+        for obj in (raw, sock, getattr(sock, "_response", None)):
+            try:
+                if obj is not None:
+                    obj.close()
+            except Exception:  # noqa: S110 - closing is best effort
+                pass
+
+    return raw, close
+
+
 class Engine:
     """A thin, translated view of the Docker Engine API; satisfies ``toolcage.engine.api.EngineAPI``."""
 
@@ -184,18 +200,19 @@ class Engine:
         """A raw, bidirectional socket on the container's stdin/stdout/stderr (multiplexed),
         and a function that closes it together with docker-py's wrappers around it."""
         sock = _call(self.api.attach_socket, cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-        raw = getattr(sock, "_sock", sock)
-        assert isinstance(raw, socket.socket)
+        return _raw(sock)
 
-        def close() -> None:
-            for obj in (raw, sock, getattr(sock, "_response", None)):
-                try:
-                    if obj is not None:
-                        obj.close()
-                except Exception:  # noqa: S110 - closing is best effort
-                    pass
-
-        return raw, close
+    def exec_socket(self, cid: str, cmd: list[str], user: str) -> tuple[socket.socket, Callable[[], None]]:
+        """Run ``cmd`` in the running container ``cid`` as ``user`` (no tty, not privileged, the container's
+        own env) and return a raw socket on its stdin (written as is; ``shutdown(SHUT_WR)`` closes it) and its
+        stdout/stderr (multiplexed in 8-byte frames), with a function closing it. The process lives until it
+        exits or the container ends: the engine cannot kill an exec."""
+        made = _call(
+            self.api.exec_create, cid, cmd, stdout=True, stderr=True, stdin=True, tty=False, privileged=False,
+            user=user,
+        )  # fmt: skip
+        sock = _call(self.api.exec_start, made["Id"], detach=False, tty=False, socket=True)
+        return _raw(sock)
 
     def start(self, cid: str) -> None:
         _call(self.api.start, cid)
