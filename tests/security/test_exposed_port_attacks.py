@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import socket
 import subprocess
@@ -45,7 +46,7 @@ def _host_addresses() -> list[str]:
         lines = Path("/proc/net/fib_trie").read_text().splitlines()
     except OSError:
         return []
-    for before, line in zip(lines, lines[1:], strict=False):
+    for before, line in itertools.pairwise(lines):
         if "/32 host LOCAL" in line:
             addr = before.split()[-1]
             if not addr.startswith("127."):
@@ -95,7 +96,10 @@ for pid in os.listdir("/proc"):
 """
 
 
-HOLD = "import socket,time\ns=socket.socket();s.bind(('127.0.0.1',8003));s.listen(1)\nc,_=s.accept()\nc.sendall(b'ok')\ntime.sleep(120)\n"
+HOLD = (
+    "import socket,time\ns=socket.socket();s.bind(('127.0.0.1',8003));s.listen(1)\n"
+    "c,_=s.accept()\nc.sendall(b'ok')\ntime.sleep(120)\n"
+)
 
 
 def test_relay_output_reaches_only_its_client(sb: Sandbox) -> None:
@@ -126,7 +130,10 @@ def test_relay_output_reaches_only_its_client(sb: Sandbox) -> None:
         assert got == b"INJECTED"  # the one place its output goes: the client that connected in
 
 
-FLOOD = "import socket\ns=socket.socket();s.bind(('127.0.0.1',8002));s.listen(1)\nc,_=s.accept()\nb=b'x'*65536\nwhile True: c.sendall(b)\n"
+FLOOD = (
+    "import socket\ns=socket.socket();s.bind(('127.0.0.1',8002));s.listen(1)\n"
+    "c,_=s.accept()\nb=b'x'*65536\nwhile True: c.sendall(b)\n"
+)
 
 
 def test_flood_is_rate_limited(sb: Sandbox, engine: Any) -> None:
