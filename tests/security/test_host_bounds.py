@@ -256,6 +256,10 @@ def refusal_flood(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> dict
     return out
 
 
+@pytest.mark.runc_only(
+    "the runner's RSS under a flood of refused requests: host-side (the proxy and the runner), the "
+    "same whatever the sandbox's kernel"
+)
 def test_runner_memory_stays_flat_under_a_refusal_flood(refusal_flood: dict[str, Any]) -> None:
     """The runner's RSS does not grow with the number of refused requests the sandbox makes: from the
     third second of the flood to its end it grows less than 4 MiB (it grew linearly before, ~0.6 MiB/s)."""
@@ -269,6 +273,7 @@ def test_runner_memory_stays_flat_under_a_refusal_flood(refusal_flood: dict[str,
     assert refusal_flood["decisions_kept"] <= 256
 
 
+@pytest.mark.runc_only("the audit log's bytes under a flood of refused requests: host-side, as the runner's RSS")
 def test_audit_bytes_per_run_are_bounded_under_a_refusal_flood(refusal_flood: dict[str, Any]) -> None:
     """A flood of refused requests writes the first REFUSALS_RECORDED as records, then counts per
     (reason, target); every refusal is accounted for, and the run's audit bytes stay small."""
