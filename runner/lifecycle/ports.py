@@ -48,6 +48,7 @@ RELAY = """\
 import os,select,socket
 try:
     s=socket.create_connection(("127.0.0.1",%d))
+    s.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)
 except OSError:
     os._exit(3)
 def out(b):
@@ -289,6 +290,7 @@ class Ports:
                 client, _ = listener.accept()
             except OSError:
                 return  # closed
+            _quiet(lambda: client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1))  # noqa: B023 - called now
             conn = _Conn(client)
             with self._lock:
                 full = len(self._conns) >= self.max_connections
