@@ -208,3 +208,42 @@ def test_the_cap_and_close_leave_nothing(engine: Any) -> None:
     assert set(_relay_threads()) - before == set()
     with pytest.raises(UsageError):
         box.expose(8001)
+
+
+ONE_REQUEST = (
+    "import http.server as h; s = h.HTTPServer(('127.0.0.1', 8000), h.SimpleHTTPRequestHandler); s.handle_request()"
+)
+
+
+def test_cli_run_expose_says_where(engine: Any) -> None:
+    """``toolcage run --expose 8000`` says the address on stderr before the call runs (stdout keeps the one JSON
+    result); a connection made before the server listens is closed, so the client tries again."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    params = json.dumps({"argv": ["python3", "-c", ONE_REQUEST], "cwd": "/scratch"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolcage.cli", "run", "exec", "--expose", "8000", "--params", params],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        found = re.fullmatch(r"toolcage: exposed sandbox port 8000 at (http://127\.0\.0\.1:\d+)\n", line)
+        assert found, line
+        deadline, body = time.monotonic() + 15, b""
+        while not body and time.monotonic() < deadline:
+            try:
+                body = _get(found.group(1) + "/")
+            except (OSError, ValueError):  # not listening yet: the relay closed the connection
+                time.sleep(0.1)
+        assert b"Directory listing" in body
+        out, _ = proc.communicate(timeout=30)
+        assert json.loads(out)["status"] == "ok"
+    finally:
+        proc.kill()
+        proc.wait()
