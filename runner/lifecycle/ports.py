@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from toolcage.engine.runtime import RT
 from toolcage.errors import SandboxError, ToolcageError, UsageError
 from toolcage.policies import contract
 
@@ -39,7 +40,7 @@ HOST = "127.0.0.1"
 MAX_CONNECTIONS = 64  # relayed connections at once, per sandbox, at most (see max_connections)
 BYTES_PER_S = 512 * 1024 * 1024  # through every relay of a sandbox, both ways
 CHUNK = 64 * 1024  # what one read of either side takes (each relay holds at most this per direction)
-RT_PYTHON = ("/opt/toolcage/rt/bin/python3", "-S")  # a user's own image: the runtime's (toolcage.engine.runtime)
+RT_PYTHON = (f"{RT}/bin/python3", "-S")  # a user's own image: the runtime's (toolcage.engine.runtime)
 WORKER_PYTHON = ("python3", "-I", "-S")  # the worker image's own
 
 # The relay, run in the sandbox: stdin -> 127.0.0.1:PORT, and back to stdout. A refused connection exits 3

@@ -247,3 +247,13 @@ def test_cli_run_expose_says_where(engine: Any) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("foreign_image", ["debian-nopy"], indirect=True)
+def test_a_users_own_image_without_python(foreign_image: str) -> None:
+    """An image with no python3 of its own: the relay runs on the runtime's (/opt/toolcage/rt), as the worker."""
+    with Sandbox(image=foreign_image) as box:
+        box.write_files({"/scratch/www/hi.txt": "hi\n"})
+        server = ["/opt/toolcage/rt/bin/python3", "-S", "-m", "http.server", "8000", "--bind", "127.0.0.1"]
+        assert box.spawn(argv=[*server, "-d", "/scratch/www"]).wait(port=8000, timeout=15)
+        assert _get(box.expose(8000).url() + "/hi.txt") == b"hi\n"
