@@ -74,7 +74,7 @@ def test_frames_keep_stdout_and_drop_stderr() -> None:
 
 def test_relay_cap_and_close() -> None:
     before = relay_threads()
-    engine = FakeEngine()
+    engine: Any = FakeEngine()
     ports = Ports(lambda: (engine, "cid", False), max_connections=2)
     exposed = ports.expose(8000)
     assert ports.expose(8000) is exposed and exposed.host == "127.0.0.1" and exposed.url().startswith("http://127.")
