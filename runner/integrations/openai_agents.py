@@ -25,11 +25,20 @@ Snapshots: any SDK snapshot (``LocalSnapshotSpec``, ``RemoteSnapshotSpec``) work
 instead (``/scratch`` and the workspace, signed with this host's key, refused if it holds a secret), and a
 resume starts a fresh sandbox from it. No container is ever reattached: ``resume`` always starts a new one.
 
-Not supported, declared as the SDK expects: PTY sessions (``supports_pty()`` is False, so the ``Shell``
-capability offers no ``write_stdin``; a PTY call raises ``NotImplementedError``), exposed ports
-(``resolve_exposed_port`` raises ``ExposedPortUnavailableError``: the sandbox has no network interface but
-``lo``), manifest mounts, users and groups, and ``exec(user=...)`` (refused at ``create`` or at the call with
-a ``ConfigurationError``): toolcage mounts nothing from the host and runs everything as one unprivileged user.
+PTY sessions: ``supports_pty()`` is True, so the ``Shell`` capability offers ``write_stdin`` beside
+``exec_command``. ``pty_exec_start`` starts a toolcage background process (``proc_start``: on a terminal with
+``tty=True``, else on pipes with stdin closed, stdout and stderr together), ``pty_write_stdin`` types into it
+(Ctrl-C is ``"\\u0003"``) and polls it, ``pty_terminate_all`` kills every one (at ``stop`` and ``shutdown``):
+the SDK's limits (64 processes, the oldest pruned as its own clients do, ids in ``[1000, 100000)``, its yield
+times) and its output collection and token truncation. A process killed by a signal exits ``-signum``.
+
+Exposed ports: ``ToolcageSandboxClientOptions(exposed_ports=(8000,))``; ``resolve_exposed_port(8000)`` is an
+``ExposedPortEndpoint`` on ``127.0.0.1`` and a free host port (toolcage's ``Sandbox.expose``: a relay into
+the sandbox, whose network stays ``lo`` and its policy's).
+
+Not supported, declared as the SDK expects: manifest mounts, users and groups, and ``exec(user=...)``
+(refused at ``create`` or at the call with a ``ConfigurationError``): toolcage mounts nothing from the host
+and runs everything as one unprivileged user.
 
 A sandbox that dies (its memory limit, its deadline, ``docker kill``) reaches the SDK as
 :class:`ToolcageSandboxError`, an ``ExecTransportError`` carrying toolcage's ``status`` and ``reason``.
@@ -42,8 +51,11 @@ import io
 import os
 import tarfile
 import tempfile
+import time
 import uuid
+from collections import deque
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any, Literal, Self
 
@@ -53,6 +65,7 @@ try:
         ErrorCode,
         ExecTimeoutError,
         ExecTransportError,
+        ExposedPortUnavailableError,
         OpName,
         SnapshotPersistError,
         SnapshotRestoreError,
@@ -64,13 +77,22 @@ try:
     from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
     from agents.sandbox.session.dependencies import Dependencies
     from agents.sandbox.session.manager import Instrumentation
+    from agents.sandbox.session.pty_output import collect_pty_output
+    from agents.sandbox.session.pty_types import (
+        PTY_PROCESSES_MAX,
+        PtyExecUpdate,
+        allocate_pty_process_id,
+        clamp_pty_yield_time_ms,
+        process_id_to_prune_from_meta,
+        resolve_pty_write_yield_time_ms,
+    )
     from agents.sandbox.session.runtime_helpers import RESOLVE_WORKSPACE_PATH_HELPER, RuntimeHelperScript
     from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
     from agents.sandbox.session.sandbox_session import SandboxSession
     from agents.sandbox.session.sandbox_session_state import SandboxSessionState
     from agents.sandbox.session.workspace_payloads import coerce_write_payload
     from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
-    from agents.sandbox.types import ExecResult, User
+    from agents.sandbox.types import ExecResult, ExposedPortEndpoint, User
     from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
     from pydantic import ConfigDict, Field, model_validator
 except ImportError as exc:
@@ -81,13 +103,14 @@ except ImportError as exc:
 
 from toolcage.aio import AsyncSandbox
 from toolcage.backends import BACKENDS
+from toolcage.errors import ProcessError, ToolcageError, UsageError
 from toolcage.errors import SandboxError as ToolcageDied
-from toolcage.errors import ToolcageError, UsageError
 from toolcage.files.safetar import DownloadError
 from toolcage.policies import codes, contract
 
 if TYPE_CHECKING:
     from toolcage.files.changes import Changes
+    from toolcage.processes import AsyncProcess
     from toolcage.results import CallResult
     from toolcage.sandbox import Sandbox
 
@@ -163,7 +186,9 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
     - ``workspace``: a host directory copied into ``/workspace`` at start (never mounted, never written);
       ``workspace_gitignore``: leave out what its ``.gitignore`` files ignore, and ``.git``;
     - ``run_s``/``idle_s``: the session's deadline and idle timeout (default: the policy's; a policy that keeps
-      the default 60 s, as the bundled ``default`` does, gets 1 h and 10 min: ``toolcage.policies.overlay``).
+      the default 60 s, as the bundled ``default`` does, gets 1 h and 10 min: ``toolcage.policies.overlay``);
+    - ``exposed_ports``: sandbox TCP ports the host may reach (``resolve_exposed_port``), each through a relay
+      on ``127.0.0.1`` (``Sandbox.expose``); the sandbox's own network is unchanged.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, extra="forbid")
@@ -179,6 +204,7 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
     workspace_gitignore: bool = False
     run_s: float | None = None
     idle_s: float | None = None
+    exposed_ports: tuple[int, ...] = ()
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -198,6 +224,8 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
                 validate_workspace(self.workspace)
             elif self.workspace_gitignore:
                 raise UsageError("workspace_gitignore applies to a workspace: give workspace= too")
+            if any(not 1 <= p <= 65535 for p in self.exposed_ports):
+                raise UsageError(f"exposed_ports are TCP ports (1-65535), not {self.exposed_ports!r}")
             if self.audit is True:
                 raise UsageError("audit takes a path, None (toolcage's default log) or False (no log), not True")
             if self.image is not None:
@@ -331,6 +359,24 @@ def _result_bytes(result: Mapping[str, Any], stream: str) -> bytes:
     return str(result.get(stream) or "").encode("utf-8")
 
 
+@dataclass
+class _PtyEntry:
+    """One of the session's PTY processes: a toolcage background process and what was read of it and not yet
+    returned (``chunks``)."""
+
+    proc: AsyncProcess
+    tty: bool
+    last_used: float = field(default_factory=time.monotonic)
+    chunks: deque[bytes] = field(default_factory=deque)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    notify: asyncio.Event = field(default_factory=asyncio.Event)
+    exit_code: int | None = None
+    closed: bool = False
+
+
+_PTY_POLL_MAX_S = 5.0  # one proc_read waits at most this long for output (a collection makes several)
+
+
 class ToolcageSandboxSession(BaseSandboxSession):
     """A ``BaseSandboxSession`` over one toolcage sandbox (an :class:`~toolcage.aio.AsyncSandbox` with a
     writable workspace copy). ``sandbox`` is that sandbox, for toolcage's own calls (``changes()``,
@@ -351,6 +397,8 @@ class ToolcageSandboxSession(BaseSandboxSession):
         self._sb: AsyncSandbox | None = None
         self._env: dict[str, str] = {}
         self._root_ready = False
+        self._pty_lock = asyncio.Lock()
+        self._pty: dict[int, _PtyEntry] = {}
 
     # toolcage's own view ---------------------------------------------------------------------------------
     @property
@@ -530,6 +578,161 @@ class ToolcageSandboxSession(BaseSandboxSession):
             message=f"toolcage exec failed ({res.status}): {message}",
             context={"backend": BACKEND_ID, "status": str(res.status), "code": code, "error": message},
         )
+
+    # PTY sessions -----------------------------------------------------------------------------------------
+    def supports_pty(self) -> bool:
+        return True
+
+    async def pty_exec_start(
+        self,
+        *command: str | Path,
+        timeout: float | None = None,
+        shell: bool | list[str] = True,
+        user: str | User | None = None,
+        tty: bool = False,
+        yield_time_s: float | None = None,
+        max_output_tokens: int | None = None,
+    ) -> PtyExecUpdate:
+        """A toolcage background process (``proc_start``) for the SDK's ``exec_command``: on a terminal with
+        ``tty``, else on pipes with stdin closed (``pty_write_stdin`` of any character is the SDK's
+        ``RuntimeError``). ``timeout`` is the start's, as for the SDK's own clients (the process lives on)."""
+        _ = timeout
+        self._check_user(user, "exec")
+        argv = self._prepare_exec_command(*command, shell=shell, user=None)
+        root = _posix(self.state.manifest.root)
+        async with self._pty_lock:  # room first: the sandbox runs at most as many as the SDK keeps
+            pruned = self._prune_pty()
+        if pruned is not None:
+            await self._kill_pty(pruned)
+        try:
+            proc = await self.sandbox.spawn(
+                argv=argv, pty=tty, cwd=root if self._root_ready else contract.SCRATCH, env=self._env or None,
+                stdin=tty, name="openai-agents",
+            )  # fmt: skip
+        except ToolcageDied as exc:
+            raise self._died(exc, "exec", tuple(argv)) from exc
+        except ProcessError as exc:  # the worker's own limit, or a program it cannot start
+            raise ExecTransportError(
+                command=tuple(argv), message=str(exc), context={"backend": BACKEND_ID}, cause=exc
+            ) from exc
+        entry = _PtyEntry(proc=proc, tty=tty)
+        async with self._pty_lock:
+            process_id = allocate_pty_process_id(set(self._pty))
+            self._pty[process_id] = entry
+        yield_ms = 10_000 if yield_time_s is None else int(yield_time_s * 1000)
+        return await self._pty_update(process_id, entry, clamp_pty_yield_time_ms(yield_ms), max_output_tokens)
+
+    async def pty_write_stdin(
+        self,
+        *,
+        session_id: int,
+        chars: str,
+        yield_time_s: float | None = None,
+        max_output_tokens: int | None = None,
+    ) -> PtyExecUpdate:
+        """Type ``chars`` into process ``session_id`` (a terminal's keystrokes: Ctrl-C is ``"\\u0003"``), or
+        poll it (``chars`` empty), and return what it wrote meanwhile."""
+        async with self._pty_lock:
+            entry = self._resolve_pty_session_entry(pty_processes=self._pty, session_id=session_id)
+        if chars:
+            if not entry.tty:
+                raise RuntimeError("stdin is not available for this process")
+            try:
+                await entry.proc.write(chars)
+            except ToolcageDied as exc:
+                raise self._died(exc, "exec") from exc
+            except ProcessError:
+                pass  # it exited meanwhile (or closed its terminal): the poll below says so
+        yield_ms = 250 if yield_time_s is None else int(yield_time_s * 1000)
+        yield_ms = resolve_pty_write_yield_time_ms(yield_time_ms=yield_ms, input_empty=chars == "")
+        entry.last_used = time.monotonic()
+        return await self._pty_update(session_id, entry, yield_ms, max_output_tokens)
+
+    async def pty_terminate_all(self) -> None:
+        async with self._pty_lock:
+            entries = list(self._pty.values())
+            self._pty.clear()
+        for entry in entries:
+            await self._kill_pty(entry)
+
+    def _prune_pty(self) -> _PtyEntry | None:
+        """At the SDK's limit (64), the process its own clients would let go (the least recently used, an
+        exited one first, never one of the 8 newest)."""
+        if len(self._pty) < PTY_PROCESSES_MAX:
+            return None
+        meta = [(pid, e.last_used, e.closed) for pid, e in self._pty.items()]
+        victim = process_id_to_prune_from_meta(meta)
+        return self._pty.pop(victim, None) if victim is not None else None
+
+    async def _kill_pty(self, entry: _PtyEntry) -> None:
+        entry.closed = True
+        if self._sb is None or not await self.running():
+            return
+        try:
+            await entry.proc.kill()
+        except ToolcageError:
+            pass  # gone already
+
+    async def _pty_poll(self, entry: _PtyEntry, deadline: float) -> None:
+        """One ``proc_read`` (waiting until ``deadline``, at most a few seconds) into ``entry.chunks``."""
+        if entry.closed:
+            return
+        wait = min(max(deadline - time.monotonic(), 0.0), _PTY_POLL_MAX_S)
+        try:
+            out = await entry.proc.read(timeout=wait)
+        except ToolcageDied as exc:
+            raise self._died(exc, "exec") from exc
+        if out.data:
+            async with entry.lock:
+                entry.chunks.append(out.data)
+        if not out.running and out.eof:
+            entry.exit_code = out.exit_code if out.exit_code is not None else 1
+            entry.closed = True
+
+    async def _pty_update(
+        self, process_id: int, entry: _PtyEntry, yield_ms: int, max_output_tokens: int | None
+    ) -> PtyExecUpdate:
+        async def wait(_: float) -> None:
+            return  # the next poll waits itself
+
+        output, tokens, closed = await collect_pty_output(
+            output_chunks=entry.chunks,
+            output_lock=entry.lock,
+            output_notify=entry.notify,
+            is_done=lambda: entry.closed,
+            yield_time_ms=yield_ms,
+            max_output_tokens=max_output_tokens,
+            poll_output=lambda deadline: self._pty_poll(entry, deadline),
+            wait_for_output=wait,
+        )
+        if not closed:
+            return PtyExecUpdate(process_id=process_id, output=output, exit_code=None, original_token_count=tokens)
+        async with self._pty_lock:
+            self._pty.pop(process_id, None)
+        return PtyExecUpdate(process_id=None, output=output, exit_code=entry.exit_code, original_token_count=tokens)
+
+    # exposed ports ----------------------------------------------------------------------------------------
+    async def _resolve_exposed_port(self, port: int) -> ExposedPortEndpoint:
+        """A relay on the host's ``127.0.0.1`` into the sandbox's ``port`` (``Sandbox.expose``; the same one
+        for the session's life)."""
+        if self._sb is None or not await self.running():
+            raise ExposedPortUnavailableError(
+                port=port,
+                exposed_ports=self.state.exposed_ports,
+                reason="backend_unavailable",
+                context={"backend": BACKEND_ID, "detail": "the sandbox is not running"},
+            )
+        try:
+            exposed = self.sandbox.expose(port)
+        except ToolcageError as exc:
+            raise ExposedPortUnavailableError(
+                port=port,
+                exposed_ports=self.state.exposed_ports,
+                reason="backend_unavailable",
+                context={"backend": BACKEND_ID, "detail": str(exc)},
+                cause=exc,
+            ) from exc
+        return ExposedPortEndpoint(host=exposed.host, port=exposed.port, tls=False)
 
     # files ----------------------------------------------------------------------------------------------
     async def _resolved(self, path: Path | str, *, for_write: bool = False) -> str:
@@ -738,6 +941,7 @@ class ToolcageSandboxClient(BaseSandboxClient[ToolcageSandboxClientOptions | Non
             manifest=manifest,
             snapshot=resolve_snapshot(snapshot, str(session_id)),
             options=opts.persisted(),
+            exposed_ports=opts.exposed_ports,
         )
         return self._wrap_session(
             ToolcageSandboxSession(state=state, options=opts), instrumentation=self._instrumentation

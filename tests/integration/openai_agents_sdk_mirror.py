@@ -26,7 +26,7 @@ from typing import Any
 from agents.sandbox.manifest import Manifest
 from agents.sandbox.session.sandbox_session import SandboxSession
 
-from toolcage.integrations.openai_agents import ToolcageSandboxClient, toolcage_session
+from toolcage.integrations.openai_agents import ToolcageSandboxClient, ToolcageSandboxClientOptions, toolcage_session
 
 OUTSIDE = "/scratch/mirror"  # where host directories beside the workspace are mirrored
 _MUTATING = {"write", "mkdir", "rm", "mv", "hydrate_workspace", "apply_patch", "exec"}
@@ -116,6 +116,14 @@ class Mirror:
         else:
             self._ws.mkdir(parents=True, exist_ok=True)
             await self._push()
+
+    async def __aenter__(self) -> Mirror:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._session is not None
+        await self._session.aclose()
 
     async def stop(self) -> None:
         await self._push()
@@ -298,7 +306,8 @@ def _relink(data: Any, moves: dict[str, str]) -> io.BytesIO:
 
 
 class MirrorClient:
-    """Stands in for ``UnixLocalSandboxClient()``: its sessions are mirrors of their host workspace root;
+    """Stands in for ``UnixLocalSandboxClient()``: its sessions are mirrors of their host workspace root (its
+    options' ``exposed_ports`` become toolcage's);
     ``resume`` resumes the real session state through ``ToolcageSandboxClient`` (a fresh container)."""
 
     def __init__(self, **_: Any) -> None:
@@ -309,6 +318,8 @@ class MirrorClient:
         self, *, manifest: Manifest | None = None, snapshot: Any = None, options: Any = None, **_: Any
     ) -> Mirror:
         root = Path((manifest or Manifest()).root)
+        if options is not None and not isinstance(options, ToolcageSandboxClientOptions):  # UnixLocal's own
+            options = ToolcageSandboxClientOptions(exposed_ports=tuple(getattr(options, "exposed_ports", ())))
         mirror = Mirror(root, manifest)
         mirror._session = await self._client.create(manifest=mirror._manifest, snapshot=snapshot, options=options)
         self._roots[mirror._session.state.session_id] = root

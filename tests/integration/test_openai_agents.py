@@ -270,20 +270,15 @@ def test_a_killed_sandbox_is_the_sdks_error_with_toolcages_status() -> None:
 
 
 def test_unsupported_features_are_declared_as_the_sdk_expects() -> None:
-    """No PTY (so no write_stdin tool), no exposed ports, no other users: each refused the SDK's way."""
+    """Other users refused the SDK's way; a port not in ``exposed_ports`` is the SDK's "not_configured"."""
 
     async def main() -> None:
         client = ToolcageSandboxClient()
         session = await client.create(manifest=None, options=None)
         async with session:
-            assert session.supports_pty() is False
-            shell = Shell()
-            shell.bind(session)
-            assert [t.name for t in shell.tools()] == ["exec_command"]  # no write_stdin without a PTY
-            with pytest.raises(NotImplementedError):
-                await session.pty_exec_start("sh")
-            with pytest.raises(ExposedPortUnavailableError):
+            with pytest.raises(ExposedPortUnavailableError) as undeclared:
                 await session.resolve_exposed_port(8080)
+            assert undeclared.value.context["reason"] == "not_configured"
             with pytest.raises(ConfigurationError, match="unprivileged user"):
                 await session.exec("id", user="root")
             r = await session.exec("nosuchprogram-x", shell=False)
@@ -444,6 +439,81 @@ def test_persist_is_bounded_by_what_the_sandbox_may_hold(fill: str) -> None:
                         names = tf.getnames()
                 assert size <= 16 << 20 and "small.txt" in names and "big" not in names, (size, names)
             assert (await session.exec("true")).ok()  # the sandbox lives on
+        await client.delete(session)
+
+    asyncio.run(main())
+
+
+def test_pty_and_exposed_port_through_the_shell_tools() -> None:
+    """Issue 37: the SDK's own agent loop (its ``Shell`` capability, scripted model) starts a web server on a
+    terminal with ``exec_command(tty=true)``; the host reaches it at ``resolve_exposed_port``; the model stops
+    it with Ctrl-C over ``write_stdin``. Then the SDK's limit: 64 processes at once, a 65th prunes the least
+    recently used (its id is gone, its process killed in the sandbox); ``stop`` killing the rest is the
+    SDK's own test_stop_terminates_active_pty_sessions (test_openai_agents_sdk_suite)."""
+    import re
+    import urllib.request
+
+    from agents.sandbox.errors import PtySessionNotFoundError
+
+    got: dict[str, Any] = {}
+
+    async def main() -> None:
+        client = ToolcageSandboxClient()
+        opts = ToolcageSandboxClientOptions(
+            exposed_ports=(8000,), policy={"extends": "default", "limits": {"pids": 256}}
+        )
+        session = await client.create(manifest=None, options=opts)
+        async with session:
+            assert session.supports_pty() is True
+            shell = Shell()
+            shell.bind(session)
+            assert [t.name for t in shell.tools()] == ["exec_command", "write_stdin"]
+
+            async def fetch_then_interrupt(call: ModelCall) -> Any:
+                started = _outputs(model)["s1"]
+                sid = int(re.search(r"session ID (\d+)", started).group(1))  # type: ignore[union-attr]
+                endpoint = await session.resolve_exposed_port(8000)
+                got["url"] = endpoint.url_for("http")
+                got["body"] = await asyncio.to_thread(lambda: urllib.request.urlopen(got["url"], timeout=10).read())
+                return [
+                    function_call(
+                        "write_stdin", {"session_id": sid, "chars": "\u0003", "yield_time_ms": 3000}, call_id="s2"
+                    )
+                ]
+
+            serve = "python3 -u -m http.server 8000 --bind 127.0.0.1"
+            model = ScriptedModel(
+                [
+                    [function_call("exec_command", {"cmd": serve, "tty": True, "yield_time_ms": 3000}, call_id="s1")],
+                    ModelStep.respond(fetch_then_interrupt),
+                    [assistant_message("done")],
+                ]
+            )
+            sandbox = SandboxRunConfig(session=session)
+            assert (
+                await _run(SandboxAgent(name="w", model=model, capabilities=[Shell()]), sandbox)
+            ).final_output == "done"
+            out = _outputs(model)
+            assert "Serving HTTP" in out["s1"] and "Process running with session ID" in out["s1"]
+            assert got["url"].startswith("http://127.0.0.1:") and not got["url"].endswith(":8000/")
+            assert b"Directory listing" in got["body"]
+            assert "Keyboard interrupt received" in out["s2"] and "Process exited with code" in out["s2"], out["s2"]
+
+            # the SDK's limit: 64 at once, then the least recently used goes
+            first = await session.pty_exec_start("sleep", "300", shell=False, yield_time_s=0.25)
+            rest = await asyncio.gather(
+                *(session.pty_exec_start("sleep", "300", shell=False, yield_time_s=0.25) for _ in range(63))
+            )
+            ids = {first.process_id, *(u.process_id for u in rest)}
+            assert len(ids) == 64 and all(i is not None and 1000 <= i < 100_000 for i in ids)
+            extra = await session.pty_exec_start("sleep", "300", shell=False, yield_time_s=0.25)
+            assert extra.process_id is not None and extra.process_id not in ids
+            with pytest.raises(PtySessionNotFoundError):
+                await session.pty_write_stdin(session_id=first.process_id or 0, chars="")
+            sb = toolcage_session(session).sandbox
+            running = [p for p in await sb.processes() if p["state"] == "running"]
+            assert len(running) == 64
+        # stop (the end of ``async with``) killed them all
         await client.delete(session)
 
     asyncio.run(main())
