@@ -47,6 +47,7 @@ _EXPORTS = {
     "Process": "toolcage.processes",
     "AsyncProcess": "toolcage.processes",
     "ProcessOutput": "toolcage.processes",
+    "ExposedPort": "toolcage.lifecycle.ports",
     "ChangesUsage": "toolcage.errors",
     "DiffFailed": "toolcage.errors",
     "DownloadError": "toolcage.errors",
@@ -105,6 +106,7 @@ __all__ = [
     "DownloadResult",
     "DownloadUsage",
     "EngineUnavailable",
+    "ExposedPort",
     "ImageMissing",
     "MissingExtra",
     "NoCapacity",
@@ -231,6 +233,7 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs
     from toolcage.files.safetar import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
+    from toolcage.lifecycle.ports import ExposedPort
     from toolcage.lifecycle.removal import wait_removed
     from toolcage.policies import Policy, PolicyError, load_policy
     from toolcage.processes import AsyncProcess, Process, ProcessOutput

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolcage.errors import BadToolCall, ProcessError
+from toolcage.policies import codes
 from toolcage.results import CallResult
 
 _WAIT_GRACE_S = 5.0  # the runner waits this much longer than a wait the worker ends itself
@@ -82,7 +83,7 @@ def answer(res: CallResult) -> dict[str, Any]:
         return res.result
     error = res.error or {}
     message = str(error.get("message") or res.status)
-    if error.get("code") == -32602:
+    if error.get("code") == codes.INVALID_PARAMS:
         raise BadToolCall(f"{res.tool}: {message}: {error.get('data')}")
     raise ProcessError(f"{res.tool}: {message}")
 

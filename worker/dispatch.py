@@ -152,7 +152,7 @@ def _no_background_beside(tool: str) -> None:
         return
     from toolcage.worker.errors import ToolError
 
-    running = [p.id for p in background.all_procs() if not p.killed]
+    running = [p.id for p in background.alive()]
     raise ToolError(
         f"the connector {tool} runs alone (it may hold the run's secrets), and background processes {running} "
         "are alive: proc_kill them first",

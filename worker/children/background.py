@@ -64,6 +64,7 @@ class Proc:
         self.ns: str | None = None  # under gVisor: its PID namespace (readlink of /proc/PID/ns/pid)
         self.keeper = 0  # under gVisor: PID 1 of that namespace, as the worker sees it
         self.killed = False
+        self.gone = False  # ended, and nothing it started is left (set by alive())
         self.write_lock = threading.Lock()
 
     @property
@@ -116,10 +117,23 @@ def live() -> list[Proc]:
         return [p for p in _procs.values() if p.running or not p.eof]
 
 
-def any_kept() -> bool:
-    """Whether the sweep must tell processes apart (some background process may still have processes)."""
+def alive() -> list[Proc]:
+    """Background processes with a process left: the leader runs, or something it started does (in its
+    session or namespace). One found with none is marked gone: no process can join either later."""
     with _lock:
-        return any(not p.killed for p in _procs.values())
+        candidates = [p for p in _procs.values() if not p.killed and not p.gone]
+    found = []
+    for p in candidates:
+        if p.running or members(p):
+            found.append(p)
+        else:
+            p.gone = True
+    return found
+
+
+def any_kept() -> bool:
+    """Whether the sweep must tell processes apart (some background process still has processes)."""
+    return bool(alive())
 
 
 def get(proc_id: int) -> Proc:

@@ -137,6 +137,16 @@ def start(s: Settings, p: StartParams) -> dict[str, Any]:
         background.room()
     except background.Refused as exc:
         raise ToolError(str(exc), {"max": background.MAX_LIVE}) from None
+    if memguard.enabled():
+        # under gVisor each background process costs its launcher and keeper too (~20 MiB); past 80% of the
+        # policy's memory a new one would leave nothing for the calls (about 66 sleeps ended a 512 MiB run)
+        used, budget = memguard.usage() or 0, s.policy.limits.memory
+        if used > budget * 0.8:
+            raise ToolError(
+                f"the sandbox holds {used >> 20} MiB of its {budget >> 20} MiB: no room for another background "
+                "process (kill one, or raise limits.memory)",
+                {"used_bytes": used, "limit_bytes": budget},
+            )
     argv, workdir = program(s, p.argv, p.command, p.cwd, p.env)
     foreign = s.image is not None
     program_env = {**(_image_env(s) if foreign else _child_env(s)), **(p.env or {})}
