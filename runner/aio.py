@@ -215,11 +215,9 @@ class AsyncSandbox:
         name: str | None = None,
     ) -> AsyncProcess:
         """As :meth:`Sandbox.spawn`: the handle's methods are awaited (:class:`toolcage.processes.AsyncProcess`)."""
-        from toolcage.processes import AsyncProcess, answer, start_params
+        from toolcage.processes import spawn_async
 
-        params = start_params(command, argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
-        got = answer(await self.call("proc_start", params))
-        return AsyncProcess(self, int(got["id"]), got.get("pid"), bool(got.get("pty")))
+        return await spawn_async(self, command, argv=argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
 
     def process(self, proc_id: int) -> AsyncProcess:
         from toolcage.processes import AsyncProcess
@@ -227,9 +225,9 @@ class AsyncSandbox:
         return AsyncProcess(self, proc_id)
 
     async def processes(self) -> list[dict[str, Any]]:
-        from toolcage.processes import answer
+        from toolcage.processes import listing_async
 
-        return list(answer(await self.call("proc_list", {}))["processes"])
+        return await listing_async(self)
 
     def expose(self, port: int, host_port: int = 0) -> ExposedPort:
         """As :meth:`Sandbox.expose` (it only binds a listener: no thread needed)."""

@@ -565,11 +565,9 @@ class Sandbox:
         a shell ``command`` or an ``argv``, on pipes (stdout and stderr kept together, stdin open for
         ``write`` unless ``stdin=False``) or on a terminal (``pty=True``, or ``(rows, cols)``; default 24x80).
         It lives across calls until ``kill()`` or the sandbox's end, never longer."""
-        from toolcage.processes import Process, answer, start_params
+        from toolcage.processes import spawn
 
-        params = start_params(command, argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
-        got = answer(self.call("proc_start", params))
-        return Process(self, int(got["id"]), got.get("pid"), bool(got.get("pty")))
+        return spawn(self, command, argv=argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
 
     def process(self, proc_id: int) -> Process:
         """A handle on a background process started earlier (by any client of this sandbox), by its id."""
@@ -580,9 +578,9 @@ class Sandbox:
     def processes(self) -> list[dict[str, Any]]:
         """Every background process the sandbox keeps: id, command or argv, pty, state, exit_code, signal,
         started_at, ended_at, output_bytes, stdin_open."""
-        from toolcage.processes import answer
+        from toolcage.processes import listing
 
-        return list(answer(self.call("proc_list", {}))["processes"])
+        return listing(self)
 
     # exposed ports -------------------------------------------------------------------
     def expose(self, port: int, host_port: int = 0) -> ExposedPort:
