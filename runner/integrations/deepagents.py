@@ -328,6 +328,16 @@ class ToolcageSandbox(BaseSandbox):
         :meth:`on_session`."""
         return self._sb
 
+    def process_tools(self) -> list[Any]:
+        """LangChain tools for background processes on this backend's sandbox (the ``proc_*`` tools:
+        ``proc_start``, ``proc_read``, ``proc_wait``, ``proc_write``, ``proc_signal``, ``proc_kill``,
+        ``proc_resize``, ``proc_list``; ``toolcage.integrations.langchain``), for
+        ``create_deep_agent(backend=backend, tools=backend.process_tools())``: deepagents' ``execute`` runs a
+        command to its end, these start a server or a REPL, follow its output, type into it and stop it."""
+        from toolcage.integrations.langchain import PROCESS_TOOLS, get_tools
+
+        return list(get_tools(self._sb, include=PROCESS_TOOLS))
+
     @property
     def ended(self) -> ToolcageError | None:
         """Why the sandbox can take no more commands (its ``status`` and ``reason``), or None."""

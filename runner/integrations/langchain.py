@@ -26,6 +26,10 @@ status, reason, error code and message; with ``handle_tool_error=True`` (the def
 it into a ``ToolMessage`` with ``status="error"``, so the agent sees a failed tool call and the graph
 goes on. The sandbox's arguments are checked by the worker, which names each bad field (``-32602``).
 
+Background processes: the ``proc_*`` tools (:data:`PROCESS_TOOLS`) are among them: ``proc_start`` answers at once
+with an id, ``proc_read``/``proc_wait`` follow its output (or wait for a port), ``proc_write`` types into it,
+``proc_kill`` stops it; each lives across tool calls until killed or the sandbox ends.
+
 The stream tools (``upload``, ``download``, ``workspace_changes``) are left out by default: they move
 tar chunks, which is the host's job (``Sandbox.upload``/``download``/``changes``), not a model's.
 
@@ -61,6 +65,11 @@ if TYPE_CHECKING:
 
 # tools that move a tar stream in base64 chunks: the host drives them (Sandbox.upload, .download, .changes)
 STREAM_TOOLS: tuple[str, ...] = ("upload", "download", "workspace_changes")
+# background processes and terminals (docs/processes.md): start a server or a REPL, read and wait on its output,
+# type into it, stop it. ``get_tools(sb, include=PROCESS_TOOLS)`` binds these alone.
+PROCESS_TOOLS: tuple[str, ...] = (
+    "proc_start", "proc_read", "proc_wait", "proc_write", "proc_signal", "proc_kill", "proc_resize", "proc_list",
+)  # fmt: skip
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the model providers take as a function name
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]*$")
 
@@ -333,6 +342,7 @@ async def aget_tools(
 
 
 __all__ = [
+    "PROCESS_TOOLS",
     "STREAM_TOOLS",
     "ToolcageTool",
     "ToolcageToolException",

@@ -296,3 +296,31 @@ class TestToolcageSandboxStandard(SandboxIntegrationTests):  # type: ignore[misc
     @pytest.fixture
     def anyio_backend(self) -> str:
         return "asyncio"
+
+
+def test_background_processes_through_the_backends_process_tools(engine: Any) -> None:
+    """Issue 37: ``create_deep_agent(backend=backend, tools=backend.process_tools())``: the agent starts a
+    server with ``proc_start``, waits until it listens, reaches it with ``execute``, and stops it."""
+    server = "python3 -u -m http.server 8000 --bind 127.0.0.1"
+    fetch = "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/').status)\""
+    with ToolcageSandbox() as backend:
+        tools = backend.process_tools()
+        assert [t.name for t in tools] == [
+            "proc_start", "proc_read", "proc_wait", "proc_write", "proc_signal", "proc_kill", "proc_resize",
+            "proc_list",
+        ]  # fmt: skip
+        steps = (
+            ("proc_start", {"command": server}),
+            ("proc_wait", {"id": 1, "until": "port", "port": 8000, "timeout_s": 20}),
+            ("execute", {"command": fetch}),
+            ("proc_kill", {"id": 1}),
+            ("proc_read", {"id": 1, "since": 0}),
+        )
+        agent = create_deep_agent(model=Scripted(messages=_calls(*steps)), backend=backend, tools=tools)
+        messages = agent.invoke({"messages": [{"role": "user", "content": "go"}]})["messages"]
+        assert isinstance(messages[-1], AIMessage) and messages[-1].content == "done"
+        got = {m.tool_call_id: str(m.content) for m in messages if isinstance(m, ToolMessage)}
+        assert backend.sandbox.processes()[0]["state"] == "exited"
+    assert '"id": 1' in got["call_0"] and '"met": true' in got["call_1"], got
+    assert "200" in got["call_2"]
+    assert 'GET / HTTP/1.1' in got["call_4"] and '"state": "exited"' in got["call_4"], got["call_4"]

@@ -27,7 +27,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from toolcage import AsyncSandbox, Sandbox
 from toolcage.errors import UsageError
-from toolcage.integrations.langchain import STREAM_TOOLS, ToolcageToolException, aget_tools, get_tools
+from toolcage.integrations.langchain import PROCESS_TOOLS, STREAM_TOOLS, ToolcageToolException, aget_tools, get_tools
 
 pytestmark = [
     pytest.mark.usefixtures("no_leaks"),
@@ -341,3 +341,32 @@ globals().update(_standard_classes())
 def test_the_standard_tests_cover_every_tool(standard_tools: dict[str, BaseTool]) -> None:
     """Each tool get_tools binds by default has its standard tests (a new tool needs an example above)."""
     assert set(standard_tools) == set(_EXAMPLES)
+
+
+def test_a_background_process_started_followed_and_stopped_by_the_agent() -> None:
+    """Issue 37: the ``proc_*`` tools (``PROCESS_TOOLS``, bound by default) under LangChain's agent loop: start a
+    server that prints as it goes, wait for a line, read its output, type into a terminal, stop both; the
+    processes live across tool calls and are gone after ``proc_kill``."""
+    ticker = "for i in 1 2 3; do echo tick $i; sleep 0.2; done; sleep 300"
+    with Sandbox() as sb:
+        tools = get_tools(sb)
+        assert set(PROCESS_TOOLS) <= set(_by_name(tools))
+        assert set(_by_name(get_tools(sb, include=PROCESS_TOOLS))) == set(PROCESS_TOOLS)
+        script = [
+            _step(("start", "proc_start", {"command": ticker}), ("repl", "proc_start", {"argv": ["cat"], "pty": True})),
+            _step(("wait", "proc_wait", {"id": 1, "until": "output", "pattern": "tick 3", "timeout_s": 20})),
+            _step(("read", "proc_read", {"id": 1, "since": 0}), ("type", "proc_write", {"id": 2, "data": "hello\n"})),
+            _step(("echo", "proc_read", {"id": 2, "since": 0, "timeout_s": 5})),
+            _step(("kill", "proc_kill", {"id": 1}), ("ctrl-c", "proc_write", {"id": 2, "data": "\u0003"})),
+            _step(("list", "proc_list", {})),
+        ]
+        got = _replies(_agent(tools, script).invoke({"messages": [HumanMessage("run it")]})["messages"])
+        assert sb.process(2).wait(timeout=10)  # Ctrl-C ended cat
+    assert json.loads(got["start"].content)["id"] == 1 and json.loads(got["repl"].content)["pty"] is True
+    assert json.loads(got["wait"].content)["met"] is True
+    read = json.loads(got["read"].content)
+    assert read["output"].split() == ["tick", "1", "tick", "2", "tick", "3"] and read["state"] == "running"
+    assert "hello" in json.loads(got["echo"].content)["output"]
+    assert json.loads(got["kill"].content)["state"] == "exited", got["kill"].content
+    listed = {p["id"]: p for p in json.loads(got["list"].content)["processes"]}
+    assert listed[1]["state"] == "exited" and listed[1]["signal"] == "SIGKILL", listed
