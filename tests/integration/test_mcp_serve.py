@@ -278,3 +278,40 @@ def test_cancel_stops_the_call_and_the_session_goes_on(engine: Any, mode: list[s
             assert _text(res).strip().endswith("True True") or "True True" in _text(res), _text(res)
 
     _session(mode, body)
+
+
+def test_background_process_tools(engine: Any) -> None:
+    """Issue 37: tools/list lists the proc_* tools with their schemas; a process proc_start began in one
+    tools/call is read by the next (the session's sandbox keeps it), then killed."""
+    procs = {
+        "proc_start",
+        "proc_read",
+        "proc_wait",
+        "proc_write",
+        "proc_signal",
+        "proc_kill",
+        "proc_resize",
+        "proc_list",
+    }
+
+    async def body(s: ClientSession) -> None:
+        await s.initialize()
+        tools = {t.name: t for t in (await s.list_tools()).tools}
+        assert procs <= set(tools), sorted(tools)
+        assert {"argv", "command", "pty"} <= set(tools["proc_start"].input_schema["properties"])
+        assert tools["proc_read"].input_schema["properties"]["since"]["type"] == "integer"
+        res = await s.call_tool("proc_start", {"command": "echo ready; read line; echo got $line; sleep 300"})
+        assert not res.is_error and res.structured_content is not None, _text(res)
+        pid = res.structured_content["id"]
+        res = await s.call_tool("proc_write", {"id": pid, "data": "it\n"})
+        assert not res.is_error, _text(res)
+        res = await s.call_tool("proc_wait", {"id": pid, "until": "output", "pattern": "got it", "timeout_s": 20})
+        assert not res.is_error and res.structured_content == {**res.structured_content, "met": True}, _text(res)
+        res = await s.call_tool("proc_read", {"id": pid, "since": 0})
+        assert not res.is_error and res.structured_content is not None, _text(res)
+        assert res.structured_content["output"] == "ready\ngot it\n" and res.structured_content["state"] == "running"
+        res = await s.call_tool("proc_kill", {"id": pid})
+        assert not res.is_error and res.structured_content is not None, _text(res)
+        assert res.structured_content["state"] == "exited"
+
+    _session([], body)
