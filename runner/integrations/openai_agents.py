@@ -107,6 +107,8 @@ from toolcage.errors import ProcessError, ToolcageError, UsageError
 from toolcage.errors import SandboxError as ToolcageDied
 from toolcage.files.safetar import DownloadError
 from toolcage.policies import codes, contract
+from toolcage.processes import answer as process_answer
+from toolcage.processes import output as process_output
 
 if TYPE_CHECKING:
     from toolcage.files.changes import Changes
@@ -375,6 +377,7 @@ class _PtyEntry:
 
 
 _PTY_POLL_MAX_S = 5.0  # one proc_read waits at most this long for output (a collection makes several)
+_PTY_READ_MAX = 1 << 20  # the most one proc_read returns (what the sandbox keeps of a process's output)
 
 
 class ToolcageSandboxSession(BaseSandboxSession):
@@ -609,12 +612,12 @@ class ToolcageSandboxSession(BaseSandboxSession):
                 argv=argv, pty=tty, cwd=root if self._root_ready else contract.SCRATCH, env=self._env or None,
                 stdin=tty, name="openai-agents",
             )  # fmt: skip
-        except ToolcageDied as exc:
-            raise self._died(exc, "exec", tuple(argv)) from exc
-        except ProcessError as exc:  # the worker's own limit, or a program it cannot start
+        except ProcessError as exc:  # the worker's own limits, or a program it cannot start: the sandbox goes on
             raise ExecTransportError(
                 command=tuple(argv), message=str(exc), context={"backend": BACKEND_ID}, cause=exc
             ) from exc
+        except ToolcageDied as exc:
+            raise self._died(exc, "exec", tuple(argv)) from exc
         entry = _PtyEntry(proc=proc, tty=tty)
         async with self._pty_lock:
             process_id = allocate_pty_process_id(set(self._pty))
@@ -639,10 +642,10 @@ class ToolcageSandboxSession(BaseSandboxSession):
                 raise RuntimeError("stdin is not available for this process")
             try:
                 await entry.proc.write(chars)
-            except ToolcageDied as exc:
-                raise self._died(exc, "exec") from exc
             except ProcessError:
                 pass  # it exited meanwhile (or closed its terminal): the poll below says so
+            except ToolcageDied as exc:
+                raise self._died(exc, "exec") from exc
         yield_ms = 250 if yield_time_s is None else int(yield_time_s * 1000)
         yield_ms = resolve_pty_write_yield_time_ms(yield_time_ms=yield_ms, input_empty=chars == "")
         entry.last_used = time.monotonic()
@@ -678,8 +681,17 @@ class ToolcageSandboxSession(BaseSandboxSession):
         if entry.closed:
             return
         wait = min(max(deadline - time.monotonic(), 0.0), _PTY_POLL_MAX_S)
+        params: dict[str, Any] = {"id": entry.proc.id, "since": entry.proc.cursor, "max_bytes": _PTY_READ_MAX}
+        if wait > 0:
+            params["timeout_s"] = wait
         try:
-            out = await entry.proc.read(timeout=wait)
+            # the call's own timeout is generous: a worker slow to answer (64 processes starting under gVisor on
+            # a loaded host) is waited for, not taken for a dead sandbox (AsyncProcess.read allows 5 s)
+            out = process_output(process_answer(await self.sandbox.call("proc_read", params, timeout=wait + 60)))
+            entry.proc.cursor = out.cursor
+        except ProcessError:  # the sandbox no longer knows it (ProcessError is a SandboxError: caught first)
+            entry.exit_code, entry.closed = entry.exit_code if entry.exit_code is not None else -9, True
+            return
         except ToolcageDied as exc:
             raise self._died(exc, "exec") from exc
         if out.data:

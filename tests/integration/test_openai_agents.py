@@ -28,6 +28,7 @@ from agents.sandbox.capabilities import Filesystem, Shell
 from agents.sandbox.entries import Dir, File
 from agents.sandbox.errors import (
     ConfigurationError,
+    ExecTransportError,
     ExposedPortUnavailableError,
     InvalidManifestPathError,
     WorkspaceArchiveReadError,
@@ -460,7 +461,7 @@ def test_pty_and_exposed_port_through_the_shell_tools() -> None:
     async def main() -> None:
         client = ToolcageSandboxClient()
         opts = ToolcageSandboxClientOptions(
-            exposed_ports=(8000,), policy={"extends": "default", "limits": {"pids": 256}}
+            exposed_ports=(8000,), policy={"extends": "default", "limits": {"pids": 256, "memory": "1g"}}
         )
         session = await client.create(manifest=None, options=opts)
         async with session:
@@ -499,6 +500,9 @@ def test_pty_and_exposed_port_through_the_shell_tools() -> None:
             assert b"Directory listing" in got["body"]
             assert "Keyboard interrupt received" in out["s2"] and "Process exited with code" in out["s2"], out["s2"]
 
+            with pytest.raises(ExecTransportError) as refused:  # the worker's own refusal: the session goes on
+                await session.pty_exec_start("/no/such/program", shell=False, yield_time_s=0.25)
+            assert not isinstance(refused.value, ToolcageSandboxError)
             # the SDK's limit: 64 at once, then the least recently used goes
             first = await session.pty_exec_start("sleep", "300", shell=False, yield_time_s=0.25)
             rest = await asyncio.gather(
