@@ -22,7 +22,8 @@ from toolcage.errors import BadToolCall, ProcessError
 from toolcage.policies import codes
 from toolcage.results import CallResult
 
-_WAIT_GRACE_S = 5.0  # the runner waits this much longer than a wait the worker ends itself
+_WAIT_GRACE_S = 30.0  # the runner waits this much longer than a wait the worker ends itself (a loaded gVisor
+# sandbox starting many processes answered a 5 s wait more than 5 s late, and a late answer ends the sandbox)
 
 
 @dataclass(frozen=True)
