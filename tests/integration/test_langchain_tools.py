@@ -278,6 +278,15 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
     "write_file": {"path": "written.txt", "content": "x"},
     "remove": {"paths": ["nothing-here"], "missing_ok": True},
     "http_fetch": {"url": "https://example.com/"},
+    # background processes: 1 (sleep on pipes), 2 (cat on a terminal), 3 (to kill) are started by the fixture
+    "proc_start": {"command": "true"},
+    "proc_read": {"id": 1},
+    "proc_wait": {"id": 1, "until": "exit", "timeout_s": 0.1},
+    "proc_write": {"id": 1, "data": ""},
+    "proc_signal": {"id": 1, "signal": "SIGCONT"},
+    "proc_kill": {"id": 3},
+    "proc_resize": {"id": 2, "rows": 30, "cols": 100},
+    "proc_list": {"running_only": False},
 }
 # the suite checks that a call's ToolMessage carries an artifact; LangChain's error path drops it, and
 # http_fetch's example fails by design here (the default policy allows no host; the tests have no network)
@@ -292,6 +301,7 @@ _KNOWN = {("http_fetch", n): _NO_NETWORK for n in ("test_invoke_matches_output_s
 def standard_tools(engine: Any) -> Iterator[dict[str, BaseTool]]:
     with Sandbox() as sb:
         sb.call("write_file", {"path": "seed.txt", "content": "seed\n"})
+        sb.spawn("sleep 600"), sb.spawn(argv=["cat"], pty=True), sb.spawn("sleep 600")  # ids 1, 2, 3
         _LIVE.update(_by_name(get_tools(sb)))
         yield _LIVE
         _LIVE.clear()

@@ -66,7 +66,7 @@ class IdParams:
 
 @params
 class ListParams:
-    pass
+    running_only: bool = doc("only the processes still running", False)
 
 
 @params
@@ -206,6 +206,13 @@ def start(s: Settings, p: StartParams) -> dict[str, Any]:
                 os.close(fd)
         if exc.errno == errno.E2BIG:
             raise BadParams("argv and env together are too long for the kernel") from None
+        if exc.errno == errno.EAGAIN:  # the cgroup's pids limit, reached before MAX_LIVE (default policy: 64)
+            pids = s.policy.limits.pids
+            raise ToolError(
+                f"the sandbox runs as many processes as its policy allows (limits.pids: {pids}): kill a "
+                "background process, or raise limits.pids",
+                {"pids": pids},
+            ) from None
         raise ToolError(f"cannot start {argv[0]!r}: {exc.strerror}", {"program": argv[0]}) from None
     finally:
         for fd in (slave, report_w):
@@ -353,7 +360,8 @@ def resize(s: Settings, p: ResizeParams) -> dict[str, Any]:
 
 def listing(s: Settings, p: ListParams) -> dict[str, Any]:
     with background.locked():
-        return {"processes": [proc.describe() for proc in background.all_procs()]}
+        procs = [proc for proc in background.all_procs() if proc.running or not p.running_only]
+        return {"processes": [proc.describe() for proc in procs]}
 
 
 _ANSWER = "returns output (text; plus output_b64, the exact bytes, when they are not UTF-8), cursor, dropped"
