@@ -323,4 +323,4 @@ def test_background_processes_through_the_backends_process_tools(engine: Any) ->
         assert backend.sandbox.processes()[0]["state"] == "exited"
     assert '"id": 1' in got["call_0"] and '"met": true' in got["call_1"], got
     assert "200" in got["call_2"]
-    assert 'GET / HTTP/1.1' in got["call_4"] and '"state": "exited"' in got["call_4"], got["call_4"]
+    assert "GET / HTTP/1.1" in got["call_4"] and '"state": "exited"' in got["call_4"], got["call_4"]
