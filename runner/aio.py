@@ -17,9 +17,9 @@ import functools
 import os
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar, Unpack
 
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.pool import READY_WAIT_S, Pool, Slot
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
     from toolcage.lifecycle.ports import ExposedPort
-    from toolcage.processes import AsyncProcess
+    from toolcage.processes import AsyncProcess, SpawnOptions
 
 T = TypeVar("T")
 
@@ -203,21 +203,11 @@ class AsyncSandbox:
         """As :meth:`Sandbox.snapshot`, on a thread (it writes the archive as the chunks come)."""
         return await _on_thread(self._executor, self._sync.snapshot, target)
 
-    async def spawn(
-        self,
-        command: str | None = None,
-        *,
-        argv: Sequence[str] | None = None,
-        pty: bool | tuple[int, int] = False,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = True,
-        name: str | None = None,
-    ) -> AsyncProcess:
+    async def spawn(self, command: str | None = None, **options: Unpack[SpawnOptions]) -> AsyncProcess:
         """As :meth:`Sandbox.spawn`: the handle's methods are awaited (:class:`toolcage.processes.AsyncProcess`)."""
         from toolcage.processes import spawn_async
 
-        return await spawn_async(self, command, argv=argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
+        return await spawn_async(self, command, **options)
 
     def process(self, proc_id: int) -> AsyncProcess:
         from toolcage.processes import AsyncProcess

@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from toolcage.errors import BadToolCall, ProcessError
 from toolcage.policies import codes
@@ -49,17 +49,23 @@ class ProcessOutput:
         return self.state == "running"
 
 
-def start_params(
-    command: str | None,
-    argv: Sequence[str] | None,
-    *,
-    pty: bool | tuple[int, int],
-    cwd: str | None,
-    env: Mapping[str, str] | None,
-    stdin: bool,
-    name: str | None,
-) -> dict[str, Any]:
+class SpawnOptions(TypedDict, total=False):
+    """``spawn()``'s keyword arguments, written once for every session (``**options: Unpack[SpawnOptions]``):
+    ``argv`` (instead of a shell command), ``pty`` (True, or ``(rows, cols)``), ``cwd``, ``env``, ``stdin``
+    (False: /dev/null), ``name`` (a label of your own)."""
+
+    argv: Sequence[str] | None
+    pty: bool | tuple[int, int]
+    cwd: str | None
+    env: Mapping[str, str] | None
+    stdin: bool
+    name: str | None
+
+
+def start_params(command: str | None, **options: Unpack[SpawnOptions]) -> dict[str, Any]:
     """``proc_start``'s params from spawn()'s arguments."""
+    argv, pty, cwd, env = options.get("argv"), options.get("pty", False), options.get("cwd"), options.get("env")
+    stdin, name = options.get("stdin", True), options.get("name")
     if (command is None) == (argv is None):
         raise BadToolCall("spawn() takes a command (a shell string) or argv (a list), not both and not neither")
     params: dict[str, Any] = {"command": command} if command is not None else {"argv": list(argv or [])}
@@ -243,37 +249,15 @@ class AsyncProcess:
         await self._call("proc_resize", {"id": self.id, "rows": rows, "cols": cols})
 
 
-def spawn(
-    sandbox: Any,
-    command: str | None = None,
-    *,
-    argv: Sequence[str] | None = None,
-    pty: bool | tuple[int, int] = False,
-    cwd: str | None = None,
-    env: Mapping[str, str] | None = None,
-    stdin: bool = True,
-    name: str | None = None,
-) -> Process:
+def spawn(sandbox: Any, command: str | None = None, **options: Unpack[SpawnOptions]) -> Process:
     """``sandbox.spawn(...)`` for any session with a ``call`` (``Sandbox``, a cluster session)."""
-    params = start_params(command, argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
-    got = answer(sandbox.call("proc_start", params))
+    got = answer(sandbox.call("proc_start", start_params(command, **options)))
     return Process(sandbox, int(got["id"]), got.get("pid"), bool(got.get("pty")))
 
 
-async def spawn_async(
-    sandbox: Any,
-    command: str | None = None,
-    *,
-    argv: Sequence[str] | None = None,
-    pty: bool | tuple[int, int] = False,
-    cwd: str | None = None,
-    env: Mapping[str, str] | None = None,
-    stdin: bool = True,
-    name: str | None = None,
-) -> AsyncProcess:
+async def spawn_async(sandbox: Any, command: str | None = None, **options: Unpack[SpawnOptions]) -> AsyncProcess:
     """``await sandbox.spawn(...)`` for any async session with an awaitable ``call``."""
-    params = start_params(command, argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
-    got = answer(await sandbox.call("proc_start", params))
+    got = answer(await sandbox.call("proc_start", start_params(command, **options)))
     return AsyncProcess(sandbox, int(got["id"]), got.get("pid"), bool(got.get("pty")))
 
 
@@ -286,6 +270,6 @@ async def listing_async(sandbox: Any) -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "AsyncProcess", "Process", "ProcessOutput", "answer", "listing", "listing_async", "output", "spawn",
+    "AsyncProcess", "Process", "ProcessOutput", "SpawnOptions", "answer", "listing", "listing_async", "output", "spawn",
     "spawn_async", "start_params",
 ]  # fmt: skip

@@ -16,8 +16,8 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import IO, TYPE_CHECKING, Any, Unpack
 
 from toolcage import connectors, timing
 from toolcage.backends import in_container
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from toolcage.files.upload import UploadResult
     from toolcage.lifecycle.ports import ExposedPort, Ports
     from toolcage.pool import Pool, Slot
-    from toolcage.processes import Process
+    from toolcage.processes import Process, SpawnOptions
 
 
 class Sandbox:
@@ -550,24 +550,14 @@ class Sandbox:
         )  # fmt: skip
 
     # background processes -------------------------------------------------------------
-    def spawn(
-        self,
-        command: str | None = None,
-        *,
-        argv: Sequence[str] | None = None,
-        pty: bool | tuple[int, int] = False,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = True,
-        name: str | None = None,
-    ) -> Process:
+    def spawn(self, command: str | None = None, **options: Unpack[SpawnOptions]) -> Process:
         """Start a program in the background and return its handle at once (:class:`toolcage.processes.Process`):
         a shell ``command`` or an ``argv``, on pipes (stdout and stderr kept together, stdin open for
         ``write`` unless ``stdin=False``) or on a terminal (``pty=True``, or ``(rows, cols)``; default 24x80).
         It lives across calls until ``kill()`` or the sandbox's end, never longer."""
         from toolcage.processes import spawn
 
-        return spawn(self, command, argv=argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
+        return spawn(self, command, **options)
 
     def process(self, proc_id: int) -> Process:
         """A handle on a background process started earlier (by any client of this sandbox), by its id."""

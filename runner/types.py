@@ -15,16 +15,16 @@ Only the common surface is here: a door may offer more (``Sandbox.call``'s ``on_
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, Protocol, Self
+from typing import IO, TYPE_CHECKING, Any, Protocol, Self, Unpack
 
 if TYPE_CHECKING:
     from toolcage.files.changes import Changes
     from toolcage.files.download import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
-    from toolcage.processes import AsyncProcess, Process
+    from toolcage.processes import AsyncProcess, Process, SpawnOptions
     from toolcage.results import CallResult, RunSummary
 
 # a snapshot's target: a path, or a binary stream it is written to
@@ -89,17 +89,7 @@ class SandboxLike(Protocol):
         """Write what the session holds to ``target``, to resume in a fresh sandbox."""
         ...
 
-    def spawn(
-        self,
-        command: str | None = None,
-        *,
-        argv: Sequence[str] | None = None,
-        pty: bool | tuple[int, int] = False,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = True,
-        name: str | None = None,
-    ) -> Process:
+    def spawn(self, command: str | None = None, **options: Unpack[SpawnOptions]) -> Process:
         """Start a background process (``argv=``, ``pty=``, ``cwd=``, ``env=``, ``stdin=``, ``name=``): its handle."""
         ...
 
@@ -166,17 +156,7 @@ class AsyncSandboxLike(Protocol):
 
     async def snapshot(self, target: SnapshotTarget) -> SnapshotInfo: ...
 
-    async def spawn(
-        self,
-        command: str | None = None,
-        *,
-        argv: Sequence[str] | None = None,
-        pty: bool | tuple[int, int] = False,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = True,
-        name: str | None = None,
-    ) -> AsyncProcess: ...
+    async def spawn(self, command: str | None = None, **options: Unpack[SpawnOptions]) -> AsyncProcess: ...
 
     def process(self, proc_id: int) -> AsyncProcess: ...
 

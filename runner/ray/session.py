@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import io
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Unpack
 
 import ray
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from toolcage.files.safetar import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
-    from toolcage.processes import AsyncProcess, Process
+    from toolcage.processes import AsyncProcess, Process, SpawnOptions
     from toolcage.ray.cluster import Cluster
     from toolcage.results import CallResult, RunSummary
     from toolcage.types import AsyncSandboxLike, SandboxLike, SnapshotTarget
@@ -211,21 +211,11 @@ class ClusterSandbox:
             max_bytes=transfer.out_bound(self.cluster.policy.limits),
         )  # fmt: skip
 
-    def spawn(
-        self,
-        command: str | None = None,
-        *,
-        argv: Sequence[str] | None = None,
-        pty: bool | tuple[int, int] = False,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = True,
-        name: str | None = None,
-    ) -> Process:
+    def spawn(self, command: str | None = None, **options: Unpack[SpawnOptions]) -> Process:
         """As :meth:`toolcage.Sandbox.spawn`: a background process on this session's node (over ``call``)."""
         from toolcage.processes import spawn
 
-        return spawn(self, command, argv=argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
+        return spawn(self, command, **options)
 
     def process(self, proc_id: int) -> Process:
         from toolcage.processes import Process
@@ -328,21 +318,11 @@ class AsyncClusterSandbox:
     async def snapshot(self, target: SnapshotTarget) -> SnapshotInfo:
         return await asyncio.to_thread(self._sync.snapshot, target)
 
-    async def spawn(
-        self,
-        command: str | None = None,
-        *,
-        argv: Sequence[str] | None = None,
-        pty: bool | tuple[int, int] = False,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = True,
-        name: str | None = None,
-    ) -> AsyncProcess:
+    async def spawn(self, command: str | None = None, **options: Unpack[SpawnOptions]) -> AsyncProcess:
         """As :meth:`toolcage.AsyncSandbox.spawn`, on this session's node."""
         from toolcage.processes import spawn_async
 
-        return await spawn_async(self, command, argv=argv, pty=pty, cwd=cwd, env=env, stdin=stdin, name=name)
+        return await spawn_async(self, command, **options)
 
     def process(self, proc_id: int) -> AsyncProcess:
         from toolcage.processes import AsyncProcess

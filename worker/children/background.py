@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from toolcage.worker import logs
-from toolcage.worker.children import namespaces
+from toolcage.worker.children import namespaces, sweep
 
 MAX_LIVE = 64  # running at once (Codex's and the OpenAI Agents SDK's limit)
 MAX_KEPT = 128  # entries kept, ended ones included (past this, the oldest ended one is forgotten)
@@ -442,16 +442,6 @@ def kill_all() -> None:
 # ---- who is whose ------------------------------------------------------------------------------
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(ppid, session) of ``pid``, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), int(fields[3])
-
-
 def _keys() -> tuple[set[int], set[str], set[int]]:
     with _lock:
         kept = [p for p in _procs.values() if not p.killed]
@@ -470,7 +460,7 @@ def keeper_of(pids: set[int], nss: set[str], keepers: set[int]) -> Any:
                 return os.readlink(f"/proc/{pid}/ns/pid") in nss
             except OSError:
                 return False
-        st = _stat(pid)
+        st = sweep.stat_of(pid)
         return st is not None and st[1] in pids
 
     return belongs

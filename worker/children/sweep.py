@@ -210,7 +210,7 @@ def kill_outside(kept: Any, rounds: int = 50) -> tuple[int, int] | None:
     return len(killed), len(victims)
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
+def stat_of(pid: int) -> tuple[int, int] | None:
     """(ppid, session) of ``pid`` (None: gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -221,7 +221,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
 
 
 def _session(pid: int) -> int | None:
-    st = _stat(pid)
+    st = stat_of(pid)
     return None if st is None else st[1]
 
 
@@ -236,7 +236,7 @@ def _from_the_engine() -> set[int]:
         return set()
     found = set()
     for pid in pids:
-        st = _stat(pid)
+        st = stat_of(pid)
         if st is not None and st[0] == 0:
             found.add(st[1])
     return found
