@@ -128,9 +128,9 @@ def test_external_kill_mid_call(engine: Any) -> None:
     assert info.value.status == "crashed" and "exit code 137" in info.value.message
 
 
-@pytest.mark.runc_only("200 runs at once: the runner's lifecycle under load, host-side (85 s under gVisor)")
-def test_load_200_runs(engine: Any, tmp_path: Path) -> None:
-    """200 runs, 10 at a time, a few calls each: all succeed, one start and one finish each, nothing left over."""
+@pytest.mark.runc_only("100 runs, 10 at a time: the runner's lifecycle under load, host-side (85 s under gVisor for 200)")
+def test_load_100_runs(engine: Any, tmp_path: Path) -> None:
+    """100 runs, 10 at a time, a few calls each: all succeed, one start and one finish each, nothing left over."""
     log = tmp_path / "audit.jsonl"
 
     def one(i: int) -> str:
@@ -141,14 +141,14 @@ def test_load_200_runs(engine: Any, tmp_path: Path) -> None:
             return sb.run_id
 
     with ThreadPoolExecutor(10) as pool:
-        run_ids = list(pool.map(one, range(200)))
-    assert len(set(run_ids)) == 200
+        run_ids = list(pool.map(one, range(100)))
+    assert len(set(run_ids)) == 100
     records = list(read(log))
     started = [r["run_id"] for r in records if r["event"] == "run.started"]
     finished = [r["run_id"] for r in records if r["event"] == "run.finished"]
     assert sorted(started) == sorted(run_ids) == sorted(finished)
     assert all(r["status"] == "ok" for r in records if r["event"] == "run.finished")
-    assert sum(1 for r in records if r["event"] == "run.call") == 600
+    assert sum(1 for r in records if r["event"] == "run.call") == 300
     assert verify(log) == []
     assert wait_removed(120)  # closed sandboxes are removed in the background
     leftover = [c for c in engine.containers("toolcage.tool=load")]
