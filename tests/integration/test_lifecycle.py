@@ -128,7 +128,7 @@ def test_external_kill_mid_call(engine: Any) -> None:
     assert info.value.status == "crashed" and "exit code 137" in info.value.message
 
 
-@pytest.mark.runc_only("100 runs, 10 at a time: the runner's lifecycle under load, host-side (85 s under gVisor for 200)")
+@pytest.mark.runc_only("100 runs, 10 at a time: the runner's lifecycle under load, host-side")
 def test_load_100_runs(engine: Any, tmp_path: Path) -> None:
     """100 runs, 10 at a time, a few calls each: all succeed, one start and one finish each, nothing left over."""
     log = tmp_path / "audit.jsonl"
