@@ -112,11 +112,6 @@ class Refused(Exception):
     """A background process cannot be started or reached now (the message says why)."""
 
 
-def live() -> list[Proc]:
-    with _lock:
-        return [p for p in _procs.values() if p.running or not p.eof]
-
-
 def alive() -> list[Proc]:
     """Background processes with a process left: the leader runs, or something it started does (in its
     session or namespace). One found with none is marked gone: no process can join either later."""
@@ -399,22 +394,21 @@ def resize(proc: Proc, rows: int, cols: int) -> None:
 
 
 def send_signal(proc: Proc, sig: int) -> None:
-    """To its leader's process group (a terminal's foreground job gets keystrokes' signals from the terminal)."""
+    """To its leader's process group (a terminal's foreground job gets keystrokes' signals from the terminal);
+    under gVisor, whose launcher passes nothing on, to every process of its namespace but the keeper."""
     if not proc.running:
         raise Refused(f"process {proc.id} has ended")
-    target = proc.pid
     if namespaces.enabled() and proc.keeper:
-        target = proc.pid  # the launcher passes nothing on: signal the namespace's processes instead
         for pid in members(proc):
             if pid != proc.keeper and pid != proc.pid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
         return
     try:
-        os.killpg(target, sig)
+        os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(target, sig)
+            os.kill(proc.pid, sig)
 
 
 def kill(proc: Proc) -> None:
