@@ -153,6 +153,11 @@ def _requirements() -> Path:
     return Path(str(resources.files("toolcage.image") / "requirements-worker.txt"))
 
 
+def _kernel_requirements() -> Path:
+    """IPython for the Python contexts (code_run), installed apart in /opt/toolcage/lib/kernel."""
+    return Path(str(resources.files("toolcage.image") / "requirements-kernel.txt"))
+
+
 # What the image gets of the toolcage package: the worker and the policy model, under the same
 # names as on the host (toolcage.worker, toolcage.policies), with a package __init__ of its own
 # (the host's pulls in the runner's API, which the image neither has nor needs).
@@ -167,7 +172,9 @@ def _copy_package(name: str, dest: Path) -> None:
     shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "schemas.json"))
 
 
-def assemble_context(wheels: Path, into: Path, debs: tuple[Path, list[str]] | None = None) -> None:
+def assemble_context(
+    wheels: Path, into: Path, debs: tuple[Path, list[str]] | None = None, kernel: Path | None = None
+) -> None:
     img = Path(str(resources.files("toolcage.image")))
     shutil.copy(img / "Dockerfile", into / "Dockerfile")
     shutil.copy(img / INSTALL_DEBS, into / INSTALL_DEBS)
@@ -175,7 +182,10 @@ def assemble_context(wheels: Path, into: Path, debs: tuple[Path, list[str]] | No
     debs_dir, names = debs or (into, [])
     copy_debs(debs_dir, names, into / "debs")  # an empty debs/ when there are none (the Dockerfile copies it)
     copy_wheels(wheels, into / "wheels")
+    if kernel is not None:
+        copy_wheels(kernel, into / "wheels")
     shutil.copy(_requirements(), into / "wheels" / "requirements-worker.txt")
+    shutil.copy(_kernel_requirements(), into / "wheels" / "requirements-kernel.txt")
     (into / "toolcage").mkdir()
     (into / "toolcage" / "__init__.py").write_text(_IMAGE_INIT)
     for pkg in _IMAGE_PACKAGES:
@@ -218,7 +228,7 @@ def source_sha256() -> str:
     requirements): `toolcage doctor` compares it with the image's label to tell it is current."""
     h = hashlib.sha256()
     img = Path(str(resources.files("toolcage.image")))
-    for f in (img / "Dockerfile", img / INSTALL_DEBS, img / RT_SCRIPT, _requirements()):
+    for f in (img / "Dockerfile", img / INSTALL_DEBS, img / RT_SCRIPT, _requirements(), _kernel_requirements()):
         h.update(f.read_bytes())
     h.update(_IMAGE_INIT.encode())
     for mod in _IMAGE_MODULES:
@@ -358,10 +368,11 @@ def build_image(
         raise BuildError(f"base image {base_ref} disappeared")
     report(f"base image {base_ref}")
     wheels = download_wheels(report, _requirements())
+    kernel = download_wheels(report, _kernel_requirements())
     debs = worker_debs(report)
     with tempfile.TemporaryDirectory(prefix="toolcage-ctx-") as tmp:
         ctx = Path(tmp)
-        assemble_context(wheels, ctx, debs)
+        assemble_context(wheels, ctx, debs, kernel)
         digest = context_sha256(ctx, base_info["Id"])
         existing = engine.image(tag)
         labels = image_labels(existing)

@@ -101,10 +101,17 @@ EXIT_NOT_STARTED = 127  # the command could not be started (a shell's "command n
 
 # -- timing ------------------------------------------------------------------------------------
 GRACE_S = 2.0  # the worker kills at its deadline + GRACE_S; the runner waits a call's time + GRACE_S
+# code_run (a Python context, worker.tools.interpreter) may take longer than its timeout_s by these two: a
+# context that must (re)start first gets up to CODE_START_S for it, and a cell SIGINT stopped up to
+# CODE_INTERRUPT_S to end before it is killed; the runner waits for them too (toolcage.timing)
+CODE_START_S = 30.0
+CODE_INTERRUPT_S = 2.0
 
 __all__ = [
     "CANCELLED",
     "CANCEL_METHODS",
+    "CODE_INTERRUPT_S",
+    "CODE_START_S",
     "CONFIGURE",
     "CONNECTORS_DIR",
     "DEPS_DIR",

@@ -44,6 +44,10 @@ _EXPORTS = {
     "BuildError": "toolcage.errors",
     "ChangesError": "toolcage.errors",
     "ProcessError": "toolcage.errors",
+    "InterpreterError": "toolcage.errors",
+    "Execution": "toolcage.interpreter",
+    "ExecutionError": "toolcage.interpreter",
+    "CodeContext": "toolcage.interpreter",
     "Process": "toolcage.processes",
     "AsyncProcess": "toolcage.processes",
     "ProcessOutput": "toolcage.processes",
@@ -99,6 +103,7 @@ __all__ = [
     "Changes",
     "ChangesError",
     "ChangesUsage",
+    "CodeContext",
     "DiffFailed",
     "DockerUnavailable",
     "DownloadError",
@@ -106,8 +111,11 @@ __all__ = [
     "DownloadResult",
     "DownloadUsage",
     "EngineUnavailable",
+    "Execution",
+    "ExecutionError",
     "ExposedPort",
     "ImageMissing",
+    "InterpreterError",
     "MissingExtra",
     "NoCapacity",
     "NodeLost",
@@ -209,6 +217,7 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs
         DownloadUsage,
         EngineUnavailable,
         ImageMissing,
+        InterpreterError,
         MissingExtra,
         NoCapacity,
         NodeLost,
@@ -233,6 +242,7 @@ if TYPE_CHECKING:  # the names, for type checkers and IDEs
     from toolcage.files.safetar import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
+    from toolcage.interpreter import CodeContext, Execution, ExecutionError
     from toolcage.lifecycle.ports import ExposedPort
     from toolcage.lifecycle.removal import wait_removed
     from toolcage.policies import Policy, PolicyError, load_policy

@@ -34,6 +34,7 @@ failures, the ``status`` that says how the run ended; tests/unit/test_error_tree
         ├── DiffFailed                     git could not make the diff            status "error"
         ├── SnapshotError                  a snapshot could not be made           status "error"
         ├── ProcessError                   a background process refused the call  status "error"
+        ├── InterpreterError               a Python context refused the call      status "error"
         └── SandboxInterrupted (exit 130)  the runner was stopped mid-run         status "interrupted"
 
 ``except ToolcageError`` catches every error toolcage raises, policy errors included. Foreign errors (docker-py, OS) are
@@ -254,6 +255,15 @@ class ProcessError(SandboxError):
     reason = "process_failed"
 
 
+class InterpreterError(SandboxError):
+    """A Python context (``Sandbox.run_code``) refused what was asked: no such context, 16 exist already, a
+    cell still running for the whole timeout, an image whose Python cannot import IPython (``details``: what
+    is missing). A cell's own exception is not this: it is ``Execution.error``."""
+
+    status = "error"
+    reason = "interpreter_failed"
+
+
 class DiffFailed(SandboxError):
     """git could not make the diff: not installed, past its deadline or its memory, or it failed."""
 
@@ -274,6 +284,7 @@ __all__ = [
     "DownloadUsage",
     "EngineUnavailable",
     "ImageMissing",
+    "InterpreterError",
     "MissingExtra",
     "NoApt",
     "NoCapacity",

@@ -14,12 +14,14 @@ import json
 from typing import Any
 
 # GRACE_S: the worker ends what it runs at its time; the runner waits that much longer (one value, both sides)
-from toolcage.policies.contract import GRACE_S
+from toolcage.policies.contract import CODE_INTERRUPT_S, CODE_START_S, GRACE_S
 
 DEADLINE_SLACK_S = 1.0  # the watchdog kills at the deadline; a wait ends this much after it at the latest
 MIN_CHILD_S = 0.05  # a child asked for in the run's last moments still gets a (tiny) positive timeout
 # tools whose timeout_s bounds a child the worker kills, answering with what it printed so far
-CHILD_TIMEOUT_TOOLS = frozenset(("run_python", "run_shell", "run_node", "exec"))
+CHILD_TIMEOUT_TOOLS = frozenset(("run_python", "run_shell", "run_node", "exec", "code_run"))
+# what a tool may take beyond its timeout_s, by the contract (a Python context's start and a cell's interrupt)
+EXTRA_S = {"code_run": CODE_START_S + CODE_INTERRUPT_S}
 
 
 def _asked(params: Any) -> float | None:
@@ -63,11 +65,11 @@ def fit_line(line: bytes, call_s: float, left: float) -> bytes:
 
 
 def answer_due(
-    now: float, params: dict[str, Any] | None, timeout: float | None, call_s: float, deadline: float
+    now: float, params: dict[str, Any] | None, timeout: float | None, call_s: float, deadline: float, tool: str = ""
 ) -> float:
     """The monotonic time a call's answer is due by: ``timeout`` when the caller gives one, else the
     call's own time (its ``timeout_s``, else ``call_s``) plus GRACE_S; never past the deadline's slack."""
-    wait = timeout if timeout is not None else (_asked(params) or call_s) + GRACE_S
+    wait = timeout if timeout is not None else (_asked(params) or call_s) + GRACE_S + EXTRA_S.get(tool, 0.0)
     return min(now + wait, deadline + DEADLINE_SLACK_S)
 
 

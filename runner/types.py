@@ -15,7 +15,7 @@ Only the common surface is here: a door may offer more (``Sandbox.call``'s ``on_
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Protocol, Self, Unpack
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from toolcage.files.download import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
+    from toolcage.interpreter import CodeContext, Execution, ExecutionError, Result
     from toolcage.processes import AsyncProcess, Process, SpawnOptions
     from toolcage.results import CallResult, RunSummary
 
@@ -101,6 +102,36 @@ class SandboxLike(Protocol):
         """Every background process the sandbox keeps."""
         ...
 
+    def run_code(
+        self,
+        code: str,
+        context: CodeContext | str | None = None,
+        *,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        on_result: Callable[[Result], Any] | None = None,
+        on_error: Callable[[ExecutionError], Any] | None = None,
+    ) -> Execution:
+        """Run a cell of Python in a context that keeps its state (toolcage.interpreter)."""
+        ...
+
+    def create_code_context(self, cwd: str | None = None, language: str = "python") -> CodeContext:
+        """A new Python context, with fresh state."""
+        ...
+
+    def list_code_contexts(self) -> list[CodeContext]:
+        """The Python contexts of the sandbox."""
+        ...
+
+    def restart_code_context(self, context: CodeContext | str) -> None:
+        """Drop a context's state, keep its id."""
+        ...
+
+    def remove_code_context(self, context: CodeContext | str) -> None:
+        """Remove a context."""
+        ...
+
     def usage(self) -> dict[str, Any]:
         """CPU time and peak memory of the whole sandbox so far."""
         ...
@@ -161,6 +192,26 @@ class AsyncSandboxLike(Protocol):
     def process(self, proc_id: int) -> AsyncProcess: ...
 
     async def processes(self) -> list[dict[str, Any]]: ...
+
+    async def run_code(
+        self,
+        code: str,
+        context: CodeContext | str | None = None,
+        *,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        on_result: Callable[[Result], Any] | None = None,
+        on_error: Callable[[ExecutionError], Any] | None = None,
+    ) -> Execution: ...
+
+    async def create_code_context(self, cwd: str | None = None, language: str = "python") -> CodeContext: ...
+
+    async def list_code_contexts(self) -> list[CodeContext]: ...
+
+    async def restart_code_context(self, context: CodeContext | str) -> None: ...
+
+    async def remove_code_context(self, context: CodeContext | str) -> None: ...
 
     async def usage(self) -> dict[str, Any]: ...
 

@@ -70,7 +70,7 @@ class Call:
                 pass
 
     # progress ------------------------------------------------------------------------------
-    def _notify(self, progress: float, total: float | None, message: str | None) -> None:
+    def _notify(self, progress: float, total: float | None, message: str | None, stream: str | None = None) -> None:
         if self.token is None or _send is None or not progress > self.progress:
             return  # MCP: progress strictly increases
         self.progress = progress
@@ -79,6 +79,8 @@ class Call:
             params["total"] = total
         if message is not None:
             params["message"] = message
+        if stream is not None:
+            params["stream"] = stream  # output's stream (stdout or stderr): beside MCP's fields, which ignore it
         from toolcage.worker.secrets import STORE
 
         _send(json.dumps(STORE.redact({"jsonrpc": "2.0", "method": PROGRESS, "params": params})))
@@ -120,7 +122,7 @@ class Call:
         self.streamed += len(self._pending)
         self._pending.clear()
         if text:
-            self._notify(float(self.streamed), None, text)
+            self._notify(float(self.streamed), None, text, self._stream)
 
 
 def _number(value: Any) -> bool:

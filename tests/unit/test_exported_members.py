@@ -17,11 +17,11 @@ PUBLIC = [
     # what a session's doors return, its surface and a result's status
     "Changes", "DownloadResult", "SnapshotInfo", "UploadResult", "SandboxLike", "AsyncSandboxLike", "Status",
     # background processes and exposed ports (issue 37)
-    "Process", "AsyncProcess", "ProcessOutput", "ExposedPort",
+    "Process", "AsyncProcess", "ProcessOutput", "ExposedPort", "Execution", "ExecutionError", "CodeContext",
     # every error of the tree a caller can meet (toolcage.errors draws them)
     "AuditError", "BadToolCall", "BuildError", "ChangesError", "ChangesUsage", "DiffFailed", "DownloadError",
     "DownloadLimit", "DownloadUsage", "EngineUnavailable", "MissingExtra", "NoCapacity", "NodeLost", "NotFound",
-    "ProcessError", "RequirementsError", "SnapshotError", "SnapshotInvalid", "UploadError", "UploadUsage",
+    "ProcessError", "InterpreterError", "RequirementsError", "SnapshotError", "SnapshotInvalid", "UploadError", "UploadUsage",
 ]  # fmt: skip
 COMMANDS = [
     "audit", "doctor", "gc", "image", "image build", "mcp", "mcp serve", "mcp wrap", "policy", "policy test", "ps",

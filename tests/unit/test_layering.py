@@ -143,6 +143,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "toolcage.types",
         "toolcage.sdk",
         "toolcage.processes",
+        "toolcage.interpreter",
     ),
     "home": ("toolcage.run", "toolcage.options", "toolcage.timing", "toolcage.connectors", "toolcage.precheck"),
     "base": ("toolcage.errors", "toolcage.results", "toolcage.logs", "toolcage.textsafe", "toolcage.workspace"),

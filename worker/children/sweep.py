@@ -22,9 +22,12 @@ import stat
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolcage.policies import contract
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 _IPC_RMID = 0
 _IPC_TABLES = (("/proc/sysvipc/shm", "shmctl"), ("/proc/sysvipc/msg", "msgctl"), ("/proc/sysvipc/sem", "semctl"))
@@ -279,6 +282,7 @@ class CodeCalls:
         self._cond = threading.Condition()
         self._active = 0
         self._sweeping = False
+        self._starting = 0  # background processes being started outside a code call (starting())
 
     def enter(self) -> None:
         with self._cond:
@@ -291,9 +295,26 @@ class CodeCalls:
         with self._cond:
             self._active -= 1
             if self._active == 0:
+                while self._starting:  # a process being started is registered (kept) before the sweep looks
+                    self._cond.wait()
                 self._sweeping = True
                 return True
             return False
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """A call that is no code call (``code_run``) starts a background process: never while the sweep
+        runs, and the sweep waits until it is registered as kept."""
+        with self._cond:
+            while self._sweeping:
+                self._cond.wait()
+            self._starting += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._starting -= 1
+                self._cond.notify_all()
 
     def swept(self) -> None:
         with self._cond:

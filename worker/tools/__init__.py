@@ -43,6 +43,10 @@ BUILTIN: dict[str, str] = {
         ("proc_start", "proc_read", "proc_wait", "proc_write", "proc_signal", "proc_kill", "proc_resize", "proc_list"),
         "toolcage.worker.tools.background",
     ),
+    **dict.fromkeys(
+        ("code_run", "code_context_create", "code_context_list", "code_context_restart", "code_context_remove"),
+        "toolcage.worker.tools.interpreter",
+    ),
 }
 
 

@@ -133,6 +133,38 @@ def _proc(proc_id: int) -> background.Proc:
 
 
 def start(s: Settings, p: StartParams) -> dict[str, Any]:
+    argv, workdir = program(s, p.argv, p.command, p.cwd, p.env)
+    foreign = s.image is not None
+    program_env = {**(_image_env(s) if foreign else _child_env(s)), **(p.env or {})}
+    info = {
+        "command": p.command,
+        "argv": p.argv,
+        "cwd": workdir,
+        "pty": p.pty,
+        "name": p.name,
+        **({"rows": p.rows, "cols": p.cols} if p.pty else {}),
+    }
+    proc, _ = launch(s, argv, workdir, program_env, info, pty=p.pty, rows=p.rows, cols=p.cols, stdin=p.stdin)
+    return {"id": proc.id, "pid": proc.pid, "pty": p.pty, "started_at": round(proc.started_at, 3)}
+
+
+def launch(
+    s: Settings,
+    argv: list[str],
+    workdir: str | None,
+    program_env: dict[str, str],
+    info: dict[str, Any],
+    *,
+    pty: bool = False,
+    rows: int = 24,
+    cols: int = 80,
+    stdin: bool = True,
+    channel: bool = False,
+) -> tuple[background.Proc, tuple[int, int] | None]:
+    """Start ``argv`` as a background process (kept across calls, its output read into the registry).
+    ``channel``: its stdin and stdout are a message channel of the caller's (returned as the write end to
+    its stdin and the read end of its stdout, the caller's to close); only its stderr is the registry's
+    output (a Python context, worker.tools.interpreter)."""
     try:
         background.room()
     except background.Refused as exc:
@@ -147,50 +179,48 @@ def start(s: Settings, p: StartParams) -> dict[str, Any]:
                 "process (kill one, or raise limits.memory)",
                 {"used_bytes": used, "limit_bytes": budget},
             )
-    argv, workdir = program(s, p.argv, p.command, p.cwd, p.env)
     foreign = s.image is not None
-    program_env = {**(_image_env(s) if foreign else _child_env(s)), **(p.env or {})}
     launch_env = worker_child_env(s) if foreign else _child_env(s)
     gvisor = namespaces.enabled()
     master = slave = -1
     report_r = report_w = -1
     pass_fds: tuple[int, ...] = ()
-    if p.pty:
+    chan: tuple[int, int] | None = None
+    if pty:
         master, slave = os.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", p.rows, p.cols, 0, 0))
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     if gvisor:
         report_r, report_w = os.pipe()
         pass_fds = (report_w,)
-        full = namespaces.wrap(argv, env=program_env, bg=report_w, tty=p.pty)
+        full = namespaces.wrap(argv, env=program_env, bg=report_w, tty=pty)
         env = launch_env
-    elif p.pty:
+    elif pty:
         full = [sys.executable, "-I", "-S", TTYINIT, "--env", _json(program_env), "--", *argv]
         env = launch_env
     else:
         full, env = argv, program_env
-    info = {
-        "command": p.command,
-        "argv": p.argv,
-        "cwd": workdir,
-        "pty": p.pty,
-        "name": p.name,
-        **({"rows": p.rows, "cols": p.cols} if p.pty else {}),
-    }
     try:
         with _SPAWN_LOCK:  # registered before any reaper could take its status
             popen = subprocess.Popen(
                 full,
-                stdin=slave if p.pty else (subprocess.PIPE if p.stdin else subprocess.DEVNULL),
-                stdout=slave if p.pty else subprocess.PIPE,
-                stderr=slave if p.pty else subprocess.STDOUT,
+                stdin=slave if pty else (subprocess.PIPE if stdin or channel else subprocess.DEVNULL),
+                stdout=slave if pty else subprocess.PIPE,
+                stderr=slave if pty else (subprocess.PIPE if channel else subprocess.STDOUT),
                 cwd=workdir,
                 env=env,
                 start_new_session=True,  # its own session: what it starts is told apart from a call's leftovers
                 close_fds=True,
                 pass_fds=pass_fds,
             )
-            if p.pty:
+            if pty:
                 out_fd, in_fd = master, master
+            elif channel:
+                assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+                chan = (os.dup(popen.stdin.fileno()), os.dup(popen.stdout.fileno()))
+                out_fd, in_fd = os.dup(popen.stderr.fileno()), None
+                for f in (popen.stdin, popen.stdout, popen.stderr):
+                    f.close()
+                popen.stdin = popen.stdout = popen.stderr = None
             else:
                 assert popen.stdout is not None
                 out_fd = os.dup(popen.stdout.fileno())
@@ -224,7 +254,7 @@ def start(s: Settings, p: StartParams) -> dict[str, Any]:
             background.set_namespace(proc, keeper)
     if memguard.enabled():
         memguard.watch(proc.pid, s.policy.limits.memory)
-    return {"id": proc.id, "pid": proc.pid, "pty": p.pty, "started_at": round(proc.started_at, 3)}
+    return proc, chan
 
 
 def _json(env: dict[str, str]) -> str:

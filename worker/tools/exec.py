@@ -159,19 +159,24 @@ def _image_workdir(s: Settings, cwd: str | None) -> str:
     return _workdir(s, cwd)
 
 
+def workdir(s: Settings, cwd: str | None) -> str:
+    """The directory a program starts in for ``cwd`` (exec's rule): scratch by default, the image's WORKDIR."""
+    return _image_workdir(s, cwd) if s.image is not None else _workdir(s, cwd or SCRATCH)
+
+
 def program(
     s: Settings, argv: list[str] | None, command: str | None, cwd: str | None, env: dict[str, str] | None
 ) -> tuple[list[str], str]:
     """The argv to start and the directory to start it in, checked (exec's rules; background processes' too)."""
-    workdir = _image_workdir(s, cwd) if s.image is not None else _workdir(s, cwd or SCRATCH)
+    where = workdir(s, cwd)
     if command is not None:
         if s.image is not None:
             shell_present(s)
-        return _program(s, ["/bin/sh"], command, ".sh"), workdir
+        return _program(s, ["/bin/sh"], command, ".sh"), where
     assert argv is not None
     path = (env or {}).get("PATH", _child_env(s)["PATH"])
-    _check_program(argv[0], workdir, path)
-    return list(argv), workdir
+    _check_program(argv[0], where, path)
+    return list(argv), where
 
 
 def run_exec(s: Settings, p: ExecParams) -> dict[str, Any]:
