@@ -338,6 +338,18 @@ class ToolcageSandbox(BaseSandbox):
 
         return list(get_tools(self._sb, include=PROCESS_TOOLS))
 
+    def interpreter_tools(self) -> list[Any]:
+        """LangChain tools for Python contexts on this backend's sandbox (the ``code_*`` tools: ``code_run``,
+        ``code_context_create``, ``code_context_list``, ``code_context_restart``, ``code_context_remove``), as
+        ``create_deep_agent(backend=backend, tools=backend.interpreter_tools())``: deepagents' ``execute`` runs a
+        fresh process each time, ``code_run`` a cell in a context whose variables, imports and open files
+        persist (a DataFrame loaded once). A cell's PNG and JPEG results are the ToolMessage's
+        ``artifact["images"]``; its content names them with a short placeholder
+        (``toolcage.integrations.langchain``)."""
+        from toolcage.integrations.langchain import INTERPRETER_TOOLS, get_tools
+
+        return list(get_tools(self._sb, include=INTERPRETER_TOOLS))
+
     @property
     def ended(self) -> ToolcageError | None:
         """Why the sandbox can take no more commands (its ``status`` and ``reason``), or None."""

@@ -30,6 +30,13 @@ Background processes: the ``proc_*`` tools (:data:`PROCESS_TOOLS`) are among the
 with an id, ``proc_read``/``proc_wait`` follow its output (or wait for a port), ``proc_write`` types into it,
 ``proc_kill`` stops it; each lives across tool calls until killed or the sandbox ends.
 
+Python contexts: the ``code_*`` tools (:data:`INTERPRETER_TOOLS`) are among them too: ``code_run`` runs a cell in a
+context whose variables persist across calls (``code_context_create``, ``_list``, ``_restart``, ``_remove``
+manage them). A cell's PNG and JPEG results (a matplotlib chart) are not sent to the model as base64: the content
+is the answer's JSON with each image replaced by a short placeholder, and the artifact's ``images`` holds them,
+in order, as ``{"mime": "image/png", "data": base64}`` (the artifact's ``result`` keeps the whole answer), for
+the application to show, or to hand a vision model as an image block.
+
 The stream tools (``upload``, ``download``, ``workspace_changes``) are left out by default: they move
 tar chunks, which is the host's job (``Sandbox.upload``/``download``/``changes``), not a model's.
 
@@ -55,6 +62,7 @@ except ImportError as exc:
 
 from toolcage.aio import AsyncSandbox
 from toolcage.errors import SandboxError, ToolcageError, UsageError
+from toolcage.integrations import split_images
 from toolcage.policies.contract import TOOLS_LIST
 from toolcage.results import CallResult
 from toolcage.sandbox import Sandbox
@@ -69,6 +77,11 @@ STREAM_TOOLS: tuple[str, ...] = ("upload", "download", "workspace_changes")
 # type into it, stop it. ``get_tools(sb, include=PROCESS_TOOLS)`` binds these alone.
 PROCESS_TOOLS: tuple[str, ...] = (
     "proc_start", "proc_read", "proc_wait", "proc_write", "proc_signal", "proc_kill", "proc_resize", "proc_list",
+)  # fmt: skip
+# the stateful Python interpreter (issue 38): run a cell in a context, and manage the contexts.
+# ``get_tools(sb, include=INTERPRETER_TOOLS)`` binds these alone.
+INTERPRETER_TOOLS: tuple[str, ...] = (
+    "code_run", "code_context_create", "code_context_list", "code_context_restart", "code_context_remove",
 )  # fmt: skip
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the model providers take as a function name
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]*$")
@@ -134,11 +147,15 @@ def _failed_sandbox(exc: ToolcageError) -> ToolcageToolException:
 
 
 def _answer(res: CallResult) -> tuple[str, dict[str, Any]]:
-    """A call's outcome as (content for the model, artifact), or the exception for a failed one."""
+    """A call's outcome as (content for the model, artifact), or the exception for a failed one. A
+    ``code_run`` answer's images leave the content for the artifact's ``images``."""
     if not res.ok:
         raise _failed_call(res)
     artifact = res.to_dict()
     artifact["status"] = str(res.status)
+    if res.tool == "code_run":
+        shown, artifact["images"] = split_images(res.result, "in the tool message's artifact")
+        return dumps(shown), artifact
     return dumps(res.result), artifact
 
 
@@ -342,6 +359,7 @@ async def aget_tools(
 
 
 __all__ = [
+    "INTERPRETER_TOOLS",
     "PROCESS_TOOLS",
     "STREAM_TOOLS",
     "ToolcageTool",

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import tarfile
 import tempfile
@@ -60,6 +61,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any, Literal, Self
 
 try:
+    from agents.sandbox.capabilities import Capability
     from agents.sandbox.errors import (
         ConfigurationError,
         ErrorCode,
@@ -94,6 +96,7 @@ try:
     from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
     from agents.sandbox.types import ExecResult, ExposedPortEndpoint, User
     from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
+    from agents.tool import FunctionTool, Tool, ToolOutputImage, ToolOutputText
     from pydantic import ConfigDict, Field, model_validator
 except ImportError as exc:
     from toolcage.integrations import raise_missing_extra
@@ -106,9 +109,11 @@ from toolcage.backends import BACKENDS
 from toolcage.errors import ProcessError, ToolcageError, UsageError
 from toolcage.errors import SandboxError as ToolcageDied
 from toolcage.files.safetar import DownloadError
+from toolcage.integrations import split_images
 from toolcage.policies import codes, contract
 from toolcage.processes import answer as process_answer
 from toolcage.processes import output as process_output
+from toolcage.textsafe import dumps, escape
 
 if TYPE_CHECKING:
     from toolcage.files.changes import Changes
@@ -986,7 +991,129 @@ class ToolcageSandboxClient(BaseSandboxClient[ToolcageSandboxClientOptions | Non
         return self._deserialize_session_state_payload(payload, ToolcageSandboxSessionState)
 
 
+# the Python interpreter (issue 38) -------------------------------------------------------------------------
+
+_CONTEXT_ID = {"type": "string", "maxLength": 64, "description": "the context's id (code_context_create's answer)"}
+# the worker's code_* tools, as the model sees them (their params as the worker checks them: a bad one is a
+# failed call naming the field, which the model reads)
+_CODE_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "code_run": (
+        "Run Python code (an IPython cell) in a stateful context: variables, imports and open files persist "
+        "between calls. Returns JSON: results (MIME bundles; is_main_result marks the last expression's value), "
+        "logs {stdout, stderr}, error {name, value, traceback} or null, execution_count, status. A matplotlib "
+        "figure left open (or display()ed) comes back as an image, shown to you after the JSON.",
+        {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "Python code (a cell: IPython syntax, !cmd and %magic too)"},
+                "context": {**_CONTEXT_ID, "description": "the context's id; default: the run's default context"},
+                "timeout_s": {"type": "number", "description": "seconds before the cell is interrupted"},
+            },
+            "required": ["code"],
+            "additionalProperties": False,
+        },
+    ),
+    "code_context_create": (
+        "Create a Python context (fresh state, apart from the others) and return its id.",
+        {
+            "type": "object",
+            "properties": {"cwd": {"type": "string", "description": "its working directory; default /scratch"}},
+            "additionalProperties": False,
+        },
+    ),
+    "code_context_list": (
+        "List the Python contexts.",
+        {"type": "object", "properties": {}, "additionalProperties": False},
+    ),
+    "code_context_restart": (
+        "Restart a Python context: its state is dropped, its id kept.",
+        {
+            "type": "object",
+            "properties": {"context": _CONTEXT_ID},
+            "required": ["context"],
+            "additionalProperties": False,
+        },
+    ),
+    "code_context_remove": (
+        "Remove a Python context (its process ends).",
+        {
+            "type": "object",
+            "properties": {"context": _CONTEXT_ID},
+            "required": ["context"],
+            "additionalProperties": False,
+        },
+    ),
+}
+_CODE_INSTRUCTIONS = (
+    "Use `code_run` for Python that builds on earlier steps (load a data file once, then query it): its "
+    "context keeps its variables between calls. To see a chart, leave a matplotlib figure open at the end of "
+    "the cell (no savefig needed): it comes back to you as an image."
+)
+
+
+def code_output(res: CallResult) -> str | list[ToolOutputText | ToolOutputImage]:
+    """A ``code_*`` call's outcome as the model is shown it: the answer's JSON; for ``code_run`` with PNG or JPEG
+    results, that JSON (each image a short placeholder) then each image as a ``ToolOutputImage`` (a data URL,
+    as the SDK's ``view_image`` answers); a failed call, its status and error as text."""
+    if not res.ok:
+        err = res.error or {}
+        text = f"tool failed: status {res.status}, error {err.get('code')}: {escape(err.get('message'))}"
+        return text + (f"\n{dumps(err['data'])}" if err.get("data") is not None else "")
+    shown, images = split_images(res.result, "shown after this text") if res.tool == "code_run" else (res.result, [])
+    if not images:
+        return dumps(shown)
+    return [
+        ToolOutputText(text=dumps(shown)),
+        *(ToolOutputImage(image_url=f"data:{i['mime']};base64,{i['data']}") for i in images),
+    ]
+
+
+def _code_tool(session: ToolcageSandboxSession, name: str) -> FunctionTool:
+    description, schema = _CODE_TOOLS[name]
+
+    async def invoke(_: object, raw: str) -> str | list[ToolOutputText | ToolOutputImage]:
+        try:
+            params = json.loads(raw or "{}")
+        except ValueError as exc:
+            return f"the arguments are not JSON: {exc}"
+        if not isinstance(params, dict):
+            return "the arguments must be a JSON object"
+        return code_output(await session._call(name, params, op="exec"))
+
+    return FunctionTool(
+        name=name,
+        description=description,
+        params_json_schema=schema,
+        on_invoke_tool=invoke,
+        strict_json_schema=False,
+    )
+
+
+class ToolcageCodeInterpreter(Capability):
+    """A ``SandboxAgent`` capability: toolcage's stateful Python interpreter as tools (``code_run``,
+    ``code_context_create``, ``_list``, ``_restart``, ``_remove``), on a ``ToolcageSandboxClient`` session.
+
+        SandboxAgent(..., capabilities=[Filesystem(), Shell(), ToolcageCodeInterpreter()])
+
+    A cell's PNG and JPEG results (a matplotlib figure) reach the model as images, the way the SDK's own
+    ``view_image`` answers (``ToolOutputImage`` data URLs, after the answer's JSON, in which each image is a
+    short placeholder): no file to save and view. A failed call is text naming toolcage's status and error; a
+    sandbox that died is :class:`ToolcageSandboxError`, as for ``exec``."""
+
+    type: Literal["toolcage_code_interpreter"] = "toolcage_code_interpreter"
+
+    def tools(self) -> list[Tool]:
+        if self.session is None:
+            raise ValueError("ToolcageCodeInterpreter is not bound to a SandboxSession")
+        session = toolcage_session(self.session)
+        return [_code_tool(session, name) for name in _CODE_TOOLS]
+
+    async def instructions(self, manifest: Manifest) -> str | None:
+        return _CODE_INSTRUCTIONS
+
+
 __all__ = [
+    "ToolcageCodeInterpreter",
     "ToolcageSandboxClient",
     "ToolcageSandboxClientOptions",
     "ToolcageSandboxError",
@@ -994,5 +1121,6 @@ __all__ = [
     "ToolcageSandboxSessionState",
     "ToolcageSnapshot",
     "ToolcageSnapshotSpec",
+    "code_output",
     "toolcage_session",
 ]

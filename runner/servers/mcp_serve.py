@@ -8,6 +8,8 @@ dicts, unit-tested without Docker; the SDK validates them into its types at the 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import sys
 import threading
@@ -51,22 +53,72 @@ def mcp_tools(listing: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# a code_run result's images that become MCP ImageContent: PNG and JPEG, each checked against its signature
+_IMAGE_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
+
+
+def _checked_image(mime: str, value: object) -> str | None:
+    """``value`` as clean base64 when it decodes to a ``mime`` image (its signature), else None."""
+    if not isinstance(value, str):
+        return None
+    b64 = "".join(value.split())
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return b64 if raw.startswith(_IMAGE_MAGIC[mime]) else None
+
+
+def code_images(result: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """A ``code_run`` answer with each PNG/JPEG value replaced by a short placeholder, and those images as MCP
+    ImageContent blocks, in order (a value that is not base64 of its format is left out, and says so). The same
+    rule as ``toolcage.integrations.split_images``, (servers may not import integrations)."""
+    if not isinstance(result, dict) or not isinstance(result.get("results"), list):
+        return result, []
+    blocks: list[dict[str, Any]] = []
+    results: list[Any] = []
+    for r in result["results"]:
+        data = r.get("data") if isinstance(r, dict) else None
+        if not isinstance(data, dict) or not any(m in data for m in _IMAGE_MAGIC):
+            results.append(r)
+            continue
+        data = dict(data)
+        for mime in _IMAGE_MAGIC:
+            if mime not in data:
+                continue
+            b64 = _checked_image(mime, data[mime])
+            if b64 is None:
+                data[mime] = f"<{mime} left out: not base64 of a {mime.partition('/')[2].upper()} image>"
+                continue
+            blocks.append({"type": "image", "data": b64, "mimeType": mime})
+            size = len(b64) * 3 // 4 - (len(b64) - len(b64.rstrip("=")))
+            data[mime] = f"<{mime}, {size} bytes: image content {len(blocks)} of this result>"
+        results.append({**r, "data": data})
+    return {**result, "results": results}, blocks
+
+
 def call_content(res: CallResult) -> dict[str, Any]:
     """A CallResult as an MCP CallToolResult: the JSON result as text (plus ``structuredContent``
-    when it is an object); a tool failure is ``isError`` with its status, error code and message."""
+    when it is an object); a tool failure is ``isError`` with its status, error code and message.
+    ``code_run``'s PNG and JPEG results are ImageContent blocks after the text, and a short placeholder in the
+    text and ``structuredContent`` (so the JSON a model reads stays small)."""
     out: dict[str, Any] = {}
+    images: list[dict[str, Any]] = []
+    result = res.result
+    if res.tool == "code_run":
+        result, images = code_images(result)
     if res.ok:
-        text = dumps(res.result)
+        text = dumps(result)
     elif res.error is not None:
         err = res.error
         text = f"tool failed: status {res.status}, error {err.get('code')}: {escape(err.get('message'))}"
         if err.get("data") is not None:
             text += f"\n{dumps(err['data'])}"
     else:  # the tool answered, but its child ended badly (non-zero exit, timeout, output capped, ...)
-        text = f"tool failed: status {res.status}\n{dumps(res.result)}"
-    out["content"] = [{"type": "text", "text": text}]
-    if isinstance(res.result, dict):
-        out["structuredContent"] = res.result
+        text = f"tool failed: status {res.status}\n{dumps(result)}"
+    out["content"] = [{"type": "text", "text": text}, *images]
+    if isinstance(result, dict):
+        out["structuredContent"] = result
     out["isError"] = not res.ok
     return out
 
@@ -304,4 +356,4 @@ def serve(make_sandbox: Callable[[], Sandbox], *, fresh_per_call: bool) -> None:
         cage.close()
 
 
-__all__ = ["McpCage", "call_content", "mcp_tools", "sandbox_failure", "serve", "start_failure"]
+__all__ = ["McpCage", "call_content", "code_images", "mcp_tools", "sandbox_failure", "serve", "start_failure"]

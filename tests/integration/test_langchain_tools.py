@@ -8,6 +8,7 @@ subprocess, a real hardened container. At the end, LangChain's standard tool tes
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import os
@@ -27,7 +28,14 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from toolcage import AsyncSandbox, Sandbox
 from toolcage.errors import UsageError
-from toolcage.integrations.langchain import PROCESS_TOOLS, STREAM_TOOLS, ToolcageToolException, aget_tools, get_tools
+from toolcage.integrations.langchain import (
+    INTERPRETER_TOOLS,
+    PROCESS_TOOLS,
+    STREAM_TOOLS,
+    ToolcageToolException,
+    aget_tools,
+    get_tools,
+)
 
 pytestmark = [
     pytest.mark.usefixtures("no_leaks"),
@@ -267,7 +275,15 @@ def test_a_sandbox_killed_mid_run_is_a_failed_tool_call(kill_later: Callable[[st
 
 # LangChain's standard tool tests (langchain-tests), for every tool of one live sandbox --------------------------
 _LIVE: dict[str, BaseTool] = {}
-_EXAMPLES: dict[str, dict[str, Any]] = {
+_CONTEXTS: dict[str, Any] = {}  # the fixture's sandbox and the context it made for code_context_restart
+
+
+def _removable() -> dict[str, Any]:
+    """A context of its own for each code_context_remove example (the suite calls it four times)."""
+    return {"context": _CONTEXTS["sandbox"].create_code_context().id}
+
+
+_EXAMPLES: dict[str, dict[str, Any] | Callable[[], dict[str, Any]]] = {
     "run_python": {"code": "print(1)"},
     "run_shell": {"command": "echo hi"},
     "run_node": {"code": "console.log(1)"},
@@ -287,14 +303,26 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
     "proc_kill": {"id": 3},
     "proc_resize": {"id": 2, "rows": 30, "cols": 100},
     "proc_list": {"running_only": False},
+    # the interpreter (issue 38): a cell in the default context; contexts the fixture (or the example) made
+    "code_run": {"code": "x = 1\nx + 1"},
+    "code_context_create": {"cwd": "/scratch"},
+    "code_context_list": {},
+    "code_context_restart": lambda: {"context": _CONTEXTS["restart"]},
+    "code_context_remove": _removable,
 }
 # the suite checks that a call's ToolMessage carries an artifact; LangChain's error path drops it, and
 # http_fetch's example fails by design here (the default policy allows no host; the tests have no network)
 _NO_NETWORK = (
     "http_fetch's example call is refused (no host allowed, no network): LangChain's error path has no artifact"
 )
-_KNOWN = {("http_fetch", n): _NO_NETWORK for n in ("test_invoke_matches_output_schema",
-                                                    "test_async_invoke_matches_output_schema")}  # fmt: skip
+# code_context_list takes no argument: the suite's schema check builds LangChain's input model from the example's
+# keys, and from none it refuses (the tool's calls with {} pass the other tests)
+_NO_ARGS = "code_context_list takes no argument: the suite's schema check needs at least one key in the example"
+_KNOWN = {
+    **{("http_fetch", n): _NO_NETWORK for n in ("test_invoke_matches_output_schema",
+                                                "test_async_invoke_matches_output_schema")},
+    ("code_context_list", "test_input_schema_matches_invoke_params"): _NO_ARGS,
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -302,9 +330,11 @@ def standard_tools(engine: Any) -> Iterator[dict[str, BaseTool]]:
     with Sandbox() as sb:
         sb.call("write_file", {"path": "seed.txt", "content": "seed\n"})
         sb.spawn("sleep 600"), sb.spawn(argv=["cat"], pty=True), sb.spawn("sleep 600")  # ids 1, 2, 3
+        _CONTEXTS.update(sandbox=sb, restart=sb.create_code_context().id)
         _LIVE.update(_by_name(get_tools(sb)))
         yield _LIVE
         _LIVE.clear()
+        _CONTEXTS.clear()
 
 
 @pytest.mark.anyio
@@ -320,7 +350,8 @@ class _Standard:
 
     @property
     def tool_invoke_params_example(self) -> dict[str, Any]:
-        return _EXAMPLES[self.tool_name]
+        example = _EXAMPLES[self.tool_name]
+        return example() if callable(example) else example
 
     @pytest.fixture(autouse=True)
     def _known(self, request: pytest.FixtureRequest) -> None:
@@ -380,3 +411,55 @@ def test_a_background_process_started_followed_and_stopped_by_the_agent() -> Non
     assert json.loads(got["kill"].content)["state"] == "exited", got["kill"].content
     listed = {p["id"]: p for p in json.loads(got["list"].content)["processes"]}
     assert listed[1]["state"] == "exited" and listed[1]["signal"] == "SIGKILL", listed
+
+
+# a 4x4 PNG drawn in the cell (the worker image has no matplotlib), and a JPEG's signature
+_IMAGES_CELL = r"""
+import base64, struct, zlib
+from IPython.display import Image, display
+
+def png(w, h):
+    raw = b"".join(b"\x00" + b"\xff\x00\x00" * w for _ in range(h))
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+display(Image(data=png(4, 4)))
+display({"image/jpeg": base64.b64encode(b"\xff\xd8\xff\xe0" + b"j" * 64).decode()}, raw=True)
+"""
+
+
+def test_a_python_context_keeps_state_and_its_images_are_the_artifact() -> None:
+    """Issue 38: the ``code_*`` tools (``INTERPRETER_TOOLS``, bound by default) under LangChain's agent loop: a
+    context keeps a variable across calls, a cell's PNG and JPEG come back in the artifact's ``images`` (the
+    content names them with a short placeholder, no base64), an exception is the cell's, not the call's."""
+    with Sandbox() as sb:
+        tools = get_tools(sb)
+        assert set(INTERPRETER_TOOLS) <= set(_by_name(tools))
+        assert [t.name for t in get_tools(sb, include=INTERPRETER_TOOLS)] == list(INTERPRETER_TOOLS)
+
+        def script() -> Iterator[AIMessage]:
+            yield _step(("create", "code_context_create", {}))
+            ctx = sb.list_code_contexts()[-1].id
+            yield _step(("set", "code_run", {"code": "rows = [3, 1, 2]", "context": ctx}))
+            yield _step(("use", "code_run", {"code": "sorted(rows)", "context": ctx}))
+            yield _step(("plot", "code_run", {"code": _IMAGES_CELL, "context": ctx}))
+            yield _step(("boom", "code_run", {"code": "1 / 0", "context": ctx}), ("list", "code_context_list", {}))
+
+        got = _replies(_agent(tools, script()).invoke({"messages": [HumanMessage("analyse")]})["messages"])
+    ctx = json.loads(got["create"].content)["id"]
+    assert json.loads(got["use"].content)["results"][0]["data"]["text/plain"] == "[1, 2, 3]"
+    plot = got["plot"]
+    images = plot.artifact["images"]
+    assert [i["mime"] for i in images] == ["image/png", "image/jpeg"]
+    assert base64.b64decode(images[0]["data"]).startswith(b"\x89PNG\r\n\x1a\n")
+    assert images[0]["data"] not in plot.content and len(plot.content) < 1500, plot.content
+    shown = [r["data"] for r in json.loads(plot.content)["results"]]
+    assert "image 1, in the tool message's artifact" in shown[0]["image/png"]
+    assert "image 2" in shown[1]["image/jpeg"]
+    # the artifact's result keeps the whole answer (the base64 too)
+    assert plot.artifact["result"]["results"][0]["data"]["image/png"] == images[0]["data"]
+    boom = json.loads(got["boom"].content)
+    assert got["boom"].status == "success" and boom["error"]["name"] == "ZeroDivisionError"
+    assert ctx in {c["id"] for c in json.loads(got["list"].content)["contexts"]}
