@@ -18,6 +18,8 @@ context, 16 contexts already, an image whose Python cannot import IPython) raise
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -317,17 +319,70 @@ async def remove_context_async(sandbox: Any, context: CodeContext | str) -> None
     _answer(await sandbox.call("code_context_remove", _ctx_params(context)))
 
 
+# ---- images out of a code_run answer, for the doors that show them as images -------------------------------
+# A model should not read a chart as base64 text (a 100 KB PNG is ~35,000 tokens of noise): MCP's serve and
+# the framework adapters send the JSON with each image replaced by a short placeholder, and the images beside it
+# in their own way. The images are the sandbox's output (a cell may forge its display messages): only PNG and
+# JPEG are taken, and only base64 that decodes to that format's signature.
+
+IMAGE_MIMES: tuple[str, ...] = ("image/png", "image/jpeg")
+_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
+
+
+def checked_image(mime: str, value: object) -> str | None:
+    """``value`` as clean base64 (whitespace removed) when it is a ``mime`` image (PNG or JPEG), else None."""
+    if mime not in _MAGIC or not isinstance(value, str):
+        return None
+    b64 = "".join(value.split())
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return b64 if raw.startswith(_MAGIC[mime]) else None
+
+
+def split_images(result: Any, where: str = "beside this text") -> tuple[Any, list[dict[str, str]]]:
+    """``code_run``'s answer with each PNG/JPEG value replaced by a placeholder naming the image (``where`` says
+    where the reader finds it), and the images, in order, as ``{"mime": ..., "data": base64}``. Any other value
+    comes back as it is, with no images."""
+    if not isinstance(result, dict) or not isinstance(result.get("results"), list):
+        return result, []
+    images: list[dict[str, str]] = []
+    results: list[Any] = []
+    for r in result["results"]:
+        data = r.get("data") if isinstance(r, dict) else None
+        if not isinstance(data, dict) or not any(m in data for m in IMAGE_MIMES):
+            results.append(r)
+            continue
+        data = dict(data)
+        for mime in IMAGE_MIMES:
+            if mime not in data:
+                continue
+            b64 = checked_image(mime, data[mime])
+            if b64 is None:
+                data[mime] = f"<{mime} left out: not base64 of a {mime.partition('/')[2].upper()} image>"
+                continue
+            images.append({"mime": mime, "data": b64})
+            size = len(b64) * 3 // 4 - (len(b64) - len(b64.rstrip("=")))
+            data[mime] = f"<{mime}, {size} bytes: image {len(images)}, {where}>"
+        results.append({**r, "data": data})
+    return {**result, "results": results}, images
+
+
 __all__ = [
     "FORMATS",
+    "IMAGE_MIMES",
     "CodeContext",
     "Execution",
     "ExecutionError",
     "Logs",
     "Result",
+    "checked_image",
     "create_context",
     "execution",
     "list_contexts",
     "remove_context",
     "restart_context",
     "run_code",
+    "split_images",
 ]

@@ -8,8 +8,6 @@ dicts, unit-tested without Docker; the SDK validates them into its types at the 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import sys
 import threading
@@ -54,47 +52,15 @@ def mcp_tools(listing: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # a code_run result's images that become MCP ImageContent: PNG and JPEG, each checked against its signature
-_IMAGE_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
-
-
-def _checked_image(mime: str, value: object) -> str | None:
-    """``value`` as clean base64 when it decodes to a ``mime`` image (its signature), else None."""
-    if not isinstance(value, str):
-        return None
-    b64 = "".join(value.split())
-    try:
-        raw = base64.b64decode(b64, validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    return b64 if raw.startswith(_IMAGE_MAGIC[mime]) else None
 
 
 def code_images(result: Any) -> tuple[Any, list[dict[str, Any]]]:
     """A ``code_run`` answer with each PNG/JPEG value replaced by a short placeholder, and those images as MCP
-    ImageContent blocks, in order (a value that is not base64 of its format is left out, and says so). The same
-    rule as ``toolcage.integrations.split_images``, (servers may not import integrations)."""
-    if not isinstance(result, dict) or not isinstance(result.get("results"), list):
-        return result, []
-    blocks: list[dict[str, Any]] = []
-    results: list[Any] = []
-    for r in result["results"]:
-        data = r.get("data") if isinstance(r, dict) else None
-        if not isinstance(data, dict) or not any(m in data for m in _IMAGE_MAGIC):
-            results.append(r)
-            continue
-        data = dict(data)
-        for mime in _IMAGE_MAGIC:
-            if mime not in data:
-                continue
-            b64 = _checked_image(mime, data[mime])
-            if b64 is None:
-                data[mime] = f"<{mime} left out: not base64 of a {mime.partition('/')[2].upper()} image>"
-                continue
-            blocks.append({"type": "image", "data": b64, "mimeType": mime})
-            size = len(b64) * 3 // 4 - (len(b64) - len(b64.rstrip("=")))
-            data[mime] = f"<{mime}, {size} bytes: image content {len(blocks)} of this result>"
-        results.append({**r, "data": data})
-    return {**result, "results": results}, blocks
+    ImageContent blocks, in order (``toolcage.interpreter.split_images``'s rule)."""
+    from toolcage.interpreter import split_images
+
+    result, images = split_images(result, "image content of this result")
+    return result, [{"type": "image", "data": i["data"], "mimeType": i["mime"]} for i in images]
 
 
 def call_content(res: CallResult) -> dict[str, Any]:
