@@ -68,6 +68,7 @@ sb.call("run_python", {"code": "import time; time.sleep(300)", "timeout_s": 300}
 """
 
 
+@pytest.mark.runc_only("gc after a killed runner: the engine's objects, alike under either runtime (15 s)")
 def test_sigkill_runner_then_gc_leaves_nothing(engine: Any, tmp_path: Path) -> None:
     """A runner killed with SIGKILL mid-call: gc sees the owner is gone; the sandbox stops at once (the worker
     sees its stdin hang up and kills the call), the proxy by its deadline; gc then removes the container, the

@@ -105,6 +105,7 @@ def test_idle_timeout_removes_idle_slots(engine: Any, tmp_path: Path) -> None:
     assert len(removed) >= 2 and {r["reason"] for r in removed} >= {"idle"}
 
 
+@pytest.mark.runc_only("a pooled run's deadline is the runner's clock, alike under either runtime (18 s)")
 def test_deadline_is_set_at_adoption_and_enforced(engine: Any, tmp_path: Path) -> None:
     """A slot that waited longer than run_s still gives its run the whole run_s, counted from adoption: a child
     asked to run past it is cut to the time left (status timeout), and the deadline then kills the sandbox."""

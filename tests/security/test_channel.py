@@ -229,6 +229,7 @@ print("flooding")
 """
 
 
+@pytest.mark.runc_only("the runner's own memory under a flood: host-side, alike under either runtime (11 s)")
 def test_runner_memory_is_bounded_under_a_flood(engine: Any) -> None:
     """A surviving daemon flooding 12 MiB JSON lines at the channel while the sandbox idles leaves the runner's
     peak RSS under 300 MiB (the flood cannot reach the stream; and if it could, a stray answer kills the sandbox)."""

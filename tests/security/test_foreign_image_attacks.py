@@ -663,6 +663,7 @@ def _start_s(image: str) -> float:
         return took
 
 
+@pytest.mark.runc_only("nothing walks the image at start: the same runner and worker code either way (28 s)")
 def test_many_files_a_fifo_and_device_nodes_do_not_stall_the_start() -> None:
     """An image with 200,000 files, a FIFO named like a module, device nodes and symlink loops under /testbed (its
     WORKDIR) starts and answers as fast as plain busybox (within 3x + 3 s): nothing walks the image, nothing

@@ -54,6 +54,7 @@ def test_second_start_on_a_sandbox_is_refused(engine: Any) -> None:
         sb.start()
 
 
+@pytest.mark.runc_only("a pooled run's deadline is the runner's clock, alike under either runtime (15 s)")
 def test_a_slot_adopted_late_gets_the_whole_run(engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A slot that waited past its idle time (its filler busy, so nothing expired it) is not handed out with
     less life left than run_s: the run gets the whole run_s, as a fresh sandbox would."""
