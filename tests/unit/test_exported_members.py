@@ -21,7 +21,8 @@ PUBLIC = [
     # every error of the tree a caller can meet (toolcage.errors draws them)
     "AuditError", "BadToolCall", "BuildError", "ChangesError", "ChangesUsage", "DiffFailed", "DownloadError",
     "DownloadLimit", "DownloadUsage", "EngineUnavailable", "MissingExtra", "NoCapacity", "NodeLost", "NotFound",
-    "ProcessError", "InterpreterError", "RequirementsError", "SnapshotError", "SnapshotInvalid", "UploadError", "UploadUsage",
+    "ProcessError", "InterpreterError", "RequirementsError", "SnapshotError", "SnapshotInvalid", "UploadError",
+    "UploadUsage",
 ]  # fmt: skip
 COMMANDS = [
     "audit", "doctor", "gc", "image", "image build", "mcp", "mcp serve", "mcp wrap", "policy", "policy test", "ps",
