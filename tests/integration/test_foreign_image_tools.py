@@ -35,6 +35,11 @@ def test_run_python_is_the_images_python_not_the_workers() -> None:
         out = _ok(sb, "run_python", {"code": "import sys; print(sys.version_info[:2], sys.executable)"})
         assert out["stdout"].startswith("(3, 13) /usr/bin/python3"), out
         assert _ok(sb, "exec", {"argv": ["pwd"]})["stdout"] == "/app\n"  # its WORKDIR
+        # a Python context (issue 38) runs the image's Python too, with toolcage's IPython last on its path
+        ex = sb.run_code("import sys, IPython\nx = 1\nsys.version_info[:2], sys.executable, IPython.__file__")
+        assert ex.error is None and ex.text is not None, ex
+        assert ex.text.startswith("((3, 13), '/usr/bin/python3', '/opt/toolcage/lib/kernel/IPython/"), ex.text
+        assert sb.run_code("x + 1").text == "2"  # its state kept
 
 
 @pytest.mark.parametrize("kind", ["busybox", "musl", "distroless", "debian-nopy"])
@@ -44,6 +49,8 @@ def test_a_missing_interpreter_is_named(kind: str) -> None:
         assert r.error is not None and "has no Python" in r.error["message"], r.error
         r = sb.call("run_node", {"code": "console.log(1)"})
         assert r.error is not None and "has no Node.js" in r.error["message"], r.error
+        r = sb.call("code_run", {"code": "1"})  # a Python context (issue 38) says so too
+        assert r.error is not None and "has no Python" in r.error["message"], r.error
         assert sb.call("ping").result == "pong"  # and the sandbox goes on
 
 
