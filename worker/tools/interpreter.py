@@ -108,6 +108,23 @@ class NoParams:
     pass
 
 
+DEPTH_MAX = 64  # nesting of a message's JSON: deeper breaks a recursive encoder (this answer's, the runner's)
+
+
+def _shallow(obj: object) -> bool:
+    """Whether ``obj`` nests at most ``DEPTH_MAX`` deep (walked without recursion)."""
+    stack = [(obj, 0)]
+    while stack:
+        o, depth = stack.pop()
+        children = o.values() if isinstance(o, dict) else o if isinstance(o, list) else None
+        if children is None:
+            continue
+        if depth >= DEPTH_MAX:
+            return False
+        stack.extend((c, depth + 1) for c in children)
+    return True
+
+
 class _Lines:
     """The channel's messages, one JSON object per line, each line within ``limit`` bytes (a longer one is
     skipped whole, and counted)."""
@@ -131,9 +148,9 @@ class _Lines:
                 if self.skipping:
                     self.skipping = False
                     continue
-                with contextlib.suppress(ValueError, UnicodeDecodeError):
+                with contextlib.suppress(ValueError, UnicodeDecodeError, RecursionError):
                     msg = json.loads(line)
-                    if isinstance(msg, dict):
+                    if isinstance(msg, dict) and _shallow(msg):
                         return msg
                 continue
             if self.eof:
