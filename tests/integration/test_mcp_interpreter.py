@@ -56,8 +56,8 @@ def test_code_run_images_are_image_content(engine: Any) -> None:
         answer = json.loads(text)
         assert answer == res.structured_content
         data = [r["data"] for r in answer["results"]]
-        assert data[0]["image/png"].startswith("<image/png, ") and "image content 1" in data[0]["image/png"]
-        assert "image content 2" in data[1]["image/jpeg"] and data[1]["text/plain"] == "a jpeg"
+        assert data[0]["image/png"].startswith("<image/png, ") and "image 1," in data[0]["image/png"]
+        assert "image 2," in data[1]["image/jpeg"] and data[1]["text/plain"] == "a jpeg"
         assert data[2]["image/png"].startswith("<image/png left out"), data[2]
         assert answer["results"][3] == {"data": {"text/plain": "42"}, "is_main_result": True}
 
