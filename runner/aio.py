@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, TypeVar, Unpack
 
 from toolcage.errors import ToolcageError, UsageError
+from toolcage.interpreter import AsyncCodeInterpreter
 from toolcage.pool import READY_WAIT_S, Pool, Slot
 from toolcage.results import CallResult, RunSummary
 from toolcage.rpc.session import Ended, OnProgress
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from toolcage.files.download import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
-    from toolcage.interpreter import CodeContext, Execution, ExecutionError, Result
     from toolcage.lifecycle.ports import ExposedPort
     from toolcage.processes import AsyncProcess, SpawnOptions
 
@@ -84,7 +84,7 @@ async def _on_thread(executor: ThreadPoolExecutor | None, fn: Callable[..., T], 
     return await asyncio.get_running_loop().run_in_executor(executor, call)
 
 
-class AsyncSandbox:
+class AsyncSandbox(AsyncCodeInterpreter):
     """The async twin of :class:`Sandbox`: the same run; calls awaited natively, a cold start and close on a thread.
 
     ``pool``: a :class:`Pool` or an :class:`AsyncPool`; ``start()`` then takes a slot without a
@@ -219,46 +219,6 @@ class AsyncSandbox:
         from toolcage.processes import listing_async
 
         return await listing_async(self)
-
-    # a stateful Python interpreter --------------------------------------------------------
-    async def run_code(
-        self,
-        code: str,
-        context: CodeContext | str | None = None,
-        *,
-        timeout: float | None = None,
-        on_stdout: Callable[[str], Any] | None = None,
-        on_stderr: Callable[[str], Any] | None = None,
-        on_result: Callable[[Result], Any] | None = None,
-        on_error: Callable[[ExecutionError], Any] | None = None,
-    ) -> Execution:
-        """As :meth:`toolcage.Sandbox.run_code`, awaited."""
-        from toolcage.interpreter import run_code_async
-
-        return await run_code_async(
-            self, code, context, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr,
-            on_result=on_result, on_error=on_error,
-        )  # fmt: skip
-
-    async def create_code_context(self, cwd: str | None = None, language: str = "python") -> CodeContext:
-        from toolcage.interpreter import create_context_async
-
-        return await create_context_async(self, cwd, language)
-
-    async def list_code_contexts(self) -> list[CodeContext]:
-        from toolcage.interpreter import list_contexts_async
-
-        return await list_contexts_async(self)
-
-    async def restart_code_context(self, context: CodeContext | str) -> None:
-        from toolcage.interpreter import restart_context_async
-
-        await restart_context_async(self, context)
-
-    async def remove_code_context(self, context: CodeContext | str) -> None:
-        from toolcage.interpreter import remove_context_async
-
-        await remove_context_async(self, context)
 
     def expose(self, port: int, host_port: int = 0) -> ExposedPort:
         """As :meth:`Sandbox.expose` (it only binds a listener: no thread needed)."""

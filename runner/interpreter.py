@@ -319,6 +319,86 @@ async def remove_context_async(sandbox: Any, context: CodeContext | str) -> None
     _answer(await sandbox.call("code_context_remove", _ctx_params(context)))
 
 
+class CodeInterpreter:
+    """``run_code`` and the context methods, written once for every session whose ``call`` answers (``Sandbox``,
+    ``ClusterSandbox``): each is one call of the worker's ``code_*`` tools through ``self.call``."""
+
+    __slots__ = ()
+
+    def run_code(
+        self,
+        code: str,
+        context: CodeContext | str | None = None,
+        *,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        on_result: Callable[[Result], Any] | None = None,
+        on_error: Callable[[ExecutionError], Any] | None = None,
+    ) -> Execution:
+        """Run a cell of Python in a context that keeps its state across calls (an IPython shell; E2B's
+        ``run_code``): the default context unless ``context`` names one. Returns an
+        :class:`toolcage.interpreter.Execution`: ``results`` (the last expression's value and every
+        ``display()`` as MIME bundles: HTML, PNG of a matplotlib figure, ...), ``logs``, ``error`` (the context
+        survives it), ``execution_count``. ``timeout`` (default: the policy's call_s) interrupts the cell with
+        KeyboardInterrupt and keeps the state. ``on_stdout``/``on_stderr`` get the output as it is written."""
+        return run_code(
+            self, code, context, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr,
+            on_result=on_result, on_error=on_error,
+        )  # fmt: skip
+
+    def create_code_context(self, cwd: str | None = None, language: str = "python") -> CodeContext:
+        """A new Python context, with fresh state (``cwd``: its working directory, default /scratch)."""
+        return create_context(self, cwd, language)
+
+    def list_code_contexts(self) -> list[CodeContext]:
+        """The Python contexts of this sandbox (the default one once a cell ran in it)."""
+        return list_contexts(self)
+
+    def restart_code_context(self, context: CodeContext | str) -> None:
+        """Drop a context's state: its process starts afresh, its id is kept."""
+        restart_context(self, context)
+
+    def remove_code_context(self, context: CodeContext | str) -> None:
+        """Remove a context: its process ends."""
+        remove_context(self, context)
+
+
+class AsyncCodeInterpreter:
+    """The same, awaited, for sessions whose ``call`` is a coroutine (``AsyncSandbox``, ``AsyncClusterSandbox``)."""
+
+    __slots__ = ()
+
+    async def run_code(
+        self,
+        code: str,
+        context: CodeContext | str | None = None,
+        *,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        on_result: Callable[[Result], Any] | None = None,
+        on_error: Callable[[ExecutionError], Any] | None = None,
+    ) -> Execution:
+        """As :meth:`toolcage.Sandbox.run_code`, awaited."""
+        return await run_code_async(
+            self, code, context, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr,
+            on_result=on_result, on_error=on_error,
+        )  # fmt: skip
+
+    async def create_code_context(self, cwd: str | None = None, language: str = "python") -> CodeContext:
+        return await create_context_async(self, cwd, language)
+
+    async def list_code_contexts(self) -> list[CodeContext]:
+        return await list_contexts_async(self)
+
+    async def restart_code_context(self, context: CodeContext | str) -> None:
+        await restart_context_async(self, context)
+
+    async def remove_code_context(self, context: CodeContext | str) -> None:
+        await remove_context_async(self, context)
+
+
 # ---- images out of a code_run answer, for the doors that show them as images -------------------------------
 # A model should not read a chart as base64 text (a 100 KB PNG is ~35,000 tokens of noise): MCP's serve and
 # the framework adapters send the JSON with each image replaced by a short placeholder, and the images beside it
@@ -372,7 +452,9 @@ def split_images(result: Any, where: str = "beside this text") -> tuple[Any, lis
 __all__ = [
     "FORMATS",
     "IMAGE_MIMES",
+    "AsyncCodeInterpreter",
     "CodeContext",
+    "CodeInterpreter",
     "Execution",
     "ExecutionError",
     "Logs",

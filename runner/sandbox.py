@@ -28,6 +28,7 @@ from toolcage.errors import (
     ToolcageError,
     UsageError,
 )
+from toolcage.interpreter import CodeInterpreter
 from toolcage.lifecycle import records, removal
 from toolcage.options import DEFAULT_IMAGE as DEFAULT_IMAGE  # re-exported: toolcage.DEFAULT_IMAGE
 from toolcage.options import RunOptions, resolve_audit
@@ -44,13 +45,12 @@ if TYPE_CHECKING:
     from toolcage.files.imagepaths import Originals
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
-    from toolcage.interpreter import CodeContext, Execution, ExecutionError, Result
     from toolcage.lifecycle.ports import ExposedPort, Ports
     from toolcage.pool import Pool, Slot
     from toolcage.processes import Process, SpawnOptions
 
 
-class Sandbox:
+class Sandbox(CodeInterpreter):
     """A sandboxed worker for one run. Use as a context manager; ``call`` tools on it.
 
     ``policy``: a bundled name, a file, a mapping or a Policy; ``run_s`` (its deadline, 60 s in the bundled
@@ -572,55 +572,6 @@ class Sandbox:
         from toolcage.processes import listing
 
         return listing(self)
-
-    # a stateful Python interpreter --------------------------------------------------------
-    def run_code(
-        self,
-        code: str,
-        context: CodeContext | str | None = None,
-        *,
-        timeout: float | None = None,
-        on_stdout: Callable[[str], Any] | None = None,
-        on_stderr: Callable[[str], Any] | None = None,
-        on_result: Callable[[Result], Any] | None = None,
-        on_error: Callable[[ExecutionError], Any] | None = None,
-    ) -> Execution:
-        """Run a cell of Python in a context that keeps its state across calls (an IPython shell; E2B's
-        ``run_code``): the default context unless ``context`` names one. Returns an
-        :class:`toolcage.interpreter.Execution`: ``results`` (the last expression's value and every
-        ``display()`` as MIME bundles: HTML, PNG of a matplotlib figure, ...), ``logs``, ``error`` (the context
-        survives it), ``execution_count``. ``timeout`` (default: the policy's call_s) interrupts the cell with
-        KeyboardInterrupt and keeps the state. ``on_stdout``/``on_stderr`` get the output as it is written."""
-        from toolcage.interpreter import run_code
-
-        return run_code(
-            self, code, context, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr,
-            on_result=on_result, on_error=on_error,
-        )  # fmt: skip
-
-    def create_code_context(self, cwd: str | None = None, language: str = "python") -> CodeContext:
-        """A new Python context, with fresh state (``cwd``: its working directory, default /scratch)."""
-        from toolcage.interpreter import create_context
-
-        return create_context(self, cwd, language)
-
-    def list_code_contexts(self) -> list[CodeContext]:
-        """The Python contexts of this sandbox (the default one once a cell ran in it)."""
-        from toolcage.interpreter import list_contexts
-
-        return list_contexts(self)
-
-    def restart_code_context(self, context: CodeContext | str) -> None:
-        """Drop a context's state: its process starts afresh, its id is kept."""
-        from toolcage.interpreter import restart_context
-
-        restart_context(self, context)
-
-    def remove_code_context(self, context: CodeContext | str) -> None:
-        """Remove a context: its process ends."""
-        from toolcage.interpreter import remove_context
-
-        remove_context(self, context)
 
     # exposed ports -------------------------------------------------------------------
     def expose(self, port: int, host_port: int = 0) -> ExposedPort:

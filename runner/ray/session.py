@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import io
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Unpack
 
 import ray
 
 from toolcage.errors import UsageError
+from toolcage.interpreter import AsyncCodeInterpreter, CodeInterpreter
 from toolcage.ray.handle import NodeAgent, actor_lost
 
 if TYPE_CHECKING:
@@ -26,14 +27,13 @@ if TYPE_CHECKING:
     from toolcage.files.safetar import DownloadResult
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.files.upload import UploadResult
-    from toolcage.interpreter import CodeContext, Execution, ExecutionError, Result
     from toolcage.processes import AsyncProcess, Process, SpawnOptions
     from toolcage.ray.cluster import Cluster
     from toolcage.results import CallResult, RunSummary
     from toolcage.types import AsyncSandboxLike, SandboxLike, SnapshotTarget
 
 
-class ClusterSandbox:
+class ClusterSandbox(CodeInterpreter):
     """A session on one node of a :class:`Cluster`: the sandbox stays on that node, calls go through its agent."""
 
     def __init__(self, cluster: Cluster, options: dict[str, Any]) -> None:
@@ -228,55 +228,6 @@ class ClusterSandbox:
 
         return listing(self)
 
-    # a stateful Python interpreter --------------------------------------------------------
-    def run_code(
-        self,
-        code: str,
-        context: CodeContext | str | None = None,
-        *,
-        timeout: float | None = None,
-        on_stdout: Callable[[str], Any] | None = None,
-        on_stderr: Callable[[str], Any] | None = None,
-        on_result: Callable[[Result], Any] | None = None,
-        on_error: Callable[[ExecutionError], Any] | None = None,
-    ) -> Execution:
-        """Run a cell of Python in a context that keeps its state across calls (an IPython shell; E2B's
-        ``run_code``): the default context unless ``context`` names one. Returns an
-        :class:`toolcage.interpreter.Execution`: ``results`` (the last expression's value and every
-        ``display()`` as MIME bundles: HTML, PNG of a matplotlib figure, ...), ``logs``, ``error`` (the context
-        survives it), ``execution_count``. ``timeout`` (default: the policy's call_s) interrupts the cell with
-        KeyboardInterrupt and keeps the state. ``on_stdout``/``on_stderr`` get the output as it is written."""
-        from toolcage.interpreter import run_code
-
-        return run_code(
-            self, code, context, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr,
-            on_result=on_result, on_error=on_error,
-        )  # fmt: skip
-
-    def create_code_context(self, cwd: str | None = None, language: str = "python") -> CodeContext:
-        """A new Python context, with fresh state (``cwd``: its working directory, default /scratch)."""
-        from toolcage.interpreter import create_context
-
-        return create_context(self, cwd, language)
-
-    def list_code_contexts(self) -> list[CodeContext]:
-        """The Python contexts of this sandbox (the default one once a cell ran in it)."""
-        from toolcage.interpreter import list_contexts
-
-        return list_contexts(self)
-
-    def restart_code_context(self, context: CodeContext | str) -> None:
-        """Drop a context's state: its process starts afresh, its id is kept."""
-        from toolcage.interpreter import restart_context
-
-        restart_context(self, context)
-
-    def remove_code_context(self, context: CodeContext | str) -> None:
-        """Remove a context: its process ends."""
-        from toolcage.interpreter import remove_context
-
-        remove_context(self, context)
-
     def usage(self) -> dict[str, Any]:
         """``Sandbox.usage``: CPU time and peak memory of the whole sandbox so far (from its cgroup, on its node)."""
         from toolcage.policies import contract
@@ -302,7 +253,7 @@ class ClusterSandbox:
         self.close()
 
 
-class AsyncClusterSandbox:
+class AsyncClusterSandbox(AsyncCodeInterpreter):
     """:class:`ClusterSandbox` for an event loop: the same session; Ray's answers are awaited, not waited for."""
 
     def __init__(self, sync: ClusterSandbox) -> None:
@@ -383,46 +334,6 @@ class AsyncClusterSandbox:
         from toolcage.processes import listing_async
 
         return await listing_async(self)
-
-    # a stateful Python interpreter --------------------------------------------------------
-    async def run_code(
-        self,
-        code: str,
-        context: CodeContext | str | None = None,
-        *,
-        timeout: float | None = None,
-        on_stdout: Callable[[str], Any] | None = None,
-        on_stderr: Callable[[str], Any] | None = None,
-        on_result: Callable[[Result], Any] | None = None,
-        on_error: Callable[[ExecutionError], Any] | None = None,
-    ) -> Execution:
-        """As :meth:`toolcage.Sandbox.run_code`, awaited."""
-        from toolcage.interpreter import run_code_async
-
-        return await run_code_async(
-            self, code, context, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr,
-            on_result=on_result, on_error=on_error,
-        )  # fmt: skip
-
-    async def create_code_context(self, cwd: str | None = None, language: str = "python") -> CodeContext:
-        from toolcage.interpreter import create_context_async
-
-        return await create_context_async(self, cwd, language)
-
-    async def list_code_contexts(self) -> list[CodeContext]:
-        from toolcage.interpreter import list_contexts_async
-
-        return await list_contexts_async(self)
-
-    async def restart_code_context(self, context: CodeContext | str) -> None:
-        from toolcage.interpreter import restart_context_async
-
-        await restart_context_async(self, context)
-
-    async def remove_code_context(self, context: CodeContext | str) -> None:
-        from toolcage.interpreter import remove_context_async
-
-        await remove_context_async(self, context)
 
     async def usage(self) -> dict[str, Any]:
         """As :meth:`ClusterSandbox.usage`, awaited."""
