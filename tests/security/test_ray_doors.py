@@ -79,8 +79,10 @@ def test_the_agent_holds_no_download_snapshot_or_diff(node: str, tmp_path: Path)
             assert info.sha256 and (tmp_path / "s.tar").stat().st_size > BIG_MIB << 20
             grew_mib = (_kib(pid, "VmHWM") - base) / 1024
             print(f"agent peak RSS grew by {grew_mib:.0f} MiB for a {BIG_MIB} MiB file")
-            # before: 481 MiB (the file whole, as a tar and its copy); now a few 4 MiB chunks in flight
-            assert grew_mib < 100, f"the agent's peak RSS grew by {grew_mib:.0f} MiB"
+            # before: 481 MiB (the file whole, as a tar and its copy). Now a few 4 MiB chunks in flight, and a growth
+            # that does not follow the file's size (80 MiB for 40 MiB, 87-102 for 150: the allocator's per-thread
+            # arenas of the actor's threads). Holding the file whole even once would be at least BIG_MIB.
+            assert grew_mib < 0.8 * BIG_MIB, f"the agent's peak RSS grew by {grew_mib:.0f} MiB"
     finally:
         c.close(stop_agents=True)
     # the diff is made where its caller pays for it: the agent has no diff to run
