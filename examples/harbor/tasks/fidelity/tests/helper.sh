@@ -1,0 +1,3 @@
+#!/bin/sh
+# uploaded with its executable bit (the tar keeps it): test.sh runs it directly
+echo helper-ran

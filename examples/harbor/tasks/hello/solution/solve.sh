@@ -1,0 +1,3 @@
+#!/bin/bash
+set -eu
+echo "hello from a toolcage sandbox" > /app/hello.txt
