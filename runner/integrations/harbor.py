@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 import time
+from inspect import signature
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -174,7 +175,10 @@ class ToolcageEnvironment(BaseEnvironment):  # type: ignore[misc,unused-ignore]
     async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
         if self._sandbox is None:
             return  # start() takes self._network_policy, which the base sets after this
-        await self._sandbox.update_network(self._net(network_policy, True))  # type: ignore[attr-defined,unused-ignore]
+        update = self._sandbox.update_network  # type: ignore[attr-defined,unused-ignore]
+        who = {"requested_by": f"harbor {self.session_id}"} if "requested_by" in signature(update).parameters else {}
+        change = await update(self._net(network_policy, True), **who)
+        self.logger.info(f"toolcage network policy changed live: {network_policy.network_mode.value} ({change})")
 
     # -- exec -----------------------------------------------------------------------------------------------
     async def exec(

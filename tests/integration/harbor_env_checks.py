@@ -34,10 +34,12 @@ def check(fn: Callable[[Path], Coroutine[Any, Any, None]]) -> Callable[[Path], C
 
 
 def make(tmp: Path, **config: Any) -> BaseEnvironment:
-    """The environment as Harbor makes it from an import path (EnvironmentFactory)."""
+    """The environment as Harbor makes it from an import path (EnvironmentFactory); ``public``: an ``--ek``."""
     (tmp / "env").mkdir(exist_ok=True)
     policy = config.pop("network_policy", None)
-    task_env = EnvironmentConfig(docker_image=IMAGE, workdir="/app", **config)
+    kwargs = {"public": config.pop("public")} if "public" in config else {}
+    config.setdefault("workdir", "/app")
+    task_env = EnvironmentConfig(docker_image=IMAGE, **config)
     return EnvironmentFactory.create_environment_from_import_path(
         "toolcage.integrations.harbor:ToolcageEnvironment",
         environment_dir=tmp / "env",
@@ -46,6 +48,7 @@ def make(tmp: Path, **config: Any) -> BaseEnvironment:
         trial_paths=TrialPaths(trial_dir=tmp / "trial"),
         task_env_config=task_env,
         network_policy=policy or task_env.resolve_baseline(),  # as a trial passes it
+        **kwargs,
     )
 
 
@@ -126,6 +129,19 @@ async def exec_users_files_and_timeout(tmp: Path) -> None:
         assert (tmp / "got" / "again.txt").read_text() == "one\n"
         denied = await env.exec("touch /etc/x")
         assert denied.return_code != 0 and "Read-only" in (denied.stderr or ""), denied
+    finally:
+        await env.stop(delete=True)
+
+
+@check
+async def the_images_workdir_is_writable_and_public_can_be_none(tmp: Path) -> None:
+    env = make(tmp, workdir=None, network_policy=NetworkPolicy(network_mode=NetworkMode.PUBLIC), public="no-network")
+    await env.start(force_build=False)
+    try:  # no workdir in the task: the image's WORKDIR (/app), found at start, is made writable
+        got = await env.exec("pwd && touch here && ls here")
+        assert got.return_code == 0 and got.stdout.splitlines()[:2] == ["/app", "here"], got
+        net = await env.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '")
+        assert net.stdout.split() == ["lo"], net  # public run as no-network: no interface but lo
     finally:
         await env.stop(delete=True)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import stat
 import subprocess
 import threading
@@ -69,6 +70,14 @@ def _events(since: str, out: list[dict[str, Any]]) -> tuple[subprocess.Popen[str
     return proc, reader
 
 
+def _harbor(runner: str, tasks: Path, jobs: Path) -> subprocess.CompletedProcess[str]:
+    """``harbor run`` of ``tasks`` with the oracle, in the runner's container (no network), job ``toy``."""
+    argv = ["docker", "run", "--rm", "--network", "none", "-e", "COLUMNS=400", "-v", SOCK, "-v", f"{tasks}:/tasks:ro"]
+    argv += ["-v", f"{jobs}:/jobs", runner, "harbor", "run", "-p", "/tasks", "-a", "oracle", "--env", ENV]
+    argv += ["-o", "/jobs", "--job-name", "toy", "-n", "3", "-y"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600)
+
+
 def test_harbor_runs_the_toy_tasks_in_toolcage_sandboxes(runner: str, tmp_path: Path) -> None:
     """Each trial's reward is 1.0; each environment was a toolcage sandbox of the task's image; none is left."""
     jobs = tmp_path / "jobs"
@@ -77,10 +86,7 @@ def test_harbor_runs_the_toy_tasks_in_toolcage_sandboxes(runner: str, tmp_path: 
     since = str(int(time.time()) - 1)
     watcher, reader = _events(since, created)
     began = time.monotonic()
-    argv = ["docker", "run", "--rm", "--network", "none", "-v", SOCK, "-v", f"{EXAMPLE / 'tasks'}:/tasks:ro"]
-    argv += ["-v", f"{jobs}:/jobs", runner, "harbor", "run", "-p", "/tasks", "-a", "oracle", "--env", ENV]
-    argv += ["-o", "/jobs", "--job-name", "toy", "-n", "3", "-y"]
-    job = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    job = _harbor(runner, EXAMPLE / "tasks", jobs)
     wall = time.monotonic() - began
     time.sleep(1)  # the last events reach the watcher
     watcher.terminate()
@@ -141,4 +147,28 @@ def test_harbors_classes_take_the_environment(runner: str) -> None:
     argv = ["docker", "run", "--rm", "--network", "none", "-v", SOCK, "-v", f"{checks}:/checks.py:ro", runner]
     proc = subprocess.run([*argv, "python3", "/checks.py"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert proc.stdout.split().count("ok") == 4, proc.stdout
+    assert proc.stdout.split().count("ok") == 5, proc.stdout
+
+
+def test_a_network_policy_changed_live_between_the_phases(runner: str, tmp_path: Path) -> None:
+    """The phases task (agent: localhost allowed; verifier: nothing): with ``AsyncSandbox.update_network`` the
+    verifier phase runs with nothing allowed, reward 1.0; without it Harbor refuses the task, saying why."""
+    probe = ["docker", "run", "--rm", "--network", "none", runner, "python3", "-c"]
+    dynamic = subprocess.run(
+        [*probe, "from toolcage.integrations.harbor import DYNAMIC; print(DYNAMIC)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    job = _harbor(runner, EXAMPLE / "tasks-dynamic", jobs)
+    if dynamic != "True":
+        said = " ".join(re.sub("[│╭╮╰╯─]", " ", job.stdout + job.stderr).split())
+        assert "this environment cannot change network policy after start" in said, said[-3000:]
+        return
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    (trial,) = [d for d in (jobs / "toy").iterdir() if d.is_dir()]
+    checks = (trial / "verifier" / "checks.txt").read_text()
+    result = json.loads((trial / "result.json").read_text())
+    assert result["verifier_result"]["rewards"] == {"reward": 1.0}, checks
+    assert "host localhost is not in the allowlist" in checks.splitlines()[1], checks
+    assert "changed live" in (trial / "trial.log").read_text()

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -eu
+python3 /solution/ask.py > /app/agent-phase.txt
