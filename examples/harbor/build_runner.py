@@ -17,6 +17,7 @@ shares the host's network; ``docker build`` and ``docker import`` need none).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -90,10 +91,24 @@ def _wait(imp: subprocess.Popen[bytes], ref: str) -> None:
 
 
 def build(report: bool = True) -> str:
-    """The runner image's tag, built first if the engine lacks it (module docstring)."""
+    """The runner image's tag, built first if the engine lacks it (module docstring); one build at a time on a
+    machine (a lock file), and the runner images of other digests removed after."""
     ref = f"{RUNNER}:{digest()}"
     if _have(ref) and _have(TASK_IMAGE):
         return ref
+    with open("/tmp/toolcage-harbor-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (_have(ref) and _have(TASK_IMAGE)):  # another process may have built it while this one waited
+            _build(ref, report)
+    old = subprocess.run(["docker", "images", "--filter", f"reference={RUNNER}:*", "--format",
+                          "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout.split()  # fmt: skip
+    for other in old:
+        if other != ref:
+            subprocess.run(["docker", "rmi", other], capture_output=True)  # in use elsewhere: it stays
+    return ref
+
+
+def _build(ref: str, report: bool) -> None:
     if os.geteuid() != 0 or shutil.which("debootstrap") is None:
         raise SystemExit("building the Harbor runner needs root and debootstrap (apt-get install debootstrap)")
     began = time.monotonic()
@@ -154,7 +169,6 @@ def build(report: bool = True) -> str:
         say(f"importing {ref}")
         _wait(_import(root, ref, ["WORKDIR /jobs", *(f"ENV {e}" for e in RUNNER_ENV)]), ref)
         say("done")
-    return ref
 
 
 if __name__ == "__main__":

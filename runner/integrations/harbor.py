@@ -114,10 +114,10 @@ class ToolcageEnvironment(BaseEnvironment):  # type: ignore[misc,unused-ignore]
 
     def _new_sandbox(self, workdir: str | None) -> AsyncSandbox:
         paths = rules.writable_paths(workdir, self._extra_writable)
-        memory, size = rules.sizes(self.task_env_config.memory_mb, self.task_env_config.storage_mb, len(paths))
+        # the task's limits as Harbor resolves them (--override-cpus, an enforcement policy of "ignore")
+        memory, size = rules.sizes(self._effective_memory_mb, self._effective_storage_mb, len(paths))
         net = self._net(self._network_policy, self._changeable())
-        cpus = self.task_env_config.cpus
-        pol = rules.policy(net, memory=memory, cpus=cpus, run_s=self._run_s, extends=self._extends)
+        pol = rules.policy(net, memory=memory, cpus=self._effective_cpus, run_s=self._run_s, extends=self._extends)
         return AsyncSandbox(
             pol, image=self.task_env_config.docker_image, writable=paths, writable_size=size, tool="harbor",
             sandbox=self._kind,
@@ -139,7 +139,7 @@ class ToolcageEnvironment(BaseEnvironment):  # type: ignore[misc,unused-ignore]
     async def start(self, force_build: bool) -> None:
         began = time.monotonic()
         workdir = self.task_env_config.workdir
-        sb = await self._started(workdir)
+        sb = self._sandbox = await self._started(workdir)  # stop() closes it whatever fails from here
         probe = await sb.call("exec", {"argv": ["/bin/sh", "-c", _PROBE]})
         shell, _, cwd = (probe.result or {}).get("stdout", "").strip().partition("\n")
         self._shell = shell.strip() or "sh"
@@ -147,9 +147,9 @@ class ToolcageEnvironment(BaseEnvironment):  # type: ignore[misc,unused-ignore]
         covered = any(cwd == p or cwd.startswith(p + "/") for p in rules.writable_paths(None, self._extra_writable))
         if not workdir and cwd not in ("", "/") and not covered:
             # the image's WORKDIR, which the task did not name: start again with it writable (about a second)
+            self._sandbox = None
             await sb.close()
-            sb = await self._started(cwd)
-        self._sandbox = sb
+            sb = self._sandbox = await self._started(cwd)
         self.logger.info(
             f"toolcage sandbox run_id={sb.run_id} container={sb.name} image={self.task_env_config.docker_image}"
         )
