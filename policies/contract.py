@@ -46,6 +46,7 @@ ENV_IMAGE = "TOOLCAGE_IMAGE"  # the worker image
 ENV_SANDBOX = "TOOLCAGE_SANDBOX"  # the default --sandbox kind
 ENV_EGRESS_PROXY = "TOOLCAGE_EGRESS_PROXY"  # the egress proxy image
 ENV_AUDIT_LOG = "TOOLCAGE_AUDIT_LOG"
+ENV_EGRESS_AUDIT_ONLY = "TOOLCAGE_EGRESS_AUDIT_ONLY"  # "allow": policies may ask for audit-only egress
 ENV_HOST_PATHS = "TOOLCAGE_HOST_PATHS"  # a runner in a container: its paths as the engine sees them
 ENV_BASE_IMAGE = "TOOLCAGE_BASE_IMAGE"  # image build: the base image
 ENV_DEBIAN_MIRROR = "TOOLCAGE_DEBIAN_MIRROR"  # image build: the Debian mirror
@@ -65,6 +66,7 @@ SANDBOX_UID = 65532  # the sandbox's user and group (nonroot)
 PING = "ping"
 TOOLS_LIST = "tools.list"
 CONFIGURE = "sandbox.configure"
+NETWORK = "sandbox.network"  # a live policy change: the worker's copy, for SafeFetch (the proxy enforces)
 USAGE = "sandbox.usage"
 PROGRESS = "notifications/progress"
 CANCELLED = "notifications/cancelled"
@@ -113,9 +115,11 @@ __all__ = [
     "CODE_INTERRUPT_S",
     "CODE_START_S",
     "CONFIGURE",
+    "NETWORK",
     "CONNECTORS_DIR",
     "DEPS_DIR",
     "ENV_AUDIT_LOG",
+    "ENV_EGRESS_AUDIT_ONLY",
     "ENV_BASE_IMAGE",
     "ENV_CA_FILE",
     "ENV_CA_PEM",

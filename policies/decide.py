@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from toolcage.policies.addresses import address_problem
-from toolcage.policies.model import DEFAULT_PORTS, AllowRule, Policy
+from toolcage.policies.model import DEFAULT_PORTS, AllowRule, NetworkPolicy, Policy
 from toolcage.policies.names import NameError_, host_matches, ip_literal, normalize_host
 
 Resolver = Callable[[str], Sequence[str]]
@@ -49,9 +49,16 @@ class Decision:
     rule: str | None = None
     target: Target | None = None
     addresses: tuple[str, ...] = field(default=())
+    # audit-only (network.unsafe_audit_only): allowed, but the allowlist would have refused it, for this reason
+    would_deny: str | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {"allowed": self.allowed, "reason": self.reason, "rule": self.rule, "addresses": list(self.addresses)}
+        out: dict[str, object] = {
+            "allowed": self.allowed, "reason": self.reason, "rule": self.rule, "addresses": list(self.addresses),
+        }  # fmt: skip
+        if self.would_deny is not None:
+            out["would_deny"] = self.would_deny
+        return out
 
 
 def _deny(reason: str, target: Target | None = None, rule: str | None = None) -> Decision:
@@ -126,26 +133,17 @@ def decide(request: Request, policy: Policy, resolver: Resolver | None) -> Decis
         t = parse_target(request.url)
     except ValueError as exc:
         return _deny(f"bad URL: {exc}")
-    rules = _matching(net.allow, t)
-    if not rules:
-        kind = "IP address" if t.literal else "host"
-        return _deny(f"{kind} {t.host} is not in the allowlist", t)
-    by_scheme = [r for r in rules if t.scheme in r.schemes]
-    if not by_scheme:
-        allowed = sorted({s for r in rules for s in r.schemes})
-        return _deny(f"scheme {t.scheme} is not allowed for {t.host} (allowed: {', '.join(allowed)})", t)
-    by_port = [r for r in by_scheme if t.port in r.allowed_ports(t.scheme)]
-    if not by_port:
-        allowed_ports = sorted({p for r in by_scheme for p in r.allowed_ports(t.scheme)})
-        return _deny(f"port {t.port} is not allowed for {t.scheme}://{t.host} (allowed: {allowed_ports})", t)
-    method = request.method.upper() if request.method else None
-    by_method = [r for r in by_port if method is None or not r.methods or method in r.methods]
-    if not by_method:
-        allowed_methods = sorted({m for r in by_port for m in r.methods})
-        return _deny(f"method {method} is not allowed for {t.host} (allowed: {', '.join(allowed_methods)})", t)
-    rule = by_method[0].host
+    refused = _by_allowlist(net.allow, t, request.method)
+    would_deny = None
+    if isinstance(refused, Decision):
+        if not net.unsafe_audit_only:
+            return refused
+        would_deny, rule = refused.reason, "(audit-only)"  # let through, recorded; the floor below still holds
+    else:
+        rule = refused
     if resolver is None:
-        return Decision(True, f"allowed by rule {rule} (addresses are checked by the egress proxy)", rule, t)
+        why = f"allowed by rule {rule} (addresses are checked by the egress proxy)"
+        return Decision(True, why, rule, t, would_deny=would_deny)
     if t.literal:
         answers: Sequence[str] = [t.host]
     else:
@@ -166,7 +164,52 @@ def decide(request: Request, policy: Policy, resolver: Resolver | None) -> Decis
         if problem is not None:
             return _deny(f"{t.host} resolves to {ip}, which is {problem}", t, rule)
         checked.append(str(ip))
-    return Decision(True, f"allowed by rule {rule}", rule, t, tuple(dict.fromkeys(checked)))
+    return Decision(True, f"allowed by rule {rule}", rule, t, tuple(dict.fromkeys(checked)), would_deny)
+
+
+def _by_allowlist(allow: Sequence[AllowRule], t: Target, method_asked: str | None) -> str | Decision:
+    """The first rule that lets ``t`` (by name, scheme, port and method) through, or the refusal with its reason."""
+    rules = _matching(allow, t)
+    if not rules:
+        kind = "IP address" if t.literal else "host"
+        return _deny(f"{kind} {t.host} is not in the allowlist", t)
+    by_scheme = [r for r in rules if t.scheme in r.schemes]
+    if not by_scheme:
+        allowed = sorted({s for r in rules for s in r.schemes})
+        return _deny(f"scheme {t.scheme} is not allowed for {t.host} (allowed: {', '.join(allowed)})", t)
+    by_port = [r for r in by_scheme if t.port in r.allowed_ports(t.scheme)]
+    if not by_port:
+        allowed_ports = sorted({p for r in by_scheme for p in r.allowed_ports(t.scheme)})
+        return _deny(f"port {t.port} is not allowed for {t.scheme}://{t.host} (allowed: {allowed_ports})", t)
+    method = method_asked.upper() if method_asked else None
+    by_method = [r for r in by_port if method is None or not r.methods or method in r.methods]
+    if not by_method:
+        allowed_methods = sorted({m for r in by_port for m in r.methods})
+        return _deny(f"method {method} is not allowed for {t.host} (allowed: {', '.join(allowed_methods)})", t)
+    return by_method[0].host
+
+
+def change_problem(current: Policy, network: NetworkPolicy) -> str | None:
+    """Why a running sandbox's network may not become ``network`` (None: it may). The same rules as a policy at
+    start (the caller built ``network`` with the model's checks, and the whole policy with it), plus the floor,
+    refused when asked rather than only later per request: a change never opens a private range the run did not
+    start with, and never names an address the floor refuses (loopback, link-local and metadata, private ranges)."""
+    wider = sorted(set(network.allow_private_cidrs) - set(current.network.allow_private_cidrs))
+    if wider:
+        return (
+            f"allow_private_cidrs {wider} were not in the policy the sandbox started with: a live change never "
+            "opens a private range (start the sandbox with them)"
+        )
+    private = network.private_networks()
+    for rule in network.allow:
+        ip = ip_literal(rule.host)
+        if ip is not None:
+            problem = address_problem(ip, private)
+            if problem is not None:
+                return f"allow rule {rule.host}: the address is {problem}, which the egress floor always refuses"
+        elif rule.host in ("localhost", "*.localhost") or rule.host.endswith(".localhost"):
+            return f"allow rule {rule.host}: names the machine itself, which the egress floor always refuses"
+    return None
 
 
 def system_resolver(host: str) -> list[str]:

@@ -94,11 +94,15 @@ class NetworkPolicy:
     mode: Literal["none", "proxy"] = "none"
     allow: tuple[AllowRule, ...] = ()
     allow_private_cidrs: tuple[str, ...] = ()
+    # Loosens: what the allowlist would refuse is let through and recorded as ``would_deny`` (to learn a policy);
+    # the floor (private, loopback, link-local and metadata addresses, DNS pinning) still refuses. Permitted on a
+    # host only with TOOLCAGE_EGRESS_AUDIT_ONLY=allow (``toolcage doctor`` says when it is)
+    unsafe_audit_only: bool = False
 
     def __post_init__(self) -> None:
         import ipaddress
 
-        if self.mode == "none" and (self.allow or self.allow_private_cidrs):
+        if self.mode == "none" and (self.allow or self.allow_private_cidrs or self.unsafe_audit_only):
             raise ValueError("mode 'none' cannot enforce an allowlist: set mode: proxy, or remove allow")
         for cidr in self.allow_private_cidrs:
             try:

@@ -9,11 +9,12 @@ every run of the door shares; ``backend_options`` is what the backend is made fr
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from toolcage.errors import UsageError
+from toolcage.errors import PolicyError, UsageError
 from toolcage.policies import contract
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def resolve_policy(policy: PolicySource, run_timeout: float | None = None) -> Po
     ``run_timeout`` may only tighten its run_s."""
     from toolcage.policies import load_policy
 
-    p = load_policy(policy)
+    p = _audit_only_checked(load_policy(policy), "the run's policy")
     if run_timeout is not None:
         if run_timeout <= 0:
             raise UsageError("--timeout must be a positive number of seconds")
@@ -55,6 +56,61 @@ def resolve_policy(policy: PolicySource, run_timeout: float | None = None) -> Po
         run_s = min(run_timeout, p.timeouts.run_s)
         p = p.with_run_deadline(run_s)
     return p
+
+
+def audit_only_permitted() -> bool:
+    """Whether this host lets a policy's egress be audit-only (``network.unsafe_audit_only``): only when the
+    operator set TOOLCAGE_EGRESS_AUDIT_ONLY=allow (``toolcage doctor`` says when it is)."""
+    return os.environ.get(contract.ENV_EGRESS_AUDIT_ONLY, "") == "allow"
+
+
+def _audit_only_checked(p: Policy, what: str) -> Policy:
+    if p.network.unsafe_audit_only and not audit_only_permitted():
+        raise PolicyError(
+            f"{what} asks for audit-only egress (network.unsafe_audit_only: what the allowlist would refuse is let "
+            f"through and recorded), which this host does not permit: the operator sets "
+            f"{contract.ENV_EGRESS_AUDIT_ONLY}=allow to permit it"
+        )
+    return p
+
+
+def network_policy(current: Policy, network: Any) -> Policy:
+    """The run's policy with ``network`` (a policy's ``network:`` section as a mapping, or a NetworkPolicy) in
+    place of its own, checked as a policy at start is (the model, the secrets' origins) and against the egress
+    floor for a live change (policies.decide.change_problem); PolicyError says why not."""
+    import json
+
+    from toolcage.policies import NetworkPolicy, validate_policy
+    from toolcage.policies.decide import change_problem
+    from toolcage.policies.typed import to_dict
+
+    if isinstance(network, NetworkPolicy):
+        data: Any = to_dict(network)
+    elif isinstance(network, Mapping):
+        data = dict(network)
+    else:
+        raise PolicyError(
+            'a network change is a policy\'s network section: a mapping such as {"mode": "proxy", "allow": '
+            f'[{{"host": "example.com"}}]}} or {{"mode": "none"}}, not {type(network).__name__}'
+        )
+    base = json.loads(current.canonical_json())
+    base["network"] = data
+    new = validate_policy(base, "(network change)")
+    problem = change_problem(current, new.network)
+    if problem is not None:
+        raise PolicyError(f"network change refused: {problem}")
+    return _audit_only_checked(new, "the network change")
+
+
+def requester(door: str) -> str:
+    """Who asks for a change, as the audit log records it: the door and the local user."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid {os.getuid()}"
+    return f"{door}:{user}"
 
 
 def resolve_audit(audit: Any) -> Audit | None:

@@ -158,3 +158,19 @@ class RunSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class NetworkChange:
+    """A live network policy change, in force when this is returned (``Sandbox.update_network``)."""
+
+    run_id: str
+    old_sha256: str  # the run's whole policy before and after (only its network differs)
+    new_sha256: str
+    cut: int  # relayed connections the new policy no longer allows, ended
+    audit_only: bool  # network.unsafe_audit_only: refusals are recorded, not enforced
+    took_ms: float  # from the call to the proxy's confirmation (and the worker's)
+    requested_by: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

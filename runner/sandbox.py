@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import threading
 import time
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from toolcage.lifecycle.ports import ExposedPort, Ports
     from toolcage.pool import Pool, Slot
     from toolcage.processes import Process, SpawnOptions
+    from toolcage.results import NetworkChange
 
 
 class Sandbox(CodeInterpreter):
@@ -149,6 +151,7 @@ class Sandbox(CodeInterpreter):
             # (redact: the proxy's records; late_egress: the first answer does not wait for the egress proxy)
             self._run.make_backend(redact=self._secrets.redact if self._secrets else None, late_egress=True)
         self._lock = threading.Lock()  # the run's state; calls themselves run at once (answers matched by id)
+        self._network_lock = threading.Lock()  # live network changes, one at a time
         self._configure_answer: Callable[[], dict[str, Any] | Ended] | None = None  # pooled: still to read
         self._start_called = False
         self._closed = False
@@ -441,6 +444,49 @@ class Sandbox(CodeInterpreter):
                 self._run.calls += 1
             records.audit_call(self.audit, self.run_id, params, result)
             return result
+
+    def update_network(self, network: Any, *, requested_by: str | None = None) -> NetworkChange:
+        """Replace the running sandbox's network policy at once: ``network`` is a policy's ``network:`` section (a
+        mapping such as ``{"mode": "proxy", "allow": [{"host": "pypi.org"}]}``, ``{"mode": "none"}``, or a
+        NetworkPolicy). The change is checked as a policy at start is, and against the egress floor
+        (PolicyError, when asked); once this returns, the egress proxy decides with it, the connections it no
+        longer allows are cut, and the audit log has a ``network.changed`` record with ``requested_by`` (default:
+        ``library:<user>``) and both policies' digests. Only a sandbox started with ``network.mode: proxy`` (an
+        empty allow list refuses everything) can change (UsageError otherwise): no route is added to a running
+        sandbox. ``{"mode": "none"}`` keeps the proxy and refuses everything."""
+        from toolcage import options
+        from toolcage.results import NetworkChange
+
+        started = time.monotonic()
+        with self._lock:
+            if not self._running or self._closed:
+                raise UsageError("the sandbox is not running: use it as a context manager or call start()")
+            if self._run.dead is not None:
+                raise self._run.dead
+            session = self._run.session
+        backend = self._run.backend
+        update, check = getattr(backend, "update_network", None), getattr(backend, "check_network_changeable", None)
+        if update is None or check is None:
+            raise UsageError(f"a sandbox of kind {self.kind!r} has no egress proxy: its network cannot change")
+        check()
+        with self._network_lock:
+            old = self.policy
+            new = options.network_policy(old, network)
+            answer = update(new)
+            self.policy, self.options = new, dataclasses.replace(self.options, policy=new)
+            assert session is not None
+            until = time.monotonic() + self.policy.timeouts.call_s
+            told = session.request(contract.NETWORK, {"policy": json.loads(new.canonical_json())}, until)
+            if isinstance(told, Ended):
+                raise self._run.explain_end(told)
+        who = requested_by or options.requester("library")
+        change = NetworkChange(
+            self.run_id, old.sha256(), new.sha256(), int(answer["cut"]), bool(answer["audit_only"]),
+            round((time.monotonic() - started) * 1000, 3), who,
+        )  # fmt: skip
+        records.network_changed(self.audit, change, old, new)
+        self.log.info("network.changed", **change.to_dict())
+        return change
 
     @property
     def max_out_bytes(self) -> int:

@@ -172,6 +172,7 @@ class Dispatcher:
         self.methods[contract.PING] = _signed(lambda: Success("pong"))
         self.methods[contract.USAGE] = _signed(self._usage)
         self.methods[contract.CONFIGURE] = _signed(self._configure)
+        self.methods[contract.NETWORK] = _signed(self._network)
 
     @property
     def connectors(self) -> Connectors:
@@ -224,6 +225,25 @@ class Dispatcher:
             )
             self.methods[name] = self._wrap(name)
         return Success(answer)
+
+    def _network(self, *args: Any, **kwargs: Any) -> Result:
+        """From the runner, at a live policy change (its egress proxy already enforces it): the run's new policy,
+        which SafeFetch decides with from the next call on. Only the network may differ from the one in force."""
+        from toolcage.policies import policy_from_json
+
+        raw = kwargs.get("policy")
+        if args or set(kwargs) != {"policy"} or not isinstance(raw, dict):
+            return Error(codes.INVALID_PARAMS, "Invalid params", "params must be {policy: {...}}")
+        try:
+            new = policy_from_json(json.dumps(raw))
+        except Exception as exc:
+            return Error(codes.INVALID_PARAMS, "Invalid params", f"not a policy: {type(exc).__name__}")
+        import dataclasses
+
+        if dataclasses.replace(new, network=self.settings.policy.network) != self.settings.policy:
+            return Error(codes.INVALID_PARAMS, "Invalid params", "only the network may change in a running sandbox")
+        self.settings.replace_policy(new)
+        return Success({"sha256": new.sha256()})
 
     @staticmethod
     def _usage() -> Result:

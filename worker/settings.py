@@ -113,6 +113,10 @@ class Settings:
             self._policy = policy_from_json(self._policy_json) if self._policy_json else Policy()
         return self._policy
 
+    def replace_policy(self, policy: Policy) -> None:
+        """A live policy change (``sandbox.network``): every later decision is made with ``policy``."""
+        self._policy, self._policy_json = policy, policy.canonical_json()
+
     def warm(self) -> None:
         """Parse the policy now, while idle, if nothing has yet (a bad one is reported where it is used)."""
         if self._policy is None and self._policy_json:

@@ -238,6 +238,23 @@ class ContainerBackend:
             with contextlib.suppress(BaseException):
                 launch.join()
 
+    def check_network_changeable(self) -> None:
+        """UsageError unless the run has an egress proxy whose policy can change."""
+        if self._egress is None:
+            raise UsageError(
+                "this sandbox started without the egress proxy (network.mode: none), and a running sandbox gets no "
+                "route it did not start with: start it with network.mode: proxy (an empty allow list refuses "
+                "everything) to change its network while it runs"
+            )
+
+    def update_network(self, policy: Any) -> dict[str, Any]:
+        """A live policy change at the run's egress proxy (Egress.update), once the proxy is up."""
+        self.check_network_changeable()
+        launch = self._launch
+        if launch is not None:
+            launch.join()  # a late launch: the proxy listens (or the run already ended, and said why)
+        return dict(self._egress.update(policy))
+
     def _start_sandbox(self, run: RunSpec, parser: StreamParser) -> Transport:
         self.container_id = self.engine.create(container_config(self.policy, run), self.name)
         sock, closer = self.engine.attach(self.container_id)

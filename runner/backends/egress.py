@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +41,7 @@ from toolcage.policies import Policy, contract
 from toolcage.rpc.transport import StreamParser
 
 READY_TIMEOUT_S = 15.0
+UPDATE_TIMEOUT_S = 5.0  # a live policy change: sent, applied and confirmed by the proxy
 DRAIN_TIMEOUT_S = 5.0
 # the proxy's own exit on SIGTERM, its queued decisions written (then SIGKILL). 2 s lost a refusal's record
 # once in CI on a loaded machine; a proxy that exits at once costs nothing of it
@@ -178,12 +180,23 @@ class Egress:
         self._transport: DockerAttachTransport | None = None
         self.decisions: deque[dict[str, Any]] = deque(maxlen=KEEP_DECISIONS)
         self._refusals = 0
+        # live policy changes (update): the answers by seq, and one change at a time
+        self._answers: dict[int, dict[str, Any]] = {}
+        self._answered = threading.Condition()
+        self._seq = 0
+        self._updating = threading.Lock()
 
     def _on_record(self, rec: dict[str, Any]) -> None:
         """Runs on the attach reader thread, once per line the proxy writes."""
         event = str(rec.get("event"))
         if event == "proxy.listening":
             self._ready.set()
+        if event in ("policy.applied", "policy.refused") and isinstance(rec.get("seq"), int):
+            with self._answered:
+                if rec["seq"] == self._seq:  # the change asked now, never an old or forged number
+                    self._answers[rec["seq"]] = rec
+                    self._answered.notify_all()
+            return
         if not event.startswith("egress."):
             return
         self.decisions.append(rec)
@@ -254,6 +267,32 @@ class Egress:
         self.engine.start(self.proxy_id)
         self._wait_ready()
         self.log.info("egress.up", egress=self.egress, proxy=self.proxy_name, volume=self.volume)
+
+    def update(self, policy: Policy, timeout: float = UPDATE_TIMEOUT_S) -> dict[str, Any]:
+        """Replace the proxy's policy with ``policy`` (checked by the caller) and return its answer once it is in
+        force: ``{"sha256", "cut", "audit_only"}``, cut being the relayed connections it ended. SandboxError if the
+        proxy refused it or did not answer within ``timeout`` (then the old policy may still hold)."""
+        if self._transport is None or self.proxy_id is None:
+            raise SandboxError("the egress proxy is not running")
+        with self._updating:
+            with self._answered:
+                self._seq += 1
+                seq = self._seq
+            line = json.dumps({"seq": seq, "policy": json.loads(policy.canonical_json())}, separators=(",", ":"))
+            deadline = time.monotonic() + timeout
+            self._transport.send(line.encode() + b"\n", deadline)
+            with self._answered:
+                while seq not in self._answers:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._stream.ended.is_set():
+                        raise SandboxError(f"the egress proxy did not confirm the policy change within {timeout:g} s")
+                    self._answered.wait(min(left, 0.1))
+                answer = self._answers.pop(seq)
+        if answer.get("event") == "policy.refused":
+            raise SandboxError(f"the egress proxy refused the policy change: {answer.get('reason')}")
+        if answer.get("sha256") != policy.sha256():
+            raise SandboxError("the egress proxy applied another policy than the one sent")
+        return {"sha256": answer["sha256"], "cut": answer.get("cut", 0), "audit_only": bool(answer.get("audit_only"))}
 
     def _wait_ready(self) -> None:
         """The proxy's ``proxy.listening`` line on the decision stream, or its stderr if it died first."""

@@ -216,8 +216,9 @@ def proxy_container_config(policy: Policy, run: RunSpec, egress_network: str, up
     cfg.update(
         Env=env,
         Entrypoint=["python3", "-S", "-m", "toolcage.worker.egress.proxy"],
-        AttachStdin=False,
-        OpenStdin=False,
+        # stdin: the runner's control lines (a live policy change, Egress.update), held by the runner alone
+        AttachStdin=True,
+        OpenStdin=True,
         StdinOnce=False,
         NetworkDisabled=False,
     )

@@ -80,6 +80,27 @@ def audit_call(audit: Any, run_id: str, params: dict[str, Any] | None, r: CallRe
         )
 
 
+def network_changed(audit: Any, change: Any, old: Any, new: Any) -> None:
+    """``network.changed``: who asked, both policies' digests and networks, the connections cut (on disk at once:
+    a change is rare and matters)."""
+    if audit is None:
+        return
+    from toolcage.policies.typed import to_dict
+
+    audit.event(
+        "network.changed",
+        run_id=change.run_id,
+        requested_by=change.requested_by,
+        old_sha256=change.old_sha256,
+        new_sha256=change.new_sha256,
+        old_network=to_dict(old.network),
+        new_network=to_dict(new.network),
+        cut=change.cut,
+        audit_only=change.audit_only,
+        took_ms=change.took_ms,
+    )
+
+
 def _origin(target: Any) -> str:
     """What a refusal is counted under: the target's origin (a flood varies paths), cut to KEY_CHARS."""
     text = str(target)

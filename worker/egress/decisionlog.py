@@ -10,6 +10,7 @@ thread, and when it is full the drop is counted and reported as ``egress.dropped
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -50,6 +51,14 @@ class DecisionLog:
         except queue.Full:
             with self._lock:
                 self._dropped += 1
+
+    def emit_surely(self, event: str, timeout: float = 5.0, **fields: Any) -> None:
+        """As ``emit``, but waits for room rather than drop it: the answer to a runner's control line (a flood of
+        refusals never hides that a policy change took effect)."""
+        record = {k: clip(v) for k, v in fields.items()}
+        record.update(event=event, run_id=self._run_id, component="egress-proxy", timestamp=time.time())
+        with contextlib.suppress(queue.Full):
+            self._queue.put(record, timeout=timeout)
 
     def _take_dropped(self) -> int:
         with self._lock:

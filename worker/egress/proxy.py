@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -79,15 +80,66 @@ async def _read(r: asyncio.StreamReader, timeout: float = IDLE_TIMEOUT_S) -> byt
     return await asyncio.wait_for(r.read(CHUNK), timeout)
 
 
+@dataclasses.dataclass(eq=False)
+class Live:
+    """One connection the proxy relays now: what was decided for it, and its two ends (cut at a policy change
+    that no longer allows it)."""
+
+    url: str  # scheme://host:port/ of its target
+    method: str | None
+    addresses: tuple[str, ...]
+    ends: tuple[asyncio.StreamWriter, ...]
+
+    def resolve(self, _host: str) -> tuple[str, ...]:
+        """The addresses it was connected to: a change is judged on them, never on a new lookup."""
+        return self.addresses
+
+
 class Proxy:
     def __init__(self, policy: Policy, log: DecisionLog, upstream: tuple[str, int] | None = None) -> None:
         self.policy = policy
         self.log = log
         self.upstream = upstream
         self.slots = asyncio.Semaphore(MAX_CLIENTS)
+        self.live: set[Live] = set()
 
     async def _decide(self, url: str, method: str | None) -> Decision:
         return await asyncio.to_thread(decide, Request(url, method), self.policy, system_resolver)
+
+    def _record(self, event: str, rec: dict[str, Any], d: Decision, **more: Any) -> None:
+        """An allowed decision's record (audit-only: with what the allowlist would have refused)."""
+        extra = {"would_deny": d.would_deny} if d.would_deny is not None else {}
+        self.log.emit(event, **rec, **more, **extra, reason=d.reason)
+
+    def apply(self, line: bytes) -> None:
+        """One control line from the runner (the proxy's stdin, which only the runner holds: the sandbox reaches
+        the proxy through its socket alone): ``{"seq": n, "policy": {...}}``, the run's whole new policy. It
+        replaces the one in force at once (every later decision uses it); each relayed connection the new policy
+        would refuse (its host, port and method, at the addresses it was connected to) is cut. Answered with
+        ``policy.applied`` (seq, sha256, cut) or ``policy.refused`` (seq, reason), never dropped."""
+        seq: Any = None
+        try:
+            msg = json.loads(line)
+            seq = msg.get("seq") if isinstance(msg, dict) else None
+            if not isinstance(seq, int) or not isinstance(msg.get("policy"), dict):
+                raise ValueError('a control line is {"seq": n, "policy": {...}}')
+            policy = policy_from_json(json.dumps(msg["policy"]))
+        except Exception as exc:  # a bad line changes nothing
+            self.log.emit_surely("policy.refused", seq=seq, reason=f"{type(exc).__name__}: {exc}"[:300])
+            return
+        self.policy = policy
+        cut = 0
+        for conn in list(self.live):
+            d = decide(Request(conn.url, conn.method), policy, conn.resolve)
+            if not d.allowed:
+                cut += 1
+                self.live.discard(conn)
+                for end in conn.ends:
+                    end.transport.abort()
+                self.log.emit("egress.cut", target=conn.url, method=conn.method, reason=d.reason)
+        self.log.emit_surely(
+            "policy.applied", seq=seq, sha256=policy.sha256(), cut=cut, audit_only=policy.network.unsafe_audit_only
+        )
 
     async def _deny(self, w: asyncio.StreamWriter, reason: str, status: int = 403) -> None:
         text = _text(reason)
@@ -230,15 +282,24 @@ class Proxy:
             why = f"tunnel closed: SNI {sni} differs from the CONNECT host {want}"
             self.log.emit("egress.denied", **rec, sni=sni, reason=why)
             return
-        self.log.emit("egress.allowed", **rec, sni=sni, reason=d.reason)
+        self._record("egress.allowed", rec, d, sni=sni)
         try:
             ur, uw = await self._open(d)
         except OSError as exc:
             self.log.emit("egress.error", target=target, error="connect", detail=str(exc))
             return
-        uw.write(hello)
-        await uw.drain()
-        await asyncio.gather(_pipe(r, uw), _pipe(ur, w))
+        live = Live(f"https://{target}/", None, d.addresses, (w, uw))
+        if not decide(Request(live.url, None), self.policy, lambda _h: d.addresses).allowed:
+            uw.close()  # the policy changed while this one connected: never relayed
+            self.log.emit("egress.cut", target=live.url, method=None, reason="the policy changed while it connected")
+            return
+        self.live.add(live)
+        try:
+            uw.write(hello)
+            await uw.drain()
+            await asyncio.gather(_pipe(r, uw), _pipe(ur, w))
+        finally:
+            self.live.discard(live)
 
     async def _plain(self, req: h11.Request, conn: h11.Connection, r: Any, w: asyncio.StreamWriter) -> None:
         target = req.target.decode("ascii")
@@ -260,20 +321,26 @@ class Proxy:
             self.log.emit("egress.denied", **rec, reason=mismatch or d.reason)
             await self._deny(w, mismatch or d.reason)
             return
-        self.log.emit("egress.allowed", **rec, reason=d.reason)
+        self._record("egress.allowed", rec, d)
         try:
             ur, uw = await self._open(d)
         except OSError as exc:
             self.log.emit("egress.error", target=target, error="connect", detail=str(exc))
             await self._deny(w, str(exc), 502)
             return
+        assert d.target is not None
+        live = Live(f"http://{_authority(d.target.host, d.target.port)}/", method, d.addresses, (w, uw))
+        self.live.add(live)
         try:
+            if not decide(Request(live.url, method), self.policy, lambda _h: d.addresses).allowed:
+                raise OSError("the policy changed while it connected")
             await self._relay(req, conn, d, r, w, ur, uw)
         except (h11.ProtocolError, TimeoutError, OSError) as exc:
             self.log.emit("egress.error", target=target, error=type(exc).__name__, detail=str(exc))
             if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 await self._deny(w, f"bad exchange with the upstream: {exc}", 502)
         finally:
+            self.live.discard(live)
             uw.close()
 
     async def _relay(
@@ -328,6 +395,30 @@ class Proxy:
                 raise h11.RemoteProtocolError(f"unexpected {type(ev).__name__} from the upstream")
 
 
+def _authority(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def _control(proxy: Proxy) -> None:
+    """The runner's control lines on stdin, applied in order (bounded: a line past MAX_HEAD is refused)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=MAX_HEAD)
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    except (OSError, ValueError):  # no stdin (an older runner): the policy is fixed for the run
+        return
+    while True:
+        try:
+            line = await reader.readline()
+        except ValueError:  # longer than the limit: refused, and the rest of it skipped
+            proxy.log.emit_surely("policy.refused", seq=None, reason="control line too long")
+            continue
+        if not line:
+            return
+        if line.strip():
+            proxy.apply(line)
+
+
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
     try:
         while True:
@@ -373,6 +464,7 @@ async def main() -> None:
     # it exits (a SIGKILL lost the last ones, so a refusal went unaccounted in the audit log under load)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    control = asyncio.create_task(_control(proxy))
     log.emit("proxy.listening", listen=listen, policy=policy.name, upstream=bool(proxy.upstream))
     try:
         async with server:
@@ -382,6 +474,7 @@ async def main() -> None:
             except TimeoutError:
                 log.emit("proxy.deadline")
     finally:
+        control.cancel()
         log.close()
 
 
