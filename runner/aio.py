@@ -24,7 +24,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar, Unpack
 from toolcage.errors import ToolcageError, UsageError
 from toolcage.interpreter import AsyncCodeInterpreter
 from toolcage.pool import READY_WAIT_S, Pool, Slot
-from toolcage.results import CallResult, RunSummary
+from toolcage.results import CallResult, NetworkChange, RunSummary
 from toolcage.rpc.session import Ended, OnProgress
 from toolcage.sandbox import Sandbox
 
@@ -203,6 +203,12 @@ class AsyncSandbox(AsyncCodeInterpreter):
     async def snapshot(self, target: str | os.PathLike[str] | IO[bytes]) -> SnapshotInfo:
         """As :meth:`Sandbox.snapshot`, on a thread (it writes the archive as the chunks come)."""
         return await _on_thread(self._executor, self._sync.snapshot, target)
+
+    async def update_network(self, network: Any, *, requested_by: str | None = None) -> NetworkChange:
+        """As :meth:`Sandbox.update_network`, on a thread (it waits for the proxy's confirmation)."""
+        return await _on_thread(
+            self._executor, functools.partial(self._sync.update_network, network, requested_by=requested_by)
+        )
 
     async def spawn(self, command: str | None = None, **options: Unpack[SpawnOptions]) -> AsyncProcess:
         """As :meth:`Sandbox.spawn`: the handle's methods are awaited (:class:`toolcage.processes.AsyncProcess`)."""

@@ -123,6 +123,17 @@ class AdoptedBackend:
     def kill(self) -> None:
         self._slot.backend.kill()
 
+    def check_network_changeable(self) -> None:
+        """As the slot's own backend (a live network change: its proxy, started with the slot)."""
+        check = getattr(self._slot.backend, "check_network_changeable", None)
+        if check is None:
+            raise UsageError("this pool's sandboxes have no egress proxy: their network cannot change")
+        check()
+
+    def update_network(self, policy: Any) -> dict[str, Any]:
+        self.check_network_changeable()
+        return dict(self._slot.backend.update_network(policy))
+
     def exit_status(self, timeout: float) -> ExitStatus:
         return self._slot.backend.exit_status(timeout)
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from toolcage.files.upload import UploadResult
     from toolcage.interpreter import CodeContext, Execution, ExecutionError, Result
     from toolcage.processes import AsyncProcess, Process, SpawnOptions
-    from toolcage.results import CallResult, RunSummary
+    from toolcage.results import CallResult, NetworkChange, RunSummary
 
 # a snapshot's target: a path, or a binary stream it is written to
 SnapshotTarget = str | os.PathLike[str] | IO[bytes]
@@ -88,6 +88,10 @@ class SandboxLike(Protocol):
 
     def snapshot(self, target: SnapshotTarget) -> SnapshotInfo:
         """Write what the session holds to ``target``, to resume in a fresh sandbox."""
+        ...
+
+    def update_network(self, network: Any, *, requested_by: str | None = None) -> NetworkChange:
+        """Replace the running sandbox's egress policy (its ``network:`` section) at once; the change in force."""
         ...
 
     def spawn(self, command: str | None = None, **options: Unpack[SpawnOptions]) -> Process:
@@ -186,6 +190,8 @@ class AsyncSandboxLike(Protocol):
     ) -> Changes: ...
 
     async def snapshot(self, target: SnapshotTarget) -> SnapshotInfo: ...
+
+    async def update_network(self, network: Any, *, requested_by: str | None = None) -> NetworkChange: ...
 
     async def spawn(self, command: str | None = None, **options: Unpack[SpawnOptions]) -> AsyncProcess: ...
 

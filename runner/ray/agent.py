@@ -493,6 +493,9 @@ class EngineAgent:
     async def call(self, sid: str, tool: str, params: dict[str, Any] | None, timeout: float | None) -> Outcome:
         return await self._on(sid, lambda sb: sb.call(tool, params, timeout=timeout))
 
+    async def update_network(self, sid: str, network: Any, requested_by: str) -> Outcome:
+        return await self._on(sid, lambda sb: sb.update_network(network, requested_by=requested_by))
+
     async def write_files(self, sid: str, files: dict[str, bytes | str], mode: int) -> Outcome:
         return await self._on(sid, lambda sb: sb.write_files(files, mode=mode))
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from toolcage.files.upload import UploadResult
     from toolcage.processes import AsyncProcess, Process, SpawnOptions
     from toolcage.ray.cluster import Cluster
-    from toolcage.results import CallResult, RunSummary
+    from toolcage.results import CallResult, NetworkChange, RunSummary
     from toolcage.types import AsyncSandboxLike, SandboxLike, SnapshotTarget
 
 
@@ -144,6 +144,12 @@ class ClusterSandbox(CodeInterpreter):
 
     def read_files(self, paths: Iterable[str], *, missing_ok: bool = False) -> dict[str, bytes]:
         result: dict[str, bytes] = self._get(self._ref("read_files", list(paths), missing_ok))
+        return result
+
+    def update_network(self, network: Any, *, requested_by: str | None = None) -> NetworkChange:
+        """As :meth:`toolcage.Sandbox.update_network`, on the node (its agent changes its run's egress proxy);
+        ``requested_by`` defaults to ``cluster:<user>`` of this driver."""
+        result: NetworkChange = self._get(self._ref("update_network", *_network_args(network, requested_by)))
         return result
 
     # the files facet: run here, on the driver, through ``call`` (the agent relays one bounded chunk of the
@@ -297,6 +303,12 @@ class AsyncClusterSandbox(AsyncCodeInterpreter):
         result: UploadResult = await self._await(self._sync._ref("write_files", dict(files), mode))
         return result
 
+    async def update_network(self, network: Any, *, requested_by: str | None = None) -> NetworkChange:
+        result: NetworkChange = await self._await(
+            self._sync._ref("update_network", *_network_args(network, requested_by))
+        )
+        return result
+
     async def read_files(self, paths: Iterable[str], *, missing_ok: bool = False) -> dict[str, bytes]:
         result: dict[str, bytes] = await self._await(self._sync._ref("read_files", list(paths), missing_ok))
         return result
@@ -359,6 +371,15 @@ class AsyncClusterSandbox(AsyncCodeInterpreter):
         if s._agent is not None and s._agent.lost:
             return
         await self.close()
+
+
+def _network_args(network: Any, requested_by: str | None) -> tuple[Any, str]:
+    """A network change as it crosses to the agent: plain data (a NetworkPolicy as its mapping), and who asks."""
+    from toolcage.options import requester
+    from toolcage.policies import NetworkPolicy
+    from toolcage.policies.typed import to_dict
+
+    return (to_dict(network) if isinstance(network, NetworkPolicy) else network), requested_by or requester("cluster")
 
 
 if TYPE_CHECKING:  # the session surface (toolcage.types): mypy names a member these lack or spell differently

@@ -209,3 +209,23 @@ def test_audit_only_lets_through_and_records_what_it_would_refuse(
         raw = sb.call("exec", {"command": GET.format(url="http://other.test:8080/")})
         assert raw.result["stdout"].startswith("403"), raw.result
     assert [c["audit_only"] for c in _records(log, "network.changed")] == [True, False]
+
+
+def test_async_and_pooled_sandboxes_change_too(upstream: dict[str, Any], closed: Path) -> None:  # noqa: F811
+    """AsyncSandbox.update_network is awaited; a pooled sandbox (its slot's proxy, started with the pool) changes
+    as a fresh one does."""
+    import asyncio
+
+    from toolcage import AsyncSandbox, Pool
+
+    async def main() -> None:
+        async with AsyncSandbox(closed, egress_network=upstream["network"]) as sb:
+            change = await sb.update_network(_allow(upstream["subnet"], "api.allowed.test"))
+            assert change.new_sha256 == sb._sync.policy.sha256()
+            assert (await sb.call("http_fetch", {"url": "http://api.allowed.test:8080/as"})).status == "ok"
+
+    asyncio.run(main())
+    with Pool(closed, size=1, egress_network=upstream["network"]) as pool, pool.sandbox() as sb:
+        assert fetch(sb, "http://api.allowed.test:8080/p").status == "error"
+        sb.update_network(_allow(upstream["subnet"], "api.allowed.test"))
+        assert fetch(sb, "http://api.allowed.test:8080/p").status == "ok"

@@ -141,3 +141,22 @@ def test_a_snapshot_resumes_only_under_the_key_that_signed_it(
     finally:
         b.close()
         a.close(stop_agents=True)
+
+
+def test_a_cluster_sandbox_changes_its_network_on_its_node(node: str) -> None:
+    """update_network crosses to the node's agent, which changes its run's egress proxy; a change the floor refuses
+    comes back as the PolicyError it is, and who asked is this driver (cluster:<user>)."""
+    import toolcage.ray as tcr
+    from toolcage import PolicyError
+
+    c = tcr.Cluster({"network": {"mode": "proxy", "allow": []}}, name="doors-net", per_node=PER_NODE, linger_s=1)
+    try:
+        with c.sandbox(node=node) as s:
+            change = s.update_network({"mode": "proxy", "allow": [{"host": "example.test"}]})
+            assert change.requested_by.startswith("cluster:") and change.old_sha256 != change.new_sha256
+            with pytest.raises(PolicyError, match="egress floor"):
+                s.update_network({"mode": "proxy", "allow": [{"host": "169.254.169.254"}]})
+            back = s.update_network({"mode": "none"})
+            assert back.old_sha256 == change.new_sha256
+    finally:
+        c.close(stop_agents=True)
