@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from secrets import token_hex
 from typing import Any
 
-from toolcage import logs, timing
+from toolcage import logs, telemetry, timing
 from toolcage.backends import Backend, ExitStatus, in_container
 from toolcage.engine import ownership
 from toolcage.engine.api import EngineAPI
@@ -132,7 +132,7 @@ class AdoptedBackend:
 
     def update_network(self, policy: Any) -> dict[str, Any]:
         self.check_network_changeable()
-        return dict(self._slot.backend.update_network(policy))
+        return dict(getattr(self._slot.backend, "update_network")(policy))  # noqa: B009 - checked just above
 
     def exit_status(self, timeout: float) -> ExitStatus:
         return self._slot.backend.exit_status(timeout)
@@ -264,6 +264,7 @@ class Pool:
         ]
         if parent is None:
             _POOLS.add(self)
+            telemetry.watch_pool(self)  # its depth (and its images'), while an application's meter asks
         for t in self._threads:
             t.start()
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
-from toolcage import logs
+from toolcage import logs, telemetry
 from toolcage.backends import Backend, BackendOptions, ExitStatus, make_backend
 from toolcage.engine import ownership
 from toolcage.engine.labels import RunSpec, container_name
@@ -127,6 +127,7 @@ class Run:
         Returns the container's transport (None for an adopted run). On failure the door closes the run."""
         if parser is not None:
             self.start_clock()
+        telemetry.run_began(self.run_id, self.options, pooled=parser is None)
         if closer is not None:
             with _LIVE_LOCK:
                 _LIVE[self] = closer
@@ -147,7 +148,8 @@ class Run:
         """The run's container, started by its backend from its spec (``deadline``: epoch seconds;
         ``spec_extra``: the door's fields), with ``parser`` reading its output; the run's session (if
         any) is connected to it. :meth:`begin` does it for a run; a pool, for a slot waiting for one."""
-        transport = self.backend.start(self.spec(deadline, **spec_extra), parser)
+        with telemetry.starting(self.run_id):
+            transport = self.backend.start(self.spec(deadline, **spec_extra), parser)
         if self.session is not None:
             self.session.connect(transport)
         return transport
@@ -170,6 +172,7 @@ class Run:
             calls=calls,
         )
         self.log.info("run.finished", **summary.to_dict())
+        telemetry.run_finished(summary)
         if self.options.audit is not None and self.audited:
             records.flush_refusals(self.run_id)
             self.audit_finished(

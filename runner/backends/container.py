@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 from typing import Any, ClassVar
 
+from toolcage import telemetry
 from toolcage.backends.base import BackendOptions, Background, ExitStatus
 from toolcage.engine import hostpaths, imageconfig
 from toolcage.engine.api import EngineAPI
@@ -190,7 +191,8 @@ class ContainerBackend:
         opts = self.options
         self._egress = Egress(
             self.engine, self.policy, run, opts.egress_network, opts.egress_proxy, self.log,
-            on_decision=audit_decisions(opts.audit, run.run_id),  # written as they happen, not at close
+            # written as they happen, not at close; counted for OpenTelemetry when the application set a provider
+            on_decision=telemetry.egress_decisions(run.run_id, audit_decisions(opts.audit, run.run_id)),
             proxy_image=self._proxy_ref or opts.proxy_image, redact=opts.redact,
         )  # fmt: skip
         self._egress.prepare()

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from typing import Any
 from urllib.parse import urlsplit
 
+from toolcage import telemetry
 from toolcage.policies.codes import EGRESS_DENIED
 from toolcage.policies.contract import USAGE
 from toolcage.results import CallResult
@@ -51,8 +52,12 @@ def secrets_sent(r: CallResult) -> list[dict[str, Any]]:
     return [{k: s.get(k) for k in keep} for s in sent if isinstance(s, dict)] if isinstance(sent, list) else []
 
 
-def audit_call(audit: Any, run_id: str, params: dict[str, Any] | None, r: CallResult) -> None:
-    """``run.call`` (params only as size and digest), then one ``egress.decision`` per SafeFetch decision."""
+def audit_call(audit: Any, run_id: str, params: dict[str, Any] | None, r: CallResult, call_id: object = None) -> None:
+    """``run.call`` (params only as size and digest), then one ``egress.decision`` per SafeFetch decision; the
+    call's ``execute_tool`` span and metrics when the application set an OpenTelemetry provider (``call_id``:
+    the JSON-RPC id)."""
+    if r.tool not in UNAUDITED:
+        telemetry.call_ended(run_id, r, safefetch_decisions, call_id)
     if audit is None or r.tool in UNAUDITED:
         return
     audit.event_later(

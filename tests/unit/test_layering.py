@@ -146,7 +146,15 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "toolcage.interpreter",
     ),
     "home": ("toolcage.run", "toolcage.options", "toolcage.timing", "toolcage.connectors", "toolcage.precheck"),
-    "base": ("toolcage.errors", "toolcage.results", "toolcage.logs", "toolcage.textsafe", "toolcage.workspace"),
+    # telemetry: the OpenTelemetry hooks the run, records, backends and pool call into
+    "base": (
+        "toolcage.errors",
+        "toolcage.results",
+        "toolcage.logs",
+        "toolcage.textsafe",
+        "toolcage.workspace",
+        "toolcage.telemetry",
+    ),
     "files": ("toolcage.files",),
     "backends": ("toolcage.backends",),
     "engine": ("toolcage.engine",),
