@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from toolcage import timing
-from toolcage.errors import SandboxError, UsageError
+from toolcage.errors import PolicyError, SandboxError, ToolcageError, UsageError
 from toolcage.lifecycle import records
 from toolcage.policies.codes import INTERNAL_ERROR, INVALID_PARAMS, SANDBOX_ENDED, error_response
-from toolcage.policies.contract import PING, id_key
+from toolcage.policies.contract import NETWORK, PING, id_key
 from toolcage.results import CallResult, from_response, without_meta
 from toolcage.rpc.session import Ended
 from toolcage.rpc.transport import Broken
@@ -42,6 +42,22 @@ class Forwarder:
 
     def __init__(self, sb: Sandbox) -> None:
         self._run, self._settle = sb.run, sb.settle_configure
+        self._update_network = sb.update_network
+
+    def network(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """``sandbox.network`` from serve's client (the application that started serve, never the sandbox):
+        ``{"network": {...}}``, a live policy change made here on the host (Sandbox.update_network); answered with
+        the change, or an error saying why not. Never forwarded: the worker's copy follows the proxy's."""
+        params = msg.get("params")
+        if not isinstance(params, dict) or set(params) - {"network", "requested_by"} or "network" not in params:
+            return error_response(msg.get("id"), INVALID_PARAMS, "params must be {network: {...}}")
+        by = params.get("requested_by")
+        try:
+            change = self._update_network(params["network"], requested_by=f"serve:{by}"[:128] if by else None)
+        except ToolcageError as exc:
+            code = INVALID_PARAMS if isinstance(exc, PolicyError | UsageError) else INTERNAL_ERROR
+            return error_response(msg.get("id"), code, exc.message)
+        return {"jsonrpc": "2.0", "id": msg.get("id"), "result": change.to_dict()}
 
     def forward(self, line: bytes) -> None:
         """Send one raw request line; its answer comes from :meth:`next_answer`."""
@@ -182,6 +198,11 @@ def _lines(fd: int) -> Iterator[bytes]:
 def _pump_requests(fw: Forwarder, infile: BinaryIO, outfile: _Out, pending: _Pending, drain_id: str) -> None:
     try:
         for line in _lines(infile.fileno()):
+            if b'"sandbox.network"' in line:  # (a quick look first: every other line goes on unparsed)
+                msg = _parsed(line)
+                if isinstance(msg, dict) and msg.get("method") == NETWORK:
+                    outfile.write(fw.network(msg))
+                    continue
             refusal = pending.saw_request(line)
             if refusal is not None:
                 outfile.write(refusal)
@@ -194,6 +215,13 @@ def _pump_requests(fw: Forwarder, infile: BinaryIO, outfile: _Out, pending: _Pen
     # back and no other answer is owed (calls that run code may still be running beside it, and
     # answer later), every request has been answered.
     fw.forward((json.dumps({"jsonrpc": "2.0", "method": PING, "id": drain_id}) + "\n").encode())
+
+
+def _parsed(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 class _Out:

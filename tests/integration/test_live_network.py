@@ -229,3 +229,33 @@ def test_async_and_pooled_sandboxes_change_too(upstream: dict[str, Any], closed:
         assert fetch(sb, "http://api.allowed.test:8080/p").status == "error"
         sb.update_network(_allow(upstream["subnet"], "api.allowed.test"))
         assert fetch(sb, "http://api.allowed.test:8080/p").status == "ok"
+
+
+def test_serve_takes_a_change_from_its_client(
+    upstream: dict[str, Any],  # noqa: F811
+    closed: Path,
+    tmp_path: Path,
+) -> None:
+    """``toolcage serve``: a ``sandbox.network`` request from the client is a change made on the host (answered with
+    the change), never forwarded; the next call sees it. A bad change is an error answer, and serve goes on."""
+    import subprocess
+    import sys
+
+    reqs = [
+        {"jsonrpc": "2.0", "id": 1, "method": "sandbox.network",
+         "params": {"network": _allow(upstream["subnet"], "api.allowed.test"), "requested_by": "harness"}},
+        {"jsonrpc": "2.0", "id": 2, "method": "http_fetch", "params": {"url": "http://api.allowed.test:8080/s"}},
+        {"jsonrpc": "2.0", "id": 3, "method": "sandbox.network",
+         "params": {"network": _allow(upstream["subnet"], "127.0.0.1")}},
+        {"jsonrpc": "2.0", "id": 4, "method": "sandbox.network", "params": ["not", "named"]},
+    ]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolcage.cli", "serve", "--policy", str(closed),
+         "--egress-network", upstream["network"], "--audit-log", str(tmp_path / "a.jsonl")],
+        input="".join(json.dumps(r) + "\n" for r in reqs), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    got = {m["id"]: m for m in map(json.loads, proc.stdout.splitlines())}
+    assert got[1]["result"]["requested_by"] == "serve:harness" and got[1]["result"]["cut"] == 0, got[1]
+    assert got[2]["result"]["status"] == 200, got[2]
+    assert got[3]["error"]["code"] == -32602 and "egress floor" in got[3]["error"]["message"], got[3]
+    assert got[4]["error"]["code"] == -32602, got[4]
