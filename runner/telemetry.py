@@ -22,13 +22,14 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from toolcage import __version__
 from toolcage.results import CallResult, RunSummary
 from toolcage.textsafe import escape
 
+T = TypeVar("T")
 ATTR_CHARS = 256  # the longest attribute value taken from inside a sandbox
 EGRESS_SPANS = 32  # egress decisions per run recorded as spans; every decision is counted
 TOOL_NAMES = 256  # distinct tool names the metrics keep apart (then "other"); spans keep every name
@@ -323,7 +324,7 @@ def starting(run_id: str) -> contextlib.AbstractContextManager[None]:
     return o.phase("toolcage.start", run_id, True) if o is not None else contextlib.nullcontext()
 
 
-def removal(run_id: str, remove: Callable[[], object]) -> Callable[[], object]:
+def removal(run_id: str, remove: Callable[[], T]) -> Callable[[], T]:
     """A run's removal, done now or scheduled (Sandbox.close): ``remove`` run in a ``toolcage.remove`` span under the
     run's, taken now (a removal in the background may end after the run's span, which ends at ``run.finished``)."""
     o = _otel
@@ -331,7 +332,7 @@ def removal(run_id: str, remove: Callable[[], object]) -> Callable[[], object]:
     if o is None or run is None:
         return remove
 
-    def traced() -> object:
+    def traced() -> T:
         with o.phase("toolcage.remove", run_id, False, run):
             return remove()
 
