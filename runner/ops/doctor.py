@@ -21,7 +21,21 @@ def report(probe: bool = False, policy_ref: str = "default", sandbox: str = "aut
     live sandbox under ``policy_ref`` and ``sandbox``)."""
     out: dict[str, Any] = {"findings": [], "warnings": []}
     _checks(out, out["findings"], probe, policy_ref, sandbox)
+    _egress_mode(out)
     return out
+
+
+def _egress_mode(report: dict[str, Any]) -> None:
+    """Whether this host permits audit-only egress (network.unsafe_audit_only: refusals recorded, not enforced)."""
+    from toolcage.options import audit_only_permitted
+    from toolcage.policies import contract
+
+    report["egress_audit_only"] = permitted = audit_only_permitted()
+    if permitted:
+        report["warnings"].append(
+            f"{contract.ENV_EGRESS_AUDIT_ONLY}=allow: a policy or a live change may make a sandbox's egress "
+            "audit-only (what its allowlist would refuse is let through and recorded; the floor still refuses)"
+        )
 
 
 def _checks(report: dict[str, Any], findings: list[str], probe: bool, policy_ref: str, sandbox: str) -> None:
