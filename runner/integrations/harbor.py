@@ -177,7 +177,9 @@ class ToolcageEnvironment(BaseEnvironment):  # type: ignore[misc,unused-ignore]
             return  # start() takes self._network_policy, which the base sets after this
         update = self._sandbox.update_network  # type: ignore[attr-defined,unused-ignore]
         who = {"requested_by": f"harbor {self.session_id}"} if "requested_by" in signature(update).parameters else {}
+        began = time.monotonic()
         change = await update(self._net(network_policy, True), **who)
+        self.timings.append(("network", time.monotonic() - began))
         self.logger.info(f"toolcage network policy changed live: {network_policy.network_mode.value} ({change})")
 
     # -- exec -----------------------------------------------------------------------------------------------

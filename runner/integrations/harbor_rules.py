@@ -13,12 +13,10 @@ user may (an agent kept from the tests): that cannot be given, so it is refused,
 
 from __future__ import annotations
 
-import ipaddress
 import posixpath
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from toolcage.policies.addresses import address_problem
 from toolcage.policies.contract import SANDBOX_UID
 
 MIB = 1 << 20
@@ -77,18 +75,16 @@ def check_user(user: str | int | None) -> None:
 
 def allow_rules(hosts: Iterable[str]) -> list[dict[str, Any]]:
     """Harbor's ``allowed_hosts`` as toolcage allow rules (HTTP and HTTPS on their default ports, through the
-    proxy); ValueError naming an entry the floor would refuse (a private, loopback or metadata address)."""
-    rules: list[dict[str, Any]] = []
-    for host in hosts:
-        try:
-            ip = ipaddress.ip_address(host)
-        except ValueError:
-            ip = None
-        if ip is not None:
-            problem = address_problem(ip)
-            if problem:
-                raise ValueError(f"allowed_hosts: {host} is refused by toolcage's floor ({problem})")
-        rules.append({"host": host, "schemes": ["http", "https"]})
+    proxy); ValueError, when asked, for an entry the egress floor refuses (a private, loopback or metadata
+    address, ``localhost``): the floor's own rule (``policies.decide.change_problem``), as for a live change."""
+    from toolcage.policies import load_policy
+    from toolcage.policies.decide import change_problem
+
+    rules = [{"host": host, "schemes": ["http", "https"]} for host in hosts]
+    checked = load_policy({"network": {"mode": "proxy", "allow": rules}})
+    problem = change_problem(load_policy("default"), checked.network)
+    if problem is not None:
+        raise ValueError(f"allowed_hosts: {problem}")
     return rules
 
 

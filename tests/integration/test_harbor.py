@@ -151,7 +151,7 @@ def test_harbors_classes_take_the_environment(runner: str) -> None:
 
 
 def test_a_network_policy_changed_live_between_the_phases(runner: str, tmp_path: Path) -> None:
-    """The phases task (agent: localhost allowed; verifier: nothing): with ``AsyncSandbox.update_network`` the
+    """The phases task (agent: allowed.example allowed; verifier: nothing): with ``AsyncSandbox.update_network`` the
     verifier phase runs with nothing allowed, reward 1.0; without it Harbor refuses the task, saying why."""
     probe = ["docker", "run", "--rm", "--network", "none", runner, "python3", "-c"]
     dynamic = subprocess.run(
@@ -170,5 +170,6 @@ def test_a_network_policy_changed_live_between_the_phases(runner: str, tmp_path:
     checks = (trial / "verifier" / "checks.txt").read_text()
     result = json.loads((trial / "result.json").read_text())
     assert result["verifier_result"]["rewards"] == {"reward": 1.0}, checks
-    assert "host localhost is not in the allowlist" in checks.splitlines()[1], checks
+    assert "port 8080 is not allowed" in checks.splitlines()[0], checks
+    assert "host allowed.example is not in the allowlist" in checks.splitlines()[1], checks
     assert "changed live" in (trial / "trial.log").read_text()

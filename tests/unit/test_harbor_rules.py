@@ -59,10 +59,11 @@ def test_public_is_refused_unless_the_operator_says_no_network() -> None:
     assert rules.network("public", [], changeable=False, public="no-network") == {"mode": "none"}
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "10.1.2.3", "169.254.169.254", "192.168.0.1"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "10.1.2.3", "169.254.169.254", "192.168.0.1", "localhost"])
 def test_an_allowlist_entry_the_floor_refuses_is_refused_before_start(host: str) -> None:
-    """A private, loopback or metadata address in allowed_hosts is an error at once, naming the floor."""
-    with pytest.raises(ValueError, match=f"{host} is refused by toolcage's floor"):
+    """A private, loopback or metadata address, or localhost, in allowed_hosts is an error at once (the floor's
+    rule for a live change), so Harbor refuses the task before a sandbox starts rather than at a phase."""
+    with pytest.raises(ValueError, match=f"allow rule {host}: .*egress floor always refuses"):
         rules.network("allowlist", ["pypi.org", host], changeable=False)
 
 
