@@ -122,8 +122,11 @@ class Originals:
 
     def _read_one(self, engine: _Archives, cid: str, path: str, cap: int) -> Original:
         got = engine.archive(cid, path)
-        if got is None:
-            raise UsageError(f"writable: the image has nothing at {path}: name a directory of the image")
+        if got is None:  # the engine makes the mount point (a read-only root too): the run starts with it empty
+            empty = os.path.join(self.dir, f"tree-{len(self.trees)}.tar")
+            with tarfile.open(empty, mode="x:", format=tarfile.PAX_FORMAT):
+                pass
+            return Original(path, cap, empty)
         stream, st = got
         mode = int(st.get("mode") or 0)
         if st.get("linkTarget") or not mode & (1 << 31):  # Go's os.ModeDir

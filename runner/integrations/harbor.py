@@ -128,12 +128,7 @@ class ToolcageEnvironment(BaseEnvironment):  # type: ignore[misc,unused-ignore]
         try:
             await sb.start()
         except UsageError as exc:
-            hint = ""
-            if "has nothing at" in str(exc):
-                hint = (
-                    f" (the image must have the directories Harbor uses: RUN mkdir -p {' '.join(rules.HARBOR_PATHS)})"
-                )
-            raise RuntimeError(f"toolcage could not start {self.task_env_config.docker_image}: {exc}{hint}") from exc
+            raise RuntimeError(f"toolcage could not start {self.task_env_config.docker_image}: {exc}") from exc
         return sb
 
     async def start(self, force_build: bool) -> None:
