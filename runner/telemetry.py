@@ -16,6 +16,8 @@ params, results, file contents, code or secret values are ever attributes.
 from __future__ import annotations
 
 import contextlib
+import os
+import queue
 import sys
 import threading
 import time
@@ -112,9 +114,16 @@ def _install(tracer_provider: Any, meter_provider: Any) -> None:
         _otel = _Otel(tracer_provider, meter_provider)
 
 
+def _drain() -> None:
+    """(Tests.) Every call's span made and ended (they are made on the telemetry thread)."""
+    if _otel is not None:
+        _otel.drain()
+
+
 def _reset() -> None:
-    """(Tests.) Forget the providers and every open run."""
+    """(Tests.) Forget the providers and every open run (once the queued calls' spans are made)."""
     global _otel
+    _drain()
     with _lock:
         _otel = None
         _runs.clear()
@@ -136,6 +145,11 @@ class _Otel:
         from opentelemetry.metrics import Observation
 
         self.trace, self.context, self.observation = trace, context, Observation
+        # a call's span and metrics are made off the caller's path (see later): the jobs, how many are not done yet
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._worker: tuple[int, threading.Thread] | None = None  # (pid, thread): a forked child starts its own
         self.tracer = tracer_provider.get_tracer("toolcage", __version__)
         meter = meter_provider.get_meter("toolcage", __version__)
         self.runs_started = meter.create_counter("toolcage.runs.started", "{run}", "Runs begun")
@@ -222,11 +236,50 @@ class _Otel:
                 span.set_status(self.trace.StatusCode.ERROR)
             span.end()
 
-    def call_ended(self, run_id: str, r: CallResult, decisions: list[dict[str, Any]], call_id: object) -> None:
-        end = time.time_ns()
+    def later(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the telemetry thread. Threat to the caller's time: the SDK takes 30-80 us to make a span
+        and record a histogram, 15% of a warm ``ping`` here, and more right after a call, when the sandbox's own
+        work competes for the cores; queued, it runs while the caller waits for its next answer."""
+        with self._idle:
+            self._pending += 1
+            if self._worker is None or self._worker[0] != os.getpid():
+                thread = threading.Thread(target=self._work, name="toolcage-telemetry", daemon=True)
+                self._worker = (os.getpid(), thread)
+                thread.start()
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while True:
+            self._done(self._jobs.get())
+
+    def _done(self, job: Callable[[], None]) -> None:
+        _guarded(job)
+        with self._idle:
+            self._pending -= 1
+            if self._pending <= 0:
+                self._idle.notify_all()
+
+    def drain(self, timeout: float = 2.0) -> None:
+        """Every queued job done (a run's end waits for its calls' spans): the waiting ones here, at once."""
+        if not self._pending:
+            return
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            self._done(job)
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending <= 0, timeout)
+
+    def call_ended(
+        self, run: _RunTrace | None, run_id: str, r: CallResult, decisions: list[dict[str, Any]], call_id: object,
+        ctx: Any, end: int,
+    ) -> None:  # fmt: skip
+        """(On the telemetry thread.) ``run``, ``ctx`` and ``end``: the run's span, the caller's context and the
+        time, as they were when the call was answered."""
         tool, status = _tools.get(r.tool) or safe(r.tool), str(r.status)
-        run, links = _runs.get(run_id), None
-        ctx = self.context.get_current()
+        links = None
         if run is not None:
             if self.trace.get_current_span(ctx).get_span_context().is_valid:
                 links = [self.trace.Link(run.span.get_span_context())]  # the caller's child, linked to its run
@@ -312,9 +365,10 @@ def run_began(run_id: str, options: Any, *, pooled: bool = False) -> None:
 
 
 def run_finished(summary: RunSummary) -> None:
-    """Run.finish: the run's span ends with its status, calls, CPU time and peak memory."""
+    """Run.finish: the run's span ends with its status, calls, CPU time and peak memory, its calls' spans first."""
     o = _otel
     if o is not None:
+        o.drain()
         _guarded(o.run_finished, summary)
 
 
@@ -346,7 +400,8 @@ def call_ended(
     Only a None check while off: a provider set later is found at the next run's start (``run_began``)."""
     o = _otel
     if o is not None:
-        _guarded(lambda: o.call_ended(run_id, r, decisions(r), call_id))
+        run, ctx, end = _runs.get(run_id), o.context.get_current(), time.time_ns()
+        o.later(lambda: o.call_ended(run, run_id, r, decisions(r), call_id, ctx, end))
 
 
 def egress_decisions(run_id: str, inner: Callable[[dict[str, Any]], None] | None) -> Callable[[dict[str, Any]], None]:

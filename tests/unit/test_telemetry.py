@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -37,9 +38,11 @@ class Otel:
         self.tracer = self.tracer_provider.get_tracer("test")
 
     def finished(self, name: str | None = None) -> list[ReadableSpan]:
+        telemetry._drain()  # a call's span is made on the telemetry thread
         return [s for s in self.spans.get_finished_spans() if name is None or s.name == name]
 
     def points(self, name: str) -> list[Any]:
+        telemetry._drain()
         data = self.reader.get_metrics_data()
         if data is None:  # nothing measured since the last read
             return []
@@ -119,6 +122,7 @@ def test_an_api_without_a_provider_emits_nothing() -> None:
         "t.call_ended('r', CallResult('ok', 'ping', 'r'), lambda r: [])\n"
         "t.run_began('r2', o)\n"
         "t.call_ended('r2', CallResult('ok', 'ping', 'r2'), lambda r: [])\n"
+        "t._drain()\n"
         "print([s.name for s in spans.get_finished_spans()])\n"
     )
     assert out.splitlines() == ["None", "['execute_tool ping']"]
@@ -397,3 +401,35 @@ def test_a_broken_provider_never_breaks_a_run() -> None:
         telemetry.run_finished(_summary())
     finally:
         telemetry._reset()
+
+
+def test_call_spans_are_made_off_the_callers_thread_and_a_run_waits_for_them(otel: Otel) -> None:
+    """A call's span is made on the telemetry thread, with the caller's context and the answer's time taken at the
+    call; the run's end waits for every queued one, so its calls' spans are ended when it is."""
+    import threading
+
+    threads: set[str] = set()
+    real = telemetry._Otel.call_ended
+
+    def spy(self: Any, *args: Any) -> None:
+        threads.add(threading.current_thread().name)
+        real(self, *args)
+
+    telemetry.run_began("r1", OPTIONS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(telemetry._Otel, "call_ended", spy)
+        with otel.tracer.start_as_current_span("agent") as agent:
+            for _ in range(100):
+                telemetry.call_ended("r1", _call(), _none)
+        until = time.monotonic() + 10
+        while telemetry._otel is not None and telemetry._otel._pending and time.monotonic() < until:
+            time.sleep(0.01)  # the caller waits (for its next answer): the telemetry thread makes the spans
+        assert threads == {"toolcage-telemetry"}
+        for _ in range(100):
+            telemetry.call_ended("r1", _call(), _none)
+        telemetry.run_finished(_summary(calls=200))
+        calls = [s for s in otel.spans.get_finished_spans() if s.name == "execute_tool run_python"]
+    assert len(calls) == 200
+    (run,) = otel.finished("toolcage.run")
+    parents = [s.parent.span_id for s in calls if s.parent]
+    assert parents.count(agent.get_span_context().span_id) == 100 and parents.count(run.context.span_id) == 100
