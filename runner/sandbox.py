@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Unpack
 
-from toolcage import connectors, timing
+from toolcage import connectors, telemetry, timing
 from toolcage.backends import in_container
 from toolcage.engine.api import EngineAPI
 from toolcage.errors import (
@@ -442,7 +442,7 @@ class Sandbox(CodeInterpreter):
                 raise self._run.dead
             if tool not in records.UNAUDITED:
                 self._run.calls += 1
-            records.audit_call(self.audit, self.run_id, params, result)
+            records.audit_call(self.audit, self.run_id, params, result, call_id=answer.get("id"))
             return result
 
     def update_network(self, network: Any, *, requested_by: str | None = None) -> NetworkChange:
@@ -700,9 +700,9 @@ class Sandbox(CodeInterpreter):
             if run.session is not None:
                 run.session.close_input()
             if self.keep or not self.remove_in_background:
-                run.backend.remove(self.keep)
+                telemetry.removal(run.run_id, functools.partial(run.backend.remove, self.keep))()
             else:  # off the caller's path; finished at exit, and by the reaper if the process dies first
-                removal.schedule(functools.partial(run.backend.remove, False))
+                removal.schedule(telemetry.removal(run.run_id, functools.partial(run.backend.remove, False)))
         finally:
             if run.session is not None:
                 run.session.close()

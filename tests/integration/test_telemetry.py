@@ -106,6 +106,8 @@ def test_a_run_is_one_trace_with_its_calls_and_egress(
     assert run.attributes["toolcage.run.status"] == "ok" and run.attributes["toolcage.run.calls"] == 3
     (start,) = [s for s in spans if s.name == "toolcage.start"]
     assert start.parent is not None and start.parent.span_id == run.context.span_id
+    (removed,) = [s for s in spans if s.name == "toolcage.remove"]
+    assert removed.parent is not None and removed.parent.span_id == run.context.span_id
     calls = [s for s in spans if s.attributes and s.attributes.get("gen_ai.operation.name") == "execute_tool"]
     assert [s.attributes["gen_ai.tool.name"] for s in calls if s.attributes] == [
         "ping",
@@ -117,6 +119,7 @@ def test_a_run_is_one_trace_with_its_calls_and_egress(
         assert [link.context.span_id for link in s.links] == [run.context.span_id]
         assert s.attributes is not None and s.attributes["toolcage.run_id"] == sb.run_id
         assert s.name.isascii() and "\x1b" not in s.name
+        assert isinstance(s.attributes.get("gen_ai.tool.call.id"), str)  # the JSON-RPC id the runner gave it
     assert calls[2].attributes is not None and calls[2].attributes["error.type"] == "error"
     egress = [s for s in spans if s.name == "toolcage.egress"]
     assert len(egress) == telemetry.EGRESS_SPANS
