@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 import yaml
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.otel_capture import Otel, installed
 from toolcage import Sandbox, telemetry, wait_removed
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -43,42 +42,17 @@ print("asked")
 """
 
 
-class Otel:
-    def __init__(self) -> None:
-        self.spans = InMemorySpanExporter()
-        self.tracer_provider = TracerProvider()
-        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.reader = InMemoryMetricReader()
-        self.meter_provider = MeterProvider(metric_readers=[self.reader])
-
-    def points(self, name: str) -> list[Any]:
-        data = self.reader.get_metrics_data()
-        return [
-            p
-            for rm in (data.resource_metrics if data else [])
-            for sm in rm.scope_metrics
-            for m in sm.metrics
-            if m.name == name
-            for p in m.data.data_points
-        ]
-
-
-@pytest.fixture
-def otel() -> Iterator[Otel]:
-    o = Otel()
-    telemetry._install(o.tracer_provider, o.meter_provider)
-    try:
-        yield o
-    finally:
-        telemetry._reset()
-
-
 @pytest.fixture
 def proxy_policy(tmp_path: Path) -> Path:
     p = tmp_path / "telemetry.yaml"
     network = {"mode": "proxy", "allow": [{"host": "nothing.invalid", "schemes": ["http"], "ports": [8080]}]}
     p.write_text(yaml.safe_dump({"name": "telemetry", "network": network, "timeouts": {"call_s": 20, "run_s": 60}}))
     return p
+
+
+@pytest.fixture
+def otel() -> Iterator[Otel]:
+    yield from installed()
 
 
 def test_a_run_is_one_trace_with_its_calls_and_egress(
