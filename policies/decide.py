@@ -207,7 +207,7 @@ def change_problem(current: Policy, network: NetworkPolicy) -> str | None:
             problem = address_problem(ip, private)
             if problem is not None:
                 return f"allow rule {rule.host}: the address is {problem}, which the egress floor always refuses"
-        elif rule.host in ("localhost", "*.localhost") or rule.host.endswith(".localhost"):
+        elif rule.host == "localhost" or rule.host.endswith(".localhost"):
             return f"allow rule {rule.host}: names the machine itself, which the egress floor always refuses"
     return None
 

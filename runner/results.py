@@ -169,7 +169,7 @@ class NetworkChange:
     new_sha256: str
     cut: int  # relayed connections the new policy no longer allows, ended
     audit_only: bool  # network.unsafe_audit_only: refusals are recorded, not enforced
-    took_ms: float  # from the call to the proxy's confirmation (and the worker's)
+    took_ms: float  # from the call to the proxy's confirmation: the change in force
     requested_by: str
 
     def to_dict(self) -> dict[str, Any]:

@@ -473,19 +473,19 @@ class Sandbox(CodeInterpreter):
             old = self.policy
             new = options.network_policy(old, network)
             answer = update(new)
+            # in force at the proxy from here: recorded now, whatever the worker (below) does with its copy
             self.policy, self.options = new, dataclasses.replace(self.options, policy=new)
+            change = NetworkChange(
+                self.run_id, old.sha256(), new.sha256(), int(answer["cut"]), bool(answer["audit_only"]),
+                round((time.monotonic() - started) * 1000, 3), requested_by or options.requester("library"),
+            )  # fmt: skip
+            records.network_changed(self.audit, change, old, new)
+            self.log.info("network.changed", **change.to_dict())
             assert session is not None
             until = time.monotonic() + self.policy.timeouts.call_s
             told = session.request(contract.NETWORK, {"policy": json.loads(new.canonical_json())}, until)
             if isinstance(told, Ended):
                 raise self._run.explain_end(told)
-        who = requested_by or options.requester("library")
-        change = NetworkChange(
-            self.run_id, old.sha256(), new.sha256(), int(answer["cut"]), bool(answer["audit_only"]),
-            round((time.monotonic() - started) * 1000, 3), who,
-        )  # fmt: skip
-        records.network_changed(self.audit, change, old, new)
-        self.log.info("network.changed", **change.to_dict())
         return change
 
     @property
