@@ -259,3 +259,13 @@ def test_serve_takes_a_change_from_its_client(
     assert got[2]["result"]["status"] == 200, got[2]
     assert got[3]["error"]["code"] == -32602 and "egress floor" in got[3]["error"]["message"], got[3]
     assert got[4]["error"]["code"] == -32602, got[4]
+
+
+def test_a_long_allowlist_changes_in_one_line(upstream: dict[str, Any], closed: Path) -> None:  # noqa: F811
+    """A policy of 2,000 allow rules (its control line well past the proxy's 64 KiB request-head limit) is one
+    change, confirmed, and in force."""
+    hosts = [f"h{i}.example.test" for i in range(2000)]
+    with Sandbox(closed, egress_network=upstream["network"]) as sb:
+        change = sb.update_network(_allow(upstream["subnet"], *hosts, "api.allowed.test"))
+        assert len(sb.policy.canonical_json()) > 64 * 1024 and change.cut == 0
+        assert fetch(sb, "http://api.allowed.test:8080/long").status == "ok"

@@ -37,6 +37,7 @@ from toolcage.worker.egress import clienthello, headcheck
 from toolcage.worker.egress.decisionlog import DecisionLog
 
 MAX_HEAD = 64 * 1024
+CONTROL_MAX = 1 << 20  # one control line (a whole policy: a long allowlist passes 64 KiB)
 IDLE_TIMEOUT_S = 60.0
 HELLO_TIMEOUT_S = 10.0
 MAX_CLIENTS = 64
@@ -400,9 +401,9 @@ def _authority(host: str, port: int) -> str:
 
 
 async def _control(proxy: Proxy) -> None:
-    """The runner's control lines on stdin, applied in order (bounded: a line past MAX_HEAD is refused)."""
+    """The runner's control lines on stdin, applied in order (bounded: a line past CONTROL_MAX is refused)."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=MAX_HEAD)
+    reader = asyncio.StreamReader(limit=CONTROL_MAX)
     try:
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     except (OSError, ValueError):  # no stdin (an older runner): the policy is fixed for the run
