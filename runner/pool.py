@@ -689,6 +689,7 @@ class Pool:
         if self.audit is not None:
             self.audit.drain()
         _POOLS.discard(self)
+        telemetry.unwatch_pool(self)
 
     def __enter__(self) -> Pool:
         return self

@@ -435,7 +435,12 @@ def watch_pool(pool: Any) -> None:
     _pools.add(pool)
 
 
+def unwatch_pool(pool: Any) -> None:
+    """A pool that closed: the gauge forgets it at once (not when the garbage collector gets to it)."""
+    _pools.discard(pool)
+
+
 __all__ = [
     "call_ended", "egress_decisions", "origin", "reason_class", "removal", "run_began", "run_finished", "safe",
-    "starting", "watch_pool",
+    "starting", "unwatch_pool", "watch_pool",
 ]  # fmt: skip
