@@ -74,9 +74,22 @@ CANCEL_METHODS = frozenset((CANCELLED, "$/cancelRequest"))  # MCP's and LSP's
 PROTOCOL_METHODS = (TOOLS_LIST, PING, USAGE)  # answered by the worker itself, not a tool
 
 
+_json_str = json.encoder.encode_basestring_ascii  # what json.dumps ends in for a str (ensure_ascii)
+
+
 def id_key(req_id: Any) -> str:
     """A request id (or progress token) as one canonical string, the same on both sides: ``1`` and
-    ``"1"`` stay apart, and a structured id (a hostile one) still makes one key."""
+    ``"1"`` stay apart, and a structured id (a hostile one) still makes one key.
+
+    A str or int id (nearly every one; it is keyed several times per call on each side) takes the two
+    functions ``json.dumps`` itself ends in for them, without building an encoder: the same text
+    (tests/unit/test_id_key.py compares them over many ids). Anything else (bool, float, None, a str or int
+    subclass, a structure) goes through ``json.dumps``."""
+    t = type(req_id)
+    if t is str:
+        return _json_str(req_id)
+    if t is int:
+        return int.__repr__(req_id)
     return json.dumps(req_id, sort_keys=True, separators=(",", ":"))
 
 
