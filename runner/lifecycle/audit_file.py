@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,53 @@ GENESIS = "0" * 64
 SCAN_MAX = 1 << 20  # how far back a writer looks for the last whole record behind a torn line
 
 
+# json.dumps(x, sort_keys=True, separators=(",", ":"), default=str), without building an encoder per call
+CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+_json_str = json.encoder.encode_basestring_ascii  # what the encoder ends in for a str (and every key)
+
+
 def chain(prev: str, record: dict[str, Any]) -> tuple[str, str]:
     """The record's canonical JSON (without "hash") and its chained hash: the one definition
-    that the writer and verify() share."""
-    body = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
+    that the writer and verify() share (``Record.chained`` makes the same text in pieces)."""
+    body = CANONICAL.encode(record)
     return body, hashlib.sha256((prev + body).encode()).hexdigest()
+
+
+# where "prev" and "seq" go in a record's canonical JSON: placeholders no record's content can spell (random per
+# process), encoded with the record and split out after
+_MARK = secrets.token_hex(16)
+_PREV_AT, _SEQ_AT = f'"prev":"{_MARK}p"', f'"seq":"{_MARK}s"'
+
+
+class Record:
+    """A record made ready for the chain by whoever makes it (the caller's thread, not the writer's): its
+    canonical JSON, encoded once, in three pieces split where ``prev`` and ``seq`` go, so that chaining it
+    under the log's lock is a join and one sha256. ``chained`` gives the text ``chain`` gives for the same
+    record with ``seq`` and ``prev`` set (tests/unit/test_audit_record.py compares them)."""
+
+    __slots__ = ("_fields", "_parts", "event")
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.event = str(fields.get("event"))
+        self._fields: dict[str, Any] | None = None
+        self._parts: tuple[str, str, str] = ("", "", "")
+        try:
+            body = CANONICAL.encode({**fields, "prev": f"{_MARK}p", "seq": f"{_MARK}s"})
+        except TypeError:  # keys that do not sort beside "prev" (not from keyword arguments): encoded when chained
+            self._fields = {k: v for k, v in fields.items() if k not in ("prev", "seq")}
+            return
+        head, found, rest = body.partition(_PREV_AT)  # the top level's: sorted, "prev" comes before "seq"
+        mid, found2, tail = rest.partition(_SEQ_AT)
+        assert found and found2, "the placeholders are in every record encoded with them"
+        self._parts = (head, mid, tail)
+
+    def chained(self, prev: str, seq: int) -> tuple[str, str]:
+        """The canonical JSON with ``seq`` and ``prev`` (without "hash"), and its chained hash."""
+        if self._fields is not None:
+            return chain(prev, {**self._fields, "prev": prev, "seq": seq})
+        head, mid, tail = self._parts
+        body = f'{head}"prev":{_json_str(prev)}{mid}"seq":{int.__repr__(seq)}{tail}'
+        return body, hashlib.sha256((prev + body).encode()).hexdigest()
 
 
 def _record(line: bytes) -> dict[str, Any] | None:
@@ -83,21 +126,12 @@ def now() -> str:
 
 
 class AuditFile:
-    """The structlog 'logger' at the end of the chain: writes one chained record per call."""
+    """The log file: appends chained records."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.batch: list[dict[str, Any]] | None = None  # set by the writer thread to write many records at once
 
-    def msg(self, **record: Any) -> None:
-        if self.batch is not None:
-            self.batch.append(record)
-        else:
-            self.commit([record])
-
-    info = warning = error = msg
-
-    def commit(self, records: list[dict[str, Any]]) -> None:
+    def commit(self, records: list[Record]) -> None:
         """Chain and append records under an exclusive lock, then fsync once: all of them, or none.
 
         Threat: a full disk tearing the chain. A failed append is cut back to where it began
@@ -119,12 +153,10 @@ class AuditFile:
             seq = int(last["seq"]) if last else 0
             out = ["\n"] if no_newline else []
             if torn:
-                records = [self._repair(torn, seq), *records]
+                records = [Record(self._repair(torn, seq)), *records]
             for record in records:
                 seq += 1
-                record["seq"] = seq
-                record["prev"] = prev
-                body, prev = chain(prev, record)
+                body, prev = record.chained(prev, seq)
                 # "hash" goes last; verify() recomputes from the record without it, in sorted order
                 out.append(f'{body[:-1]},"hash":"{prev}"}}\n')
             view = memoryview("".join(out).encode())
