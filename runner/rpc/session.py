@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import queue
-import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -104,6 +104,65 @@ class Cancel:
             return not self._cancelled
 
 
+class _Ids:
+    """Request ids: 64 bits each from the OS's CSPRNG, read 512 ids at a time. One read per call cost a
+    syscall that let go of the GIL, and the reader thread took it mid-call; ids read in bulk are as
+    unguessable (a sandbox that sees its own ids learns nothing of the next), and a forked child reads
+    its own. Each id is handed out once: a list iterator's ``next`` is atomic."""
+
+    BULK = 512
+
+    def __init__(self) -> None:
+        self._it: Iterator[str] = iter(())
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._it = iter(())
+
+    def __call__(self) -> str:
+        for req_id in self._it:
+            return req_id
+        raw = os.urandom(8 * self.BULK).hex()
+        self._it = it = iter([raw[i : i + 16] for i in range(0, len(raw), 16)])
+        return next(it)
+
+
+_new_id = _Ids()
+
+
+class _Signal:
+    """A one-shot ``threading.Event`` (``set``, ``is_set``, ``wait``) made of one held lock: the waiter blocks in
+    the lock's C acquire and ``set`` releases it. A call makes one per request; an Event builds a Condition and
+    its Python waiter list for it, and its ``set`` and ``wait`` run that Condition's Python on both threads."""
+
+    __slots__ = ("_flag", "_lock")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        if self._flag:
+            return
+        self._flag = True
+        with contextlib.suppress(RuntimeError):  # set twice at once: the other release won
+            self._lock.release()
+
+    def wait(self, timeout: float) -> bool:
+        """True once set (at once if it was); False if ``timeout`` seconds passed first."""
+        if self._flag:
+            return True
+        if self._lock.acquire(timeout=min(max(timeout, 0), threading.TIMEOUT_MAX)):
+            with contextlib.suppress(RuntimeError):  # released again: every later wait passes at once
+                self._lock.release()
+            return True
+        return self._flag
+
+
 class _Slot:
     """Where the reader thread leaves the answer to one pending request (and, for an async
     caller, ``notify`` wakes its event loop)."""
@@ -111,7 +170,7 @@ class _Slot:
     __slots__ = ("answer", "event", "notify", "on_progress")
 
     def __init__(self, on_progress: OnProgress | None = None) -> None:
-        self.event = threading.Event()
+        self.event = _Signal()
         self.answer: dict[str, Any] | None = None
         self.on_progress = on_progress
         self.notify: Callable[[], None] | None = None
@@ -212,7 +271,7 @@ class Session:
 
     def _new_slot(self, on_progress: OnProgress | None = None) -> tuple[str, str, _Slot | None]:
         # unguessable ids: a forged answer would have to know the id of the call it answers
-        req_id = secrets.token_hex(8)
+        req_id = _new_id()
         key, slot = id_key(req_id), _Slot(on_progress)
         with self._lock:
             if self._end is not None:
@@ -318,7 +377,7 @@ class Session:
         A pooled sandbox's ``sandbox.configure`` goes out this way, and the run's first call right
         behind it: the worker serves configure on its main thread before it reads on, so the call
         runs after the configuration, and nobody waits a round trip for an answer that says nothing new."""
-        req_id = secrets.token_hex(8)
+        req_id = _new_id()
         key, slot = id_key(req_id), _Slot()
         line = encode_request(req_id, method, params)
         with self._lock:
