@@ -19,7 +19,11 @@ Measures, in the same run and interleaved (``--runs`` rounds, medians printed):
      worker on the host over plain pipes beside an echo loop over pipes (no toolcage host code: the
      difference is the worker's own Python per ping); and a cProfile of that worker (``--sandbox none``,
      ``python -m toolcage.worker`` under ``-m cProfile``), grouped by package, per ping (two runs of
-     different lengths subtracted, so its start-up is left out).
+     different lengths subtracted, so its start-up is left out);
+  4. issue 40's call-path goals, each PASS or MISS against its floor from this run: sequential calls/s
+     (audit on, the default) >= 0.67x the echo floor; pipelined calls/s (64 in flight on one
+     ``AsyncSandbox``) >= 30,000 or >= 0.34x the echo loop's own pipelined rate; warm
+     ``run_python pass`` <= 5 ms (median).
 
 Containers it makes are named ``toolcage-bench-split-*`` and removed by it.
 """
@@ -40,7 +44,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from bench.calls import ECHO_LINES, REQUEST, bench_container
+from bench.calls import ECHO_LINES, REQUEST, bench_container, raw_echo, toolcage_pipelined
 from toolcage import DEFAULT_IMAGE, Sandbox
 from toolcage.policies import load_policy
 
@@ -73,6 +77,45 @@ def echo_floor(image: str, calls: int) -> dict[str, float]:
         with contextlib.suppress(Exception):
             engine.kill(cid)
         engine.remove(cid)
+
+
+def audit_paired(image: str, calls: int, blocks: int = 8) -> float:
+    """Calls/s with the audit log over calls/s without it, on one warm sandbox, blocks of ``calls // blocks``
+    alternating (the sandbox's log swapped between them: the default one, then none): the median of the
+    pairs' ratios. Less moved by a shared machine than two sandboxes measured one after the other."""
+    ratios = []
+    with Sandbox(image=image, tool=TOOL) as sb:
+        log = sb.audit
+        for _ in range(200):
+            sb.call("ping")
+        n = max(calls // blocks, 50)
+        try:
+            for _ in range(blocks):
+                rate = {}
+                for on in (True, False):
+                    sb.audit = log if on else None
+                    t0 = ns()
+                    for _ in range(n):
+                        sb.call("ping")
+                    rate[on] = n / ((ns() - t0) / 1e9)
+                ratios.append(rate[True] / rate[False])
+        finally:
+            sb.audit = log
+    return statistics.median(ratios)
+
+
+def warm_run_python(image: str, calls: int) -> float:
+    """Median ms of ``run_python`` with ``pass`` on one warm sandbox (audit on, the default)."""
+    with Sandbox(image=image, tool=TOOL) as sb:
+        for _ in range(10):
+            sb.call("run_python", {"code": "pass"})
+        out = []
+        for _ in range(calls):
+            t = ns()
+            r = sb.call("run_python", {"code": "pass"})
+            out.append((ns() - t) / 1e6)
+            assert r.ok, r
+        return statistics.median(out)
 
 
 def calls_per_s(image: str, audit: Any, calls: int) -> float:
@@ -375,12 +418,14 @@ def main() -> int:
     args = ap.parse_args()
 
     rates: dict[str, list[float]] = defaultdict(list)
+    paired: list[float] = []
     splits: dict[str, dict[str, list[float]]] = {"default": defaultdict(list), "off": defaultdict(list)}
     floor_rtt: list[float] = []
     pipes: dict[str, list[float]] = defaultdict(list)
     for r in range(args.runs):
         rates["audit on (default)"].append(calls_per_s(args.image, None, args.calls))
         rates["audit off"].append(calls_per_s(args.image, False, args.calls))
+        paired.append(audit_paired(args.image, args.calls))
         f = echo_floor(args.image, args.calls)
         rates["raw echo floor"].append(f["per_s"])
         floor_rtt.append(f["rtt_us"])
@@ -393,6 +438,9 @@ def main() -> int:
     print(file=sys.stderr)
     wprof = worker_profile(args.calls)
     wsys = worker_syscalls(args.calls)
+    floor_piped = raw_echo(args.image, args.calls)["pipelined_per_s"]
+    piped = toolcage_pipelined(args.image, 4 * args.calls)
+    warm_py = warm_run_python(args.image, 100)
 
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"\nsequential ping calls/s on one warm sandbox (median of {args.runs} rounds, {args.calls} calls each)")
@@ -401,6 +449,10 @@ def main() -> int:
     audit_cost = 1e6 / med["audit on (default)"] - 1e6 / med["audit off"]
     lost = 1 - med["audit on (default)"] / med["audit off"]
     print(f"  the audit log costs {audit_cost:.1f} µs/call ({lost:.0%} of throughput)")
+    print(
+        f"  paired on one sandbox (blocks with and without the log, alternating): {statistics.median(paired):.2f}x"
+        " the calls/s without it"
+    )
 
     d = {k: statistics.median(v) for k, v in splits["default"].items()}
     o = {k: statistics.median(v) for k, v in splits["off"].items()}
@@ -453,6 +505,22 @@ def main() -> int:
         f" {1e6 / on - floor:.0f} µs beyond the floor's round trip the largest parts are "
         + ", ".join(f"{k} ({v:.0f} µs)" for k, v in top)
     )
+
+    def verdict(ok: bool) -> str:
+        return "PASS" if ok else "MISS"
+
+    seq = on / med["raw echo floor"]
+    piped_ok = piped >= 30_000 or piped >= 0.34 * floor_piped
+    print("\ngoals (issue 40, the call path; floors from this run)")
+    print(
+        f"  {'sequential calls/s, audit on':<34}{on:>9,.0f}/s  {seq:.2f}x the echo floor (goal >= 0.67x)"
+        f"  {verdict(seq >= 0.67)}"
+    )
+    print(
+        f"  {'pipelined calls/s (64 in flight)':<34}{piped:>9,.0f}/s  {piped / floor_piped:.2f}x the echo loop's"
+        f" {floor_piped:,.0f}/s (goal >= 30,000/s or >= 0.34x)  {verdict(piped_ok)}"
+    )
+    print(f"  {'warm run_python pass':<34}{warm_py:>9.2f} ms (median; goal <= 5 ms)  {verdict(warm_py <= 5.0)}")
     return 0
 
 
