@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from toolcage.worker.protocol import readable
+from toolcage.worker.protocol import readable, serve_framed
 
 WAITS_MAX = 16  # calls waiting on background processes at once (each a thread); more wait for a free one
 
@@ -86,9 +86,7 @@ class Loop:
             if self.dispatcher.alone(msg):
                 while self._count():  # until every code call has ended (the last one out swept)
                     self._wait(read=self.channel.readable_soon)
-            response = self.dispatcher.handle(line, msg)
-            if response:
-                self.channel.send(response)
+            self._answer(line, msg)
             return
         limit = self.dispatcher.concurrency()
         while self._count() >= limit:
@@ -104,9 +102,7 @@ class Loop:
 
     def _call(self, line: bytes | None, msg: Any, waiting: bool = False) -> None:
         try:
-            response = self.dispatcher.handle(line, msg)
-            if response:
-                self.channel.send(response)
+            self._answer(line, msg)
         finally:
             with self._lock:
                 if waiting:
@@ -117,6 +113,12 @@ class Loop:
                 os.write(self._wake_w, b"x")
             except BlockingIOError:
                 pass  # the main thread has wake-ups waiting already
+
+    def _answer(self, line: bytes | None, msg: Any) -> None:
+        """Serve one request and send its answer (with its data frame, when the call made one)."""
+        response, frame = serve_framed(line, lambda: self.dispatcher.handle(line, msg))
+        if response:
+            self.channel.send(response, frame)
 
     def _count(self, waiting: bool = False) -> int:
         with self._lock:

@@ -4,6 +4,14 @@ Threat: tool code (a handler's ``print``, a child that floods stdout, code that 
 stdin) corrupting the JSON-RPC framing. At start-up the worker moves the protocol to
 private, close-on-exec descriptors and points fd 0 at /dev/null and fd 1 at stderr, so
 nothing but :class:`Channel` can ever write a response or read a request.
+
+The data path (issue 40): bulk bytes (an upload's or a download's chunk) travel as a **data frame**
+beside the JSON, not as base64 inside it. A frame is a line ``=<size>`` (no JSON text starts with
+``=``) followed by exactly ``size`` raw bytes, and it belongs to the message line right after it: the
+request whose params say ``"frame": size`` (the worker hands the bytes to that call: :func:`incoming`),
+or the answer whose result says so (a call that asked for one with ``"frame": true``: :func:`send_frame`).
+A frame is at most ``FRAME_MAX`` bytes; the runner takes one only in the answer to a request that asked
+for it (``toolcage.rpc.transport``), so the sandbox cannot use frames to make the runner hold more.
 """
 
 from __future__ import annotations
@@ -17,23 +25,63 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+FRAME_MAX = 8 << 20  # raw bytes one data frame may carry (either way)
+FRAME_MARK = b"="
 _REQUEST_KEYS = frozenset(("jsonrpc", "method", "params", "id"))
+
+
+class Framed(bytes):
+    """A message line that came right after a data frame: the frame's bytes ride along as ``frame``."""
+
+    frame: bytes = b""
+
+
+BAD_FRAME = Framed(b"=")  # LineSplitter: a frame header that is not ``=<digits>`` or is over its cap
+
+
+def frame_size(line: bytes, cap: int) -> int | None:
+    """The size a frame header line announces, or None when it is malformed or over ``cap``."""
+    digits = line[1:]
+    if not digits.isdigit() or len(digits) > 10:
+        return None
+    size = int(digits)
+    return size if size <= cap else None
 
 
 class LineSplitter:
     """Cuts a byte stream into newline-terminated lines without ever holding more than
     ``max_line`` bytes: a longer line is reported once, as ``None``, and the rest of it is
     dropped up to its newline. Shared by both ends of the channel (the worker reading
-    requests, the runner reading the worker's and the egress proxy's output)."""
+    requests, the runner reading the worker's and the egress proxy's output).
 
-    def __init__(self, max_line: int) -> None:
+    With ``frames`` (a cap in bytes) it also takes data frames (the module's note): the frame's bytes
+    are read raw into one buffer of the announced size and the next line comes out as :class:`Framed`
+    carrying them; a bad header comes out as ``BAD_FRAME``. Without, a ``=`` line is a line like any."""
+
+    def __init__(self, max_line: int, frames: int = 0) -> None:
         self.max_line = max_line
+        self.frames = frames
         self.buf = bytearray()  # the unfinished line (never over max_line)
         self.skipping = False  # inside a line already reported as too long
+        self.raw: bytearray | None = None  # the frame being read (its announced size, allocated once)
+        self.raw_got = 0
+        self.frame: bytes | None = None  # a whole frame, waiting for its line
+
+    @property
+    def raw_left(self) -> int:
+        return len(self.raw) - self.raw_got if self.raw is not None else 0
 
     def feed(self, data: bytes) -> Iterator[bytes | None]:
         start = 0
         while True:
+            if self.raw is not None:
+                take = min(len(self.raw) - self.raw_got, len(data) - start)
+                self.raw[self.raw_got : self.raw_got + take] = memoryview(data)[start : start + take]
+                self.raw_got += take
+                start += take
+                if self.raw_got < len(self.raw):
+                    return
+                self.frame, self.raw = bytes(self.raw), None
             nl = data.find(b"\n", start)
             if not self.skipping:
                 self.buf += data[start:] if nl < 0 else data[start:nl]
@@ -46,9 +94,22 @@ class LineSplitter:
             start = nl + 1
             if self.skipping:
                 self.skipping = False
+                self.frame = None  # the line it belonged to is gone
             else:
                 line = bytes(self.buf)
                 self.buf.clear()
+                if self.frames and line[:1] == FRAME_MARK:
+                    size = None if self.frame is not None else frame_size(line, self.frames)
+                    if size is None:
+                        self.frame = None
+                        yield BAD_FRAME
+                    else:
+                        self.raw, self.raw_got = bytearray(size), 0
+                    continue
+                if self.frame is not None:
+                    framed = Framed(line)
+                    framed.frame, self.frame = self.frame, None
+                    line = framed
                 yield line
 
 
@@ -81,6 +142,38 @@ def progress_token(params: Any) -> str | int | None:
     return token if type(token) in (str, int) else None
 
 
+def _size(line: bytes | None) -> int:
+    """What a queued line holds: its bytes and its frame's."""
+    return len(line or b"") + len(getattr(line, "frame", b""))
+
+
+_frames = threading.local()  # the data frames of the call this thread serves (Loop sets and clears them)
+
+
+def incoming() -> bytes | None:
+    """The data frame that came with the request this thread is serving (None: none came)."""
+    return getattr(_frames, "incoming", None)
+
+
+def send_frame(data: bytes) -> int:
+    """Send ``data`` as the data frame of the answer this thread is making; its size, for the result's
+    ``frame`` (the runner checks the two agree)."""
+    _frames.outgoing = data
+    return len(data)
+
+
+def serve_framed(line: bytes | None, handle: Callable[[], str]) -> tuple[str, bytes | None]:
+    """``handle()`` with the line's frame as :func:`incoming`; its response and the frame it sends (if any).
+    A frame belongs to one call's answer: a batch's answer never carries one."""
+    _frames.incoming, _frames.outgoing = getattr(line, "frame", None), None
+    try:
+        response = handle()
+        frame = _frames.outgoing
+    finally:
+        _frames.incoming = _frames.outgoing = None
+    return response, (frame if response[:1] == "{" else None)
+
+
 _CHUNK = 256 * 1024
 QUEUE_MAX_BYTES = 1 << 20  # requests read and queued; beyond it the channel is not read (back-pressure)
 _CONTROL_HINT = b"ancel"  # every control method has it (notifications/cancelled, $/cancelRequest): a cheap pre-check
@@ -92,7 +185,7 @@ class Channel:
     def __init__(self, fd_in: int, fd_out: int, max_line: int = MAX_REQUEST_BYTES) -> None:
         self._in = fd_in
         self._out = fd_out
-        self._splitter = LineSplitter(max_line)
+        self._splitter = LineSplitter(max_line, FRAME_MAX)
         self._buf = bytearray(_CHUNK)
         self._view = memoryview(self._buf)
         self._queue: deque[bytes | None] = deque()  # lines read, not yet served
@@ -132,7 +225,7 @@ class Channel:
         while True:
             while self._queue:
                 line = self._queue.popleft()
-                self.queued_bytes -= len(line or b"")
+                self.queued_bytes -= _size(line)
                 yield line
             if self._eof:
                 return
@@ -158,26 +251,37 @@ class Channel:
             self._route(line)
 
     def _route(self, line: bytes | None) -> None:
+        if line is BAD_FRAME:
+            line = None  # answered as a line the worker could not take (the runner never sends one)
         if line is not None and self.on_control is not None and _CONTROL_HINT in line and self.on_control(line):
             return
         self._queue.append(line)
-        self.queued_bytes += len(line or b"")
+        self.queued_bytes += _size(line)
 
-    def send(self, line: str) -> None:
-        """Write one response line; JSON encoding guarantees it contains no raw newline."""
+    def send(self, line: str, frame: bytes | None = None) -> None:
+        """Write one response line (JSON encoding guarantees it contains no raw newline), after its data
+        frame when it has one: both in one go under the lock, so no other answer comes between them."""
         data = line.encode("utf-8") + b"\n"
-        view = memoryview(data)
+        views = (
+            [memoryview(data)]
+            if frame is None
+            else [memoryview(b"=%d\n" % len(frame)), memoryview(frame), memoryview(data)]
+        )
         with self._send_lock:
-            while view:
-                n = os.write(self._out, view)
-                view = view[n:]
+            while views:
+                n = os.writev(self._out, views)
+                while views and n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                if views:
+                    views[0] = views[0][n:]
 
     def pop(self) -> tuple[bool, bytes | None]:
         """The next line read and not yet served, if any: (True, line), else (False, None)."""
         if not self._queue:
             return False, None
         line = self._queue.popleft()
-        self.queued_bytes -= len(line or b"")
+        self.queued_bytes -= _size(line)
         return True, line
 
     @property

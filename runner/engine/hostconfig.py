@@ -144,7 +144,12 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
         "PortBindings": {},
         "PublishAllPorts": False,
         "AutoRemove": False,  # the runner removes it after reading State.OOMKilled
-        "LogConfig": {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}},
+        # No container log: dockerd would JSON-encode every byte of the protocol stream (each answer, each file
+        # a download sends, unredacted) into a file on the host, a copy of the run at rest and a cost on every
+        # call (binary data frames most: 4x slower downloads). A --keep run keeps a small one for `docker logs`.
+        "LogConfig": (
+            {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}} if run.keep else {"Type": "none"}
+        ),
     }
     config: dict[str, Any] = {
         "Image": run.image,

@@ -1,16 +1,16 @@
 """Files out of a sandbox: ``Sandbox.download`` fetches the worker's tar stream and extracts it safely.
 
-Threat: every byte of the stream is chosen by code in the sandbox. Each chunk is checked (base64,
-its sha256, its size) and the runner holds one at a time; a stream that passes its caps or stalls
-is stopped. The entries are checked and extracted by toolcage.files.safetar into a staging directory
-inside ``local_dir``, renamed into place only when the whole stream was good: a failure leaves
-nothing under a final name (nor the directory, if the download made it).
+Threat: every byte of the stream is chosen by code in the sandbox. Each chunk comes as its answer's
+data frame (toolcage.worker.protocol: raw bytes beside the JSON, not base64 inside it), taken by the
+transport only for a call that asked for one and only up to FRAME_MAX; the runner holds one at a time;
+a stream that passes its caps or stalls is stopped. The entries are checked and extracted by
+toolcage.files.safetar into a staging directory inside ``local_dir``, renamed into place only when the
+whole stream was good: a failure leaves nothing under a final name (nor the directory, if the download
+made it).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import hashlib
 import io
@@ -26,13 +26,14 @@ from toolcage.files.outbound import safe_name as safe_name  # re-exported: the d
 from toolcage.files.safetar import _MAX_SKIPPED, DownloadError, DownloadLimit, DownloadResult, DownloadUsage, show
 from toolcage.policies import codes
 from toolcage.textsafe import escape
+from toolcage.worker.protocol import FRAME_MAX
 
 if TYPE_CHECKING:
     from toolcage.results import CallResult
 
 DEFAULT_MAX_BYTES = 4 << 30  # file content a download may write when no policy says more (Sandbox: out_bound)
 DEFAULT_MAX_FILES = 100_000  # entries (files, directories, links) a download may make
-MAX_CHUNK = 6 << 20  # raw bytes one answer may carry (the worker sends at most 4 MiB)
+MAX_CHUNK = FRAME_MAX  # raw bytes one answer may carry (the worker sends at most 4 MiB)
 _MAX_EMPTY = 16  # the worker always sends data or ends the stream: more empty chunks than this is a stall
 
 
@@ -76,19 +77,20 @@ class _Chunks(io.RawIOBase):
 
     def _next(self) -> bytes:
         first = self._stream is None
-        ans = _answer(self._call(self._first if first else {"stream": self._stream}), first)
+        # the chunk comes as the answer's data frame (toolcage.worker.protocol): the transport checked its size
+        ans = _answer(self._call({**(self._first if first else {"stream": self._stream}), "frame": True}), first)
         try:
-            data = base64.b64decode(ans["data"], validate=True)
-            ok = hashlib.sha256(data).hexdigest() == ans["sha256"] and isinstance(ans["done"], bool)
+            data = ans["frame"]
+            ok = isinstance(data, bytes) and isinstance(ans["done"], bool)
             stream, skipped, count = (
                 str(ans["stream"]),
                 list(ans.get("skipped") or ()),
                 int(ans.get("skipped_count", 0)),
             )
-        except (KeyError, TypeError, ValueError, binascii.Error):
+        except (KeyError, TypeError, ValueError):
             raise DownloadError("download: the worker sent a malformed chunk") from None
         if not ok or len(data) > MAX_CHUNK:
-            raise DownloadError("download: a chunk does not match its sha256 (or is too large); nothing was kept")
+            raise DownloadError("download: the worker sent a malformed chunk (or one too large); nothing was kept")
         self._stream, self._done = stream, ans["done"]
         self._empty = 0 if data or self._done else self._empty + 1
         if self._empty > _MAX_EMPTY:

@@ -15,8 +15,6 @@ pytest make 0700 ones); the rule applies to everything beneath it.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import queue
 import stat
@@ -36,7 +34,7 @@ if TYPE_CHECKING:
     from toolcage.results import CallResult
 
 _MAX_WITHHELD = 100  # withheld names kept for the report (all are counted)
-CHUNK = 1 << 20  # raw bytes per call: a call holds ~11 copies of its params (base64, JSON, audit), ~13 MiB peak
+CHUNK = 2 << 20  # raw bytes per call, each sent as the call's data frame (toolcage.worker.protocol), not in its JSON
 _PIECE = 1 << 20
 
 Call = Callable[[dict[str, Any]], "CallResult"]  # one ``upload`` call
@@ -217,7 +215,7 @@ def _chunks(pieces: Iterator[bytes]) -> Iterator[bytes]:
     for piece in pieces:
         buf += piece
         while len(buf) >= CHUNK:
-            yield bytes(buf[:CHUNK])
+            yield bytes(memoryview(buf)[:CHUNK])  # one copy (a bytearray slice would make two)
             del buf[:CHUNK]
     yield bytes(buf)
 
@@ -280,13 +278,12 @@ def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = Fals
     made aborts the stream: the worker keeps nothing)."""
     ans = _answer(call({"path": remote_dir, **({"base": True} if base else {})}), True)
     stream = str(ans.get("stream", ""))
-    ahead = _Ahead(_encoded(_chunks(tar)))  # the next chunk is made while the worker takes this one
+    ahead = _Ahead(_chunks(tar))  # the next chunk is made while the worker takes this one
     try:
         item = ahead.next()
         while item is not None:
             nxt = ahead.next()
-            data, digest = item
-            ans = _answer(call({"stream": stream, "data": data, "sha256": digest, "done": nxt is None}), False)
+            ans = _answer(call({"stream": stream, "frame": item, "done": nxt is None}), False)
             item = nxt
     except OSError as exc:  # the local tree changed under the walk
         call({"stream": stream, "abort": True})  # the worker drops what it extracted
@@ -298,11 +295,6 @@ def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = Fals
         ahead.stop()
     files, dirs, symlinks, size = (int(ans.get(k, 0)) for k in ("files", "dirs", "symlinks", "bytes"))
     return UploadResult(str(ans.get("path", remote_dir)), files, dirs, symlinks, size)
-
-
-def _encoded(chunks: Iterator[bytes]) -> Iterator[tuple[str, str]]:
-    for data in chunks:
-        yield base64.b64encode(data).decode("ascii"), hashlib.sha256(data).hexdigest()
 
 
 class _Ahead:

@@ -25,7 +25,7 @@ import jsonrpcclient
 from toolcage.errors import BadToolCall
 from toolcage.policies import codes
 from toolcage.rpc.transport import EOF_MARK, Broken, StreamParser, Transport, id_key
-from toolcage.worker.protocol import MAX_REQUEST_BYTES
+from toolcage.worker.protocol import FRAME_MARK, FRAME_MAX, MAX_REQUEST_BYTES
 
 _INLINE_SEND = 64 * 1024  # request lines up to this are written from the event loop itself
 CANCEL_SEND_S = 1.0  # a cancel that the worker does not take in this time is dropped (its call times out as usual)
@@ -36,12 +36,18 @@ def _cancelled_answer(req_id: str) -> dict[str, Any]:
 
 
 def encode_request(req_id: str, method: str, params: dict[str, Any] | None) -> bytes:
-    """One request line, refused on the host when the worker could not take it.
+    """One request line, refused on the host when the worker could not take it. Params whose ``frame`` is
+    bytes send them as the line's data frame (toolcage.worker.protocol: the data path), ``frame`` then its size.
 
     Threat: a request over the worker's line limit (``MAX_REQUEST_BYTES``, the constant the worker's
     reader uses) is answered with id null, which the runner cannot tie to any call: the stream
     breaks and the sandbox is killed, with a misleading error. It is a params error instead,
     before anything is sent, and the sandbox goes on."""
+    frame = params.get("frame") if params else None
+    if isinstance(frame, bytes | bytearray | memoryview):  # the data path: the bytes go as a frame, not in JSON
+        if len(frame) > FRAME_MAX:
+            raise BadToolCall(f"a data frame is at most {FRAME_MAX} bytes", tool=method)
+        params = {**(params or {}), "frame": len(frame)}
     line = json.dumps(jsonrpcclient.request(method, params=params or None, id=req_id))  # ASCII: len is bytes
     if len(line) > MAX_REQUEST_BYTES:
         raise BadToolCall(
@@ -52,6 +58,8 @@ def encode_request(req_id: str, method: str, params: dict[str, Any] | None) -> b
             request_bytes=len(line),
             limit_bytes=MAX_REQUEST_BYTES,
         )
+    if isinstance(frame, bytes | bytearray | memoryview):
+        return b"".join((b"=%d\n" % len(frame), frame, line.encode(), b"\n"))
     return (line + "\n").encode()
 
 
@@ -287,7 +295,8 @@ class Session:
         if on_progress is not None:  # MCP's convention; the worker takes _meta out of the params
             params = {**(params or {}), "_meta": {"progressToken": req_id}}
         line = encode_request(req_id, method, params)
-        self.parser.expect(req_id, req_id if on_progress else None)  # before sending: the answer may come at once
+        # before sending: the answer may come at once (with a data frame only when the request asked for one)
+        self.parser.expect(req_id, req_id if on_progress else None, frame=bool(params and params.get("frame") is True))
         return line
 
     async def request_async(
@@ -409,9 +418,11 @@ class Session:
 
     # lines forwarded as they are (`toolcage serve`) ----------------------------------------
     def forward(self, line: bytes) -> None:
-        """Send one raw request line (the worker validates it); its answer comes from :meth:`next_forwarded`."""
+        """Send one raw request line (the worker validates it); its answer comes from :meth:`next_forwarded`.
+        A line that would read as a data frame's header (``=``: toolcage.worker.protocol) goes with a space
+        before it: the worker answers it as the JSON it is not, instead of taking the lines after it as a frame."""
         self.parser.expect_answer_to(line)
-        self._send(line)
+        self._send(b" " + line if line[:1] == FRAME_MARK else line)
 
     def next_forwarded(self, timeout: float) -> Any:
         """The next answer to a forwarded line, EOF_MARK, a Broken, or None if ``timeout`` passed first."""

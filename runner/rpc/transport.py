@@ -19,7 +19,15 @@ from typing import Any, Protocol
 
 from toolcage.policies.contract import PROGRESS
 from toolcage.policies.contract import id_key as id_key  # for session.py until it imports the contract
-from toolcage.worker.protocol import LineSplitter, progress_token, valid_request
+from toolcage.worker.protocol import (
+    BAD_FRAME,
+    FRAME_MARK,
+    FRAME_MAX,
+    Framed,
+    LineSplitter,
+    progress_token,
+    valid_request,
+)
 
 STDERR_TAIL_BYTES = 64 * 1024
 EOF_MARK = object()
@@ -90,16 +98,21 @@ class StreamParser:
         self._token_of: dict[str, str] = {}  # id -> the progress token its request registered
         self._unidentified = 0  # answers with id null still owed (serve: lines that carried no usable id)
         self._batches = 0  # batch answers still owed (serve)
+        self._framed: set[str] = set()  # ids whose answer may come with a data frame
         self.closed = False
         self.broken = False
 
     # what the runner is waiting for ------------------------------------------------------
-    def expect(self, req_id: Any, progress_token: Any = None) -> None:
+    def expect(self, req_id: Any, progress_token: Any = None, frame: bool = False) -> None:
         """A request with this id is about to be sent: its answer may come (and, with a
-        ``progress_token``, progress notifications until then)."""
+        ``progress_token``, progress notifications until then; with ``frame``, a data frame before it, of at
+        most FRAME_MAX bytes: toolcage.worker.protocol)."""
         key = id_key(req_id)
         with self._lock:
             self._pending[key] = self._pending.get(key, 0) + 1
+            if frame:
+                self._framed.add(key)
+                self._lines.frames = FRAME_MAX  # a frame header is taken (and its buffer made) only while one may come
             if progress_token is not None:
                 token = id_key(progress_token)
                 self._tokens[token] = self.PROGRESS_MAX
@@ -160,12 +173,27 @@ class StreamParser:
                 return f"an answer to no pending call (id {key[:40]})"
             if left == 1:
                 del self._pending[key]
+                self._framed.discard(key)
+                if not self._framed:
+                    self._lines.frames = 0
                 token = self._token_of.pop(key, None)
                 if token is not None:
                     self._tokens.pop(token, None)  # none may come after the answer
             else:
                 self._pending[key] = left - 1
             return None
+
+    def _take_frame(self, msg: Any, frame: bytes) -> bool:
+        """A data frame came before ``msg``: it must be the answer to a request that asked for one, whose
+        result's ``frame`` gives the frame's size; the bytes take its place (``result["frame"]``)."""
+        result = msg.get("result") if isinstance(msg, dict) else None
+        if not isinstance(result, dict) or type(result.get("frame")) is not int or result["frame"] != len(frame):
+            return False
+        with self._lock:
+            if type(msg.get("id")) not in (str, int) or id_key(msg["id"]) not in self._framed:
+                return False
+        result["frame"] = frame
+        return True
 
     def _claim_progress(self, msg: dict[str, Any]) -> str | None:
         """A progress notification for a pending request that asked for it (lock held)."""
@@ -190,6 +218,9 @@ class StreamParser:
             if line is None:
                 self._break(f"the worker sent a line longer than {self.max_line} bytes")
                 return
+            if line is BAD_FRAME or line[:1] == FRAME_MARK:  # (taken as a line: no call may get a frame now)
+                self._break("the sandbox sent a data frame no call asked for, or one that is too large")
+                return
             if not line.strip():
                 continue
             try:
@@ -201,6 +232,9 @@ class StreamParser:
                 self._break("the worker sent JSON that is not a JSON-RPC message")
                 return
             msg = self._redact(msg)
+            if isinstance(line, Framed) and not self._take_frame(msg, line.frame):
+                self._break("the sandbox sent a data frame with a message that cannot carry it")
+                return
             unexpected = self._claim(msg)
             if unexpected is DROP:
                 continue

@@ -317,8 +317,7 @@ def _stream(entries: list[tuple[str, bytes | str | None]]) -> Callable[[dict[str
     data = buf.getvalue()
 
     def call(params: dict[str, Any]) -> CallResult:
-        chunk = {"stream": "s", "data": base64.b64encode(data).decode(), "done": True}
-        return CallResult("ok", "download", "r", {**chunk, "sha256": hashlib.sha256(data).hexdigest()})
+        return CallResult("ok", "download", "r", {"stream": "s", "frame": data, "done": True})
 
     return call
 

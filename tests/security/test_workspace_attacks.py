@@ -24,7 +24,6 @@ Run under runc and gVisor (TOOLCAGE_SANDBOX=gvisor).
 
 from __future__ import annotations
 
-import base64
 import copy
 import hashlib
 import hmac
@@ -647,8 +646,7 @@ class FakeWorker:
         res = {
             "stream": "s1",
             "offset": self.pos,
-            "data": base64.b64encode(data).decode(),
-            "sha256": hashlib.sha256(data).hexdigest(),
+            "frame": data,  # the chunk as the transport hands on its data frame
             "done": self.pos + len(data) >= len(self.stream),
             "skipped": [],
         }

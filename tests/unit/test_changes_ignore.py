@@ -3,8 +3,6 @@ read in the host's repository, never the sandbox's copy; listed in Changes.ignor
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import io
 import os
 import subprocess
@@ -45,8 +43,7 @@ class FakeWorker:
         res = {
             "stream": "s1",
             "offset": self.pos,
-            "data": base64.b64encode(data).decode(),
-            "sha256": hashlib.sha256(data).hexdigest(),
+            "frame": data,  # the chunk as the transport hands on its data frame
             "done": self.pos + len(data) >= len(self.stream),
             "skipped": [],
         }

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.framed import call_tool
 from toolcage.files import download as transfer
 from toolcage.files.download import DownloadUsage
 from toolcage.policies import validate_policy
@@ -37,11 +38,11 @@ class InProcess:
 
     def __call__(self, params: dict[str, Any]) -> CallResult:
         try:
-            res = self.tool.handler(self.s, self.tool.validate(params))
+            res = call_tool(self.tool, self.s, params)
         except WorkerError as exc:
             err = {"code": exc.code, "message": str(exc), "data": getattr(exc, "data", None)}
             return CallResult("error", "download", "run", error=err)
-        self.sizes.append(len(base64.b64decode(res["data"])))
+        self.sizes.append(len(res["frame"]) if "frame" in res else len(base64.b64decode(res["data"])))
         if len(self.sizes) == 1 and self.between is not None:
             self.between()
         return CallResult("ok", "download", "run", result=res)

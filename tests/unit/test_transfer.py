@@ -3,8 +3,6 @@ is refused or skipped by its own check, with its own message, and leaves nothing
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import io
 import os
 import stat
@@ -56,10 +54,10 @@ class Worker:
         data = next(self.pieces, None)
         done = data is None
         data = data or b""
+        assert params.get("frame") is True  # every chunk is asked for as a data frame
         result = {
             "stream": "s1",
-            "data": base64.b64encode(data).decode(),
-            "sha256": hashlib.sha256(data).hexdigest(),
+            "frame": data,  # as the transport hands it on (the frame's bytes in place of its size)
             "done": done,
             "skipped": self.skipped if self.calls == 1 else [],
             "skipped_count": len(self.skipped) if self.calls == 1 else 0,
@@ -265,14 +263,15 @@ def test_garbage_refused(tmp_path: Path) -> None:
     refused(tmp_path, b"\xff" * 4096, "broken tar stream")
 
 
-def test_chunk_hash_mismatch_refused(tmp_path: Path) -> None:
-    """A chunk that does not match its sha256 (corrupted on the way) is refused."""
+@pytest.mark.parametrize("frame", [3, "abc", None, b"x" * (transfer.MAX_CHUNK + 1)])
+def test_a_chunk_that_is_no_frame_is_refused(tmp_path: Path, frame: Any) -> None:
+    """An answer whose chunk is not a data frame's bytes (its size left as is, text, nothing) or is over the cap."""
 
     def call(params: dict[str, Any]) -> CallResult:
-        res = {"stream": "s", "data": base64.b64encode(b"abc").decode(), "sha256": "0" * 64, "done": True}
+        res = {"stream": "s", "frame": frame, "done": True}
         return CallResult("ok", "download", "run", result=res)
 
-    with pytest.raises(DownloadError, match="sha256"):
+    with pytest.raises(DownloadError, match="malformed chunk"):
         transfer.download(call, "/scratch/x", tmp_path / "out")
 
 
@@ -327,7 +326,7 @@ def test_endless_empty_chunks_refused(tmp_path: Path) -> None:
     """A worker that answers empty chunks and never ends the stream is stopped, not waited on forever."""
 
     def call(params: dict[str, Any]) -> CallResult:
-        res = {"stream": "s", "data": "", "sha256": hashlib.sha256(b"").hexdigest(), "done": False}
+        res = {"stream": "s", "frame": b"", "done": False}
         return CallResult("ok", "download", "run", result=res)
 
     with pytest.raises(DownloadError, match="empty chunks"):

@@ -28,6 +28,7 @@ from typing import Annotated, Any
 from annotated_types import Ge, Le, MaxLen
 
 from toolcage.worker.errors import BadParams, ToolError
+from toolcage.worker.protocol import send_frame
 from toolcage.worker.settings import SCRATCH, Settings
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
@@ -48,6 +49,9 @@ class DownloadParams:
     )
     stream: Annotated[str, MaxLen(64)] | None = doc("the stream id an earlier call answered: its next chunk", None)
     chunk_bytes: Annotated[int, Ge(1), Le(MAX_CHUNK)] = MAX_CHUNK
+    frame: bool = doc(
+        "send the chunk as a data frame before the answer (the protocol's data path), not as base64", False
+    )
     paths: Annotated[tuple[Annotated[str, MaxLen(MAX_PATH)], ...], MaxLen(100_000)] | None = doc(
         "only these entries, relative to path (a directory), each by its own path in the tar (a directory "
         "is sent as one, not its contents); one that is missing is named in skipped",
@@ -285,11 +289,15 @@ def download(s: Settings, p: DownloadParams) -> dict[str, Any]:
         with _lock:
             _streams.pop(sid, None)
         st.close()
+    chunk = (
+        {"frame": send_frame(data)}
+        if p.frame
+        else {"data": base64.b64encode(data).decode("ascii"), "sha256": hashlib.sha256(data).hexdigest()}
+    )
     return {
         "stream": sid,
         "offset": offset,
-        "data": base64.b64encode(data).decode("ascii"),
-        "sha256": hashlib.sha256(data).hexdigest(),
+        **chunk,
         "done": done,
         "skipped": skipped,
         "skipped_count": count,

@@ -28,9 +28,10 @@ import tarfile
 import threading
 from typing import Annotated, Any, cast
 
-from annotated_types import MaxLen
+from annotated_types import Ge, Le, MaxLen
 
 from toolcage.worker.errors import NoSpace, ToolError
+from toolcage.worker.protocol import FRAME_MAX, incoming
 from toolcage.worker.settings import SCRATCH, WORKSPACE, Settings
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
@@ -52,6 +53,10 @@ class UploadParams:
     stream: Annotated[str, MaxLen(64)] | None = doc("the stream id the opening call answered", None)
     data: Annotated[str, MaxLen(4 * MAX_CHUNK // 3 + 8)] = doc("the next chunk of the tar, base64", "")
     sha256: Annotated[str, MaxLen(64)] = doc("sha256 of the chunk's raw bytes", "")
+    frame: Annotated[int, Ge(0), Le(FRAME_MAX)] | None = doc(
+        "the chunk came as the data frame before this request, of this many bytes (in place of data and sha256)",
+        None,
+    )
     done: bool = doc("the last chunk: extract and move into place", False)
     abort: bool = doc("drop the stream and what it extracted so far (the host could not finish it)", False)
     base: bool = doc(f"the run's copy of the workspace itself, into {WORKSPACE} (at start or resume)", False)
@@ -334,6 +339,22 @@ def _finish(st: _Stream) -> dict[str, Any]:
     }
 
 
+def _chunk(p: UploadParams) -> bytes:
+    """The call's chunk: its data frame (toolcage.worker.protocol), or its base64 ``data`` checked by ``sha256``."""
+    if p.frame is not None:
+        data = incoming()
+        if data is None or len(data) != p.frame:
+            raise ToolError("upload: the chunk's data frame is missing or not of its size; nothing was kept", {})
+        return data
+    try:
+        data = base64.b64decode(p.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ToolError("upload: a chunk is not base64; nothing was kept", {}) from None
+    if hashlib.sha256(data).hexdigest() != p.sha256:
+        raise ToolError("upload: a chunk does not match its sha256; nothing was kept", {})
+    return data
+
+
 def upload(s: Settings, p: UploadParams) -> dict[str, Any]:
     if (p.path is None) == (p.stream is None):
         raise ToolError("give either path (to open a stream) or stream (with its next chunk)", {})
@@ -350,13 +371,7 @@ def upload(s: Settings, p: UploadParams) -> dict[str, Any]:
         st.close()
         return {"stream": st.id, "done": True, "aborted": True}
     try:
-        try:
-            data = base64.b64decode(p.data, validate=True)
-        except (binascii.Error, ValueError):
-            raise ToolError("upload: a chunk is not base64; nothing was kept", {}) from None
-        if hashlib.sha256(data).hexdigest() != p.sha256:
-            raise ToolError("upload: a chunk does not match its sha256; nothing was kept", {})
-        st.write(data)
+        st.write(_chunk(p))
         if not p.done:
             return {"stream": st.id, "received": st.received, "done": False}
         out = _finish(st)
@@ -376,7 +391,8 @@ TOOLS = [
         "upload",
         f"Receive a tar (PAX) in base64 chunks and extract it into a directory under {SCRATCH} (or a "
         f"writable {WORKSPACE}): call with "
-        "path to open a stream, then with stream, data and sha256 for each chunk, done on the last. Absolute "
+        "path to open a stream, then with stream, data and sha256 for each chunk (or a data frame: the "
+        "protocol's data path), done on the last. Absolute "
         "names, '..', hard links, devices and writes through symlinks are refused; nothing is kept unless "
         "the whole tar was good. Hosts use Sandbox.upload.",
         UploadParams,
