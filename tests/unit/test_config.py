@@ -103,3 +103,12 @@ def test_caller_supplied_env_cannot_weaken_the_hardening(extra_env: dict[str, st
         assert cfg[key] == base[key]
     assert set(base["Env"]) <= set(cfg["Env"])  # every reserved variable keeps the policy's value
     assert len([e for e in cfg["Env"] if e.startswith("TOOLCAGE_POLICY=")]) == 1
+
+
+def test_no_container_log_but_for_a_kept_run() -> None:
+    """dockerd would copy the whole protocol stream (answers, every file a download sends) into a json-file on
+    the host: a sandbox has no log driver; a --keep run has a 1 MiB one, for `docker logs`."""
+    p = load_policy("default")
+    assert container_config(p, run_spec())["HostConfig"]["LogConfig"] == {"Type": "none"}
+    kept = container_config(p, run_spec(keep=True))["HostConfig"]["LogConfig"]
+    assert kept["Type"] == "json-file" and kept["Config"]["max-size"] == "1m"
