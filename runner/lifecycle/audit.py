@@ -56,8 +56,8 @@ def default_path() -> Path:
 class Audit:
     """Write audit events. ``event`` writes and fsyncs before returning; ``event_later`` queues the
     event (and its time) for a writer thread that makes and writes the record (per-call records: an
-    fsync per call would halve the call rate), and ``drain`` writes whatever is queued now. Records reach the file in the
-    order they were given: whoever writes takes everything queued so far, under one lock. The
+    fsync per call would halve the call rate), and ``drain`` writes whatever is queued now. Records reach
+    the file in the order they were given: whoever writes takes everything queued so far, under one lock. The
     writer is woken once per batch (by the record that finds the queue empty), gathers for
     BATCH_WINDOW_S, and writes the batch with one lock and one fsync.
 
