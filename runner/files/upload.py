@@ -29,6 +29,7 @@ from toolcage.files import mountview
 from toolcage.policies import codes
 from toolcage.policies.gitignore import Rules, ignored, with_own
 from toolcage.textsafe import escape
+from toolcage.worker.tarheader import header
 
 if TYPE_CHECKING:
     from toolcage.results import CallResult
@@ -165,15 +166,7 @@ def measure(local: str | os.PathLike[str], gitignore: bool = False) -> tuple[int
 
 
 def _header(name: str, kind: bytes, st: os.stat_result, size: int = 0, linkname: str = "") -> bytes:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.mtime, info.size, info.linkname = (
-        kind,
-        stat.S_IMODE(st.st_mode),
-        int(st.st_mtime),
-        size,
-        linkname,
-    )
-    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    return header(name, kind, st.st_mode, st.st_mtime, size, linkname)
 
 
 def _tar(local: str, gitignore: bool, withheld: _Withheld | None = None) -> Iterator[bytes]:

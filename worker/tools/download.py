@@ -30,6 +30,7 @@ from annotated_types import Ge, Le, MaxLen
 from toolcage.worker.errors import BadParams, ToolError
 from toolcage.worker.protocol import send_frame
 from toolcage.worker.settings import SCRATCH, Settings
+from toolcage.worker.tarheader import header
 from toolcage.worker.tools import Tool
 from toolcage.worker.tools._params import doc, params
 from toolcage.worker.tools.files import _READ, _walk
@@ -81,16 +82,6 @@ _streams: dict[str, _Stream] = {}
 _lock = threading.Lock()
 
 
-def _header(name: str, kind: bytes, mode: int, mtime: float, size: int = 0, linkname: str = "") -> bytes:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.mode = stat.S_IMODE(mode)
-    info.mtime = int(mtime)
-    info.size = size
-    info.linkname = linkname
-    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-
-
 def _sparse(fd: int, fst: os.stat_result) -> int | None:
     """The bytes a file holds on disk if it is sparse (its size far beyond them: more than twice, plus 1 MiB)
     on a place the sandbox can write, else None. Threat: ``truncate -s 1G`` costs a 64 MiB scratch nothing
@@ -118,7 +109,7 @@ def _file(st: _Stream, name: str, fd: int) -> Iterator[bytes]:
     if held is not None:
         st.skip(name, f"sparse: {fst.st_size} bytes, {held} on disk")
         return
-    yield _header(name, tarfile.REGTYPE, fst.st_mode, fst.st_mtime, fst.st_size)
+    yield header(name, tarfile.REGTYPE, fst.st_mode, fst.st_mtime, fst.st_size)
     sent = 0
     while sent < fst.st_size:
         piece = os.pread(fd, min(_PIECE, fst.st_size - sent), sent)
@@ -139,14 +130,14 @@ def _entry(st: _Stream, name: str, dfd: int, base: str) -> Iterator[bytes]:
         st.skip(name, f"cannot stat: {exc.strerror}")
         return
     if stat.S_ISDIR(lst.st_mode):
-        yield _header(name, tarfile.DIRTYPE, lst.st_mode, lst.st_mtime)
+        yield header(name, tarfile.DIRTYPE, lst.st_mode, lst.st_mtime)
     elif stat.S_ISLNK(lst.st_mode):
         try:
             target = os.readlink(base, dir_fd=dfd)
         except OSError as exc:
             st.skip(name, f"cannot read the link: {exc.strerror}")
             return
-        yield _header(name, tarfile.SYMTYPE, 0o777, lst.st_mtime, linkname=target)
+        yield header(name, tarfile.SYMTYPE, 0o777, lst.st_mtime, linkname=target)
     elif stat.S_ISREG(lst.st_mode):
         try:
             # O_NOFOLLOW: a file swapped for a symlink after it was listed is skipped, not followed
