@@ -144,16 +144,20 @@ class Extractor:
         src = tf.extractfile(m)
         assert src is not None
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
-        with os.fdopen(fd, "wb") as out:
+        try:  # os.write, not a buffered file object: most files of a tree are small, one write each
             left = m.size
             while left:
                 piece = src.read(min(_PIECE, left))
                 if not piece:
                     raise _refuse(m.name, "ends before its size")
-                out.write(piece)
+                view = memoryview(piece)
+                while view:
+                    view = view[os.write(fd, view) :]
                 left -= len(piece)
-            os.fchmod(out.fileno(), m.mode & 0o777)  # & 0o777: setuid, setgid and sticky cleared
-            os.utime(out.fileno(), (m.mtime, m.mtime))
+            os.fchmod(fd, m.mode & 0o777)  # & 0o777: setuid, setgid and sticky cleared
+            os.utime(fd, (m.mtime, m.mtime))
+        finally:
+            os.close(fd)
         self.files += 1
         self.bytes += m.size
 
