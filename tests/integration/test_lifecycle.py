@@ -21,7 +21,13 @@ from toolcage.lifecycle.audit import read, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "policies"
-pytestmark = pytest.mark.usefixtures("no_leaks")
+pytestmark = [
+    pytest.mark.usefixtures("no_leaks"),
+    pytest.mark.runc_only(
+        "ps, doctor, gc after a killed runner, an external kill, a load run: the engine's objects and the"
+        " runner's lifecycle, host-side"
+    ),
+]
 
 
 def objects_of(engine: Any, run_id: str) -> list[str]:

@@ -28,6 +28,11 @@ from toolcage.pool import Pool
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("no_leaks")
+# under gVisor too: test_a_slot_serves_exactly_one_run and the proxy slot with its secret
+POOL_HOST_SIDE = (
+    "the pool's bookkeeping (refill, idle removal, adoption, audit, close, a killed owner) is the runner's,"
+    " alike under either runtime"
+)
 
 
 def pool_objects(engine: Any, pool_id: str) -> list[str]:
@@ -69,6 +74,7 @@ def test_a_slot_serves_exactly_one_run(engine: Any) -> None:
         assert eventually(lambda: engine.inspect(second) is None)
 
 
+@pytest.mark.runc_only(POOL_HOST_SIDE)
 def test_refills_up_to_size_never_beyond(engine: Any) -> None:
     """After runs take slots the pool refills to its size, and never holds more waiting slots than that."""
     with Pool(size=2, audit=False) as pool:
@@ -90,6 +96,7 @@ def test_refills_up_to_size_never_beyond(engine: Any) -> None:
         assert len(engine.containers(label)) == 2 and pool.ready() == 2
 
 
+@pytest.mark.runc_only(POOL_HOST_SIDE)
 def test_idle_timeout_removes_idle_slots(engine: Any, tmp_path: Path) -> None:
     """Slots nobody takes for idle_s are removed (and audited as such); an unused pool is not refilled."""
     audit = tmp_path / "audit.jsonl"
@@ -129,6 +136,7 @@ def test_deadline_is_set_at_adoption_and_enforced(engine: Any, tmp_path: Path) -
         assert sb.summary is not None and sb.summary.status == "timeout"
 
 
+@pytest.mark.runc_only(POOL_HOST_SIDE)
 def test_pooled_run_is_audited_and_labelled(engine: Any, tmp_path: Path) -> None:
     """The slot's labels name the run that adopts it; the audit log has its pool.slot_created, then the
     run's run.started (pool, container), run.call and run.finished under that same run id."""
@@ -239,6 +247,7 @@ def test_proxy_slot_with_connector_and_secret(engine: Any, upstream: dict[str, A
     assert eventually(lambda: pool_objects(engine, pool.id) == []), pool_objects(engine, pool.id)
 
 
+@pytest.mark.runc_only(POOL_HOST_SIDE)
 def test_close_removes_every_slot_with_its_proxy(engine: Any, upstream: dict[str, Any], tmp_path: Path) -> None:
     """pool.close() removes every waiting slot: containers, proxies, networks and volumes."""
     pol = proxy_policy(tmp_path, upstream["subnet"])
@@ -269,6 +278,7 @@ sb.call("run_shell", {"command": "sleep 300", "timeout_s": 300}, timeout=600)
 """
 
 
+@pytest.mark.runc_only(POOL_HOST_SIDE)
 def test_sigkilled_owner_leaves_nothing_gc_keeps(engine: Any, upstream: dict[str, Any], tmp_path: Path) -> None:
     """A process with a proxy pool and an adopted run, SIGKILLed: `toolcage gc` removes every slot, proxy,
     network and volume it left."""
@@ -288,6 +298,7 @@ def test_sigkilled_owner_leaves_nothing_gc_keeps(engine: Any, upstream: dict[str
     assert eventually(lambda: pool_objects(engine, pool_id) == [], timeout=20), pool_objects(engine, pool_id)
 
 
+@pytest.mark.runc_only(POOL_HOST_SIDE)
 def test_serve_pool_runs_each_request_in_a_fresh_sandbox(engine: Any, tmp_path: Path) -> None:
     """`toolcage serve --pool 2`: each request in its own pooled sandbox (a file from one is absent in the
     next), answers matched by id, a batch refused; every run audited, nothing left at exit."""
@@ -309,6 +320,7 @@ def test_serve_pool_runs_each_request_in_a_fresh_sandbox(engine: Any, tmp_path: 
     assert engine.containers("toolcage.tool=servepool") == []
 
 
+@pytest.mark.runc_only(POOL_HOST_SIDE)
 def test_mcp_serve_pool_fresh_per_call(engine: Any) -> None:
     """`toolcage mcp serve --pool 2 --fresh-per-call`: every tools/call in a fresh pooled sandbox."""
     from mcp import ClientSession
@@ -324,6 +336,7 @@ def test_mcp_serve_pool_fresh_per_call(engine: Any) -> None:
     assert [c for c in engine.containers("toolcage.pool") if c["Labels"].get("toolcage.tool") == "mcp"] == []
 
 
+@pytest.mark.runc_only(POOL_HOST_SIDE)
 def test_async_pool_runs_start_without_the_default_executor(engine: Any) -> None:
     """AsyncPool: four runs gathered while the loop's one default-executor thread is busy each adopt a
     container of their own (fresh scratch), and everything the pool made is removed after."""

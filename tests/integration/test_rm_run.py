@@ -19,7 +19,10 @@ from toolcage.engine import sharedfiles
 from toolcage.image.build import record_built
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.usefixtures("no_leaks")
+pytestmark = [
+    pytest.mark.usefixtures("no_leaks"),
+    pytest.mark.runc_only("toolcage rm and gc: the engine's containers, networks and volumes, host-side"),
+]
 
 
 def toolcage(*args: str) -> subprocess.CompletedProcess[str]:
