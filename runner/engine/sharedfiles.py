@@ -293,9 +293,12 @@ def stale_of(
     markers last."""
     now = time.time() if now is None else now
     out: list[tuple[str, str, str]] = []
+    filling: set[str] = set()  # volumes a fill under way writes (Docker refuses to remove them: gc stopped there)
     for c in engine.containers(label):
         if now - float(c.get("Created") or 0) > FILL_STALE_S:
             out.append(("container", str(c["Id"]), f"a fill of {what} whose process did not remove it"))
+        else:
+            filling |= {str(m.get("Name")) for m in c.get("Mounts") or () if m.get("Type") == "volume"}
     volumes = engine.volumes(label)
     present: dict[str, bool] = {}
     names: set[str] = set()
@@ -310,8 +313,8 @@ def stale_of(
             names |= named(labels)
     for v in volumes:
         name, image = v["Name"], (v.get("Labels") or {}).get(label, "")
-        if v.get("Mountpoint") in busy:
-            continue  # a live run's overlay is made of it: later
+        if v.get("Mountpoint") in busy or name in filling:
+            continue  # a live run's overlay is made of it, or a fill writes it: later
         if not present.get(image):
             out.append(("volume", name, f"{what} of image {_short(image) or '?'}, which the engine no longer has"))
         elif name != marker(image) and name not in names:

@@ -199,6 +199,20 @@ def test_gc_finds_what_no_image_or_marker_needs_and_never_what_a_live_run_is_mad
     assert not kept & {name for _, name, _ in found_stale}
     assert found_stale[-1][1] == "toolcage-files-cdcdcdcdcdcd"  # a marker after the volumes it names
     assert sharedfiles.stale(engine, now=sharedfiles.FILL_STALE_S - 1)[0][0] == "volume"  # a fill may be under way
+    # ... and the volumes it writes are left to it (removing one in use, Docker refused and gc stopped there)
+    engine.containers_ = [
+        {
+            "Id": "new-fill",
+            "Created": 0,
+            "Mounts": [
+                {"Type": "volume", "Name": "toolcage-files-abababababab-0000-usr"},
+                {"Type": "bind", "Name": None},
+            ],
+        }
+    ]
+    young = sharedfiles.stale(engine, now=sharedfiles.FILL_STALE_S - 1)
+    assert {n for _, n, _ in young} == {"toolcage-files-cdcdcdcdcdcd"}
+    engine.containers_ = [{"Id": "old-fill", "Created": 0}]
     # the image goes while a run of it lives: its volumes stay until that run's overlays are gone
     engine.images.clear()
     run = sharedfiles.run_volumes("live")
