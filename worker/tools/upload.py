@@ -1,11 +1,12 @@
 """Files into a sandbox: the worker half of ``Sandbox.upload`` (the host writes the tar: toolcage.files.upload).
 
 A call with ``path`` (a directory under /scratch, or under /workspace when the run has a writable
-copy of it) opens a stream; each later call brings the next base64 chunk of a tar (with its sha256)
-and ``done`` on the last. Each chunk is written into a pipe that a thread extracts from, entry by
-entry, into a staging directory on the target's own file system (one chunk in memory at a time, and
-nothing spooled: an upload takes its size in space, not twice it); at ``done`` the staging is renamed
-into place: a failure leaves nothing under a final name, and the staging is removed.
+copy of it) opens a stream; each later call brings the next chunk of a tar (a data frame, or base64 with
+its sha256) and ``done`` on the last. Each chunk is handed to a thread that extracts from them, entry by
+entry, into a staging directory on the target's own file system (at most two chunks in memory: one
+waits while the one before it is extracted, so the call answers at once; nothing spooled: an upload
+takes its size in space, not twice it); at ``done`` the staging is renamed into place: a failure leaves
+nothing under a final name, and the staging is removed.
 
 Checked here, whoever wrote the tar: absolute names, ``..``, hard links, devices, FIFOs and unknown
 entry types are refused, as is any entry under (or named like) a symlink or file the archive made;
@@ -20,7 +21,9 @@ import binascii
 import contextlib
 import errno
 import hashlib
+import io
 import os
+import queue
 import secrets
 import shutil
 import stat
@@ -213,9 +216,38 @@ def merge(src: int, dst: int, shown: str) -> None:
             os.replace(name, name, src_dir_fd=src, dst_dir_fd=dst)
 
 
+class _Feed(io.RawIOBase):
+    """The chunks the calls hand over, read as one file by the extractor thread. At most one waits
+    (``queue.Queue(1)``) beside the one being extracted: a call hands its chunk over and answers at once,
+    so the next chunk travels while this one is extracted (a pipe made each call wait for its own chunk
+    to be written out), and the worker holds two chunks at most."""
+
+    def __init__(self) -> None:
+        self.chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=1)
+        self._buf = memoryview(b"")
+        self._eof = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            if self._eof:
+                return 0
+            item = self.chunks.get()
+            if item is None:
+                self._eof = True
+                return 0
+            self._buf = memoryview(item)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
 class _Stream:
-    """One upload: its tar is extracted as it arrives, by a thread reading a pipe the calls write into,
-    into a staging directory on the target's own file system (renamed into place at ``done``)."""
+    """One upload: its tar is extracted as it arrives, by a thread reading the chunks the calls hand over
+    (``_Feed``), into a staging directory on the target's own file system (renamed into place at ``done``)."""
 
     def __init__(self, s: Settings, loc: Located, base: bool) -> None:
         self.root_path = s.real_root(loc.name)
@@ -231,30 +263,34 @@ class _Stream:
         except BaseException:
             os.close(self.root)
             raise
-        r, self.w = os.pipe2(os.O_CLOEXEC)
+        self.feed = _Feed()
+        self.ended = False  # the end (or an abort) was handed to the extractor
         self.received = 0
         self.result: Extractor | None = None
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._extract, args=(r,), daemon=True, name=f"upload-{self.id}")
+        self.thread = threading.Thread(target=self._extract, daemon=True, name=f"upload-{self.id}")
         self.thread.start()
 
-    def _extract(self, r: int) -> None:
-        with os.fdopen(r, "rb", buffering=_PIECE) as f:
+    def _extract(self) -> None:
+        try:
+            self.result = extract(io.BufferedReader(self.feed, _PIECE), self.stage)
+        except BaseException as exc:  # reported by the call that writes next, or by done
+            self.error = exc
+
+    def _hand(self, item: bytes | None) -> bool:
+        """Give the extractor ``item`` (None: the end); False if it stopped (its error says why)."""
+        while self.thread.is_alive():
             try:
-                self.result = extract(f, self.stage)
-            except BaseException as exc:  # reported by the call that writes next, or by done
-                self.error = exc
+                self.feed.chunks.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(self.w, view) :]
-        except BrokenPipeError:  # the extractor stopped: its error says why
+        if self.error is not None or not self._hand(data):  # the extractor stopped: its error says why
             self.thread.join()
-            raise self._failure() from None
-        except OSError as exc:
-            raise _full(exc, self.root_name) from None
+            raise self._failure()
         self.received += len(data)
 
     def _failure(self) -> BaseException:
@@ -265,18 +301,17 @@ class _Stream:
 
     def finish(self) -> Extractor:
         """The end of the tar: wait for the extractor, then its result (or its error)."""
-        os.close(self.w)
-        self.w = -1
+        self.ended = True
+        self._hand(None)
         self.thread.join()
         if self.error is not None or self.result is None:
             raise self._failure()
         return self.result
 
     def close(self) -> None:
-        if self.w >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.w)  # the extractor sees the end of a short tar and stops
-            self.w = -1
+        if not self.ended:
+            self.ended = True
+            self._hand(None)  # the extractor sees the end of a short tar and stops
         self.thread.join()
         with contextlib.suppress(OSError):
             os.close(self.stage)
