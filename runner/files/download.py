@@ -80,8 +80,9 @@ class _Chunks(io.RawIOBase):
         # the chunk comes as the answer's data frame (toolcage.worker.protocol): the transport checked its size
         ans = _answer(self._call({**(self._first if first else {"stream": self._stream}), "frame": True}), first)
         try:
-            data = ans["frame"]
-            ok = isinstance(data, bytes) and isinstance(ans["done"], bool)
+            frame = ans["frame"]
+            ok = isinstance(frame, bytes) and isinstance(ans["done"], bool)
+            data = frame if isinstance(frame, bytes) else b""
             stream, skipped, count = (
                 str(ans["stream"]),
                 list(ans.get("skipped") or ()),
