@@ -11,6 +11,8 @@ made it).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import hashlib
 import io
@@ -53,6 +55,17 @@ def _answer(res: CallResult, first: bool) -> dict[str, Any]:
     raise DownloadError(f"download failed ({res.status}): {msg}; nothing was kept")
 
 
+def _no_frames(res: CallResult) -> bool:
+    """The answer of a worker from before data frames: its strict params refuse ``frame`` by name."""
+    err = res.error or {}
+    data = err.get("data")
+    return (
+        err.get("code") == codes.INVALID_PARAMS
+        and isinstance(data, list)
+        and any(isinstance(d, dict) and d.get("field") == "frame" for d in data)
+    )
+
+
 class _Chunks(io.RawIOBase):
     """The worker's stream as a file: one chunk held at a time, every answer checked."""
 
@@ -62,6 +75,7 @@ class _Chunks(io.RawIOBase):
         self._stream: str | None = None
         self._done = False
         self._empty = 0  # empty chunks in a row (a worker that never ends the stream)
+        self._framed = True  # until the worker says it takes no data frames
         self.total = 0
 
     def readable(self) -> bool:
@@ -77,18 +91,29 @@ class _Chunks(io.RawIOBase):
 
     def _next(self) -> bytes:
         first = self._stream is None
-        # the chunk comes as the answer's data frame (toolcage.worker.protocol): the transport checked its size
-        ans = _answer(self._call({**(self._first if first else {"stream": self._stream}), "frame": True}), first)
+        # the chunk comes as the answer's data frame (toolcage.worker.protocol): the transport checked its size;
+        # a worker from before frames (an image derived from an older worker image) refuses the parameter, and
+        # its chunks come as base64 with a sha256, as they always did
+        params = self._first if first else {"stream": self._stream}
+        res = self._call({**params, "frame": True} if self._framed else params)
+        if first and self._framed and _no_frames(res):
+            self._framed = False
+            res = self._call(params)
+        ans = _answer(res, first)
         try:
-            frame = ans["frame"]
-            ok = isinstance(frame, bytes) and isinstance(ans["done"], bool)
-            data = frame if isinstance(frame, bytes) else b""
+            if self._framed:
+                frame = ans["frame"]
+                ok = isinstance(frame, bytes) and isinstance(ans["done"], bool)
+                data = frame if isinstance(frame, bytes) else b""
+            else:
+                data = base64.b64decode(ans["data"], validate=True)
+                ok = hashlib.sha256(data).hexdigest() == ans["sha256"] and isinstance(ans["done"], bool)
             stream, skipped, count = (
                 str(ans["stream"]),
                 list(ans.get("skipped") or ()),
                 int(ans.get("skipped_count", 0)),
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, binascii.Error):
             raise DownloadError("download: the worker sent a malformed chunk") from None
         if not ok or len(data) > MAX_CHUNK:
             raise DownloadError("download: the worker sent a malformed chunk (or one too large); nothing was kept")

@@ -15,6 +15,8 @@ pytest make 0700 ones); the rule applies to everything beneath it.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import queue
 import stat
@@ -271,12 +273,16 @@ def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = Fals
     made aborts the stream: the worker keeps nothing)."""
     ans = _answer(call({"path": remote_dir, **({"base": True} if base else {})}), True)
     stream = str(ans.get("stream", ""))
+    # a worker that says it takes data frames gets them; one from before them (an image derived from an older
+    # worker image) gets base64 with a sha256, as it always did
+    framed = ans.get("frames") is True
     ahead = _Ahead(_chunks(tar))  # the next chunk is made while the worker takes this one
     try:
         item = ahead.next()
         while item is not None:
             nxt = ahead.next()
-            ans = _answer(call({"stream": stream, "frame": item, "done": nxt is None}), False)
+            chunk = {"frame": item} if framed else _base64(item)
+            ans = _answer(call({"stream": stream, **chunk, "done": nxt is None}), False)
             item = nxt
     except OSError as exc:  # the local tree changed under the walk
         call({"stream": stream, "abort": True})  # the worker drops what it extracted
@@ -288,6 +294,10 @@ def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = Fals
         ahead.stop()
     files, dirs, symlinks, size = (int(ans.get(k, 0)) for k in ("files", "dirs", "symlinks", "bytes"))
     return UploadResult(str(ans.get("path", remote_dir)), files, dirs, symlinks, size)
+
+
+def _base64(data: bytes) -> dict[str, str]:
+    return {"data": base64.b64encode(data).decode("ascii"), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 class _Ahead:

@@ -153,3 +153,52 @@ def test_the_channel_writes_a_frame_and_its_answer_together(tmp_path: Any) -> No
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_a_worker_from_before_frames_gets_base64_both_ways(tmp_path: Any) -> None:
+    """An image derived from an older worker image: its upload stream does not say ``frames`` and its download
+    refuses the ``frame`` parameter by name. Both still work, as base64 with a sha256."""
+    import base64
+    import hashlib
+    import io
+    import tarfile
+
+    from toolcage.files import download as transfer
+    from toolcage.files import upload
+    from toolcage.results import CallResult
+
+    sent: list[dict[str, Any]] = []
+
+    def old_upload(params: dict[str, Any]) -> CallResult:
+        sent.append(params)
+        if "path" in params:
+            return CallResult("ok", "upload", "r", result={"stream": "s", "received": 0, "done": False})
+        assert (
+            "frame" not in params and hashlib.sha256(base64.b64decode(params["data"])).hexdigest() == params["sha256"]
+        )
+        return CallResult("ok", "upload", "r", result={"stream": "s", "done": params["done"], "files": 1})
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("hello")
+    assert upload.upload(old_upload, src, "/scratch/in").files == 1 and len(sent) >= 2
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo("a.txt")
+        info.size = 5
+        tf.addfile(info, io.BytesIO(b"hello"))
+    raw = buf.getvalue()
+    asked: list[dict[str, Any]] = []
+
+    def old_download(params: dict[str, Any]) -> CallResult:
+        asked.append(params)
+        if "frame" in params:
+            err = {"code": -32602, "message": "Invalid params", "data": [{"field": "frame", "error": "unknown field"}]}
+            return CallResult("error", "download", "r", error=err)
+        res = {"stream": "s", "data": base64.b64encode(raw).decode(), "sha256": hashlib.sha256(raw).hexdigest()}
+        return CallResult("ok", "download", "r", result={**res, "done": True})
+
+    transfer.download(old_download, "/scratch/a.txt", tmp_path / "out")
+    assert (tmp_path / "out" / "a.txt").read_text() == "hello"
+    assert [("frame" in p) for p in asked] == [True, False]  # asked once, then as the old worker takes it

@@ -346,7 +346,7 @@ def _open(s: Settings, path: str, base: bool) -> dict[str, Any]:
         while len(_streams) >= _MAX_STREAMS:
             _streams.pop(next(iter(_streams))).close()
         _streams[st.id] = st
-    return {"stream": st.id, "received": 0, "done": False}
+    return {"stream": st.id, "received": 0, "done": False, "frames": True}  # it takes data frames (a runner asks)
 
 
 def _finish(st: _Stream) -> dict[str, Any]:
