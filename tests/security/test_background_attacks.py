@@ -31,7 +31,7 @@ HOSTILE = ROOT / "tests" / "fixtures" / "hostile_connectors.py"
 
 @pytest.fixture(scope="module")
 def sb(engine: Any) -> Iterator[Sandbox]:
-    with Sandbox(tool="bg-attacks") as box:
+    with Sandbox(tool="bg-attacks", run_s=300) as box:  # shared by the module: 60 s ran out on a slow machine
         yield box
 
 
