@@ -67,10 +67,6 @@ class LineSplitter:
         self.raw_got = 0
         self.frame: bytes | None = None  # a whole frame, waiting for its line
 
-    @property
-    def raw_left(self) -> int:
-        return len(self.raw) - self.raw_got if self.raw is not None else 0
-
     def feed(self, data: bytes) -> Iterator[bytes | None]:
         start = 0
         while True:

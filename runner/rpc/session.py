@@ -44,7 +44,9 @@ def encode_request(req_id: str, method: str, params: dict[str, Any] | None) -> b
     breaks and the sandbox is killed, with a misleading error. It is a params error instead,
     before anything is sent, and the sandbox goes on."""
     frame = params.get("frame") if params else None
-    if isinstance(frame, bytes | bytearray | memoryview):  # the data path: the bytes go as a frame, not in JSON
+    if not isinstance(frame, bytes | bytearray | memoryview):
+        frame = None
+    if frame is not None:  # the data path: the bytes go as a frame, not in JSON
         if len(frame) > FRAME_MAX:
             raise BadToolCall(f"a data frame is at most {FRAME_MAX} bytes", tool=method)
         params = {**(params or {}), "frame": len(frame)}
@@ -58,7 +60,7 @@ def encode_request(req_id: str, method: str, params: dict[str, Any] | None) -> b
             request_bytes=len(line),
             limit_bytes=MAX_REQUEST_BYTES,
         )
-    if isinstance(frame, bytes | bytearray | memoryview):
+    if frame is not None:
         return b"".join((b"=%d\n" % len(frame), frame, line.encode(), b"\n"))
     return (line + "\n").encode()
 
