@@ -5,7 +5,7 @@
 # then the dev extra (pytest, ruff, mypy and every framework extra the tests use: .venv grows
 # to about 1 GB, 1.5 minutes the first time) and the docs extra (MkDocs, Material, mkdocstrings, matplotlib for .ci/docs) into the same
 # .venv. Run again, pip is skipped while pyproject.toml is the one it installed. Then run the tests:
-#   .venv/bin/python -m pytest
+#   .venv/bin/python -m pytest -n auto
 set -eu
 cd "$(dirname "$0")/.."
 sh examples/quickstart.sh
@@ -18,4 +18,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     --config-settings editable_mode=strict
   echo "$want" > "$stamp"
 fi
-step "ready: .venv/bin/python -m pytest (the Docker suites need the engine and the worker image, now built)"
+step "ready: .venv/bin/python -m pytest -n auto (the Docker suites need the engine and the worker image, now built)"

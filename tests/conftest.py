@@ -28,6 +28,20 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["TOOLCAGE_AUDIT_LOG"] = os.path.join(tempfile.mkdtemp(prefix="toolcage-test-audit-"), "audit.jsonl")
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (the README's test commands): the suites run in this many processes, one file each at a time
+    (``--dist loadfile``, so a module's shared sandbox stays in one process). The Docker tests mostly wait (on
+    the engine, on timeouts, on a sandbox's removal), so one more process than there are cores keeps the
+    cores busy; more than four only adds contention on the engine. ``TOOLCAGE_TEST_WORKERS`` sets it."""
+    asked = os.environ.get("TOOLCAGE_TEST_WORKERS", "").strip()
+    if asked:
+        try:
+            return max(1, int(asked))
+        except ValueError:
+            raise pytest.UsageError(f"TOOLCAGE_TEST_WORKERS={asked!r}: a whole number of processes") from None
+    return min((os.cpu_count() or 1) + 1, 4)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     under_gvisor = os.environ.get("TOOLCAGE_SANDBOX") == "gvisor"
     for item in items:
