@@ -8,7 +8,9 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-GVISOR = 'TOOLCAGE_SANDBOX=gvisor .venv/bin/python -m pytest tests/integration tests/security -m "not runc_only" -n auto'
+GVISOR = (
+    'TOOLCAGE_SANDBOX=gvisor .venv/bin/python -m pytest tests/integration tests/security -m "not runc_only" -n auto'
+)
 PREFIX = "TOOLCAGE_SANDBOX=gvisor "
 
 
