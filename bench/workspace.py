@@ -26,6 +26,11 @@ answer of the first ``sb.call("ping")``:
    ``sb.snapshot(path)``, then ``Sandbox(workspace=repo, resume=path)`` (checked: its ``changes()``
    gives the same diff), against the repo copy's own start. The snapshots' sizes are kept.
 
+4. the pool for coding tasks: a ``Pool(workspace=repo, workspace_mode="copy", size=1)`` whose slot waits
+   ready (waited for before the clock starts): ``pool.sandbox()`` adopt to first ping, the slot filled with a
+   fresh copy of the repo; and ``pool.sandbox(resume=path)`` with the repo's snapshot of 3. Against the cold
+   copy start and the cold resume of the same run.
+
 Every start is also split (from the upload calls' timings, taken by a Sandbox subclass that only
 observes): ``init`` (the constructor: its workspace check walks the tree; a resume verifies its
 snapshot there), ``container`` (the start without the fill), ``host`` (the fill outside the upload
@@ -60,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import toolcage
-from toolcage import DEFAULT_IMAGE, CallResult, Sandbox
+from toolcage import DEFAULT_IMAGE, CallResult, Pool, Sandbox
 
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parent.parent
@@ -202,8 +207,23 @@ class Start:
 @contextlib.contextmanager
 def started(image: str, policy: Any = "default", **kwargs: Any) -> Iterator[tuple[TimedSandbox, Start]]:
     """A sandbox started and answering ping, with the time that took; closed at the end."""
+    with timed_start(lambda: TimedSandbox(policy, image=image, tool="bench-workspace", **kwargs)) as got:
+        yield got
+
+
+@contextlib.contextmanager
+def pooled(pool: Pool, **kwargs: Any) -> Iterator[tuple[TimedSandbox, Start]]:
+    """As :func:`started`, adopting a slot of ``pool`` that waits ready (it is waited for before the clock)."""
+    if not pool.wait_ready(timeout=120):
+        raise SystemExit("the copy pool's slot did not come up within 120 s")
+    with timed_start(lambda: TimedSandbox(pool=pool, **kwargs)) as got:
+        yield got
+
+
+@contextlib.contextmanager
+def timed_start(make: Callable[[], TimedSandbox]) -> Iterator[tuple[TimedSandbox, Start]]:
     t0 = time.perf_counter()
-    sb = TimedSandbox(policy, image=image, tool="bench-workspace", **kwargs)
+    sb = make()
     t1 = time.perf_counter()
     with sb:
         t2 = time.perf_counter()
@@ -251,6 +271,7 @@ class Bench:
     splits: dict[str, list[dict[str, float | None]]] = field(default_factory=dict)
     upload_calls: dict[str, list[list[float]]] = field(default_factory=dict)  # each start's upload calls (s)
     sizes: dict[str, list[int]] = field(default_factory=dict)  # "snapshot scratch" -> bytes, "diff" -> bytes
+    pool: Any = None  # a Pool of one slot with a copy of the repo (workspace_mode="copy"), for the pooled rows
 
     def note(self, key: str, seconds: float) -> None:
         self.samples.setdefault(key, []).append(seconds)
@@ -280,6 +301,12 @@ class Bench:
             if got != TREE_FILES:
                 raise SystemExit(f"the tree's copy holds {got} files, not {TREE_FILES}")
 
+    def repo_copy_pooled(self) -> None:
+        with pooled(self.pool) as (sb, s):
+            self.note_start("pooled repo copy", s)
+            if shell(sb, f"test -f /workspace/{shlex.quote(self.edits[0])} && echo there") != "there\n":
+                raise SystemExit("the pooled copy lacks the repo's files")
+
     def repo_copy(self, run: int) -> None:
         snap = self.tmp / f"repo-{run}.snapshot.tar"
         with started(self.image, workspace=self.repo, workspace_mode="copy") as (sb, s):
@@ -303,6 +330,10 @@ class Bench:
                 again = sb.changes()
                 if again.diff != ch.diff:
                     raise SystemExit("the resumed repo copy's changes() differ from the snapshot's run")
+            with pooled(self.pool, resume=snap) as (sb, s):
+                self.note_start("pooled resume repo", s)
+                if sb.changes().diff != ch.diff:
+                    raise SystemExit("the repo copy resumed into a pooled slot differs from the snapshot's run")
         finally:
             snap.unlink(missing_ok=True)
 
@@ -326,6 +357,7 @@ class Bench:
         blocks: list[tuple[str, Callable[[], None]]] = [
             ("repo ro", self.repo_ro),
             ("repo copy, changes, snapshot, resume", lambda: self.repo_copy(run)),
+            ("pooled repo copy", self.repo_copy_pooled),
             ("tree ro", self.tree_ro),
             ("tree copy", self.tree_copy),
             ("cold, scratch snapshot, resume", lambda: self.scratch(run)),
@@ -447,9 +479,12 @@ def main(argv: list[str] | None = None) -> int:
         make_tree(tmp / "tree")
         shape = {"repo": local_tree(tmp / "repo"), "tree": local_tree(tmp / "tree")}
         bench = Bench(args.image, tmp / "repo", tmp / "tree", tmp, pick_edits(tmp / "repo"))
-        for run in range(args.runs):
-            load_runs.append(loadavg())
-            bench.one_run(run)
+        with Pool(
+            image=args.image, workspace=tmp / "repo", workspace_mode="copy", size=1, tool="bench-workspace"
+        ) as bench.pool:
+            for run in range(args.runs):
+                load_runs.append(loadavg())
+                bench.one_run(run)
         if args.profile:
             print("\rprofiling one tree copy start" + " " * 30, end="", file=sys.stderr, flush=True)
             profile = profile_tree_copy(args.image, tmp / "tree")
@@ -466,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         "tree copy/ro": med("start tree copy") / med("start tree ro"),
         "resume scratch/cold": med("resume scratch") / med("start cold"),
         "resume repo/repo copy": med("resume repo") / med("start repo copy"),
+        "pooled copy/copy": med("pooled repo copy") / med("start repo copy"),
+        "pooled resume/resume": med("pooled resume repo") / med("resume repo"),
     }
     splits = {k: median_split(v) for k, v in bench.splits.items()}
     sizes = {k: statistics.median(v) for k, v in bench.sizes.items()}
@@ -482,20 +519,22 @@ def main(argv: list[str] | None = None) -> int:
         ("resume scratch", "start to ping", f"{ratios['resume scratch/cold']:.2f}x cold"),
         ("snapshot repo", "snapshot(path)", f"{sizes['snapshot repo'] / MiB:.1f} MiB"),
         ("resume repo", "start to ping", f"{ratios['resume repo/repo copy']:.2f}x repo copy"),
+        ("pooled repo copy", "adopt to ping", f"{ratios['pooled copy/copy']:.2f}x repo copy"),
+        ("pooled resume repo", "adopt to ping", f"{ratios['pooled resume/resume']:.2f}x resume repo"),
     ]
-    print(f"\n{'case':<18}{'what':<21}{'s min':>8}{'s med':>8}{'s max':>8}  ratio / size")
+    print(f"\n{'case':<20}{'what':<21}{'s min':>8}{'s med':>8}{'s max':>8}  ratio / size")
     for key, what, extra in rows:
         s = stats[key]
-        print(f"{key:<18}{what:<21}{s['s_min']:>8.3f}{s['s_median']:>8.3f}{s['s_max']:>8.3f}  {extra}")
+        print(f"{key:<20}{what:<21}{s['s_min']:>8.3f}{s['s_median']:>8.3f}{s['s_max']:>8.3f}  {extra}")
 
     def cell(v: float | None) -> str:
         return f"{v:>10.3f}" if v is not None else f"{'-':>10}"
 
     parts = ("init", "container", "host", "first", "chunks", "final", "ping")
-    print(f"\n{'split (s, medians)':<18}" + "".join(f"{p:>10}" for p in parts))
+    print(f"\n{'split (s, medians)':<20}" + "".join(f"{p:>10}" for p in parts))
     for key, _, _ in rows:
         if key in splits:
-            print(f"{key:<18}" + "".join(cell(splits[key][p]) for p in parts))
+            print(f"{key:<20}" + "".join(cell(splits[key][p]) for p in parts))
 
     (rf, rb), (tf, tb) = shape["repo"], shape["tree"]
     print(

@@ -132,7 +132,7 @@ class AsyncSandbox(AsyncCodeInterpreter):
         async with self._apool._start_slot() if self._apool is not None else contextlib.nullcontext():
             sb.claim_start()
             slot = await take(pool)
-            if sb.tool_sources:  # adoption waits for the worker to list the connectors' tools
+            if sb.tool_sources or sb.fills_at_start:  # adoption waits for the connectors' tools, or the fill
                 await _on_thread(self._executor, sb.adopt, slot)
             else:
                 sb.adopt(slot)  # sends the run's configuration; its answer is read with the first call's
@@ -289,10 +289,17 @@ class AsyncPool:
         """Runs served."""
         return self.pool.adopted
 
-    def sandbox(self, *, secrets: Mapping[str, str] | None = None, image: str | None = None) -> AsyncSandbox:
+    def sandbox(
+        self,
+        *,
+        secrets: Mapping[str, str] | None = None,
+        image: str | None = None,
+        resume: str | os.PathLike[str] | IO[bytes] | None = None,
+        snapshot_key: bytes | None = None,
+    ) -> AsyncSandbox:
         """An AsyncSandbox that adopts one slot when started (``async with pool.sandbox() as sb:``);
-        ``image``: a slot of that image (as :meth:`Pool.sandbox`)."""
-        sb = AsyncSandbox(pool=self.pool.for_image(image), secrets=secrets)
+        ``image``, ``resume``: as :meth:`Pool.sandbox`."""
+        sb = AsyncSandbox(pool=self.pool.for_image(image), secrets=secrets, resume=resume, snapshot_key=snapshot_key)
         sb._apool = self  # within this pool's max_concurrent_starts, closed on its threads
         return sb
 

@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from secrets import token_hex
-from typing import Any
+from typing import IO, Any
 
 from toolcage import logs, telemetry, timing
 from toolcage.backends import Backend, ExitStatus, in_container
@@ -167,6 +167,11 @@ class Pool:
     image asked for keeps warm (default 0: a slot starts when a run asks); ``max_warm``: at most this
     many warm slots across those images (default ``size``), the least recently asked-for evicted first.
 
+    Coding tasks (``workspace_mode="copy"``, ``workspace_gitignore``: as on :class:`Sandbox`): each slot waits
+    with an empty writable ``/workspace``; the run that adopts it fills it with a fresh copy of ``workspace``,
+    so a pooled start costs the copy's fill alone. ``pool.sandbox(resume=SNAPSHOT)`` fills a slot with a
+    snapshot's files instead (its workspace copy needs a copy pool; a snapshot without one, a pool without).
+
         with Pool(size=2, max_warm=4) as pool:         # an eval loop over per-task images
             for task in tasks:
                 pool.warm(next_image(task))            # optional: start the next one's slot ahead
@@ -198,6 +203,8 @@ class Pool:
         scratch: int | str | None = None,
         per_image: int = 0,
         max_warm: int | None = None,
+        workspace_mode: str = "ro",
+        workspace_gitignore: bool = False,
     ) -> None:
         # start_gate: held while a slot starts, shared with whatever else starts containers on the same
         # engine (a cluster node's agent caps its engine's concurrent starts with one: toolcage.ray)
@@ -212,6 +219,7 @@ class Pool:
             policy, tool=tool, sandbox=sandbox, image=image, workspace=workspace, tools=tools,
             run_timeout=run_timeout, engine=engine, egress_network=egress_network, egress_proxy=egress_proxy,
             ca_file=ca_file, audit=audit, run_s=run_s, memory=memory, scratch=scratch,
+            workspace_mode=workspace_mode, workspace_gitignore=workspace_gitignore,
         )  # fmt: skip
         self.size = size
         self.idle_s = float(idle_s if idle_s is not None else self.options.policy.timeouts.idle_s)
@@ -371,12 +379,20 @@ class Pool:
         return True
 
     # the caller's side -----------------------------------------------------------------
-    def sandbox(self, *, secrets: Mapping[str, str] | None = None, image: str | None = None) -> Any:
+    def sandbox(
+        self,
+        *,
+        secrets: Mapping[str, str] | None = None,
+        image: str | None = None,
+        resume: str | os.PathLike[str] | IO[bytes] | None = None,
+        snapshot_key: bytes | None = None,
+    ) -> Any:
         """A Sandbox that adopts one slot when started (``with pool.sandbox() as sb:``); ``image``: a slot
-        of that image (default: the pool's own), from its sub-pool (see the module's note)."""
+        of that image (default: the pool's own), from its sub-pool (see the module's note); ``resume``: a
+        snapshot (``sb.snapshot()``) whose files fill the slot after adoption, checked before a slot is taken."""
         from toolcage.sandbox import Sandbox
 
-        return Sandbox(pool=self.for_image(image), secrets=secrets)
+        return Sandbox(pool=self.for_image(image), secrets=secrets, resume=resume, snapshot_key=snapshot_key)
 
     def ready(self, image: str | None = None) -> int:
         """How many slots wait, started and answering (of ``image``: default the pool's own)."""

@@ -108,12 +108,6 @@ class Sandbox(CodeInterpreter):
         # ports to expose once started (expose()); the relays live in self._ports (toolcage.lifecycle.ports)
         self._expose_at_start = tuple(check_port(port) for port in expose)
         self._ports: Ports | None = None
-        if resume is not None and pool is None:  # checked before anything starts: a tampered one never runs
-            from toolcage.files import snapshot
-
-            self._resume = snapshot.verify(resume, snapshot_key)
-            if self._resume.workspace:  # a snapshot with a workspace copy resumes into one
-                workspace_mode = "copy"
         if pool is not None:
             own = (run_timeout, workspace, image, run_s, memory, scratch, writable_size)
             if keep or tools or writable or any(value is not None for value in own):
@@ -121,10 +115,26 @@ class Sandbox(CodeInterpreter):
                     "a pooled sandbox takes its policy, workspace, tools, image, writable paths, timeouts and limits "
                     "from its pool"
                 )
-            if workspace_mode != "ro" or resume is not None:
+            if workspace_mode != "ro" or workspace_gitignore:
                 raise UsageError(
-                    "a pooled sandbox has no workspace copy and cannot resume a snapshot: use Sandbox(...)"
+                    "a pooled sandbox takes its workspace mode from its pool: "
+                    "Pool(workspace=..., workspace_mode='copy')"
                 )
+        if resume is not None:  # checked before anything starts (or a slot is taken): a tampered one never runs
+            from toolcage.files import snapshot
+
+            self._resume = snapshot.verify(resume, snapshot_key)
+            if pool is None and self._resume.workspace:  # a snapshot with a workspace copy resumes into one
+                workspace_mode = "copy"
+            elif pool is not None and self._resume.workspace != pool.options.workspace_copy:
+                self._resume.close()
+                raise UsageError(
+                    "this snapshot has a workspace copy: resume it from a pool made with workspace_mode='copy'"
+                    if self._resume.workspace
+                    else "this snapshot has no workspace copy and the pool's slots copy theirs: resume it from a "
+                    "pool without workspace_mode='copy', or with Sandbox(resume=...)"
+                )
+        if pool is not None:
             opts = pool.options if audit is None else dataclasses.replace(pool.options, audit=resolve_audit(audit))
         else:
             opts = RunOptions.resolve(
@@ -304,7 +314,8 @@ class Sandbox(CodeInterpreter):
         pre-started sandboxes (``pool.take()``), for this run, and this run only: the slot's id is the run
         id (its labels were set when it was made); the run's deadline and secrets go to the worker now,
         over the protocol: without waiting for its answer unless the pool has connector sources (``tools=``:
-        the answer lists their tools), so adopting never blocks."""
+        the answer lists their tools) or the run fills the slot (a copy pool's workspace, a resumed snapshot's
+        files), so adopting a slot for a plain run never blocks."""
         run = self._run = slot.run.adopt(self.options)  # the pool's prestarted run, now this one's; its clock starts
         self.run_id, self.name, self.log = run.run_id, run.name, run.log
         # the session's callbacks (stderr, protocol violations, redaction) now reach this run
@@ -319,11 +330,18 @@ class Sandbox(CodeInterpreter):
         )  # fmt: skip
         try:
             self._configure(deadline=time.time() + self.policy.timeouts.run_s)
+            self._fill()  # a copy pool's workspace, or a snapshot's files: into the slot, after adoption
             self._expose_started()
         except BaseException:
             self.close()
             raise
         return self
+
+    @property
+    def fills_at_start(self) -> bool:
+        """(Internal: AsyncSandbox.start's.) Does starting this run upload files (a workspace copy, a resumed
+        snapshot's), so that adopting a slot blocks on the worker's answers?"""
+        return self._resume is not None or (self.options.workspace_copy and self.workspace is not None)
 
     def _configure(self, deadline: float | None = None) -> None:
         """Hand the worker its connector sources and the secret values (the only time they cross), and
@@ -708,5 +726,7 @@ class Sandbox(CodeInterpreter):
                 run.session.close()
             if self._originals is not None:
                 self._originals.close()
+            if self._resume is not None:  # a start that failed before its fill: the spooled snapshot goes too
+                self._resume.close()
             self.summary = run.finish(status, run.calls, self._usage)
         return self.summary

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from toolcage.files.changes import Changes
     from toolcage.files.snapshot import SnapshotInfo
     from toolcage.policies import PolicySource
+    from toolcage.pool import Pool
     from toolcage.results import CallResult
     from toolcage.types import SandboxLike
 
@@ -77,6 +78,35 @@ _WRITABLE = (contract.WORKSPACE, contract.SCRATCH)
 # before the agent's command, on lines of their own: stderr joins stdout for all that follows (in the order
 # written), and `python` is python3 when the image has no `python` (agents type it; builtins only, no fork)
 _PREAMBLE = 'exec 2>&1\ncommand -v python >/dev/null 2>&1 || python() { python3 "$@"; }\n'
+
+
+def _check_timeout(command_timeout: float | None) -> None:
+    if command_timeout is not None and not (_positive(command_timeout)):
+        raise UsageError(f"command_timeout must be a positive number of seconds, not {command_timeout!r}")
+
+
+def _session_options(
+    workspace: str | os.PathLike[str] | None,
+    policy: PolicySource,
+    allow_hosts: Sequence[str | Mapping[str, Any]] | None,
+    sandbox: str | None,
+    session_s: float | None,
+    idle_s: float | None,
+) -> tuple[str | None, Any]:
+    """The sandbox kind (never one that runs on the host) and the session's policy, checked: what the
+    constructor and :meth:`ToolcageSandbox.pool` both take."""
+    kind = sandbox or os.environ.get(contract.ENV_SANDBOX)
+    if kind in BACKENDS and not BACKENDS[kind].in_container:  # the registry's fact, not its name
+        raise UsageError(
+            "ToolcageSandbox needs a sandbox: sandbox='none' would run the agent's commands on this host "
+            "(use 'container', 'gvisor' or 'auto')"
+        )
+    if workspace is not None and not os.path.isdir(workspace):
+        raise WorkspaceError(f"workspace {os.fspath(workspace)!r} is not a directory")
+    if session_s is not None and not _positive(session_s):
+        raise UsageError(f"session_s must be a positive number of seconds, not {session_s!r}")
+    # the one overlay of the adapters and the CLI: hosts added, an agent's hour where the policy keeps 60 s
+    return kind, overlay(policy, allow_hosts=allow_hosts, run_s=session_s, idle_s=idle_s, agent_session=True)
 
 
 class ToolcageSandbox(BaseSandbox):
@@ -132,21 +162,9 @@ class ToolcageSandbox(BaseSandbox):
         resume: str | os.PathLike[str] | IO[bytes] | None = None,
         snapshot_key: bytes | None = None,
     ) -> None:
-        kind = sandbox or os.environ.get(contract.ENV_SANDBOX)
-        if kind in BACKENDS and not BACKENDS[kind].in_container:  # the registry's fact, not its name
-            raise UsageError(
-                "ToolcageSandbox needs a sandbox: sandbox='none' would run the agent's commands on this host "
-                "(use 'container', 'gvisor' or 'auto')"
-            )
-        if command_timeout is not None and not (_positive(command_timeout)):
-            raise UsageError(f"command_timeout must be a positive number of seconds, not {command_timeout!r}")
-        if workspace is not None and not os.path.isdir(workspace):
-            raise WorkspaceError(f"workspace {os.fspath(workspace)!r} is not a directory")
+        _check_timeout(command_timeout)
         self._command_timeout = command_timeout
-        if session_s is not None and not _positive(session_s):
-            raise UsageError(f"session_s must be a positive number of seconds, not {session_s!r}")
-        # the one overlay of the adapters and the CLI: hosts added, an agent's hour where the policy keeps 60 s
-        resolved = overlay(policy, allow_hosts=allow_hosts, run_s=session_s, idle_s=idle_s, agent_session=True)
+        kind, resolved = _session_options(workspace, policy, allow_hosts, sandbox, session_s, idle_s)
         sb = Sandbox(
             resolved, workspace=workspace, workspace_mode="copy" if workspace is not None else "ro",
             workspace_gitignore=workspace_gitignore, secrets=secrets, audit=audit, image=image, sandbox=kind,
@@ -154,6 +172,58 @@ class ToolcageSandbox(BaseSandbox):
         )  # fmt: skip
         sb.start()
         self._setup(sb, contract.WORKSPACE if sb.options.workspace_copy else contract.SCRATCH)
+
+    @staticmethod
+    def pool(
+        workspace: str | os.PathLike[str] | None = None,
+        *,
+        size: int = 2,
+        policy: PolicySource = "default",
+        allow_hosts: Sequence[str | Mapping[str, Any]] | None = None,
+        audit: Any = None,
+        image: str | None = None,
+        sandbox: str | None = None,
+        session_s: float | None = None,
+        idle_s: float | None = None,
+        workspace_gitignore: bool = False,
+    ) -> Pool:
+        """A warm pool for :meth:`from_pool`: ``size`` sandboxes started ahead with the options the constructor
+        takes (the same names, the same checks), each waiting with an empty writable ``/workspace`` that the
+        backend that adopts it fills with a fresh copy of ``workspace``. A backend then costs the copy's fill,
+        not a container's start::
+
+            pool = ToolcageSandbox.pool(repo, size=2)
+            agent = create_deep_agent(model, backend=ToolcageSandbox.from_pool(pool))
+
+        ``pool.close()`` (or a ``with`` block) removes the slots not taken; each backend still closes its own."""
+        from toolcage.pool import Pool
+
+        kind, resolved = _session_options(workspace, policy, allow_hosts, sandbox, session_s, idle_s)
+        return Pool(
+            resolved, workspace=workspace, workspace_mode="copy" if workspace is not None else "ro",
+            workspace_gitignore=workspace_gitignore, audit=audit, image=image, sandbox=kind, size=size,
+            tool="deepagents",
+        )  # fmt: skip
+
+    @classmethod
+    def from_pool(
+        cls,
+        pool: Pool,
+        *,
+        secrets: Mapping[str, str] | None = None,
+        resume: str | os.PathLike[str] | IO[bytes] | None = None,
+        snapshot_key: bytes | None = None,
+        command_timeout: float | None = None,
+    ) -> ToolcageSandbox:
+        """A backend on one of ``pool``'s slots (:meth:`pool`, or any ``toolcage.Pool``): adopted, and filled with
+        the pool's workspace copy or the snapshot ``resume`` names (checked before a slot is taken)."""
+        _check_timeout(command_timeout)
+        sb = pool.sandbox(secrets=secrets, resume=resume, snapshot_key=snapshot_key)
+        sb.start()
+        self = cls.__new__(cls)
+        self._command_timeout = command_timeout
+        self._setup(sb, contract.WORKSPACE if sb.options.workspace_copy else contract.SCRATCH)
+        return self
 
     @classmethod
     def on_session(cls, session: SandboxLike, *, command_timeout: float | None = None) -> ToolcageSandbox:
@@ -165,8 +235,7 @@ class ToolcageSandbox(BaseSandbox):
 
         Commands start in ``/workspace`` when the session can write there (a workspace copy), else in
         ``/scratch`` (asked once, here). :meth:`close` closes the session."""
-        if command_timeout is not None and not (_positive(command_timeout)):
-            raise UsageError(f"command_timeout must be a positive number of seconds, not {command_timeout!r}")
+        _check_timeout(command_timeout)
         self = cls.__new__(cls)
         self._command_timeout = command_timeout
         probe = session.call("exec", {"argv": ["test", "-w", contract.WORKSPACE], "cwd": contract.SCRATCH})

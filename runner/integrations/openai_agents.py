@@ -104,7 +104,7 @@ except ImportError as exc:
     raise_missing_extra(exc, "openai-agents", __name__)
     raise
 
-from toolcage.aio import AsyncSandbox
+from toolcage.aio import AsyncPool, AsyncSandbox
 from toolcage.backends import BACKENDS
 from toolcage.errors import ProcessError, ToolcageError, UsageError
 from toolcage.errors import SandboxError as ToolcageDied
@@ -286,6 +286,11 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
             "tool": "openai-agents",
         }
 
+    def pool_kwargs(self) -> dict[str, Any]:
+        """What ``AsyncPool(...)`` takes from these options: its slots are the sandboxes ``sandbox_kwargs`` would
+        start, each run bringing its own secrets."""
+        return {k: v for k, v in self.sandbox_kwargs().items() if k != "secrets"}
+
     def persisted(self) -> dict[str, Any]:
         """The options as a session state keeps them: everything but the secrets' values."""
         return self.model_dump(mode="json", exclude={"secrets"})
@@ -398,10 +403,12 @@ class ToolcageSandboxSession(BaseSandboxSession):
         state: ToolcageSandboxSessionState,
         options: ToolcageSandboxClientOptions,
         resume_from: Path | None = None,
+        pool: AsyncPool | None = None,
     ) -> None:
         self.state = state
         self._options = options
         self._resume_from = resume_from
+        self._pool = pool  # the client's warm pool, made with these very options (else None: a cold start)
         self._sb: AsyncSandbox | None = None
         self._env: dict[str, str] = {}
         self._root_ready = False
@@ -461,7 +468,11 @@ class ToolcageSandboxSession(BaseSandboxSession):
     async def _ensure_backend_started(self) -> None:
         if self._sb is not None:
             return
-        sb = AsyncSandbox(**self._options.sandbox_kwargs(), resume=self._resume_from)
+        if self._pool is not None:  # a slot started ahead, filled with the workspace copy (or the snapshot) now
+            secrets = dict(self._options.secrets) or None
+            sb = self._pool.sandbox(secrets=secrets, resume=self._resume_from)
+        else:
+            sb = AsyncSandbox(**self._options.sandbox_kwargs(), resume=self._resume_from)
         try:
             await sb.start()
         except ToolcageDied as exc:
@@ -903,7 +914,10 @@ class ToolcageSandboxClient(BaseSandboxClient[ToolcageSandboxClientOptions | Non
     """The OpenAI Agents SDK's sandbox client for toolcage: ``SandboxRunConfig(client=ToolcageSandboxClient(),
     options=ToolcageSandboxClientOptions(...))``; the options may be left out (the defaults: the ``default``
     policy, no network). ``secrets``: the values a resumed session's policy needs (a session state never
-    holds them)."""
+    holds them). ``pool_size``: keep that many sandboxes of the client's own options started ahead (a
+    ``toolcage.AsyncPool``); a session created or resumed with those options adopts one and fills its workspace
+    copy (or its snapshot's files) then, instead of starting a container; a session with other options starts
+    cold. ``await client.close()`` removes the slots not taken (they go at exit anyway)."""
 
     backend_id = BACKEND_ID
     supports_default_options = True
@@ -915,6 +929,7 @@ class ToolcageSandboxClient(BaseSandboxClient[ToolcageSandboxClientOptions | Non
         secrets: Mapping[str, str] | None = None,
         instrumentation: Instrumentation | None = None,
         dependencies: Dependencies | None = None,
+        pool_size: int = 0,
     ) -> None:
         super().__init__()
         if options is not None and not isinstance(options, ToolcageSandboxClientOptions):
@@ -923,6 +938,20 @@ class ToolcageSandboxClient(BaseSandboxClient[ToolcageSandboxClientOptions | Non
         self._secrets = dict(secrets or {})
         self._instrumentation = instrumentation if instrumentation is not None else Instrumentation()
         self._dependencies = dependencies
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
+            raise UsageError(f"pool_size must be a non-negative integer, not {pool_size!r}")
+        self.pool = AsyncPool(**self.default_options.pool_kwargs(), size=pool_size) if pool_size else None
+        """The warm pool (``pool_size``), or None."""
+
+    def _pool_for(self, options: ToolcageSandboxClientOptions | Mapping[str, Any]) -> AsyncPool | None:
+        """The pool, for a session whose options are the client's own (their secrets aside)."""
+        persisted = options if isinstance(options, Mapping) else options.persisted()
+        return self.pool if self.pool is not None and persisted == self.default_options.persisted() else None
+
+    async def close(self) -> None:
+        """Remove the pool's slots not taken (``pool_size``); sessions already started stay until deleted."""
+        if self.pool is not None:
+            await self.pool.close()
 
     @staticmethod
     def _check_manifest(manifest: Manifest) -> None:
@@ -961,7 +990,8 @@ class ToolcageSandboxClient(BaseSandboxClient[ToolcageSandboxClientOptions | Non
             exposed_ports=opts.exposed_ports,
         )
         return self._wrap_session(
-            ToolcageSandboxSession(state=state, options=opts), instrumentation=self._instrumentation
+            ToolcageSandboxSession(state=state, options=opts, pool=self._pool_for(opts)),
+            instrumentation=self._instrumentation,
         )
 
     async def delete(self, session: SandboxSession) -> SandboxSession:
@@ -983,7 +1013,9 @@ class ToolcageSandboxClient(BaseSandboxClient[ToolcageSandboxClientOptions | Non
         if isinstance(state.snapshot, ToolcageSnapshot) and await state.snapshot.restorable():
             resume_from = state.snapshot.path()
         state.workspace_root_ready = False
-        inner = ToolcageSandboxSession(state=state, options=opts, resume_from=resume_from)
+        inner = ToolcageSandboxSession(
+            state=state, options=opts, resume_from=resume_from, pool=self._pool_for(state.options)
+        )
         inner._set_start_state_preserved(False)
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 

@@ -134,6 +134,30 @@ def test_agent_runs_in_the_container_and_its_edit_applies_on_the_host(engine: An
         assert set(again.changes().added) == {"notes/plan.md"}  # still against the host's checkout
 
 
+def test_backends_from_a_warm_pool_get_a_fresh_copy_each_and_resume_into_one(
+    engine: Any, repo: Path, tmp_path: Path
+) -> None:
+    """ToolcageSandbox.pool / from_pool: each backend adopts a slot started ahead (the pool's label on its
+    container) and finds a fresh copy of the workspace; a snapshot resumes into a slot of the same pool."""
+    with ToolcageSandbox.pool(repo, size=1, audit=False) as pool:
+        assert pool.wait_ready(timeout=60)
+        with ToolcageSandbox.from_pool(pool) as backend:
+            got = _run(backend, ("execute", {"command": "pwd; sed -i s/hello/bye/ src/app.py; echo n > new.txt"}))
+            assert str(got["call_0"].content).startswith("/workspace\n")
+            assert engine.inspect(backend.container_id)["Config"]["Labels"]["toolcage.pool"] == pool.id
+            assert backend.changes().changed == ("src/app.py",)
+            snap = tmp_path / "pooled.tar"
+            backend.snapshot(snap)
+        with ToolcageSandbox.from_pool(pool) as fresh:  # never the first backend's files
+            assert fresh.changes().added == () and fresh.changes().changed == ()
+        with ToolcageSandbox.from_pool(pool, resume=snap) as again:
+            assert again.changes().changed == ("src/app.py",) and again.changes().added == ("new.txt",)
+            assert engine.inspect(again.container_id)["Config"]["Labels"]["toolcage.pool"] == pool.id
+    assert (repo / "src" / "app.py").read_text().count('"hello"') == 1  # the host was never written
+    with pytest.raises(UsageError, match="sandbox='none'"):
+        ToolcageSandbox.pool(repo, sandbox="none")
+
+
 def test_egress_off_the_policy_is_a_failed_tool_call(engine: Any) -> None:
     """Under the default policy (no network) a fetch fails: the agent gets the failure as the tool's result
     (exit code and output), and the loop goes on to its next step."""

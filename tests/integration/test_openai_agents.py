@@ -41,6 +41,7 @@ from openai.types.responses import ResponseCustomToolCall
 from pydantic import ValidationError
 
 from toolcage.engine import ownership
+from toolcage.errors import UsageError
 from toolcage.integrations.openai_agents import (
     ToolcageSandboxClient,
     ToolcageSandboxClientOptions,
@@ -215,6 +216,55 @@ def test_a_snapshot_taken_in_one_run_resumes_in_a_new_container(tmp_path: Path, 
         assert "Process exited with code 0" in _outputs(second)["b1"]
         assert "step-1\nstep-1\nstep-1" in _outputs(second)["b1"]
         assert len(live) == 1 and before is not None and live[0] != before  # a fresh container
+
+    asyncio.run(main())
+
+
+def test_a_pooled_client_fills_a_warm_slot_and_resumes_into_another(tmp_path: Path) -> None:
+    """pool_size: a session with the client's own options adopts a slot started ahead (its pool label) and finds
+    its workspace copy there; its snapshot resumes into another slot of the pool; a session with other options
+    starts cold."""
+    repo = _git_repo(tmp_path)
+    options = ToolcageSandboxClientOptions(workspace=str(repo))
+    for bad in (-1, True, 1.5):
+        with pytest.raises(UsageError, match="pool_size must be a non-negative integer"):
+            ToolcageSandboxClient(options, pool_size=bad)  # type: ignore[arg-type]
+    client = ToolcageSandboxClient(options, pool_size=1)
+    assert client.pool is not None
+    spec = ToolcageSnapshotSpec(base_path=tmp_path / "snaps")
+    labels: list[dict[str, str]] = []
+
+    def look(call: ModelCall) -> Any:
+        labels.extend(c["Config"]["Labels"] for c in _mine())
+        return [_sh("cat app.py; echo kept > note.txt", "p1")]
+
+    def again(call: ModelCall) -> Any:
+        labels.extend(c["Config"]["Labels"] for c in _mine())
+        return [_sh("cat note.txt", "p2")]
+
+    first = ScriptedModel([ModelStep.respond(look), [assistant_message("one")]])
+    second = ScriptedModel([ModelStep.respond(again), [assistant_message("two")]])
+
+    async def main() -> None:
+        assert client.pool is not None and await client.pool.wait_ready(timeout=60)
+        session = await client.create(snapshot=spec)
+        async with session:
+            assert (await _run(_agent(first), SandboxRunConfig(session=session))).final_output == "one"
+        await client.delete(session)
+        assert "return 'hi'" in _outputs(first)["p1"]
+        assert await client.pool.wait_ready(timeout=60)
+        state = client.deserialize_session_state(client.serialize_session_state(toolcage_session(session).state))
+        assert (await _run(_agent(second), SandboxRunConfig(client=client, session_state=state))).final_output == "two"
+        assert "kept" in _outputs(second)["p2"]
+        other = await client.create(options=ToolcageSandboxClientOptions(workspace=str(repo), run_s=600))
+        async with other:
+            cid = toolcage_session(other).state.container_id
+            cold = [c["Config"]["Labels"] for c in _mine() if c["Id"] == cid]
+        await client.delete(other)
+        await client.close()
+        assert len(labels) == 2 and all(lb.get("toolcage.pool") == client.pool.id for lb in labels), labels
+        assert labels[0]["toolcage.run_id"] != labels[1]["toolcage.run_id"]
+        assert [lb.get("toolcage.pool") for lb in cold] == [None], cold
 
     asyncio.run(main())
 
