@@ -262,6 +262,7 @@ class Pool:
         self._last_used = time.monotonic()  # a new pool fills at once
         self._last_taken = 0.0
         self.adopted = 0  # runs served
+        self.slots_started = 0  # slots whose start began (a refill past the last run's demand is counted too)
         # the other images' sub-pools, least recently asked for first; the gate their starts share
         self._images: collections.OrderedDict[str, Pool] = collections.OrderedDict()
         self._images_lock = threading.Lock()
@@ -578,6 +579,7 @@ class Pool:
                     self._expire_idle()
                     self._cond.wait(min(self.idle_s / 4, 1.0))
                 self._starting += 1
+                self.slots_started += 1
             slot: Slot | None = None
             try:
                 with self.start_gate or contextlib.nullcontext():

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolcage.policies import codes, contract
 from toolcage.worker import _lean, calls, logs
-from toolcage.worker.errors import CallTimeout, WorkerError
+from toolcage.worker.errors import CallTimeout, ConfigError, WorkerError
 from toolcage.worker.protocol import progress_token, valid_request
 from toolcage.worker.secrets import STORE
 from toolcage.worker.settings import Settings
@@ -167,6 +167,7 @@ class Dispatcher:
         self.settings = settings
         self.catalog = catalog
         self._connectors: Connectors | None = None
+        self._bare_configured = False  # configured with nothing but a deadline (see _configure)
         self.methods: dict[str, Callable[..., Result]] = {n: self._wrap(n) for n in catalog.names()}
         self.methods[contract.TOOLS_LIST] = _signed(self._tools_list)
         self.methods[contract.PING] = _signed(lambda: Success("pong"))
@@ -204,6 +205,14 @@ class Dispatcher:
 
             if not deadline.arm(kwargs.pop("deadline")):
                 return Error(codes.INVALID_PARAMS, "Invalid params", "deadline must be a number (epoch seconds)")
+        if self._bare_configured:
+            again = ConfigError("the sandbox is already configured")
+            return Error(again.code, again.message, again.data)
+        if not kwargs and self._connectors is None and not self.settings.policy.secrets:
+            # a pooled run with no secrets and no connectors (its deadline only): nothing to load, no child
+            # started, so neither the connectors' module nor a sweep (a burst through a pool pays them per run)
+            self._bare_configured = True
+            return Success({"tools": [], "secrets": []})
         try:
             # it imports the sources in a child, if there are any
             with self._running_code(contract.CONFIGURE, ran=lambda: bool(self.connectors.sources)):

@@ -86,6 +86,39 @@ def test_worker_exits_at_the_deadline_given_by_configure() -> None:
         proc.stdout.close()
 
 
+def test_a_bare_configure_loads_nothing_and_is_taken_once() -> None:
+    """A pooled run with no secrets and no connectors is configured with its deadline alone: answered without
+    loading the connectors' module (a burst through a pool paid it per run), and once only, as a full one."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "TOOLCAGE_DEADLINE": f"{time.time() + 600:.3f}",
+        "TOOLCAGE_WORKSPACE": "",
+        "TOOLCAGE_SCRATCH": "/tmp",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "toolcage.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        lines = [
+            {"jsonrpc": "2.0", "method": "sandbox.configure", "params": {"deadline": time.time() + 300}, "id": 1},
+            {"jsonrpc": "2.0", "method": "sandbox.configure", "params": {"secrets": {"A": "x" * 12}}, "id": 2},
+            {"jsonrpc": "2.0", "method": "sandbox.configure", "params": {}, "id": 3},
+        ]
+        out, err = proc.communicate("".join(json.dumps(x) + "\n" for x in lines).encode(), timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    first, *again = (json.loads(line) for line in out.decode().splitlines())
+    assert first["result"] == {"tools": [], "secrets": []}
+    assert [a["error"]["message"] for a in again] == ["the sandbox is already configured"] * 2, again
+    assert "toolcage.worker.connectors.host" not in err.decode()  # -X importtime lists every module imported
+
+
 def test_local_pool_gives_each_run_its_own_slot(capfd: pytest.CaptureFixture[str]) -> None:
     """Each run adopts a different slot (its own id and scratch); the pool refills to its size, no further."""
     with Pool(size=2, sandbox="none", audit=False) as pool:
