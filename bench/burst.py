@@ -25,7 +25,6 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -100,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     print(file=sys.stderr)
     med = {k: statistics.median(x["s"] for x in v) for k, v in rows.items()}
     print(
-        f"{args.tasks} tasks (run_python print(1)) on {args.threads} threads; pool size {args.size}; {args.rounds} rounds"
+        f"{args.tasks} tasks (run_python print(1)) on {args.threads} threads; pool size {args.size}; "
+        f"{args.rounds} rounds"
     )
     print(
         f"{'burst':<12}{'s min':>8}{'s med':>8}{'s max':>8}{'vs cold':>9}{'slot wait ms':>14}{'containers':>12}"
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = {k: med[k] <= med["cold"] for k in ("pool", "pool cold")}
     for k, ok in verdicts.items():
         print(
-            f"{'PASS' if ok else 'MISS'}  {k}: the burst through the pool no slower than without ({med[k] / med['cold']:.2f}x)"
+            f"{'PASS' if ok else 'MISS'}  {k}: the burst through the pool no slower than without "
+            f"({med[k] / med['cold']:.2f}x)"
         )
     print(f"load average (1 min) at each round's start and the end: {[round(x, 2) for x in load]}")
     if args.json is not None:
