@@ -54,14 +54,19 @@ def test_deadline_only_comes_earlier(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(armed) == 2
 
 
-def test_worker_exits_at_the_deadline_given_by_configure() -> None:
-    """A worker started with a far deadline exits (124) at the earlier one sandbox.configure brings."""
-    env = {
+def _worker_env() -> dict[str, str]:
+    """A worker process on the host, as a pooled slot's starts: a far deadline, no workspace."""
+    return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "TOOLCAGE_DEADLINE": f"{time.time() + 600:.3f}",
         "TOOLCAGE_WORKSPACE": "",
         "TOOLCAGE_SCRATCH": "/tmp",
     }
+
+
+def test_worker_exits_at_the_deadline_given_by_configure() -> None:
+    """A worker started with a far deadline exits (124) at the earlier one sandbox.configure brings."""
+    env = _worker_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "toolcage.worker"],
         stdin=subprocess.PIPE,
@@ -89,12 +94,7 @@ def test_worker_exits_at_the_deadline_given_by_configure() -> None:
 def test_a_bare_configure_loads_nothing_and_is_taken_once() -> None:
     """A pooled run with no secrets and no connectors is configured with its deadline alone: answered without
     loading the connectors' module (a burst through a pool paid it per run), and once only, as a full one."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "TOOLCAGE_DEADLINE": f"{time.time() + 600:.3f}",
-        "TOOLCAGE_WORKSPACE": "",
-        "TOOLCAGE_SCRATCH": "/tmp",
-    }
+    env = _worker_env()
     proc = subprocess.Popen(
         [sys.executable, "-X", "importtime", "-m", "toolcage.worker"],
         stdin=subprocess.PIPE,
