@@ -129,7 +129,23 @@ def no_leaks(engine: Any) -> Iterator[None]:
 
 
 @pytest.fixture
-def no_wrap_leaks(engine: Any) -> Iterator[None]:
+def wrap_lock() -> Iterator[None]:
+    """Held while a test makes `mcp wrap` runs: one such test at a time across the test processes (``-n``).
+    A wrap run is a `toolcage` subprocess, so its objects carry that process's owner label, not the test
+    process's: no_wrap_leaks can tell a leak from another process's run only if none is under way."""
+    import fcntl
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), "toolcage-test-wrap.lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def no_wrap_leaks(engine: Any, wrap_lock: None) -> Iterator[None]:
     """Fails a test after which a container, network or volume of a wrap run is left."""
     from tests.helpers import wrap_objects
 

@@ -174,6 +174,7 @@ def _where(args: list[str], log: Path) -> tuple[str, Any]:
     return seen["text"], run
 
 
+@pytest.mark.usefixtures("no_wrap_leaks")  # one wrap test at a time across processes (tests/conftest.py)
 def test_mcp_wrap_runs_a_python_server_of_a_foreign_image_with_its_env(
     wrap_images: dict[str, str], tmp_path: Path
 ) -> None:
@@ -193,6 +194,7 @@ def test_mcp_wrap_runs_a_python_server_of_a_foreign_image_with_its_env(
     assert started["image"] == image and started["image_id"] == _image_id(image) and started["tool"] == "mcp-wrap"
 
 
+@pytest.mark.usefixtures("no_wrap_leaks")  # one wrap test at a time across processes (tests/conftest.py)
 def test_mcp_wrap_runs_a_shell_server_in_an_image_without_python(wrap_images: dict[str, str], tmp_path: Path) -> None:
     """A busybox image (no Python, no libc): the launcher comes from the worker's runtime, the server is the
     image's own sh script, with the image's PATH and WORKDIR."""

@@ -78,6 +78,7 @@ _STARTERS = {
 }
 
 
+@pytest.mark.usefixtures("wrap_lock")  # its wrap door makes an `mcp wrap` run (tests/conftest.py)
 @pytest.mark.parametrize("door", sorted(_STARTERS))
 def test_audit_record_is_on_disk_before_the_container_exists(engine: Any, tmp_path: Path, door: str) -> None:
     """A runner SIGKILLed as soon as its container appears has already written its record: for every
