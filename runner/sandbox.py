@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from toolcage.files.download import DownloadResult
     from toolcage.files.imagepaths import Originals
     from toolcage.files.snapshot import SnapshotInfo
-    from toolcage.files.upload import UploadResult
+    from toolcage.files.upload import Scan, UploadResult
     from toolcage.lifecycle.ports import ExposedPort, Ports
     from toolcage.pool import Pool, Slot
     from toolcage.processes import Process, SpawnOptions
@@ -146,6 +146,7 @@ class Sandbox(CodeInterpreter):
             )  # fmt: skip
         self.options = opts
         self._originals: Originals | None = None  # writable=: the image's trees, read at start
+        self._scan: Scan | None = None  # the workspace copy's one walk (its size check), until the copy is sent
         if opts.workspace_copy and opts.workspace is not None and self._resume is None:
             self._check_copy_size()
         self._snapshot_key = snapshot_key
@@ -174,10 +175,11 @@ class Sandbox(CodeInterpreter):
     def _check_copy_size(self) -> None:
         """A workspace whose copy would not fit in limits.workspace_copy is refused before anything starts."""
         from toolcage.errors import WorkspaceError
-        from toolcage.files.upload import measure
+        from toolcage.files.upload import scan
 
         assert self.options.workspace is not None
-        entries, need = measure(self.options.workspace, self.options.workspace_gitignore)
+        self._scan = scan(self.options.workspace, self.options.workspace_gitignore)  # the copy sends what it found
+        entries, need = self._scan.entries, self._scan.size
         cap = self.options.policy.limits.workspace_copy
         if need > cap:
             mib = 1 << 20
@@ -283,7 +285,9 @@ class Sandbox(CodeInterpreter):
                 gitignore=self.options.workspace_gitignore,
                 base=True,
                 checked=True,
+                scanned=self._scan,
             )
+            self._scan = None  # its names: host memory, not needed past the copy
             self.log.info("workspace.copied", files=got.files, bytes=got.bytes, withheld=got.withheld_count)
             if got.withheld_count:  # what uid 65532 could not read through the mount is not in the copy either
                 self.log.warning(

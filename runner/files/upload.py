@@ -156,23 +156,59 @@ def _rules_of(stack: tuple[Rules, ...], dirpath: str, rel: str) -> tuple[Rules, 
 _PAGE = 4096  # a tmpfs keeps each file's data in whole pages
 
 
-def measure(local: str | os.PathLike[str], gitignore: bool = False) -> tuple[int, int]:
-    """Entries under ``local`` as the workspace copy sends them, and the tmpfs space their files take (whole pages)."""
-    entries = size = 0
-    for path, _ in _entries(os.fspath(local), gitignore, _Withheld()):
-        entries += 1
+SCAN_KEEP = 200_000  # names a scan keeps for the copy that follows it (beyond, the copy walks the tree again)
+
+
+@dataclass
+class Scan:
+    """One walk of a workspace as its copy sends it (:func:`scan`): its size, and the names in the order sent,
+    so that the copy (:func:`upload` with ``scan=``) need not walk the tree again."""
+
+    local: str
+    gitignore: bool
+    entries: int = 0
+    size: int = 0  # the tmpfs space the files take, in whole pages
+    names: list[str] | None = field(default_factory=list)  # None: more than SCAN_KEEP (bounded host memory)
+    withheld: _Withheld = field(default_factory=_Withheld)
+
+
+def scan(local: str | os.PathLike[str], gitignore: bool = False) -> Scan:
+    """Walk ``local`` once, as the workspace copy sends it: entries, size, names (up to SCAN_KEEP)."""
+    got = Scan(os.path.abspath(os.fspath(local)), gitignore)
+    for path, name in _entries(got.local, gitignore, got.withheld):
+        got.entries += 1
+        if got.names is not None:
+            got.names.append(name)
+            if len(got.names) > SCAN_KEEP:
+                got.names = None
         st = os.lstat(path)
         if stat.S_ISREG(st.st_mode):
-            size += -(-st.st_size // _PAGE) * _PAGE
-    return entries, size
+            got.size += -(-st.st_size // _PAGE) * _PAGE
+    return got
+
+
+def measure(local: str | os.PathLike[str], gitignore: bool = False) -> tuple[int, int]:
+    """Entries under ``local`` as the workspace copy sends them, and the tmpfs space their files take (whole pages)."""
+    got = scan(local, gitignore)
+    return got.entries, got.size
+
+
+def _listed(local: str, names: list[str]) -> Iterator[tuple[str, str]]:
+    """A scan's entries again, without a walk; one gone since is left out, as a walk now would."""
+    for name in names:
+        path = os.path.join(local, name)
+        if os.path.lexists(path):
+            yield path, name
 
 
 def _header(name: str, kind: bytes, st: os.stat_result, size: int = 0, linkname: str = "") -> bytes:
     return header(name, kind, st.st_mode, st.st_mtime, size, linkname)
 
 
-def _tar(local: str, gitignore: bool, withheld: _Withheld | None = None) -> Iterator[bytes]:
-    for path, name in _entries(local, gitignore, withheld):
+def _tar(
+    local: str, gitignore: bool, withheld: _Withheld | None = None, names: list[str] | None = None
+) -> Iterator[bytes]:
+    for path, name in _entries(local, gitignore, withheld) if names is None else _listed(local, names):
         st = os.lstat(path)
         if stat.S_ISDIR(st.st_mode):
             yield _header(name, tarfile.DIRTYPE, st)
@@ -235,16 +271,30 @@ def upload(
     gitignore: bool = False,
     base: bool = False,
     checked: bool = False,
+    scanned: Scan | None = None,
 ) -> UploadResult:
     """Send ``local_path`` (a file or directory) into ``remote_dir`` in the sandbox (module doc).
     ``gitignore``: leave out what the tree's .gitignore files ignore, and .git; ``base``: this is the
     run's workspace copy (into /workspace, whose changes the worker then tracks); ``checked``: the tree was
     already checked for FIFOs, sockets and devices (a workspace is, by toolcage.workspace), so it is walked
     once, as it is sent (one found then still stops the upload). A ``base`` copy takes only what the sandbox
-    user could read through the mount (module doc): ``withheld`` names what it left out."""
+    user could read through the mount (module doc): ``withheld`` names what it left out. ``scanned``: the
+    :func:`scan` of this very tree (a base copy's size check): its names are sent without a second walk."""
     local = source(local_path, gitignore=gitignore, walk=not checked)
     withheld = _Withheld() if base else None
-    got = send(call, _tar(local, gitignore, withheld), remote_dir, base=base, shown=local)
+    names = None
+    if (
+        base
+        and scanned is not None
+        and scanned.names is not None
+        and (scanned.local, scanned.gitignore)
+        == (
+            local,
+            gitignore,
+        )
+    ):
+        withheld, names = scanned.withheld, scanned.names  # what the walk withheld, and what it found
+    got = send(call, _tar(local, gitignore, withheld, names), remote_dir, base=base, shown=local)
     if withheld is not None:
         got.withheld, got.withheld_count = list(withheld), withheld.total
     return got

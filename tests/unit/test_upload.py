@@ -313,3 +313,42 @@ def test_host_refusal_is_upload_error(scratch: Path, tmp_path: Path) -> None:
     with pytest.raises(UploadError, match="upload refused") as exc:
         host.upload(worker, tmp_path / "f", "in")
     assert exc.value.exit_code == 3
+
+
+def _tree_for_scan(top: Path) -> Path:
+    (top / "src" / "deep").mkdir(parents=True)
+    (top / "src" / "deep" / "a.py").write_text("a\n")
+    (top / "src" / "b.txt").write_text("b" * 5000)
+    (top / "build").mkdir()
+    (top / "build" / "out.o").write_bytes(b"\0" * 10)
+    (top / ".gitignore").write_text("build/\n")
+    (top / "link").symlink_to("src/b.txt")
+    (top / "secret.txt").write_text("s")
+    (top / "secret.txt").chmod(0o600)  # the sandbox user could not read it through the mount: withheld
+    return top
+
+
+@pytest.mark.parametrize("gitignore", [False, True])
+def test_a_scan_is_sent_as_the_walk_would_send_it(tmp_path: Path, gitignore: bool) -> None:
+    """The copy's size check walks the tree once (host.scan); the copy then sends its names without a second
+    walk, byte for byte the tar a walk makes, with the same names withheld; one gone since is left out."""
+    top = _tree_for_scan(tmp_path / "w")
+    walked = host._Withheld()
+    expected = b"".join(host._tar(str(top), gitignore, walked))
+    got = host.scan(top, gitignore)
+    assert got.names is not None and got.entries == len(got.names)
+    assert (got.entries, got.size) == host.measure(top, gitignore)
+    assert b"".join(host._tar(str(top), gitignore, got.withheld, got.names)) == expected
+    assert list(got.withheld) == list(walked) and (os.geteuid() == 0 or "secret.txt" in walked)
+    (top / "src" / "deep" / "a.py").unlink()
+    sent = b"".join(host._tar(str(top), gitignore, host._Withheld(), got.names))
+    with tarfile.open(fileobj=io.BytesIO(sent)) as again:
+        assert "src/deep/a.py" not in again.getnames() and "src/b.txt" in again.getnames()
+
+
+def test_a_scan_past_its_bound_keeps_no_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host memory: a tree of more than SCAN_KEEP entries is counted, not kept; its copy walks it again."""
+    top = _tree_for_scan(tmp_path / "w")
+    monkeypatch.setattr(host, "SCAN_KEEP", 3)
+    got = host.scan(top)
+    assert got.names is None and got.entries > 3
