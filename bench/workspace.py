@@ -408,7 +408,7 @@ def profile_tree_copy(image: str, tree: Path) -> dict[str, Any]:
         "total": total,
         "init (Sandbox(...))": init,
         "  the workspace check (find_special_file walks the tree)": _cum(st, "workspace.py", "find_special_file"),
-        "  the copy's size check (upload.measure walks the tree)": _cum(st, "upload.py", "measure"),
+        "  the copy's size check (upload.scan walks the tree, once)": _cum(st, "upload.py", "scan"),
         "container start (start without the fill)": _cum(st, "sandbox.py", "start") - fill,
         "fill": fill,
         "  host pre-walk (special files checked before sending)": _cum(st, "upload.py", "upload")

@@ -394,4 +394,4 @@ class _Ahead:
         self._thread.join()
 
 
-__all__ = ["UploadError", "UploadResult", "UploadUsage", "measure", "send", "source", "upload"]
+__all__ = ["Scan", "UploadError", "UploadResult", "UploadUsage", "measure", "scan", "send", "source", "upload"]
