@@ -232,14 +232,15 @@ def test_a_pooled_client_fills_a_warm_slot_and_resumes_into_another(tmp_path: Pa
     client = ToolcageSandboxClient(options, pool_size=1)
     assert client.pool is not None
     spec = ToolcageSnapshotSpec(base_path=tmp_path / "snaps")
-    labels: list[dict[str, str]] = []
+    # this process's client containers while each session ran: the one serving it, and slots waiting
+    seen: list[dict[str, dict[str, str]]] = []
 
     def look(call: ModelCall) -> Any:
-        labels.extend(c["Config"]["Labels"] for c in _mine())
+        seen.append({c["Id"]: c["Config"]["Labels"] for c in _mine()})
         return [_sh("cat app.py; echo kept > note.txt", "p1")]
 
     def again(call: ModelCall) -> Any:
-        labels.extend(c["Config"]["Labels"] for c in _mine())
+        seen.append({c["Id"]: c["Config"]["Labels"] for c in _mine()})
         return [_sh("cat note.txt", "p2")]
 
     first = ScriptedModel([ModelStep.respond(look), [assistant_message("one")]])
@@ -251,6 +252,7 @@ def test_a_pooled_client_fills_a_warm_slot_and_resumes_into_another(tmp_path: Pa
         async with session:
             assert (await _run(_agent(first), SandboxRunConfig(session=session))).final_output == "one"
         await client.delete(session)
+        first_container = toolcage_session(session).state.container_id
         assert "return 'hi'" in _outputs(first)["p1"]
         assert await client.pool.wait_ready(timeout=60)
         state = client.deserialize_session_state(client.serialize_session_state(toolcage_session(session).state))
@@ -262,8 +264,9 @@ def test_a_pooled_client_fills_a_warm_slot_and_resumes_into_another(tmp_path: Pa
             cold = [c["Config"]["Labels"] for c in _mine() if c["Id"] == cid]
         await client.delete(other)
         await client.close()
-        assert len(labels) == 2 and all(lb.get("toolcage.pool") == client.pool.id for lb in labels), labels
-        assert labels[0]["toolcage.run_id"] != labels[1]["toolcage.run_id"]
+        # every container serving a session was one of the pool's slots (no cold one was started for them)
+        assert len(seen) == 2 and first_container in seen[0] and first_container not in seen[1], seen
+        assert all(lb.get("toolcage.pool") == client.pool.id for step in seen for lb in step.values()), seen
         assert [lb.get("toolcage.pool") for lb in cold] == [None], cold
 
     asyncio.run(main())
