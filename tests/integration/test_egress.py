@@ -309,6 +309,7 @@ def test_private_address_refused_unless_opened(engine: Any, tmp_path: Path, upst
         r = fetch(sb, "http://api.allowed.test:8080/ok")
     assert r.error is not None and r.error["code"] == -32010
     assert "which is private" in r.error["data"]["reason"]
+    wait_removed(60)  # the run's end is in the background: its proxy's last decisions are read by then
     denied = [d for d in sb._run.backend._egress.decisions if d["event"] == "egress.denied"]
     assert denied and "private" in denied[0]["reason"]
 
@@ -359,6 +360,7 @@ def test_connect_tunnel_pipes_bytes(engine: Any, tmp_path: Path, upstream: dict[
         out = run_probe(sb, code)
     first, body = out["t"]
     assert first.startswith("HTTP/1.1 200") and body == "hello api.allowed.test:8443 /via-tunnel"
+    wait_removed(60)  # the run's end is in the background: its proxy's last decisions are read by then
     allowed = [d for d in sb._run.backend._egress.decisions if d["event"] == "egress.allowed"]
     assert allowed and allowed[0]["sni"] == "api.allowed.test"
 

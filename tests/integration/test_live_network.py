@@ -203,7 +203,11 @@ def test_audit_only_lets_through_and_records_what_it_would_refuse(
         assert raw.result["stdout"] == "200 hello other.test:8080 /learn\n", raw.result
         raw = sb.call("exec", {"command": GET.format(url="http://169.254.169.254/")})
         assert raw.result["stdout"].startswith("403"), raw.result
-        learned = [d for d in sb._run.backend._egress.decisions if d.get("would_deny")]
+        until = time.monotonic() + 10  # the proxy's records reach the runner on their own stream, maybe after
+        while not (learned := [d for d in sb._run.backend._egress.decisions if d.get("would_deny")]):
+            if time.monotonic() > until:
+                break
+            time.sleep(0.05)
         assert learned and "other.test is not in the allowlist" in learned[0]["would_deny"], learned
         sb.update_network(_allow(upstream["subnet"], "api.allowed.test"))
         raw = sb.call("exec", {"command": GET.format(url="http://other.test:8080/")})

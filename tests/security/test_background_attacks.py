@@ -57,7 +57,10 @@ if os.fork() == 0:                      # a fork loop racing the sweep: always a
             os.replace("/scratch/race.t", "/scratch/race")
         except OSError:
             pass
-time.sleep(0.5)
+until = time.time() + 20  # every leftover has ticked once (under gVisor on a loaded machine a start takes long)
+while time.time() < until and not all(os.path.exists(f"/scratch/{n}") for n in ("setsid", "nohup", "double", "race")):
+    time.sleep(0.05)
+time.sleep(0.2)
 print("planted")
 """
 NAMES = ["setsid", "nohup", "double", "race"]
