@@ -394,7 +394,10 @@ def test_a_background_process_started_followed_and_stopped_by_the_agent() -> Non
         assert set(PROCESS_TOOLS) <= set(_by_name(tools))
         assert set(_by_name(get_tools(sb, include=PROCESS_TOOLS))) == set(PROCESS_TOOLS)
         script = [
-            _step(("start", "proc_start", {"command": ticker}), ("repl", "proc_start", {"argv": ["cat"], "pty": True})),
+            # one after the other: started in one turn, the two calls run side by side and take ids 1 and 2 in
+            # whichever order they reach the worker (seen with three test processes on 2 cores)
+            _step(("start", "proc_start", {"command": ticker})),
+            _step(("repl", "proc_start", {"argv": ["cat"], "pty": True})),
             _step(("wait", "proc_wait", {"id": 1, "until": "output", "pattern": "tick 3", "timeout_s": 20})),
             _step(("read", "proc_read", {"id": 1, "since": 0}), ("type", "proc_write", {"id": 2, "data": "hello\n"})),
             _step(("echo", "proc_read", {"id": 2, "since": 0, "timeout_s": 5})),

@@ -58,10 +58,11 @@ def test_host_socket_in_workspace_refused_before_any_container(engine: Any, host
     Before the fix the sandbox (no network at all) connected to /workspace/agent.sock and read
     the host service's answer: connect() works through a read-only bind mount.
     """
-    before = {c["Id"] for c in engine.containers("toolcage.run_id")}
+    label = "toolcage.tool=sec-socket"  # its own runs only: other test processes start theirs meanwhile (-n)
+    before = {c["Id"] for c in engine.containers(label)}
     with pytest.raises(WorkspaceError, match=r"agent\.sock"):
         Sandbox(workspace=host_socket, tool="sec-socket")
-    assert {c["Id"] for c in engine.containers("toolcage.run_id")} <= before
+    assert {c["Id"] for c in engine.containers(label)} <= before
 
 
 def test_premise_host_socket_answers_through_read_only_mount(

@@ -84,6 +84,23 @@ def changes(s: Settings, p: ChangesParams) -> dict[str, Any]:
         real = s.workspace
     recorded, threshold_ns = _bases.get(p.root, ("", 0))
     base = set(recorded.split("\0")) if recorded else set()
+    for _ in range(_WALK_TRIES):
+        try:
+            return _changes(p, real, base, threshold_ns)
+        except OSError:
+            # os.fwalk lists a directory it has opened without catching the error: a directory removed under
+            # it (code racing the walk) fails the whole walk where getdents says so (gVisor: ENOENT)
+            continue
+    raise ToolError(
+        f"{p.root} kept changing while it was read ({_WALK_TRIES} tries): call changes again when its code is done",
+        {"root": p.root},
+    )
+
+
+_WALK_TRIES = 5
+
+
+def _changes(p: ChangesParams, real: str, base: set[str], threshold_ns: int) -> dict[str, Any]:
     changed: list[str] = []
     seen: set[str] = set()
     truncated = False
