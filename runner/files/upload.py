@@ -162,7 +162,7 @@ SCAN_KEEP = 200_000  # names a scan keeps for the copy that follows it (beyond, 
 @dataclass
 class Scan:
     """One walk of a workspace as its copy sends it (:func:`scan`): its size, and the names in the order sent,
-    so that the copy (:func:`upload` with ``scan=``) need not walk the tree again."""
+    so that the copy (:func:`upload` with ``scanned=``) need not walk the tree again."""
 
     local: str
     gitignore: bool
@@ -283,16 +283,8 @@ def upload(
     local = source(local_path, gitignore=gitignore, walk=not checked)
     withheld = _Withheld() if base else None
     names = None
-    if (
-        base
-        and scanned is not None
-        and scanned.names is not None
-        and (scanned.local, scanned.gitignore)
-        == (
-            local,
-            gitignore,
-        )
-    ):
+    same_tree = scanned is not None and scanned.local == local and scanned.gitignore == gitignore
+    if base and same_tree and scanned is not None and scanned.names is not None:
         withheld, names = scanned.withheld, scanned.names  # what the walk withheld, and what it found
     got = send(call, _tar(local, gitignore, withheld, names), remote_dir, base=base, shown=local)
     if withheld is not None:
