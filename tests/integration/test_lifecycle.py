@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -73,6 +72,33 @@ print(sb.run_id, flush=True)
 sb.call("run_python", {"code": "import time; time.sleep(300)", "timeout_s": 300}, timeout=600)
 """
 
+# The runner and the gc that judges it, in one PID namespace of their own. Any toolcage process that starts a
+# sandbox reaps the runs whose owner died (toolcage.lifecycle.reaper), and with the tests in several processes
+# (-n) one may do so between the kill and this test's gc. A reaper judges only owners of its own namespace
+# (toolcage.engine.ownership), so here no other process can take the run before its deadline.
+DRIVER_SCRIPT = """
+import signal, subprocess, sys
+runner = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE, text=True)
+print(runner.stdout.readline().strip(), runner.pid, flush=True)
+sys.stdin.readline()
+runner.send_signal(signal.SIGKILL)
+runner.wait(10)
+for line in sys.stdin:  # each line a gc command: its output, then a line "--end--"
+    out = subprocess.run([sys.executable, "-m", "toolcage.cli", *line.split()], capture_output=True, text=True)
+    print(out.stdout + out.stderr + "\\n--end--", flush=True)
+"""
+
+
+def _said(proc: subprocess.Popen[str], command: str) -> str:
+    """What the driver's gc printed for ``command`` (up to its line "--end--")."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(command + "\n")
+    proc.stdin.flush()
+    lines = []
+    while (line := proc.stdout.readline()) not in ("--end--\n", ""):  # "": the driver ended
+        lines.append(line)
+    return "".join(lines)
+
 
 @pytest.mark.runc_only("gc after a killed runner: the engine's objects, alike under either runtime (15 s)")
 def test_sigkill_runner_then_gc_leaves_nothing(engine: Any, tmp_path: Path) -> None:
@@ -82,21 +108,23 @@ def test_sigkill_runner_then_gc_leaves_nothing(engine: Any, tmp_path: Path) -> N
     policy = tmp_path / "p.yaml"
     policy.write_text("network:\n  mode: proxy\n  allow:\n    - host: api.example.com\ntimeouts:\n  run_s: 12\n")
     proc = subprocess.Popen(
-        [sys.executable, "-c", RUNNER_SCRIPT, str(policy)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", DRIVER_SCRIPT, RUNNER_SCRIPT, str(policy)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    assert proc.stdout is not None
-    run_id = proc.stdout.readline().strip()
+    assert proc.stdin is not None and proc.stdout is not None
+    run_id, _, runner_pid = proc.stdout.readline().strip().partition(" ")
     started = time.monotonic()
     # sandbox, proxy, egress network, socket volume, and the run's two overlays of the shared files where the
     # engine copies the image per container (toolcage.engine.sharedfiles)
     shared = 2 if sharedfiles.layers(engine, engine.image(DEFAULT_IMAGE)["Id"]) else 0
     assert run_id and len(objects_of(engine, run_id)) == 4 + shared, objects_of(engine, run_id)
     time.sleep(0.5)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
-    proc.stdout.close()
-    out = cli("gc", "--dry-run")
-    assert f"(run {run_id}): owner process {proc.pid} is gone" in out.stdout
+    proc.stdin.write("kill\n")
+    out = _said(proc, "gc --dry-run")
+    assert f"(run {run_id}): owner process {runner_pid} is gone" in out, out
     killed = time.monotonic()
 
     def running(role: str) -> bool:
@@ -111,7 +139,10 @@ def test_sigkill_runner_then_gc_leaves_nothing(engine: Any, tmp_path: Path) -> N
     while running("egress-proxy") and time.monotonic() - started < 12 + 2 + 10:
         time.sleep(0.2)
     assert not running("egress-proxy"), "the orphaned proxy outlived its deadline"
-    cli("gc")
+    _said(proc, "gc")
+    proc.stdin.close()
+    proc.wait(30)
+    proc.stdout.close()
     assert objects_of(engine, run_id) == []
 
 

@@ -100,8 +100,14 @@ def test_refills_up_to_size_never_beyond(engine: Any) -> None:
 def test_idle_timeout_removes_idle_slots(engine: Any, tmp_path: Path) -> None:
     """Slots nobody takes for idle_s are removed (and audited as such); an unused pool is not refilled."""
     audit = tmp_path / "audit.jsonl"
+
+    def idle_removed() -> int:
+        records = read(audit) if audit.exists() else []
+        return sum(r["event"] == "pool.slot_removed" and r.get("reason") == "idle" for r in records)
+
     with Pool(size=2, idle_s=2, audit=audit) as pool:
-        assert pool.wait_ready(timeout=60)
+        # not wait_ready() for both: on a loaded host the first slot may idle out before the second is up
+        assert eventually(lambda: idle_removed() >= 2, timeout=90), list(read(audit)) if audit.exists() else []
         assert eventually(lambda: pool_objects(engine, pool.id) == [], timeout=20), pool_objects(engine, pool.id)
         assert pool.ready() == 0
         time.sleep(1.0)
