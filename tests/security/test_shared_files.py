@@ -141,7 +141,8 @@ def test_gc_removes_the_shared_files_of_an_image_that_is_gone(engine: Any, no_le
     out = run_cli("gc", "--json")
     assert out.returncode == 0, out.stderr
     removed = {o["name"] for o in json.loads(out.stdout)["removed"]}
-    assert theirs <= removed, (theirs, removed)
+    # gc is machine-wide: another test process's gc may have removed some of theirs first (so not theirs <= removed)
+    assert not theirs & {v["Name"] for v in engine.volumes(sharedfiles.LABEL)}, theirs
     assert not ours & removed
     assert {v["Name"] for v in engine.volumes(sharedfiles.LABEL)} >= ours
     assert not {v["Name"] for v in engine.volumes(f"{sharedfiles.LABEL}={image_id}")}
