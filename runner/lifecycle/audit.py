@@ -197,7 +197,7 @@ def _drain_shared() -> None:
         a.drain()
 
 
-def _frame_size(value: Any) -> Any:
+def frame_size(value: Any) -> Any:
     """A data frame (an upload's chunk, raw bytes: toolcage.worker.protocol) digests as its size alone."""
     if isinstance(value, bytes | bytearray | memoryview):
         return {"frame_bytes": len(value)}
@@ -206,7 +206,7 @@ def _frame_size(value: Any) -> Any:
 
 def param_digest(params: Any) -> dict[str, Any]:
     """Parameters as size and hash only: never their values (they may hold secrets)."""
-    raw = json.dumps(params, sort_keys=True, separators=(",", ":"), default=_frame_size).encode()
+    raw = json.dumps(params, sort_keys=True, separators=(",", ":"), default=frame_size).encode()
     return {"params_bytes": len(raw), "params_sha256": hashlib.sha256(raw).hexdigest()}
 
 

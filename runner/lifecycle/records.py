@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from toolcage import telemetry
+from toolcage.lifecycle import audit as audit_mod
 from toolcage.policies.codes import EGRESS_DENIED
 from toolcage.policies.contract import USAGE
 from toolcage.results import CallResult
@@ -52,6 +53,18 @@ def secrets_sent(r: CallResult) -> list[dict[str, Any]]:
     return [{k: s.get(k) for k in keep} for s in sent if isinstance(s, dict)] if isinstance(sent, list) else []
 
 
+def _frames_as_sizes(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with a data frame (an upload's chunk, raw bytes) as its size, as the record's digest takes it
+    (toolcage.lifecycle.audit.param_digest): the record is made later, on the audit writer's thread, and the
+    queue must not hold the chunks meanwhile. Threat: a writer that lags (a loaded host, a slow disk) would
+    keep every chunk of an upload, the runner's memory growing with the file's size."""
+    if not any(isinstance(v, bytes | bytearray | memoryview) for v in params.values()):
+        return params
+    return {
+        k: audit_mod.frame_size(v) if isinstance(v, bytes | bytearray | memoryview) else v for k, v in params.items()
+    }
+
+
 def audit_call(audit: Any, run_id: str, params: dict[str, Any] | None, r: CallResult, call_id: object = None) -> None:
     """``run.call`` (params only as size and digest), then one ``egress.decision`` per SafeFetch decision; the
     call's ``execute_tool`` span and metrics when the application set an OpenTelemetry provider (``call_id``:
@@ -67,7 +80,7 @@ def audit_call(audit: Any, run_id: str, params: dict[str, Any] | None, r: CallRe
         status=r.status,
         duration_ms=r.wall_ms,
         error_code=r.error["code"] if r.error else None,
-        _params=params or {},
+        _params=_frames_as_sizes(params or {}),
         **({"secrets_sent": secrets_sent(r)} if r.meta is not None else {}),
     )
     for d in safefetch_decisions(r):

@@ -76,10 +76,10 @@ def test_errors(engine: Any, tmp_path: Path) -> None:
 
 
 def test_64_mib_in_bounded_memory(engine: Any, tmp_path: Path) -> None:
-    """A 64 MiB file goes in whole while the runner holds far less than it: 1 MiB chunks, the call in
-    flight holding ~13 MiB of copies of its chunk, and up to four more chunks made ahead on their own
-    thread (13 to 21 MiB, by how the threads interleave; a 20 MiB file once peaked at 19.1 in CI, so the
-    file is larger than any peak the chunking allows: a runner that held the file would pass 64)."""
+    """A 64 MiB file goes in whole while the runner holds far less than it: 2 MiB chunks (data frames), the
+    call in flight with its request line (a copy of its chunk), and up to three more made ahead on their own
+    thread (15 MiB here). The audit writer holds a chunk's size, not the chunk: when it lagged on a loaded host
+    it held every chunk it had not written yet (49 MiB once). A runner that held the file would pass 64."""
     big = tmp_path / "big"
     with open(big, "wb") as f:
         for _ in range(64):

@@ -118,3 +118,24 @@ def test_a_queued_record_is_timestamped_when_queued(tmp_path: Path, monkeypatch:
     (rec,) = list(read(log))
     ts = datetime.fromisoformat(rec["ts"].replace("Z", "+00:00"))
     assert before <= ts <= after and rec["ts"].endswith("Z")
+
+
+def test_a_calls_data_frame_is_not_held_until_the_record_is_written() -> None:
+    """An upload's chunk (a data frame: raw bytes in the params) is queued for the audit writer as its size
+    only, with the same digest: a writer that lags never holds the chunks (the runner's memory stays bounded)."""
+    from toolcage.lifecycle import records
+    from toolcage.results import CallResult
+
+    queued: list[dict[str, Any]] = []
+
+    class Lagging:  # a writer that has not run yet: what it was handed is all it holds
+        def event_later(self, event: str, /, **fields: Any) -> None:
+            queued.append(fields)
+
+    chunk = b"\0" * (2 << 20)
+    params = {"stream": "s1", "frame": chunk, "done": False}
+    records.audit_call(Lagging(), "run1", params, CallResult("ok", "upload", "run1", result={}))
+    held = queued[0]["_params"]
+    assert not any(isinstance(v, bytes | bytearray | memoryview) for v in held.values()), held
+    assert param_digest(held) == param_digest(params)
+    assert params["frame"] is chunk  # the caller's params are not changed
