@@ -205,14 +205,38 @@ def _header(name: str, kind: bytes, st: os.stat_result, size: int = 0, linkname:
     return header(name, kind, st.st_mode, st.st_mtime, size, linkname)
 
 
+@dataclass
+class Sent:
+    """What a tar of a walk held (``_tar`` counts as it writes): a native extraction's counts
+    (toolcage.worker.tools.untar tells directories from the rest only)."""
+
+    files: int = 0
+    dirs: int = 0
+    symlinks: int = 0
+    bytes: int = 0
+
+
 def _tar(
-    local: str, gitignore: bool, withheld: _Withheld | None = None, names: list[str] | None = None
+    local: str,
+    gitignore: bool,
+    withheld: _Withheld | None = None,
+    names: list[str] | None = None,
+    counts: Sent | None = None,
 ) -> Iterator[bytes]:
+    """The tar of the walk of ``local``. With ``counts`` (a workspace copy, which the worker may hand to GNU
+    tar, which keeps modes as they are): the modes as the worker's own extraction makes them, setuid, setgid
+    and sticky cleared and directories owner-writable, and what it wrote counted."""
     for path, name in _entries(local, gitignore, withheld) if names is None else _listed(local, names):
         st = os.lstat(path)
         if stat.S_ISDIR(st.st_mode):
+            if counts is not None:
+                counts.dirs += 1
+                yield header(name, tarfile.DIRTYPE, (st.st_mode & 0o777) | 0o700, st.st_mtime)
+                continue
             yield _header(name, tarfile.DIRTYPE, st)
         elif stat.S_ISLNK(st.st_mode):
+            if counts is not None:
+                counts.symlinks += 1
             yield _header(name, tarfile.SYMTYPE, st, linkname=os.readlink(path))
         elif stat.S_ISREG(st.st_mode):
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # swapped for a link: refused, not followed
@@ -223,7 +247,12 @@ def _tar(
                 if withheld is not None and not mountview.allows(fst, mountview.READ, mountview.access_acl(fd)):
                     withheld.add(name)  # its mode changed since the walk: what is sent is what was checked
                     continue
-                yield _header(name, tarfile.REGTYPE, fst, fst.st_size)
+                if counts is not None:
+                    counts.files += 1
+                    counts.bytes += fst.st_size
+                    yield header(name, tarfile.REGTYPE, fst.st_mode & 0o777, fst.st_mtime, fst.st_size)
+                else:
+                    yield _header(name, tarfile.REGTYPE, fst, fst.st_size)
                 sent = 0
                 while sent < fst.st_size:
                     piece = os.pread(fd, min(_PIECE, fst.st_size - sent), sent)
@@ -286,7 +315,10 @@ def upload(
     same_tree = scanned is not None and scanned.local == local and scanned.gitignore == gitignore
     if base and same_tree and scanned is not None and scanned.names is not None:
         withheld, names = scanned.withheld, scanned.names  # what the walk withheld, and what it found
-    got = send(call, _tar(local, gitignore, withheld, names), remote_dir, base=base, shown=local)
+    sent = Sent() if base else None
+    got = send(
+        call, _tar(local, gitignore, withheld, names, counts=sent), remote_dir, base=base, shown=local, sent=sent
+    )
     if withheld is not None:
         got.withheld, got.withheld_count = list(withheld), withheld.total
     return got
@@ -310,10 +342,34 @@ def source(local_path: str | os.PathLike[str], *, gitignore: bool = False, walk:
     return local
 
 
-def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = False, shown: str = "") -> UploadResult:
+def _refused_param(res: CallResult, name: str) -> bool:
+    """The answer of a worker from before the parameter ``name``: its strict params refuse it by name."""
+    err = res.error or {}
+    data = err.get("data")
+    return (
+        err.get("code") == codes.INVALID_PARAMS
+        and isinstance(data, list)
+        and any(isinstance(d, dict) and d.get("field") == name for d in data)
+    )
+
+
+def send(
+    call: Call,
+    tar: Iterator[bytes],
+    remote_dir: str,
+    *,
+    base: bool = False,
+    shown: str = "",
+    sent: Sent | None = None,
+) -> UploadResult:
     """Send the tar ``tar`` yields into ``remote_dir``, in chunks (an OSError or UploadUsage while it is
-    made aborts the stream: the worker keeps nothing)."""
-    ans = _answer(call({"path": remote_dir, **({"base": True} if base else {})}), True)
+    made aborts the stream: the worker keeps nothing). ``sent``: the tar is ``_tar``'s walk of a workspace
+    copy, counted there: the worker may extract it with its runtime's GNU tar (``native``)."""
+    opening = {"path": remote_dir, **({"base": True} if base else {})}
+    res = call({**opening, "native": True} if base and sent is not None else opening)
+    if base and sent is not None and _refused_param(res, "native"):  # a worker from before it
+        res = call(opening)
+    ans = _answer(res, True)
     stream = str(ans.get("stream", ""))
     # a worker that says it takes data frames gets them; one from before them (an image derived from an older
     # worker image) gets base64 with a sha256, as it always did
@@ -334,6 +390,8 @@ def send(call: Call, tar: Iterator[bytes], remote_dir: str, *, base: bool = Fals
         raise
     finally:
         ahead.stop()
+    if ans.get("native") is True and sent is not None:  # GNU tar told the worker names, not kinds: ours
+        return UploadResult(str(ans.get("path", remote_dir)), sent.files, sent.dirs, sent.symlinks, sent.bytes)
     files, dirs, symlinks, size = (int(ans.get(k, 0)) for k in ("files", "dirs", "symlinks", "bytes"))
     return UploadResult(str(ans.get("path", remote_dir)), files, dirs, symlinks, size)
 
@@ -386,4 +444,4 @@ class _Ahead:
         self._thread.join()
 
 
-__all__ = ["Scan", "UploadError", "UploadResult", "UploadUsage", "measure", "scan", "send", "source", "upload"]
+__all__ = ["Scan", "Sent", "UploadError", "UploadResult", "UploadUsage", "measure", "scan", "send", "source", "upload"]

@@ -36,7 +36,7 @@ from annotated_types import Ge, Le, MaxLen
 from toolcage.worker.errors import NoSpace, ToolError
 from toolcage.worker.protocol import FRAME_MAX, incoming
 from toolcage.worker.settings import SCRATCH, WORKSPACE, Settings
-from toolcage.worker.tools import Tool
+from toolcage.worker.tools import Tool, untar
 from toolcage.worker.tools._params import doc, params
 from toolcage.worker.tools.files import full_message, writable
 from toolcage.worker.tools.paths import MAX_PATH, Located, dir_beneath, locate
@@ -63,6 +63,11 @@ class UploadParams:
     done: bool = doc("the last chunk: extract and move into place", False)
     abort: bool = doc("drop the stream and what it extracted so far (the host could not finish it)", False)
     base: bool = doc(f"the run's copy of the workspace itself, into {WORKSPACE} (at start or resume)", False)
+    native: bool = doc(
+        "with base: the tar is the runner's own walk of the workspace, extracted by the runtime's GNU tar "
+        "(worker.tools.untar); ignored where the runtime has none",
+        False,
+    )
 
 
 def _refuse(name: str, why: str) -> ToolError:
@@ -249,9 +254,10 @@ class _Stream:
     """One upload: its tar is extracted as it arrives, by a thread reading the chunks the calls hand over
     (``_Feed``), into a staging directory on the target's own file system (renamed into place at ``done``)."""
 
-    def __init__(self, s: Settings, loc: Located, base: bool) -> None:
+    def __init__(self, s: Settings, loc: Located, base: bool, native: bool = False) -> None:
         self.root_path = s.real_root(loc.name)
         self.target, self.shown, self.root_name, self.base = loc.rel, loc.shown, loc.name, base
+        self.native = base and native and loc.name == WORKSPACE and untar.available()
         self.id = secrets.token_hex(8)
         self.stage_name = f"{_STAGE}{self.id}"
         self.root = os.open(self.root_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -266,13 +272,17 @@ class _Stream:
         self.feed = _Feed()
         self.ended = False  # the end (or an abort) was handed to the extractor
         self.received = 0
-        self.result: Extractor | None = None
+        self.result: Extractor | untar.Result | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._extract, daemon=True, name=f"upload-{self.id}")
         self.thread.start()
 
     def _extract(self) -> None:
         try:
+            if self.native:
+                stage = os.path.join(self.root_path, self.stage_name)
+                self.result = untar.extract(io.BufferedReader(self.feed, _PIECE), stage, self.root_name)
+                return
             self.result = extract(io.BufferedReader(self.feed, _PIECE), self.stage)
         except BaseException as exc:  # reported by the call that writes next, or by done
             self.error = exc
@@ -299,7 +309,7 @@ class _Stream:
             return _full(exc, self.root_name)
         return exc if exc is not None else ToolError("upload: the tar stream ended early; nothing was kept", {})
 
-    def finish(self) -> Extractor:
+    def finish(self) -> Extractor | untar.Result:
         """The end of the tar: wait for the extractor, then its result (or its error)."""
         self.ended = True
         self._hand(None)
@@ -330,7 +340,7 @@ def _full(exc: OSError, root: str = SCRATCH) -> ToolError:
     return ToolError(f"upload: {exc.strerror}; nothing was kept", {})
 
 
-def _open(s: Settings, path: str, base: bool) -> dict[str, Any]:
+def _open(s: Settings, path: str, base: bool, native: bool = False) -> dict[str, Any]:
     loc = locate(path, s.workspace, s.scratch)
     writable(s, loc, "upload")
     if base and (loc.name not in (WORKSPACE, *s.image_roots) or loc.rel != "."):
@@ -339,7 +349,7 @@ def _open(s: Settings, path: str, base: bool) -> dict[str, Any]:
             {"path": path},
         )
     try:
-        st = _Stream(s, loc, base)
+        st = _Stream(s, loc, base, native)
     except OSError as exc:
         raise _full(exc, loc.name) from None
     with _lock:
@@ -375,6 +385,7 @@ def _finish(st: _Stream) -> dict[str, Any]:
         "bytes": ex.bytes,
         "received": st.received,
         "done": True,
+        **({"native": True} if st.native else {}),  # the runner counts the kinds it sent (untar.Result)
     }
 
 
@@ -398,7 +409,7 @@ def upload(s: Settings, p: UploadParams) -> dict[str, Any]:
     if (p.path is None) == (p.stream is None):
         raise ToolError("give either path (to open a stream) or stream (with its next chunk)", {})
     if p.path is not None:
-        return _open(s, p.path, p.base)
+        return _open(s, p.path, p.base, p.native)
     with _lock:
         found = _streams.get(p.stream or "")
     if found is None:
