@@ -86,13 +86,16 @@ def _refuse(path: str, kind: str) -> UploadUsage:
     return UploadUsage(f"upload: '{_show(path)}' is {kind}; an upload takes files, directories and symlinks")
 
 
-def _entries(local: str, gitignore: bool = False, withheld: _Withheld | None = None) -> Iterator[tuple[str, str]]:
-    """(path on disk, name in the tar) for each entry, never following a symlink; ``gitignore``: without
-    what the tree's .gitignore files ignore (an ignored directory is not entered), nor ``.git``;
-    ``withheld``: only what the sandbox user could read through the mount, the rest named there."""
+def _entries(
+    local: str, gitignore: bool = False, withheld: _Withheld | None = None
+) -> Iterator[tuple[str, str, os.stat_result | None]]:
+    """(path on disk, name in the tar, its lstat if the walk took one) for each entry, never following a
+    symlink; ``gitignore``: without what the tree's .gitignore files ignore (an ignored directory is not
+    entered), nor ``.git``; ``withheld``: only what the sandbox user could read through the mount, the rest
+    named there."""
     st = os.lstat(local)
     if not stat.S_ISDIR(st.st_mode):
-        yield local, os.path.basename(local)
+        yield local, os.path.basename(local), st
         return
     stacks: dict[str, tuple[Rules, ...]] = {"": ()}
     for dirpath, dirnames, filenames in os.walk(local):  # followlinks=False: a link to a directory is a link
@@ -108,23 +111,29 @@ def _entries(local: str, gitignore: bool = False, withheld: _Withheld | None = N
             filenames = [f for f in filenames if f != ".git" and not (stack and ignored(stack, prefix + f, False))]
         prefix = f"{rel}/" if rel else ""
         shut: list[str] = []  # directories copied empty: the sandbox could not list them
+        seen: dict[str, os.stat_result] = {}
         if withheld is not None:
-            dirnames[:], shut, filenames = _as_mounted(dirpath, prefix, dirnames, filenames, withheld)
+            dirnames[:], shut, filenames = _as_mounted(dirpath, prefix, dirnames, filenames, withheld, seen)
         dirnames.sort()
         for base in sorted(dirnames + shut + filenames):
-            yield os.path.join(dirpath, base), prefix + base
+            yield os.path.join(dirpath, base), prefix + base, seen.get(base)
 
 
 def _as_mounted(
-    dirpath: str, prefix: str, dirnames: list[str], filenames: list[str], withheld: _Withheld
+    dirpath: str,
+    prefix: str,
+    dirnames: list[str],
+    filenames: list[str],
+    withheld: _Withheld,
+    seen: dict[str, os.stat_result],
 ) -> tuple[list[str], list[str], list[str]]:
     """A directory's entries as the sandbox user would find them through the mount (toolcage.files.mountview):
-    the directories to enter, those to copy empty, the files it could read."""
+    the directories to enter, those to copy empty, the files it could read (``seen``: the lstat of each)."""
     enter: list[str] = []
     shut: list[str] = []
     for d in dirnames:
         path = os.path.join(dirpath, d)
-        st = os.lstat(path)
+        st = seen[d] = os.lstat(path)
         if not stat.S_ISDIR(st.st_mode) or mountview.may(path, st, mountview.LIST):
             enter.append(d)  # a symlink is listed among the directories and never entered
         else:
@@ -133,7 +142,7 @@ def _as_mounted(
     files: list[str] = []
     for f in filenames:
         path = os.path.join(dirpath, f)
-        st = os.lstat(path)
+        st = seen[f] = os.lstat(path)
         if stat.S_ISREG(st.st_mode) and not mountview.may(path, st, mountview.READ):
             withheld.add(prefix + f)
         else:
@@ -175,13 +184,13 @@ class Scan:
 def scan(local: str | os.PathLike[str], gitignore: bool = False) -> Scan:
     """Walk ``local`` once, as the workspace copy sends it: entries, size, names (up to SCAN_KEEP)."""
     got = Scan(os.path.abspath(os.fspath(local)), gitignore)
-    for path, name in _entries(got.local, gitignore, got.withheld):
+    for path, name, known in _entries(got.local, gitignore, got.withheld):
         got.entries += 1
         if got.names is not None:
             got.names.append(name)
             if len(got.names) > SCAN_KEEP:
                 got.names = None
-        st = os.lstat(path)
+        st = known or os.lstat(path)
         if stat.S_ISREG(st.st_mode):
             got.size += -(-st.st_size // _PAGE) * _PAGE
     return got
@@ -193,12 +202,10 @@ def measure(local: str | os.PathLike[str], gitignore: bool = False) -> tuple[int
     return got.entries, got.size
 
 
-def _listed(local: str, names: list[str]) -> Iterator[tuple[str, str]]:
-    """A scan's entries again, without a walk; one gone since is left out, as a walk now would."""
+def _listed(local: str, names: list[str]) -> Iterator[tuple[str, str, None]]:
+    """A scan's entries again, without a walk (``_tar`` leaves out one gone since, as a walk now would)."""
     for name in names:
-        path = os.path.join(local, name)
-        if os.path.lexists(path):
-            yield path, name
+        yield os.path.join(local, name), name, None
 
 
 def _header(name: str, kind: bytes, st: os.stat_result, size: int = 0, linkname: str = "") -> bytes:
@@ -226,8 +233,13 @@ def _tar(
     """The tar of the walk of ``local``. With ``counts`` (a workspace copy, which the worker may hand to GNU
     tar, which keeps modes as they are): the modes as the worker's own extraction makes them, setuid, setgid
     and sticky cleared and directories owner-writable, and what it wrote counted."""
-    for path, name in _entries(local, gitignore, withheld) if names is None else _listed(local, names):
-        st = os.lstat(path)
+    for path, name, _ in _entries(local, gitignore, withheld) if names is None else _listed(local, names):
+        try:
+            st = os.lstat(path)  # fresh: the walk's may be a moment old
+        except FileNotFoundError:
+            if names is None:
+                raise
+            continue  # gone since the scan: left out, as a walk now would
         if stat.S_ISDIR(st.st_mode):
             if counts is not None:
                 counts.dirs += 1
@@ -335,7 +347,7 @@ def source(local_path: str | os.PathLike[str], *, gitignore: bool = False, walk:
         raise UploadUsage(f"upload: cannot read '{_show(local)}': {exc.strerror}") from None
     if stat.S_ISLNK(st.st_mode):
         raise UploadUsage(f"upload: '{_show(local)}' is a symlink; upload what it points to, or its directory")
-    for path, _ in _entries(local, gitignore) if walk else ():
+    for path, _, _ in _entries(local, gitignore) if walk else ():
         kind = _kind(os.lstat(path).st_mode)
         if kind is not None:
             raise _refuse(path, kind)
