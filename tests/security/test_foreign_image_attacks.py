@@ -680,3 +680,60 @@ def test_many_files_a_fifo_and_device_nodes_do_not_stall_the_start() -> None:
         out = r["stdout"].split("\n")
         assert out[0] == last and out[1].startswith("p"), r
         assert out[2].startswith("c"), r
+
+
+# ---------------------------------------------------------------------------------------------- 12: its tar
+
+# The hostile image with its own tar replaced: a wrapper first on PATH, /usr/bin/tar itself a marker that runs
+# the real one, and TAR_OPTIONS in its ENV that makes a real GNU tar run a program of the image's at its
+# first checkpoint. The workspace copy is extracted by a tar (worker.tools.untar): never this one.
+_TAR_PWN = (
+    "#!/bin/sh\n"
+    'line="PWNED tar-options pid=$$ exe=/evil/bin/tar-pwn"\n'
+    'for f in /scratch/PWNED /tmp/PWNED /workspace/PWNED; do echo "$line" 2>/dev/null >>"$f"; done\n'
+)
+_TAR_IMAGE = (
+    "FROM {base}\n"
+    "USER 0\n"
+    "COPY tar-pwn /evil/bin/tar-pwn\n"
+    "COPY tar-wrapper /evil/bin/tar\n"
+    "RUN mv /usr/bin/tar /usr/bin/tar.real && cp /evil/bin/tar /usr/bin/tar"
+    " && rm -f /scratch/PWNED /tmp/PWNED /workspace/PWNED\n"
+    "ENV TAR_OPTIONS=--checkpoint=1\\ --checkpoint-action=exec=/evil/bin/tar-pwn\n"
+)
+
+
+def test_the_workspace_copy_is_never_extracted_by_the_images_tar(hostile: str, tmp_path: Path) -> None:
+    """Premise: the image's tar is the planted one (its wrapper leaves a marker) and a real GNU tar in the image
+    runs the image's program from TAR_OPTIONS. The attack: a workspace copy, which the worker extracts with a
+    GNU tar. The copy is whole and was extracted natively, and no marker exists: the runtime's own tar ran,
+    with an environment of its own."""
+    tag = _build(
+        f"{PREFIX}tar:1",
+        _TAR_IMAGE.format(base=hostile),
+        {"tar-pwn": _TAR_PWN, "tar-wrapper": foreign_images._wrapper("tar", "/usr/bin/tar.real")},
+    )
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "m.py").write_text("print(1)\n")
+    (repo / "a.txt").write_text("a\n")
+    answers: list[Any] = []
+
+    class Spy(Sandbox):
+        def call(self, tool: str, params: Any = None, **kw: Any) -> Any:
+            r = super().call(tool, params, **kw)
+            if tool == "upload":
+                answers.append(r.result)
+            return r
+
+    with Spy(image=tag, workspace=repo, workspace_mode="copy") as sb:
+        assert markers(sb) == [], markers(sb)  # nothing of the image ran during the start and the copy
+        assert answers and answers[-1].get("native") is True, answers
+        got = sb.read_files(["/workspace/src/m.py", "/workspace/a.txt", "/workspace/PWNED"], missing_ok=True)
+        assert got == {"/workspace/src/m.py": b"print(1)\n", "/workspace/a.txt": b"a\n"}, got
+        # the premise, after: the image's own tar is the planted one, and TAR_OPTIONS acts on a real GNU tar
+        sh(sb, "cd /scratch && echo x > f && tar -cf t.tar f && tar.real -tf t.tar >/dev/null")
+        got_markers = markers(sb)
+        assert any("path:tar" in m for m in got_markers), got_markers
+        assert any("tar-options" in m for m in got_markers), got_markers
+        assert worker_side(got_markers) == [], got_markers
