@@ -352,3 +352,44 @@ def test_a_scan_past_its_bound_keeps_no_names(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(host, "SCAN_KEEP", 3)
     got = host.scan(top)
     assert got.names is None and got.entries > 3
+
+
+class _Scripted:
+    """A worker's answers in order, and the params of each call."""
+
+    def __init__(self, *answers: CallResult) -> None:
+        self.answers, self.calls = list(answers), []
+
+    def __call__(self, params: dict[str, Any]) -> CallResult:
+        self.calls.append(params)
+        return self.answers.pop(0)
+
+
+def _ok(**result: Any) -> CallResult:
+    return CallResult("ok", "upload", "run", result=result)
+
+
+def test_a_worker_from_before_native_is_asked_again_without_it() -> None:
+    """An image derived from an older worker image refuses the parameter by name: the copy goes on through its
+    Python extraction, and its counts are the worker's."""
+    from toolcage.files import upload
+
+    refused = CallResult(
+        "error", "upload", "run", error={"code": -32602, "message": "bad", "data": [{"field": "native"}]}
+    )
+    old = _Scripted(refused, _ok(stream="s", frames=True), _ok(stream="s", done=True, files=7, dirs=2, bytes=9))
+    got = upload.send(old, iter([b"x" * 10]), "/workspace", base=True, sent=upload.Sent(files=1))
+    assert old.calls[0].get("native") is True and "native" not in old.calls[1], old.calls
+    assert (got.files, got.dirs, got.bytes) == (7, 2, 9)
+
+
+def test_a_native_copys_counts_are_the_runners() -> None:
+    """GNU tar names entries, not kinds: when the worker says it extracted natively, the counts are what the
+    runner's walk sent."""
+    from toolcage.files import upload
+
+    new = _Scripted(_ok(stream="s", frames=True), _ok(stream="s", done=True, native=True, files=3, dirs=1))
+    sent = upload.Sent(files=5, dirs=2, symlinks=1, bytes=40)
+    got = upload.send(new, iter([b"x" * 10]), "/workspace", base=True, sent=sent)
+    assert (got.files, got.dirs, got.symlinks, got.bytes) == (5, 2, 1, 40)
+    assert len(new.calls) == 2 and new.calls[0].get("native") is True
