@@ -55,7 +55,7 @@ class Result:
 
 
 def _name(line: bytes) -> str:
-    return os.fsdecode(codecs.escape_decode(line)[0])  # type: ignore[attr-defined]
+    return os.fsdecode(codecs.escape_decode(line)[0])
 
 
 def extract(fileobj: Any, stage: str, root_name: str) -> Result:
