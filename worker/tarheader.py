@@ -14,6 +14,7 @@ import tarfile
 _USTAR = struct.Struct("100s8s8s8s12s12s8sc100s8s32s32s8s8s155s12x")
 _MAX12 = 8**11  # the largest number an 11-digit octal field holds, plus one
 _ZERO7 = b"0000000\0"
+_FIXED_SUM = 2 * sum(_ZERO7) + 8 * ord(" ") + sum(tarfile.POSIX_MAGIC)  # uid, gid, the checksum's spaces, magic
 
 
 def _slow(name: str, kind: bytes, mode: int, mtime: int, size: int, linkname: str) -> bytes:
@@ -35,14 +36,13 @@ def header(name: str, kind: bytes, mode: int, mtime: float, size: int = 0, linkn
         return _slow(name, kind, mode, mtime, size, linkname)
     if len(raw_name) > 100 or len(raw_link) > 100 or not (0 <= size < _MAX12 and 0 <= mtime < _MAX12):
         return _slow(name, kind, mode, mtime, size, linkname)
-    block = bytearray(
-        _USTAR.pack(
-            raw_name, b"%07o\0" % mode, _ZERO7, _ZERO7, b"%011o\0" % size, b"%011o\0" % mtime, b"        ",
-            kind, raw_link, tarfile.POSIX_MAGIC, b"", b"", b"", b"", b"",  # no device numbers: none is sent
-        )
+    fields = (b"%07o\0" % mode, b"%011o\0" % size, b"%011o\0" % mtime)
+    # the checksum: every byte of the block, its own field as spaces; summed by field, not over 512 bytes
+    chksum = _FIXED_SUM + sum(raw_name) + sum(raw_link) + kind[0] + sum(fields[0]) + sum(fields[1]) + sum(fields[2])
+    return _USTAR.pack(
+        raw_name, fields[0], _ZERO7, _ZERO7, fields[1], fields[2], b"%06o\0 " % chksum,
+        kind, raw_link, tarfile.POSIX_MAGIC, b"", b"", b"", b"", b"",  # no device numbers: none is sent
     )  # fmt: skip
-    block[148:155] = b"%06o\0" % sum(block)  # the checksum: every byte, its own field as spaces
-    return bytes(block)
 
 
 __all__ = ["header"]
