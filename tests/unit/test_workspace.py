@@ -365,12 +365,12 @@ def test_copy_walk_withholds_what_the_sandbox_could_not_read(tmp_path: Path) -> 
     (ws / "link").symlink_to("secret.txt")
     ws.chmod(0o755)
     withheld = upload._Withheld()
-    names = [name for _, name in upload._entries(str(ws), withheld=withheld)]
+    names = [name for _, name, _ in upload._entries(str(ws), withheld=withheld)]
     assert names == ["link", "private", "public.txt"]
     assert sorted(withheld) == ["private/", "secret.txt"] and withheld.total == 2
     assert mountview.copied(ws, "public.txt") and not mountview.copied(ws, "private/in.txt")
     assert not mountview.copied(ws, "secret.txt")
     ws.chmod(0o700)  # the workspace directory itself is the caller's grant (mkdtemp makes 0700 ones)
     withheld = upload._Withheld()
-    assert [name for _, name in upload._entries(str(ws), withheld=withheld)] == names
+    assert [name for _, name, _ in upload._entries(str(ws), withheld=withheld)] == names
     assert mountview.copied(ws, "public.txt") and not mountview.copied(ws, "")
