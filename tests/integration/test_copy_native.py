@@ -97,25 +97,28 @@ class Spy(Sandbox):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.uploads: list[dict[str, Any]] = []
+        self.deflated = 0  # chunks the runner sent deflated
 
     def call(self, tool: str, params: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         r = super().call(tool, params, **kwargs)
         if tool == "upload" and isinstance(r.result, dict):
             self.uploads.append(r.result)
+            self.deflated += bool((params or {}).get("deflated"))
         return r
 
 
 def test_the_copy_is_gnu_tars_and_the_same_as_before(engine: Any, tmp_path: Path) -> None:
-    """The runtime's tar made the copy (the worker said so), and it holds every name (a newline, a backslash,
-    bytes that are no UTF-8, a 150-byte name), mode (setuid cleared, a 0555 directory writable), mtime,
-    content and link as the worker's own extraction would; the diff sees no change until one is made; the
-    host's tree is untouched; the counts are the runner's."""
+    """The runtime's tar made the copy (the worker said so; its chunk came deflated), and it holds every name
+    (a newline, a backslash, bytes that are no UTF-8, a 150-byte name), mode (setuid cleared, a 0555
+    directory writable), mtime, content and link as the worker's own extraction would; the diff sees no
+    change until one is made; the host's tree is untouched."""
     root = _tree(tmp_path / "repo")
     want = _expected(root)
     with Spy(workspace=root, workspace_mode="copy") as sb:
         got = json.loads(sb.call("run_python", {"code": LIST}).result["stdout"])
         assert got == want
         assert sb.uploads and sb.uploads[-1].get("native") is True, sb.uploads  # GNU tar extracted it
+        assert sb.deflated == 1  # its one chunk, mostly headers and padding, went deflated
         none = sb.changes()  # the base the worker recorded is every name tar made
         assert (none.added, none.changed, none.removed) == ((), (), ()), none
         r = sb.call("run_shell", {"command": "echo more >> /workspace/locked/in.txt && rm '/workspace/-dash'"})
@@ -124,3 +127,25 @@ def test_the_copy_is_gnu_tars_and_the_same_as_before(engine: Any, tmp_path: Path
         assert (some.added, some.changed, some.removed) == ((), ("locked/in.txt",), ("-dash",)), some
     assert (root / "locked" / "in.txt").read_text() == "in\n" and (root / "-dash").exists()
     assert _expected(root) == want
+
+
+def test_a_copy_of_incompressible_files_goes_as_it_is(engine: Any, tmp_path: Path) -> None:
+    """Files that do not compress (random bytes, as a repository's images and archives are) go as they are (a
+    chunk with few zeros is not even tried), and arrive whole."""
+    import hashlib
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    digests = {}
+    for i in range(6):
+        data = os.urandom(3 << 20)
+        (root / f"blob{i}.bin").write_bytes(data)
+        digests[f"/workspace/blob{i}.bin"] = hashlib.sha256(data).hexdigest()
+    with Spy(workspace=root, workspace_mode="copy") as sb:
+        code = (
+            "import hashlib, glob\n"
+            "for p in sorted(glob.glob('/workspace/*')): print(p, hashlib.sha256(open(p, 'rb').read()).hexdigest())"
+        )
+        out = sb.call("run_python", {"code": code}).result["stdout"]
+        assert dict(line.split() for line in out.splitlines()) == digests
+        assert sb.uploads[-1].get("native") is True and sb.deflated == 0, (sb.deflated, sb.uploads)

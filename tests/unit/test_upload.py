@@ -393,3 +393,42 @@ def test_a_native_copys_counts_are_the_runners() -> None:
     got = upload.send(new, iter([b"x" * 10]), "/workspace", base=True, sent=sent)
     assert (got.files, got.dirs, got.symlinks, got.bytes) == (5, 2, 1, 40)
     assert len(new.calls) == 2 and new.calls[0].get("native") is True
+
+
+def test_a_deflated_chunk_is_handed_over_in_bounded_pieces() -> None:
+    """A chunk that inflates to far more than it is (here 40 MiB from about 40 KiB) reaches the extractor in
+    pieces of at most _INFLATED bytes, all of it; a chunk that does not inflate, one cut short, and one on a
+    stream that did not offer deflate are refused with nothing kept."""
+    import zlib
+    from types import SimpleNamespace
+
+    from toolcage.worker.tools import upload as worker_upload
+
+    pieces: list[int] = []
+    native = SimpleNamespace(native=True, write=lambda data: pieces.append(len(data)))
+    worker_upload._Stream.write_deflated(native, zlib.compress(bytes(40 << 20), 1))  # type: ignore[arg-type]
+    assert sum(pieces) == 40 << 20 and max(pieces) <= worker_upload._INFLATED, pieces
+    for bad, why in (
+        (b"not zlib", "does not inflate"),
+        (zlib.compress(b"x" * 1000)[:-6], "not one whole zlib stream"),
+        (zlib.compress(b"x") + b"more", "not one whole zlib stream"),
+    ):
+        with pytest.raises(WorkerError, match=why):
+            worker_upload._Stream.write_deflated(native, bad)  # type: ignore[arg-type]
+    plain = SimpleNamespace(native=False, write=lambda data: None)
+    with pytest.raises(WorkerError, match="did not offer it"):
+        worker_upload._Stream.write_deflated(plain, zlib.compress(b"x"))  # type: ignore[arg-type]
+
+
+def test_the_runner_deflates_only_a_tar_of_mostly_padding() -> None:
+    """A chunk that is mostly zeros (the tar of small files) goes deflated; source text and random bytes go
+    as they are, untried."""
+    from toolcage.files import upload
+
+    d = upload._Deflate()
+    small_files = (b"x" * 100 + bytes(924)) * 2048  # each 100-byte file: its header and its padding
+    assert d.chunk(small_files).get("deflated") is True
+    text = b"def f(x):\n    return x + 1\n" * 70_000
+    assert d.chunk(text) == {"frame": text}
+    noise = os.urandom(1 << 20)
+    assert d.chunk(noise) == {"frame": noise}

@@ -29,6 +29,7 @@ import shutil
 import stat
 import tarfile
 import threading
+import zlib
 from typing import Annotated, Any, cast
 
 from annotated_types import Ge, Le, MaxLen
@@ -43,6 +44,7 @@ from toolcage.worker.tools.paths import MAX_PATH, Located, dir_beneath, locate
 
 MAX_CHUNK = 4 << 20  # raw bytes per call (base64 makes it 5.3 MiB, under the worker's 16 MiB request line)
 _PIECE = 1 << 20
+_INFLATED = 4 << 20  # a deflated chunk is handed to the extractor this much at a time
 _MAX_STREAMS = 4
 _STAGE = ".toolcage-upload-"
 
@@ -63,6 +65,7 @@ class UploadParams:
     done: bool = doc("the last chunk: extract and move into place", False)
     abort: bool = doc("drop the stream and what it extracted so far (the host could not finish it)", False)
     base: bool = doc(f"the run's copy of the workspace itself, into {WORKSPACE} (at start or resume)", False)
+    deflated: bool = doc("this chunk is zlib-compressed (a native stream only: the opening answer says deflate)", False)
     native: bool = doc(
         "with base: the tar is the runner's own walk of the workspace, extracted by the runtime's GNU tar "
         "(worker.tools.untar); ignored where the runtime has none",
@@ -303,6 +306,22 @@ class _Stream:
             raise self._failure()
         self.received += len(data)
 
+    def write_deflated(self, data: bytes) -> None:
+        """A zlib-compressed chunk, handed over in pieces of at most ``_INFLATED`` bytes (a chunk that inflates
+        to far more than it is never sits whole in memory)."""
+        if not self.native:
+            raise ToolError("upload: a deflated chunk on a stream that did not offer it; nothing was kept", {})
+        z = zlib.decompressobj()
+        try:
+            piece = z.decompress(data, _INFLATED)
+            while piece:
+                self.write(piece)
+                piece = z.decompress(z.unconsumed_tail, _INFLATED) if z.unconsumed_tail else b""
+        except zlib.error:
+            raise ToolError("upload: a deflated chunk does not inflate; nothing was kept", {}) from None
+        if not z.eof or z.unused_data:
+            raise ToolError("upload: a deflated chunk is not one whole zlib stream; nothing was kept", {})
+
     def _failure(self) -> BaseException:
         exc = self.error
         if isinstance(exc, OSError):
@@ -356,7 +375,9 @@ def _open(s: Settings, path: str, base: bool, native: bool = False) -> dict[str,
         while len(_streams) >= _MAX_STREAMS:
             _streams.pop(next(iter(_streams))).close()
         _streams[st.id] = st
-    return {"stream": st.id, "received": 0, "done": False, "frames": True}  # it takes data frames (a runner asks)
+    # it takes data frames (a runner asks), and on a native stream deflated chunks (worker.tools.untar: the copy
+    # of a tree of small files is mostly the tar's headers and padding)
+    return {"stream": st.id, "received": 0, "done": False, "frames": True, **({"deflate": True} if st.native else {})}
 
 
 def _finish(st: _Stream) -> dict[str, Any]:
@@ -421,7 +442,10 @@ def upload(s: Settings, p: UploadParams) -> dict[str, Any]:
         st.close()
         return {"stream": st.id, "done": True, "aborted": True}
     try:
-        st.write(_chunk(p))
+        if p.deflated:
+            st.write_deflated(_chunk(p))
+        else:
+            st.write(_chunk(p))
         if not p.done:
             return {"stream": st.id, "received": st.received, "done": False}
         out = _finish(st)
