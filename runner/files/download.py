@@ -55,14 +55,15 @@ def _answer(res: CallResult, first: bool) -> dict[str, Any]:
     raise DownloadError(f"download failed ({res.status}): {msg}; nothing was kept")
 
 
-def _no_frames(res: CallResult) -> bool:
-    """The answer of a worker from before data frames: its strict params refuse ``frame`` by name."""
+def refused_param(res: CallResult, name: str) -> bool:
+    """The answer of a worker from before the parameter ``name`` (a download's ``frame``, an upload's ``native``):
+    its strict params refuse it by name."""
     err = res.error or {}
     data = err.get("data")
     return (
         err.get("code") == codes.INVALID_PARAMS
         and isinstance(data, list)
-        and any(isinstance(d, dict) and d.get("field") == "frame" for d in data)
+        and any(isinstance(d, dict) and d.get("field") == name for d in data)
     )
 
 
@@ -96,7 +97,7 @@ class _Chunks(io.RawIOBase):
         # its chunks come as base64 with a sha256, as they always did
         params = self._first if first else {"stream": self._stream}
         res = self._call({**params, "frame": True} if self._framed else params)
-        if first and self._framed and _no_frames(res):
+        if first and self._framed and refused_param(res, "frame"):
             self._framed = False
             res = self._call(params)
         ans = _answer(res, first)

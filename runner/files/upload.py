@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolcage.errors import UploadError, UploadUsage, UsageError
 from toolcage.files import mountview
+from toolcage.files.download import refused_param
 from toolcage.policies import codes
 from toolcage.policies.gitignore import Rules, ignored, with_own
 from toolcage.textsafe import escape
@@ -399,17 +400,6 @@ def source(local_path: str | os.PathLike[str], *, gitignore: bool = False, walk:
     return local
 
 
-def _refused_param(res: CallResult, name: str) -> bool:
-    """The answer of a worker from before the parameter ``name``: its strict params refuse it by name."""
-    err = res.error or {}
-    data = err.get("data")
-    return (
-        err.get("code") == codes.INVALID_PARAMS
-        and isinstance(data, list)
-        and any(isinstance(d, dict) and d.get("field") == name for d in data)
-    )
-
-
 def send(
     call: Call,
     tar: Iterator[bytes],
@@ -424,7 +414,7 @@ def send(
     copy, counted there: the worker may extract it with its runtime's GNU tar (``native``)."""
     opening = {"path": remote_dir, **({"base": True} if base else {})}
     res = call({**opening, "native": True} if base and sent is not None else opening)
-    if base and sent is not None and _refused_param(res, "native"):  # a worker from before it
+    if base and sent is not None and refused_param(res, "native"):  # a worker from before it
         res = call(opening)
     ans = _answer(res, True)
     stream = str(ans.get("stream", ""))

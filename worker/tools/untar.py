@@ -28,7 +28,7 @@ from toolcage.worker.tools.files import full_message
 
 TAR = "/opt/toolcage/rt/bin/tar"
 _PIECE = 1 << 20
-_STDERR_KEEP = 64  # lines of tar's complaints kept for the error (the rest are counted, not held)
+_STDERR_KEEP = 64  # the last lines of tar's complaints, kept for the error (the earlier ones are dropped)
 _ARGS = (
     "-x", "-v", "-f", "-",
     "--quoting-style=escape",  # -v names one entry a line, every byte that is no printable ASCII escaped
@@ -51,7 +51,6 @@ class Result:
         self.dirs = sum(v == "dir" for v in kinds.values())
         self.files = len(kinds) - self.dirs
         self.symlinks = self.bytes = 0
-        self.native = True
 
 
 def _name(line: bytes) -> str:
