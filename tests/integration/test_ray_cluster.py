@@ -259,6 +259,7 @@ def test_every_node_runs_the_same_hardened_container_and_views_span_the_cluster(
         for s in sessions:
             s.close()
         logs = c.audit(limit=50)
+        assert not [log for log in logs if "error" in log], logs  # an agent that did not answer, and why
         assert {log["node"] for log in logs} >= {n.node_id for n in lc.nodes}
         for log in logs:
             assert log["problems"] == [], log  # each node's chain verifies
