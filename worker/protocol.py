@@ -31,9 +31,10 @@ _REQUEST_KEYS = frozenset(("jsonrpc", "method", "params", "id"))
 
 
 class Framed(bytes):
-    """A message line that came right after a data frame: the frame's bytes ride along as ``frame``."""
+    """A message line that came right after a data frame: the frame's bytes ride along as ``frame`` (the
+    buffer they were read into, not a copy of it: a frame of 4 MiB is copied once on its way in, not twice)."""
 
-    frame: bytes = b""
+    frame: bytes | bytearray = b""
 
 
 BAD_FRAME = Framed(b"=")  # LineSplitter: a frame header that is not ``=<digits>`` or is over its cap
@@ -65,9 +66,11 @@ class LineSplitter:
         self.skipping = False  # inside a line already reported as too long
         self.raw: bytearray | None = None  # the frame being read (its announced size, allocated once)
         self.raw_got = 0
-        self.frame: bytes | None = None  # a whole frame, waiting for its line
+        self.frame: bytes | bytearray | None = None  # a whole frame, waiting for its line
 
-    def feed(self, data: bytes) -> Iterator[bytes | None]:
+    def feed(self, data: bytes | memoryview) -> Iterator[bytes | None]:
+        """The lines ``data`` completes. A memoryview (of a reader's buffer, valid only during the call) is
+        copied only into a frame's buffer or as lines, never kept."""
         start = 0
         while True:
             if self.raw is not None:
@@ -77,7 +80,9 @@ class LineSplitter:
                 start += take
                 if self.raw_got < len(self.raw):
                     return
-                self.frame, self.raw = bytes(self.raw), None
+                self.frame, self.raw = self.raw, None
+            if isinstance(data, memoryview):  # lines are looked for in bytes: what is left of it, copied once
+                data, start = bytes(data[start:]), 0
             nl = data.find(b"\n", start)
             if not self.skipping:
                 self.buf += data[start:] if nl < 0 else data[start:nl]
@@ -146,7 +151,7 @@ def _size(line: bytes | None) -> int:
 _frames = threading.local()  # the data frames of the call this thread serves (Loop sets and clears them)
 
 
-def incoming() -> bytes | None:
+def incoming() -> bytes | bytearray | None:
     """The data frame that came with the request this thread is serving (None: none came)."""
     return getattr(_frames, "incoming", None)
 

@@ -76,7 +76,7 @@ class DecisionStream(StreamParser):
         self._redact_record = redact or (lambda rec: rec)
         self.ended = threading.Event()
 
-    def stdout(self, data: bytes) -> None:
+    def stdout(self, data: bytes | memoryview) -> None:
         for line in self._lines.feed(data):
             if line is None:
                 continue  # over-long: not one of the proxy's records, and never fatal here

@@ -183,7 +183,7 @@ class StreamParser:
                 self._pending[key] = left - 1
             return None
 
-    def _take_frame(self, msg: Any, frame: bytes) -> bool:
+    def _take_frame(self, msg: Any, frame: bytes | bytearray) -> bool:
         """A data frame came before ``msg``: it must be the answer to a request that asked for one, whose
         result's ``frame`` gives the frame's size; the bytes take its place (``result["frame"]``)."""
         result = msg.get("result") if isinstance(msg, dict) else None
@@ -211,7 +211,7 @@ class StreamParser:
         return None
 
     # the streams ---------------------------------------------------------------------------
-    def stdout(self, data: bytes) -> None:
+    def stdout(self, data: bytes | memoryview) -> None:
         if self.broken:
             return
         for line in self._lines.feed(data):

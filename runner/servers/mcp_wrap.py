@@ -77,7 +77,7 @@ class _ServerStream(StreamParser):
         self._wrap = wrap
         self._window = (0.0, 0)  # stderr flood window: its start, bytes in it
 
-    def stdout(self, data: bytes) -> None:
+    def stdout(self, data: bytes | memoryview) -> None:
         if self.broken:
             return
         for line in self._lines.feed(data):

@@ -24,12 +24,23 @@ def pieces(data: bytes, size: int) -> list[bytes]:
     return [data[i : i + size] for i in range(0, len(data), size)]
 
 
+@pytest.mark.parametrize("view", [False, True], ids=["bytes", "memoryview"])
 @pytest.mark.parametrize("size", [1, 7, 4096, 1 << 20])
-def test_a_frame_rides_with_the_line_after_it_whatever_the_pieces(size: int) -> None:
+def test_a_frame_rides_with_the_line_after_it_whatever_the_pieces(size: int, view: bool) -> None:
+    """The same lines and frame whether the reader hands bytes or views of its one buffer (the attach
+    reader does, and writes over that buffer after each call: nothing of a view may be kept)."""
     frame = os.urandom(100_000) + b"\n=12\n{"  # raw bytes may hold newlines and what looks like headers
     stream = b'{"a":1}\n=%d\n' % len(frame) + frame + b'{"b":2}\n{"c":3}\n'
     split = LineSplitter(1 << 16, FRAME_MAX)
-    lines = [line for piece in pieces(stream, size) for line in split.feed(piece)]
+    lines = []
+    buf = bytearray(size)
+    for piece in pieces(stream, size):
+        if view:
+            buf[: len(piece)] = piece
+            lines += split.feed(memoryview(buf)[: len(piece)])
+            buf[:] = b"\xff" * size  # the reader's next recv
+        else:
+            lines += split.feed(piece)
     assert lines == [b'{"a":1}', b'{"b":2}', b'{"c":3}']
     assert [type(x) for x in lines] == [bytes, Framed, bytes]
     assert lines[1].frame == frame  # type: ignore[union-attr]

@@ -2,7 +2,8 @@
 
 The first call (``path``) opens a stream and answers its first chunk; each later call (``stream``)
 answers the next, until ``done``. The tar is written entry by entry from a generator (a header,
-then the file read in 1 MiB pieces), so neither side holds more than one chunk whatever the size.
+then the file read in 1 MiB pieces), so the host holds one chunk and the worker two (the one it answers and
+the next, read on a thread while this one travels: the host finds it ready when it asks), whatever the size.
 Every entry is opened beneath its root by descriptor and never through a symlink (worker.tools.paths,
 ``O_NOFOLLOW`` under ``os.fwalk``'s directory fds): a symlink is sent as a symlink, never followed,
 and one swapped in mid-walk is skipped. FIFOs, sockets and devices are skipped and reported, and so is a
@@ -68,14 +69,73 @@ class _Stream:
         self.offset = 0
         self.skipped: list[dict[str, str]] = []
         self.skipped_count = 0
+        self.lock = threading.Lock()  # one call (or read-ahead) at a time uses the generator
+        self.ahead: _Ahead | None = None
 
     def skip(self, name: str, reason: str) -> None:
         self.skipped_count += 1
         if len(self.skipped) < _MAX_SKIPPED:
             self.skipped.append({"path": name, "reason": reason})
 
+    def fill(self, limit: int) -> tuple[bytes, bool]:
+        """The next ``limit`` bytes of the tar (fewer at its end) and whether it ended (lock held)."""
+        buf = bytearray(self.left)
+        done = False
+        while len(buf) < limit:
+            try:
+                buf += next(self.gen)
+            except StopIteration:
+                done = True
+                break
+        data, self.left = bytes(buf[:limit]), bytes(buf[limit:])
+        return data, done and not self.left
+
+    def take(self, limit: int) -> tuple[bytes, bool]:
+        """The next chunk: the one read ahead if there is one (its error raised here), else read now."""
+        if self.ahead is not None:
+            ahead, self.ahead = self.ahead, None
+            data, done = ahead.result()
+            if len(data) > limit:  # this call asks for less than the last did
+                self.left, data, done = data[limit:] + self.left, data[:limit], False
+            return data, done
+        return self.fill(limit)
+
+    def read_ahead(self, limit: int) -> None:
+        """Read the next chunk on a thread while this one travels: the host asks for it as soon as this one
+        comes (toolcage.files.download), and finds it ready. One chunk ahead, no more."""
+        self.ahead = _Ahead(self, limit)
+
     def close(self) -> None:
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            ahead.join()  # the generator is not closed under the thread that runs it
         self.raw.close()
+
+
+class _Ahead:
+    """One chunk read on a thread of its own (:meth:`_Stream.read_ahead`)."""
+
+    def __init__(self, st: _Stream, limit: int) -> None:
+        self._st, self._limit = st, limit
+        self._out: tuple[bytes, bool] = (b"", False)
+        self._exc: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="download-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._out = self._st.fill(self._limit)
+        except BaseException as exc:  # raised by the call that takes the chunk
+            self._exc = exc
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> tuple[bytes, bool]:
+        self._thread.join()
+        if self._exc is not None:
+            raise self._exc
+        return self._out
 
 
 _streams: dict[str, _Stream] = {}
@@ -256,26 +316,20 @@ def download(s: Settings, p: DownloadParams) -> dict[str, Any]:
             raise ToolError("unknown or finished stream (a worker keeps 4 open; the oldest is closed first)", {})
         st = found
     limit = min(p.chunk_bytes, 8 * s.policy.limits.output_cap)
-    buf = bytearray(st.left)
-    done = False
-    try:
-        while len(buf) < limit:
-            try:
-                buf += next(st.gen)
-            except StopIteration:
-                done = True
-                break
-    except BaseException:
-        with _lock:
-            _streams.pop(sid, None)
-        st.close()
-        raise
-    data, st.left = bytes(buf[:limit]), bytes(buf[limit:])
-    done = done and not st.left
-    offset = st.offset
-    st.offset += len(data)
-    skipped, count = st.skipped, st.skipped_count
-    st.skipped, st.skipped_count = [], 0
+    with st.lock:
+        try:
+            data, done = st.take(limit)
+        except BaseException:
+            with _lock:
+                _streams.pop(sid, None)
+            st.close()
+            raise
+        offset = st.offset
+        st.offset += len(data)
+        skipped, count = st.skipped, st.skipped_count  # taken before the read-ahead may skip more
+        st.skipped, st.skipped_count = [], 0
+        if not done:
+            st.read_ahead(limit)
     if done:
         with _lock:
             _streams.pop(sid, None)

@@ -416,7 +416,7 @@ def _chunk(p: UploadParams) -> bytes:
         data = incoming()
         if data is None or len(data) != p.frame:
             raise ToolError("upload: the chunk's data frame is missing or not of its size; nothing was kept", {})
-        return data
+        return bytes(data)  # (the frame's buffer: its one copy here, where the splitter made it before)
     try:
         data = base64.b64decode(p.data, validate=True)
     except (binascii.Error, ValueError):
