@@ -111,6 +111,35 @@ class _Chunks:
             self._until = m.offset_data + m.size
             stream.bufsize = _WIDE
 
+    def content(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> Callable[[int], bytes | memoryview] | None:
+        """A large entry's content read from the chunks themselves, as views: no copy on the host but the
+        write's. tarfile's stream mode would join the pieces into bytes and slice them, then ``extractfile``
+        copy them again (three copies of each byte of a 100 MiB download). Its stream (``pos``, ``buf``: what
+        it read from here and holds) is kept as tarfile keeps it, so the entries after this one are read as
+        they would be. None (read it through tarfile) where the stream is not one of those."""
+        stream: Any = tf.fileobj
+        if not (
+            m.isreg() and m.size >= _WIDE and isinstance(getattr(stream, "pos", None), int)
+            and isinstance(getattr(stream, "buf", None), bytes)
+        ):  # fmt: skip
+            return None
+        stream.seek(m.offset_data)  # forward only: at the content already, right after its header
+        left = m.size
+
+        def read(n: int) -> bytes | memoryview:
+            nonlocal left
+            n = min(n, left)
+            if stream.buf:  # what tarfile read past the header: its own first
+                out: bytes | memoryview = stream.buf[:n]
+                stream.buf = stream.buf[len(out) :]
+            else:
+                out = self.read(n)  # a view of the chunk, up to n (less at the chunk's end)
+            left -= len(out)
+            stream.pos += len(out)
+            return out
+
+        return read
+
     def narrow(self, tf: tarfile.TarFile) -> None:
         """Back to a record at a time, once the large entry was read (or left)."""
         stream: Any = tf.fileobj
@@ -240,9 +269,9 @@ def download(
     result = DownloadResult(local)
     staging = tempfile.mkdtemp(prefix=".toolcage-download-", dir=local)
     try:
-        ex = safetar.Extractor(staging, local, max_bytes, max_files, result)
+        reader = _Chunks(call, {"path": remote}, _raw_cap(max_bytes, max_files), result)
+        ex = safetar.Extractor(staging, local, max_bytes, max_files, result, reader.content)
         try:
-            reader = _Chunks(call, {"path": remote}, _raw_cap(max_bytes, max_files), result)
             try:
                 with tarfile.open(
                     fileobj=cast(IO[bytes], reader),
@@ -253,9 +282,7 @@ def download(
                 ) as tf:
                     while (m := tf.next()) is not None:
                         cast(Any, tf).members.clear()  # stream mode keeps every header: a million would stay in memory
-                        reader.widen(tf, m)
-                        ex.member(tf, m)
-                        reader.narrow(tf)
+                        ex.member(tf, m)  # (a large file's content: reader.content)
             except (tarfile.TarError, RecursionError, EOFError, UnicodeError, OverflowError, ValueError) as exc:
                 raise DownloadError(
                     f"download: the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"

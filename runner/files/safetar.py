@@ -19,6 +19,7 @@ import os
 import re
 import stat
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from toolcage.errors import DownloadError as DownloadError  # re-exported: the download door raises them
@@ -65,6 +66,9 @@ class Info(tarfile.TarInfo):
         return super()._proc_member(tf)  # type: ignore[misc,no-any-return]
 
 
+Content = Callable[[tarfile.TarFile, tarfile.TarInfo], "Callable[[int], bytes | memoryview] | None"]
+
+
 def nofollow_dir(root: int, parts: list[str], create: bool, mode: int = 0o700) -> int:
     """An fd (``O_PATH``) of ``parts`` beneath ``root``, made with ``mode`` when ``create``, never through
     a symlink (OSError: ELOOP or ENOTDIR on the way, ENOENT when missing)."""
@@ -84,8 +88,19 @@ def nofollow_dir(root: int, parts: list[str], create: bool, mode: int = 0o700) -
 
 
 class Extractor:
-    def __init__(self, staging: str, local_dir: str, max_bytes: int, max_files: int, result: DownloadResult) -> None:
+    def __init__(
+        self,
+        staging: str,
+        local_dir: str,
+        max_bytes: int,
+        max_files: int,
+        result: DownloadResult,
+        content: Content | None = None,
+    ) -> None:
+        """``content``: how to read a large entry's bytes without tarfile's copies, from the stream that feeds
+        it (toolcage.files.download), or None to read them through ``extractfile``."""
         self.staging, self.local_dir, self.result = staging, local_dir, result
+        self._content = content
         self.max_bytes, self.max_files = max_bytes, max_files
         self.root = os.open(staging, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.kinds: dict[str, str] = {}  # every path the archive made (parents too): "dir", "file" or "link"
@@ -187,14 +202,17 @@ class Extractor:
             self.write(tf, m, pfd, parts[-1])
 
     def write(self, tf: tarfile.TarFile, m: tarfile.TarInfo, pfd: int, name: str) -> None:
-        src = tf.extractfile(m)
-        assert src is not None
+        read = self._content(tf, m) if self._content is not None else None
+        if read is None:
+            src = tf.extractfile(m)
+            assert src is not None
+            read = src.read
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(name, flags, 0o600, dir_fd=pfd)
         try:
             left = m.size
             while left:
-                piece = src.read(min(_PIECE, left))
+                piece = read(min(_PIECE, left))
                 if not piece:
                     raise self.refuse(m.name, "ends before its size")
                 view = memoryview(piece)
