@@ -331,3 +331,35 @@ def test_endless_empty_chunks_refused(tmp_path: Path) -> None:
 
     with pytest.raises(DownloadError, match="empty chunks"):
         transfer.download(call, "/scratch/x", tmp_path / "out")
+
+
+# A large entry's content is written from views of the chunks (download._Chunks.content), not through tarfile:
+# the same attacks, on that path.
+
+
+def test_a_large_file_cut_short_is_refused(tmp_path: Path) -> None:
+    """A large entry whose stream ends before its size (the worker's last chunk says done) keeps nothing."""
+    raw = tar_bytes([info("a", data=b"a"), info("big", data=os.urandom(3 << 20))])
+    refused(tmp_path, raw[: len(raw) - (2 << 20)], "ends before its size|broken tar stream")
+
+
+def test_a_large_file_past_max_bytes_is_stopped_at_its_header(tmp_path: Path) -> None:
+    """The cap is checked before a byte of a large entry is read."""
+    worker = Worker(tar_bytes([info("big", data=os.urandom(3 << 20))]), chunk=1 << 20)
+    with pytest.raises(DownloadLimit, match="max_bytes"):
+        transfer.download(worker, "/scratch/out", tmp_path / "out", max_bytes=2 << 20)
+    assert left(tmp_path) == [] and worker.calls <= 2  # stopped at the header, not after reading the content
+
+
+@pytest.mark.parametrize("chunk", [1000, 64 * 1024 + 7, 1 << 20, 4 << 20])
+def test_entries_after_a_large_file_are_checked_as_any(tmp_path: Path, chunk: int) -> None:
+    """After a large file (behind a PAX header, chunks that cut everything anywhere), the next entries are
+    parsed where tarfile would have: a good file arrives whole, then a '..' entry refuses the download."""
+    big = os.urandom((2 << 20) + 333)
+    entries = [info("p" * 120, data=big), info("small", data=b"s" * 700)]
+    worker = Worker(tar_bytes(entries), chunk=chunk)
+    transfer.download(worker, "/scratch/out", tmp_path / "out")
+    assert (tmp_path / "out" / ("p" * 120)).read_bytes() == big and (tmp_path / "out/small").read_bytes() == b"s" * 700
+    (tmp_path / "out").rename(tmp_path / "good")
+    refused(tmp_path, [*entries, info("../escape", data=b"x")], "climbs out")
+    assert not (tmp_path / "escape").exists()
