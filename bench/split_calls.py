@@ -144,7 +144,7 @@ SEGMENTS = [  # (name, from stamp, to stamp)
 
 
 class _SockProxy:
-    """The attach socket with its recv stamped (the reader thread looks ``self._sock.recv`` up per read)."""
+    """The attach socket with its recv stamped (the reader thread looks ``self._sock.recv_into`` up per read)."""
 
     def __init__(self, sock: Any, stamps: dict[str, int]) -> None:
         self._s, self._st = sock, stamps
@@ -153,6 +153,11 @@ class _SockProxy:
         b = self._s.recv(n)
         self._st.setdefault("recv", ns())
         return b
+
+    def recv_into(self, buf: Any, n: int = 0) -> int:  # what the reader uses (one buffer, allocated once)
+        got: int = self._s.recv_into(buf, n)
+        self._st.setdefault("recv", ns())
+        return got
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._s, name)
