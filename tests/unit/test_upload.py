@@ -432,3 +432,43 @@ def test_the_runner_deflates_only_a_tar_of_mostly_padding() -> None:
     assert d.chunk(text) == {"frame": text}
     noise = os.urandom(1 << 20)
     assert d.chunk(noise) == {"frame": noise}
+
+
+def test_the_walk_is_os_walk_by_scandir(tmp_path: Path) -> None:
+    """upload._walk gives what os.walk gives, in its order: the caller's pruning and sorting of dirnames
+    decide what is walked next, a symlink to a directory is listed with the directories and never entered,
+    and a directory swapped for a symlink after it was listed is not walked into (asked with an lstat before
+    each, as os.walk does)."""
+    for d in ("b/y", "a/x/deep", "c", "skip/me"):
+        (tmp_path / d).mkdir(parents=True)
+    for f in ("a/1", "a/x/deep/2", "b/3", "top"):
+        (tmp_path / f).write_text(f)
+    (tmp_path / "ln").symlink_to("a")
+    (tmp_path / "out").symlink_to("/etc")
+
+    def ours() -> list[tuple[str, list[str], list[str]]]:
+        got = []
+        for dirpath, rel, dirnames, filenames, found in host._walk(str(tmp_path)):
+            assert rel == ("" if dirpath == str(tmp_path) else os.path.relpath(dirpath, tmp_path))
+            assert all(found[n].path == os.path.join(dirpath, n) for n in dirnames + filenames)
+            dirnames[:] = sorted(d for d in dirnames if d != "skip")
+            got.append((dirpath, list(dirnames), sorted(filenames)))
+        return got
+
+    def theirs() -> list[tuple[str, list[str], list[str]]]:
+        got = []
+        for dirpath, dirnames, filenames in os.walk(tmp_path):
+            dirnames[:] = sorted(d for d in dirnames if d != "skip")
+            got.append((dirpath, list(dirnames), sorted(filenames)))
+        return got
+
+    assert ours() == theirs()
+    assert not any(p.endswith(("/ln", "/out")) for p, _, _ in ours())  # listed, never entered
+
+    # a directory replaced by a link between its listing and its walk: the link is not followed
+    walk = host._walk(str(tmp_path))
+    _, _, dirnames, _, _ = next(walk)
+    dirnames[:] = ["a"]
+    (tmp_path / "a").rename(tmp_path / "a-moved")
+    (tmp_path / "a").symlink_to("/etc")
+    assert [p for p, *_ in walk] == []
