@@ -129,6 +129,14 @@ def main() -> int:
         _save(
             plt, _grouped(plt, sets["files"], machine, "Moving files: toolcage beside docker cp", "seconds"), "files"
         ),
+        _save(
+            plt,
+            _grouped(
+                plt, sets["files_issue40"], machine, "Moving files after issue 40: toolcage beside docker cp",
+                "seconds (log scale)", log=True,
+            ),
+            "files_issue40",
+        ),  # fmt: skip
         _save(plt, _cluster(plt, sets["cluster"], machine), "cluster"),
         _save(
             plt,
