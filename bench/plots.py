@@ -132,11 +132,15 @@ def main() -> int:
         _save(
             plt,
             _grouped(
-                plt, sets["files_issue40"], machine, "Moving files after issue 40: toolcage beside docker cp",
-                "seconds (log scale)", log=True,
+                plt,
+                sets["files_issue40"],
+                machine,
+                "Moving files after issue 40: toolcage beside docker cp",
+                "seconds (log scale)",
+                log=True,
             ),
             "files_issue40",
-        ),  # fmt: skip
+        ),
         _save(plt, _cluster(plt, sets["cluster"], machine), "cluster"),
         _save(
             plt,
