@@ -91,14 +91,17 @@ def _refuse(path: str, kind: str) -> UploadUsage:
 
 
 def _walk(top: str) -> Iterator[tuple[str, str, list[str], list[str], dict[str, os.DirEntry[str]]]]:
-    """``os.walk(top)`` (top-down; a directory whose ``dirnames`` the caller leaves in are walked in that
-    order, never through a symlink, as ``os.walk`` asks with an ``lstat`` before each; an unreadable
+    """``os.walk(top)`` (top-down; the ``dirnames`` the caller leaves in are walked in that order, never
+    through a symlink: as ``os.walk``, an ``lstat`` asks right before each is entered, not when its parent
+    was listed, so one swapped for a link while an earlier sibling was walked is left out; an unreadable
     directory is skipped) as ``(dirpath, rel, dirnames, filenames, entries)``: ``rel`` its path beneath
     ``top`` ("" for ``top``) and ``entries`` its ``os.DirEntry`` by name, whose ``path`` (joined in C) and
     ``stat`` spare a walk by path two joins a name: a fifth of a 100,000-file scan."""
     stack = [(top, "")]
     while stack:
         dirpath, rel = stack.pop()
+        if rel and os.path.islink(dirpath):  # asked when it is entered, after its earlier siblings' walks
+            continue
         try:
             with os.scandir(dirpath) as it:
                 entries = {e.name: e for e in it}
@@ -116,9 +119,7 @@ def _walk(top: str) -> Iterator[tuple[str, str, list[str], list[str], dict[str, 
         prefix = f"{rel}/" if rel else ""
         for name in reversed(dirnames):
             got = entries.get(name)  # (a name the caller added: joined here)
-            path = got.path if got is not None else os.path.join(dirpath, name)
-            if not os.path.islink(path):  # asked now, not from the listing: a directory swapped for a link
-                stack.append((path, prefix + name))
+            stack.append((got.path if got is not None else os.path.join(dirpath, name), prefix + name))
 
 
 def _entries(

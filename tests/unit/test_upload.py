@@ -472,3 +472,25 @@ def test_the_walk_is_os_walk_by_scandir(tmp_path: Path) -> None:
     (tmp_path / "a").rename(tmp_path / "a-moved")
     (tmp_path / "a").symlink_to("/etc")
     assert [p for p, *_ in walk] == []
+
+
+def test_the_walk_asks_each_directory_when_it_enters_it(tmp_path: Path) -> None:
+    """A later sibling swapped for a link while an earlier sibling's subtree is walked is not entered: the
+    lstat is asked when the directory is entered, as os.walk does, not when its parent was listed (an
+    attack on the first version of _walk: the copy then sent a file the link led to)."""
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    (ws / "a/inner").mkdir(parents=True)
+    (ws / "a/inner/f").write_text("f")
+    (ws / "b").mkdir()
+    outside.mkdir()
+    (outside / "SECRET").write_text("host secret")
+    walk = host._walk(str(ws))
+    _, _, dirnames, _, _ = next(walk)
+    dirnames.sort()  # a, then b
+    seen = [next(walk)[0]]  # inside a now
+    (ws / "b").rename(tmp_path / "b-moved")
+    (ws / "b").symlink_to(outside)
+    seen += [dirpath for dirpath, *_ in walk]
+    assert seen == [str(ws / "a"), str(ws / "a/inner")]
+    names = [name for _, name, _ in host._entries(str(ws))]
+    assert "b/SECRET" not in names and "b" in names
