@@ -203,6 +203,38 @@ def _raw_cap(max_bytes: int, max_files: int) -> int:
     return max_bytes + (max_files + 2) * 4 * tarfile.BLOCKSIZE + (4 << 20)
 
 
+_BROKEN = (tarfile.TarError, EOFError, UnicodeError, OverflowError, ValueError)  # what a broken stream raises
+
+
+class _Content(io.RawIOBase):
+    """An entry's content as :func:`members` hands it out: read by the caller, outside the generator, so a
+    stream that breaks meanwhile (the worker ends it inside the content) raises tarfile's ReadError there; it
+    is a DownloadError here, as everywhere else a stream breaks (a helper session's attack: ``read_files``,
+    snapshots and diffs raised tarfile's own error)."""
+
+    def __init__(self, src: IO[bytes]) -> None:
+        self._src = src
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        try:
+            return self._src.readinto(b)  # type: ignore[attr-defined,no-any-return]
+        except _BROKEN as exc:
+            raise DownloadError(
+                f"the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
+            ) from None
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return self._src.read(-1 if size is None else size)
+        except _BROKEN as exc:
+            raise DownloadError(
+                f"the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
+            ) from None
+
+
 def members(
     call: Call, first: dict[str, Any], *, max_bytes: int, max_files: int, result: DownloadResult
 ) -> Iterator[tuple[str, tarfile.TarInfo, IO[bytes]]]:
@@ -240,7 +272,7 @@ def members(
                         raise DownloadLimit(f"stopped: more than {max_bytes} bytes of files (max_bytes)")
                     got = tf.extractfile(m)
                     assert got is not None
-                    src = got
+                    src = cast(IO[bytes], _Content(got))
                     reader.widen(tf, m)
                 yield name, m, src
                 reader.narrow(tf)

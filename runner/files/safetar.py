@@ -31,6 +31,10 @@ from toolcage.files.outbound import door_problem as door_problem
 from toolcage.files.outbound import show as show
 
 _MAX_HEADER = 1 << 20  # a PAX or GNU long-name header's payload
+# Directories an entry may be nested in. Threat: a 4,096-byte name holds 2,000 levels ('a/a/...'), and the
+# staging's removal (shutil.rmtree recurses a level a frame in Python 3.11) raised RecursionError: a traceback,
+# and the staging left in the target (a helper session's attack). No tree a tool makes comes near it.
+MAX_DEPTH = 256
 _MAX_SKIPPED = 1000  # skipped entries named in the result (all are counted)
 _PIECE = 1 << 20
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -140,6 +144,8 @@ class Extractor:
         raw = os.fsencode(name)
         if len(raw) > 4096 or any(len(os.fsencode(p)) > 255 for p in parts):
             raise self.refuse(name, "is longer than a file name may be")
+        if len(parts) > MAX_DEPTH:
+            raise self.refuse(name, f"is nested more than {MAX_DEPTH} directories deep")
         if not parts:
             if m.isdir():
                 return None  # "./": the directory itself
@@ -281,20 +287,31 @@ class Extractor:
 
 
 def merge(src: str, dst: str) -> None:
-    """Move what ``src`` holds into ``dst``: a file by rename (whole or not at all), a directory merged."""
-    for name in sorted(os.listdir(src)):
-        s, d = os.path.join(src, name), os.path.join(dst, name)
-        try:
-            dst_st = os.lstat(d)
-        except FileNotFoundError:
-            os.rename(s, d)
-            continue
-        src_dir = stat.S_ISDIR(os.lstat(s).st_mode)
-        if src_dir and stat.S_ISDIR(dst_st.st_mode):
-            merge(s, d)
-        elif src_dir or stat.S_ISDIR(dst_st.st_mode):
-            raise DownloadUsage(
-                f"download: '{show(d)}' exists as a {'file or link' if src_dir else 'directory'}; move it away first"
-            )
-        else:
-            os.replace(s, d)
+    """Move what ``src`` holds into ``dst``: a file by rename (whole or not at all), a directory merged. Checked
+    whole before anything moves: an entry whose kind clashes with what ``dst`` has (a directory where it has
+    a file or link, or the other way) is UsageError and ``dst`` is left as it was; before, the entries sorted
+    ahead of it had been moved in (files of ``dst`` replaced) when it was found (a helper session's attack).
+    A walk with a stack, not a recursion per level."""
+    moves: list[tuple[str, str, bool]] = []  # (from, to, replaces a file or link there)
+    stack = [(src, dst)]
+    while stack:
+        src_dir, dst_dir = stack.pop()
+        for name in sorted(os.listdir(src_dir)):
+            s, d = os.path.join(src_dir, name), os.path.join(dst_dir, name)
+            try:
+                dst_st = os.lstat(d)
+            except FileNotFoundError:
+                moves.append((s, d, False))
+                continue
+            src_is_dir = stat.S_ISDIR(os.lstat(s).st_mode)
+            if src_is_dir and stat.S_ISDIR(dst_st.st_mode):
+                stack.append((s, d))
+            elif src_is_dir or stat.S_ISDIR(dst_st.st_mode):
+                raise DownloadUsage(
+                    f"download: '{show(d)}' exists as a {'file or link' if src_is_dir else 'directory'}; move it "
+                    "away first (nothing was moved in)"
+                )
+            else:
+                moves.append((s, d, True))
+    for s, d, replace in moves:
+        (os.replace if replace else os.rename)(s, d)

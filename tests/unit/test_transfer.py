@@ -363,3 +363,42 @@ def test_entries_after_a_large_file_are_checked_as_any(tmp_path: Path, chunk: in
     (tmp_path / "out").rename(tmp_path / "good")
     refused(tmp_path, [*entries, info("../escape", data=b"x")], "climbs out")
     assert not (tmp_path / "escape").exists()
+
+
+# A helper session's attacks on the doors around the extractor (2026-11-29): each failed before its fix.
+
+
+def test_a_tree_nested_too_deep_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    """2,000 levels fit a 4,096-byte name; the staging's removal recursed a level a frame (RecursionError, the
+    staging left in the target). Refused at its header now; a tree at the bound downloads, twice (a merge)."""
+    refused(tmp_path, [info("/".join(["a"] * 2000) + "/f", data=b"x")], "nested more than")
+    at_bound = [info("/".join(["d"] * (safetar.MAX_DEPTH - 1)) + "/f", data=b"x")]
+    for _ in range(2):
+        fetch(tmp_path, at_bound)
+    assert (tmp_path / "out" / "/".join(["d"] * (safetar.MAX_DEPTH - 1)) / "f").read_bytes() == b"x"
+    assert not [n for n in os.listdir(tmp_path / "out") if n.startswith(".toolcage-download-")]
+
+
+def test_a_clash_found_late_moves_nothing_in(tmp_path: Path) -> None:
+    """The merge is checked whole before anything moves: a file where the target has a directory, sorted after
+    other entries, leaves the target as it was (before: the entries ahead of it were moved in, a file of the
+    host's replaced by the sandbox's)."""
+    out = tmp_path / "out"
+    (out / "z").mkdir(parents=True)
+    (out / "keep.txt").write_text("the host's own")
+    entries = [info("a_new.txt", data=b"new"), info("keep.txt", data=b"the sandbox's"), info("z", data=b"f")]
+    with pytest.raises(DownloadUsage, match=r"exists as a directory.*nothing was moved in"):
+        fetch(tmp_path, entries)
+    assert sorted(os.listdir(out)) == ["keep.txt", "z"] and (out / "keep.txt").read_text() == "the host's own"
+
+
+def test_content_read_by_the_caller_of_members_breaks_as_a_download_error(tmp_path: Path) -> None:
+    """members() hands each entry's content to its caller (read_files, snapshots, diffs): a stream that ends
+    inside it raised tarfile's ReadError in the caller's read; it is a DownloadError now."""
+    raw = tar_bytes([info("f", data=os.urandom(3 << 20))])[: 2 << 20]
+    got = transfer.members(Worker(raw), {"path": "/scratch"}, max_bytes=1 << 30, max_files=10,
+                           result=safetar.DownloadResult(str(tmp_path)))  # fmt: skip
+    with pytest.raises(DownloadError, match="broken tar stream"):
+        for _, _, src in got:
+            while src.read(1 << 20):
+                pass
