@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from toolcage.errors import UploadError, UploadUsage, UsageError
 from toolcage.files import mountview
 from toolcage.files.download import refused_param
+from toolcage.files.safetar import nofollow_dir
 from toolcage.policies import codes
 from toolcage.policies.gitignore import Rules, ignored, with_own
 from toolcage.textsafe import escape
@@ -261,6 +262,38 @@ class Sent:
     bytes: int = 0
 
 
+class _Beneath:
+    """Each entry's parent directory opened beneath the root a component at a time, never through a symlink
+    (``safetar.nofollow_dir``), the last one kept (a tar lists a directory's entries together): the entries
+    are opened, stat'ed and read by name relative to it. Threat: a directory swapped for a symlink after the
+    scan listed what was under it; opened by path (``O_NOFOLLOW`` guards the last component only), the copy
+    read the file of that name behind the link and sent it into the sandbox."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self._last: tuple[str, int] | None = None
+
+    def parent(self, name: str) -> tuple[int, str]:
+        """(the directory fd, the base name) of ``name`` (relative to the root); OSError when a component is
+        gone, or is a symlink or a file now."""
+        head, _, base = name.rpartition("/")
+        if not head:
+            return self.root, base
+        if self._last is not None and self._last[0] == head:
+            return self._last[1], base
+        fd = nofollow_dir(self.root, head.split("/"), create=False)
+        if self._last is not None:
+            os.close(self._last[1])
+        self._last = (head, fd)
+        return fd, base
+
+    def close(self) -> None:
+        if self._last is not None:
+            os.close(self._last[1])
+            self._last = None
+        os.close(self.root)
+
+
 def _tar(
     local: str,
     gitignore: bool,
@@ -273,12 +306,40 @@ def _tar(
     tar, which keeps modes as they are): the modes as the worker's own extraction makes them, setuid, setgid
     and sticky cleared and directories owner-writable, and what it wrote counted. ``files``: which of the
     scan's ``names`` were regular files then (one byte each): those are opened at once, without an lstat
-    first (one that is no longer a file is taken as what it is now)."""
+    first (one that is no longer a file is taken as what it is now). Beneath a directory ``local``, every
+    entry is reached through its parent's descriptor (:class:`_Beneath`), never through a symlink."""
+    beneath = _Beneath(local) if stat.S_ISDIR(os.lstat(local).st_mode) else None
+    try:
+        yield from _tar_entries(local, gitignore, withheld, names, counts, files, beneath)
+    finally:
+        if beneath is not None:
+            beneath.close()
+    yield bytes(2 * tarfile.BLOCKSIZE)
+
+
+def _tar_entries(
+    local: str,
+    gitignore: bool,
+    withheld: _Withheld | None,
+    names: list[str] | None,
+    counts: Sent | None,
+    files: bytearray | None,
+    beneath: _Beneath | None,
+) -> Iterator[bytes]:
     listed = _listed(local, names) if names is not None else None
     for k, (path, name, _) in enumerate(_entries(local, gitignore, withheld) if listed is None else listed):
+        if beneath is None:
+            dfd, base = None, path  # an upload of one file: its own path
+        else:
+            try:
+                dfd, base = beneath.parent(name)
+            except OSError:
+                if names is None:
+                    raise
+                continue  # gone since the scan, or beneath what is a link or a file now: left out
         if files is not None and files[k]:
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                fd = os.open(base, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
             except FileNotFoundError:
                 continue  # gone since the scan: left out, as a walk now would
             except OSError:
@@ -292,7 +353,7 @@ def _tar(
                 finally:
                     os.close(fd)
         try:
-            st = os.lstat(path)  # fresh: the walk's may be a moment old
+            st = os.stat(base, dir_fd=dfd, follow_symlinks=False)  # fresh: the walk's may be a moment old
         except FileNotFoundError:
             if names is None:
                 raise
@@ -306,9 +367,10 @@ def _tar(
         elif stat.S_ISLNK(st.st_mode):
             if counts is not None:
                 counts.symlinks += 1
-            yield _header(name, tarfile.SYMTYPE, st, linkname=os.readlink(path))
+            yield _header(name, tarfile.SYMTYPE, st, linkname=os.readlink(base, dir_fd=dfd))
         elif stat.S_ISREG(st.st_mode):
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # swapped for a link: refused, not followed
+            # swapped for a link: refused, not followed
+            fd = os.open(base, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
             try:
                 fst = os.fstat(fd)
                 if not stat.S_ISREG(fst.st_mode):
@@ -318,7 +380,6 @@ def _tar(
                 os.close(fd)
         else:
             raise _refuse(path, _kind(st.st_mode) or "?")
-    yield bytes(2 * tarfile.BLOCKSIZE)
 
 
 _SMALL = 1 << 16  # a file up to this size is one piece: its header, its bytes and its padding

@@ -494,3 +494,25 @@ def test_the_walk_asks_each_directory_when_it_enters_it(tmp_path: Path) -> None:
     assert seen == [str(ws / "a"), str(ws / "a/inner")]
     names = [name for _, name, _ in host._entries(str(ws))]
     assert "b/SECRET" not in names and "b" in names
+
+
+def test_the_copy_never_reads_through_a_directory_swapped_for_a_link_after_the_scan(tmp_path: Path) -> None:
+    """The copy's tar reaches each entry through its parent's descriptor, opened beneath the workspace without
+    following a link (upload._Beneath). Opened by path (O_NOFOLLOW guards the last component only), a
+    directory swapped for a link after the scan led the copy to the file of the same name behind it, whose
+    bytes went into the sandbox."""
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    (ws / "b").mkdir(parents=True)
+    (ws / "b/passwd").write_text("the workspace's own")
+    (ws / "c").mkdir()
+    (ws / "c/keep").write_text("kept")
+    outside.mkdir()
+    (outside / "passwd").write_text("HOST SECRET")
+    scanned = host.scan(ws)
+    (ws / "b").rename(tmp_path / "b-moved")
+    (ws / "b").symlink_to(outside)
+    data = b"".join(host._tar(scanned.local, False, scanned.withheld, scanned.names, host.Sent(), scanned.files))
+    assert b"HOST SECRET" not in data
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        got = {m.name: m for m in tf.getmembers()}
+    assert got["b"].issym() and "b/passwd" not in got and "c/keep" in got  # the link is sent as a link
