@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BYTES = 4 << 30  # file content a download may write when no policy says more (Sandbox: out_bound)
 DEFAULT_MAX_FILES = 100_000  # entries (files, directories, links) a download may make
 MAX_CHUNK = FRAME_MAX  # raw bytes one answer may carry (the worker sends at most 4 MiB)
-_WIDE = 1 << 20  # a file at least this large is read a MiB at a time (_Chunks.widen)
+_WIDE = 1 << 20  # a file at least this large is read from the chunks themselves (_Chunks.content)
 _MAX_EMPTY = 16  # the worker always sends data or ends the stream: more empty chunks than this is a stall
 
 
@@ -84,8 +84,6 @@ class _Chunks:
         self._empty = 0  # empty chunks in a row (a worker that never ends the stream)
         self._framed = True  # until the worker says it takes no data frames
         self.total = 0
-        self._pos = 0  # bytes handed to tarfile
-        self._until = 0  # a large entry's content ends here: no read goes past it (widen)
 
     def read(self, size: int = -1) -> memoryview:
         """Up to ``size`` bytes, as a view of the chunk: tarfile's stream reader joins what it reads into
@@ -93,30 +91,18 @@ class _Chunks:
         while not self._buf and not self._done:
             self._buf = memoryview(self._next())
         n = len(self._buf) if size < 0 else min(size, len(self._buf))
-        if self._pos < self._until:
-            n = min(n, self._until - self._pos)
         out = self._buf[:n]
         self._buf = self._buf[n:]
-        self._pos += n
         return out
-
-    def widen(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
-        """Let tarfile read a large entry's content a MiB at a time. Its stream mode fills each read from its
-        file ``bufsize`` bytes at a time (a record, 10 KiB): a 100 MiB file was 10,000 reads, joins and
-        slices, most of a download's time on the host. A large ``bufsize`` for every entry would instead copy
-        what is left of it at each 512-byte header read, so it is widened for one large entry's content, and
-        no read goes past that content's end (nothing is left over for the small reads after it)."""
-        stream: Any = tf.fileobj  # (tarfile's _Stream: its bufsize is an attribute since Python 3.0)
-        if m.isreg() and m.size >= _WIDE and isinstance(getattr(stream, "bufsize", None), int):
-            self._until = m.offset_data + m.size
-            stream.bufsize = _WIDE
 
     def content(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> Callable[[int], bytes | memoryview] | None:
         """A large entry's content read from the chunks themselves, as views: no copy on the host but the
         write's. tarfile's stream mode would join the pieces into bytes and slice them, then ``extractfile``
         copy them again (three copies of each byte of a 100 MiB download). Its stream (``pos``, ``buf``: what
         it read from here and holds) is kept as tarfile keeps it, so the entries after this one are read as
-        they would be. None (read it through tarfile) where the stream is not one of those."""
+        they would be, whether or not the caller reads it all (tarfile's ``next`` skips the rest through
+        ``pos`` and ``buf`` as it would its own). None (read it through tarfile) where the stream is not one
+        of those."""
         stream: Any = tf.fileobj
         if not (
             m.isreg() and m.size >= _WIDE and isinstance(getattr(stream, "pos", None), int)
@@ -129,6 +115,8 @@ class _Chunks:
         def read(n: int) -> bytes | memoryview:
             nonlocal left
             n = min(n, left)
+            if not n:
+                return b""  # its end: the next chunk is not asked for here
             if stream.buf:  # what tarfile read past the header: its own first
                 out: bytes | memoryview = stream.buf[:n]
                 stream.buf = stream.buf[len(out) :]
@@ -139,13 +127,6 @@ class _Chunks:
             return out
 
         return read
-
-    def narrow(self, tf: tarfile.TarFile) -> None:
-        """Back to a record at a time, once the large entry was read (or left)."""
-        stream: Any = tf.fileobj
-        if isinstance(getattr(stream, "bufsize", None), int):
-            stream.bufsize = tarfile.RECORDSIZE
-        self._until = 0
 
     def _next(self) -> bytes | bytearray:
         first = self._stream is None
@@ -203,32 +184,42 @@ def _raw_cap(max_bytes: int, max_files: int) -> int:
     return max_bytes + (max_files + 2) * 4 * tarfile.BLOCKSIZE + (4 << 20)
 
 
-_BROKEN = (tarfile.TarError, EOFError, UnicodeError, OverflowError, ValueError)  # what a broken stream raises
+# what tarfile raises on a broken stream (RecursionError: a PAX header nested in PAX headers)
+_BROKEN = (tarfile.TarError, RecursionError, EOFError, UnicodeError, OverflowError, ValueError)
 
 
 class _Content(io.RawIOBase):
-    """An entry's content as :func:`members` hands it out: read by the caller, outside the generator, so a
-    stream that breaks meanwhile (the worker ends it inside the content) raises tarfile's ReadError there; it
-    is a DownloadError here, as everywhere else a stream breaks (a helper session's attack: ``read_files``,
-    snapshots and diffs raised tarfile's own error)."""
+    """An entry's content as :func:`members` hands it out (``read``: a piece of at most n bytes, empty at its
+    end): read by the caller, outside the generator, so a stream that breaks meanwhile (the worker ends it
+    inside the content) raises tarfile's ReadError there; it is a DownloadError here, as everywhere else a
+    stream breaks (a helper session's attack: ``read_files``, snapshots and diffs raised tarfile's own
+    error)."""
 
-    def __init__(self, src: IO[bytes]) -> None:
-        self._src = src
+    def __init__(self, read: Callable[[int], bytes | memoryview]) -> None:
+        self._read = read
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b: Any) -> int:
-        try:
-            return self._src.readinto(b)  # type: ignore[attr-defined,no-any-return]
-        except _BROKEN as exc:
-            raise DownloadError(
-                f"the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
-            ) from None
+        piece = self._piece(len(b))
+        b[: len(piece)] = piece
+        return len(piece)
 
     def read(self, size: int | None = -1) -> bytes:
+        """``size`` bytes, fewer only at the content's end, as a buffered file reads (tarfile's
+        ``copyfileobj`` takes a short read for a stream cut short); a piece ends at a chunk's end."""
+        if size is None or size < 0:
+            return self.readall()
+        pieces, got = [], 0
+        while got < size and (piece := self._piece(size - got)):
+            pieces.append(piece)
+            got += len(piece)
+        return b"".join(pieces)
+
+    def _piece(self, size: int) -> bytes | memoryview:
         try:
-            return self._src.read(-1 if size is None else size)
+            return self._read(size)
         except _BROKEN as exc:
             raise DownloadError(
                 f"the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
@@ -270,13 +261,14 @@ def members(
                     total += m.size
                     if total > max_bytes:
                         raise DownloadLimit(f"stopped: more than {max_bytes} bytes of files (max_bytes)")
-                    got = tf.extractfile(m)
-                    assert got is not None
-                    src = cast(IO[bytes], _Content(got))
-                    reader.widen(tf, m)
+                    read = reader.content(tf, m)
+                    if read is None:
+                        got = tf.extractfile(m)
+                        assert got is not None
+                        read = got.read
+                    src = cast(IO[bytes], _Content(read))
                 yield name, m, src
-                reader.narrow(tf)
-    except (tarfile.TarError, RecursionError, EOFError, UnicodeError, OverflowError, ValueError) as exc:
+    except _BROKEN as exc:
         raise DownloadError(
             f"the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
         ) from None
@@ -315,7 +307,7 @@ def download(
                     while (m := tf.next()) is not None:
                         cast(Any, tf).members.clear()  # stream mode keeps every header: a million would stay in memory
                         ex.member(tf, m)  # (a large file's content: reader.content)
-            except (tarfile.TarError, RecursionError, EOFError, UnicodeError, OverflowError, ValueError) as exc:
+            except _BROKEN as exc:
                 raise DownloadError(
                     f"download: the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
                 ) from None

@@ -91,6 +91,32 @@ def nofollow_dir(root: int, parts: list[str], create: bool, mode: int = 0o700) -
     return fd
 
 
+class Parents:
+    """:func:`nofollow_dir` of an entry's parent (made when missing, with ``create``), the last one's fd kept
+    and reused: a tar lists a directory's entries together, so 10,000 files cost one open each, not one per
+    path component. The fds are ours (:meth:`close`); ``root`` stays the caller's."""
+
+    def __init__(self, root: int, create: bool) -> None:
+        self.root, self._create = root, create
+        self._last: tuple[list[str], int] | None = None
+
+    def fd(self, parts: list[str]) -> int:
+        if not parts:
+            return self.root
+        if self._last is not None and self._last[0] == parts:
+            return self._last[1]
+        fd = nofollow_dir(self.root, parts, create=self._create)
+        if self._last is not None:
+            os.close(self._last[1])
+        self._last = (parts, fd)
+        return fd
+
+    def close(self) -> None:
+        if self._last is not None:
+            os.close(self._last[1])
+            self._last = None
+
+
 class Extractor:
     def __init__(
         self,
@@ -113,20 +139,13 @@ class Extractor:
         self.heads: list[list[str]] = []  # HEAD files: a bare repository's mark, checked once every name is known
         self.gits: set[str] = set()  # .git directories skipped (named once in the result, each entry counted)
         self.entries = 0
-        self._parent: tuple[list[str], int] | None = None  # the last entry's parent (parts, O_PATH fd), kept open
+        self._parents = Parents(self.root, create=True)  # the last entry's parent, kept open
 
     def parent(self, parts: list[str]) -> int:
-        """:func:`nofollow_dir` of ``parts`` (made when missing), the last one's fd reused: a tar lists a
-        directory's entries together, so 10,000 files cost one open each, not one per path component. The
-        fd stays ours (close it with :meth:`close`); nothing in the staging can turn into a symlink meanwhile
-        (the archive's links are made in :meth:`finish`, after every name is known)."""
-        if self._parent is not None and self._parent[0] == parts:
-            return self._parent[1]
-        fd = nofollow_dir(self.root, parts, create=True)
-        if self._parent is not None:
-            os.close(self._parent[1])
-        self._parent = (parts, fd)
-        return fd
+        """The directory ``parts`` beneath the staging (:class:`Parents`: made when missing, the last one
+        kept); nothing in the staging can turn into a symlink meanwhile (the archive's links are made in
+        :meth:`finish`, after every name is known)."""
+        return self._parents.fd(parts)
 
     def refuse(self, name: str, why: str) -> DownloadError:
         return DownloadError(f"download refused: '{show(name)}' {why}; nothing was kept", path=show(name))
@@ -280,9 +299,7 @@ class Extractor:
                 os.close(pfd)
 
     def close(self) -> None:
-        if self._parent is not None:
-            os.close(self._parent[1])
-            self._parent = None
+        self._parents.close()
         os.close(self.root)
 
 

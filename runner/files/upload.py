@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from toolcage.errors import UploadError, UploadUsage, UsageError
 from toolcage.files import mountview
 from toolcage.files.download import refused_param
-from toolcage.files.safetar import nofollow_dir
+from toolcage.files.safetar import Parents
 from toolcage.policies import codes
 from toolcage.policies.gitignore import Rules, ignored, with_own
 from toolcage.textsafe import escape
@@ -264,33 +264,23 @@ class Sent:
 
 class _Beneath:
     """Each entry's parent directory opened beneath the root a component at a time, never through a symlink
-    (``safetar.nofollow_dir``), the last one kept (a tar lists a directory's entries together): the entries
-    are opened, stat'ed and read by name relative to it. Threat: a directory swapped for a symlink after the
-    scan listed what was under it; opened by path (``O_NOFOLLOW`` guards the last component only), the copy
-    read the file of that name behind the link and sent it into the sandbox."""
+    (``safetar.Parents``, the last one kept): the entries are opened, stat'ed and read by name relative to
+    it. Threat: a directory swapped for a symlink after the scan listed what was under it; opened by path
+    (``O_NOFOLLOW`` guards the last component only), the copy read the file of that name behind the link and
+    sent it into the sandbox."""
 
     def __init__(self, root: str) -> None:
         self.root = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        self._last: tuple[str, int] | None = None
+        self._parents = Parents(self.root, create=False)
 
     def parent(self, name: str) -> tuple[int, str]:
         """(the directory fd, the base name) of ``name`` (relative to the root); OSError when a component is
         gone, or is a symlink or a file now."""
         head, _, base = name.rpartition("/")
-        if not head:
-            return self.root, base
-        if self._last is not None and self._last[0] == head:
-            return self._last[1], base
-        fd = nofollow_dir(self.root, head.split("/"), create=False)
-        if self._last is not None:
-            os.close(self._last[1])
-        self._last = (head, fd)
-        return fd, base
+        return self._parents.fd(head.split("/") if head else []), base
 
     def close(self) -> None:
-        if self._last is not None:
-            os.close(self._last[1])
-            self._last = None
+        self._parents.close()
         os.close(self.root)
 
 

@@ -101,8 +101,8 @@ class _Stream:
         return self.fill(limit)
 
     def read_ahead(self, limit: int) -> None:
-        """Read the next chunk on a thread while this one travels: the host asks for it as soon as this one
-        comes (toolcage.files.download), and finds it ready. One chunk ahead, no more."""
+        """Read the next chunk on a thread while this one travels and the host writes it: its next call finds
+        the chunk ready. One chunk ahead, no more."""
         self.ahead = _Ahead(self, limit)
 
     def close(self) -> None:
