@@ -127,6 +127,7 @@ def test_a_child_past_the_budget_ends_alone_and_its_call_goes_on(usage_file: Pat
         time.sleep(0.5)  # its 64 MiB resident
         before = memguard.kills()
         memguard.watch(main.pid, 100 * MiB)
+        time.sleep(0.3)  # the guard read the usage under the budget: a new episode (no kill before it counts)
         usage_file.write_text(f"{101 * MiB}\n")
         assert main.stdout.readline().strip() == "-9", child  # the child died of SIGKILL, its parent saw it
         usage_file.write_text(f"{50 * MiB}\n")
@@ -162,3 +163,32 @@ def test_a_dead_childs_memory_counts_as_freed_when_the_usage_falls_or_soon_after
     assert dying[3] == 10.0
     assert memguard._freed(dying, 175 * MiB, 10.01)  # fell by half of its 40 MiB
     assert memguard._freed(dying, 199 * MiB, 10.0 + memguard._FREED_S)  # or dead long enough
+
+
+def test_after_a_kill_a_bystander_dies_only_for_memory_it_allocates(
+    usage_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's first process killed, its pages slow to come back (the usage flat above the budget for longer
+    than _SETTLE_S, as under CI's load): the call beside it lives; it is chosen only when the usage grows GROW
+    past its lowest since the kill (someone allocates now), as the kernel's OOM killer runs when an allocation
+    fails (gVisor's CI pass: the sleeper beside a forked bomb died)."""
+    calm, bomb = _group(), _group()
+    tree = {bomb.pid: (1, 10_000), calm.pid: (1, 100)}
+    monkeypatch.setattr(memguard, "_processes", lambda: dict(tree))
+    try:
+        memguard.watch(bomb.pid, 100 * MiB)
+        memguard.watch(calm.pid, 100 * MiB)
+        time.sleep(0.3)  # the guard read the usage under the budget
+        usage_file.write_text(f"{150 * MiB}\n")
+        assert _ended(bomb, 5) == -9
+        del tree[bomb.pid]
+        time.sleep(memguard._SETTLE_S + 1.0)  # flat at 150 MiB, the dead call's pages not back
+        assert calm.poll() is None
+        usage_file.write_text(f"{150 * MiB + memguard.GROW + MiB}\n")  # now someone allocates
+        assert _ended(calm, 5) == -9
+        assert memguard.release(bomb.pid) is True and memguard.release(calm.pid) is True
+    finally:
+        usage_file.write_text("0\n")
+        for p in (calm, bomb):
+            p.kill()
+            p.wait()

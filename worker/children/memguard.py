@@ -55,6 +55,10 @@ INTERVAL_S = (0.005, 0.1)
 # back over tens of ms, and a bystander chosen meanwhile (the only call left) died for memory it never held; seen
 # in 3 of 12 runs of a forked bomb beside a sleeper (tests/integration/test_gvisor.py). An allocator still
 # growing stops the fall, so the next victim is chosen then.
+# Nor, once a victim was killed and until the usage is back under the budget, a victim of another call for a
+# usage that stands still: only when it grew GROW past its lowest since the kill (someone allocates now), as
+# the kernel's OOM killer runs only when an allocation fails. Under CI's load a dead call's pages took more
+# than _SETTLE_S to come back, with the usage flat meanwhile, and the sleeper beside it was killed.
 _SETTLE_S = 1.0
 _FREED_S = 0.15
 GROW = 16 << 20
@@ -139,8 +143,9 @@ def _run() -> None:
     last = 0  # the usage at the last reading
     # the last victim's call, when, and the lowest usage since: within _SETTLE_S of a kill the next victim is
     # of that call while it has a process left; of another call only if the usage grew GROW past that low
-    # (someone allocates now), never for the pages a dead call still gives back
+    # (someone allocates now), never for the pages a dead call still gives back, however long that takes
     last_group, killed_at, low = 0, 0.0, 0
+    after_kill = False  # a victim was killed since the usage was last under the budget
     while True:
         with _lock:
             while not _watched:
@@ -153,14 +158,14 @@ def _run() -> None:
         now = time.monotonic()
         falling, last, low = used < last, used, min(low, used)
         if used <= budget:
-            settle_until, dying = 0.0, None  # the last victim's memory is free
+            settle_until, dying, after_kill = 0.0, None, False  # the last victim's memory is free
         elif falling:
             pass  # memory is being given back (a dead call's, whose namespace gVisor frees over tens of ms): no victim
         elif now >= settle_until or (dying is not None and _freed(dying, used, now)):
             try:
                 recent = now - killed_at < _SETTLE_S
                 victim = _victim(budget, floor, last_group) if recent else None
-                if victim is None and (not recent or used > low + GROW):
+                if victim is None and (not after_kill or used > low + GROW):
                     victim = _victim(budget, floor)
             except (OSError, ValueError, IndexError) as exc:  # never the end of the guard
                 logs.warning("memguard.failed", error=f"{type(exc).__name__}: {exc}")
@@ -174,6 +179,7 @@ def _run() -> None:
                     os.kill(pid, signal.SIGKILL)  # that process only, as the kernel's OOM killer
                 logs.info("memguard.killed", pid=pid, pgid=group, usage_bytes=used, limit_bytes=budget)
                 settle_until, last_group, killed_at, low = now + _SETTLE_S, group, now, used
+                after_kill = True
                 dying = None if pid == group else [pid, used, rss * PAGE, 0.0]
         time.sleep(min(INTERVAL_S[1], max(INTERVAL_S[0], (budget - used) / RATE)))
 
