@@ -18,10 +18,9 @@ if TYPE_CHECKING:
         PolicySource,
         bundled_policy_names,
         load_policy,
-        policy_from_json,
         validate_policy,
     )
-    from toolcage.policies.model import Limits, NetworkPolicy, Policy, Timeouts
+    from toolcage.policies.model import Limits, NetworkPolicy, Policy, Timeouts, policy_from_json
     from toolcage.policies.typed import parse_size
 
 _WHERE = {
@@ -29,7 +28,7 @@ _WHERE = {
     "PolicySource": "loader",
     "bundled_policy_names": "loader",
     "load_policy": "loader",
-    "policy_from_json": "loader",
+    "policy_from_json": "model",
     "validate_policy": "loader",
     "Limits": "model",
     "NetworkPolicy": "model",

@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 
 from toolcage.policies.errors import PolicyError
 from toolcage.policies.model import Policy
+from toolcage.policies.model import policy_from_json as policy_from_json  # its home is the model now
 from toolcage.policies.typed import BuildError, build, to_dict
 
 _ADAPTER: Any = None
@@ -204,13 +205,3 @@ def _from_cache(name: str, path: Path) -> Policy | None:
         return build(Policy, data)  # type: ignore[no-any-return]
     except BuildError:
         return None  # pydantic says what is wrong, in its words
-
-
-def policy_from_json(text: str) -> Policy:
-    """Rebuild a policy from its canonical JSON (how the worker receives it), without pydantic."""
-    try:
-        return build(Policy, json.loads(text))  # type: ignore[no-any-return]
-    except BuildError as exc:
-        raise PolicyError(f"invalid policy (from JSON): {exc}") from None
-    except ValueError as exc:
-        raise PolicyError(f"policy JSON is malformed: {exc}") from None

@@ -9,7 +9,6 @@ for the canonical JSON the worker receives (see policies.typed for why).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -17,8 +16,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from annotated_types import Ge, Gt, Le, MaxLen, MinLen
 
+from toolcage.policies.errors import PolicyError
 from toolcage.policies.secrets import SecretSpec, check_secret_names
-from toolcage.policies.typed import SIZE, STRICT_CONFIG, to_dict
+from toolcage.policies.typed import SIZE, STRICT_CONFIG, BuildError, build, to_dict
 
 MiB = 1024**2
 GiB = 1024**3
@@ -172,8 +172,21 @@ class Policy:
 
     def sha256(self) -> str:
         """Stable content hash, recorded in container labels and the audit log."""
+        import hashlib  # here: the worker parses a policy on its first call and never hashes one (OpenSSL's load)
+
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     def with_run_deadline(self, run_s: float) -> Policy:
         """A copy whose run deadline is ``run_s`` (callers only ever tighten it)."""
         return dataclasses.replace(self, timeouts=dataclasses.replace(self.timeouts, run_s=run_s))
+
+
+def policy_from_json(text: str) -> Policy:
+    """Rebuild a policy from its canonical JSON (how the worker receives it), without pydantic. Here, not in
+    the loader: the worker's first call parses its policy, and the loader's pathlib and YAML are the host's."""
+    try:
+        return build(Policy, json.loads(text))  # type: ignore[no-any-return]
+    except BuildError as exc:
+        raise PolicyError(f"invalid policy (from JSON): {exc}") from None
+    except ValueError as exc:
+        raise PolicyError(f"policy JSON is malformed: {exc}") from None

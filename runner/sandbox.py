@@ -103,10 +103,13 @@ class Sandbox(CodeInterpreter):
         # tools and image (toolcage.pool); this run brings its secrets, and its deadline starts at adoption
         self._pool = pool
         self._resume = None
-        from toolcage.lifecycle.ports import check_port
+        # ports to expose once started (expose()); the relays live in self._ports (toolcage.lifecycle.ports),
+        # imported only by a run that exposes one
+        self._expose_at_start = tuple(expose)
+        if self._expose_at_start:
+            from toolcage.lifecycle.ports import check_port
 
-        # ports to expose once started (expose()); the relays live in self._ports (toolcage.lifecycle.ports)
-        self._expose_at_start = tuple(check_port(port) for port in expose)
+            self._expose_at_start = tuple(check_port(port) for port in self._expose_at_start)
         self._ports: Ports | None = None
         if pool is not None:
             own = (run_timeout, workspace, image, run_s, memory, scratch, writable_size)
@@ -264,6 +267,9 @@ class Sandbox(CodeInterpreter):
     def _fill(self) -> None:
         """A resumed run's files (its snapshot's scratch, and its workspace copy), or the workspace copy; the
         writable paths of the image (writable=)."""
+        copy = self.options.workspace_copy and self.workspace is not None
+        if self._resume is None and not copy and self._originals is None:
+            return  # nothing to fill (the common run): the transfer modules are not even imported
         from toolcage.files import upload
 
         def call(params: dict[str, Any]) -> CallResult:

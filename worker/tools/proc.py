@@ -19,7 +19,6 @@ import selectors
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Annotated, Any
@@ -389,6 +388,8 @@ def _program(settings: Settings, interpreter: list[str], source: str, suffix: st
         raise BadParams("the code contains a NUL byte")
     if len(source.encode()) <= _MAX_INLINE:
         return [*interpreter, "-c", source]
+    import tempfile  # here: its shutil, bz2 and lzma cost a cold sandbox's first call ~10 ms, for long code only
+
     try:
         fd, path = tempfile.mkstemp(prefix=".toolcage-code-", suffix=suffix, dir=settings.scratch)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
