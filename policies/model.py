@@ -100,10 +100,14 @@ class NetworkPolicy:
     unsafe_audit_only: bool = False
 
     def __post_init__(self) -> None:
-        import ipaddress
-
         if self.mode == "none" and (self.allow or self.allow_private_cidrs or self.unsafe_audit_only):
             raise ValueError("mode 'none' cannot enforce an allowlist: set mode: proxy, or remove allow")
+        if self.allow_private_cidrs:
+            self._check_cidrs()
+
+    def _check_cidrs(self) -> None:
+        import ipaddress  # only for a policy that names networks: the worker's first call parses every policy
+
         for cidr in self.allow_private_cidrs:
             try:
                 net = ipaddress.ip_network(cidr, strict=True)

@@ -27,7 +27,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -58,6 +57,8 @@ class Zygote:
     def __init__(self, env: dict[str, str], cwd: str) -> None:
         self.env = dict(env)
         self.cwd = cwd
+        import socket  # here, made while the worker is idle: a cold sandbox's first call does not import it
+
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(os.path.join(os.path.dirname(__file__), "zygote_main.py"), encoding="utf-8") as f:
             source = f.read()
@@ -132,6 +133,8 @@ class Zygote:
             err_r, err_w = os.pipe()
             fds += [out_r, out_w, err_r, err_w]
             kind = b"E" if with_env else b"X" if argv else b"F"
+            import socket  # (loaded by __init__)
+
             socket.send_fds(self.sock, [kind], [code_r, in_r, out_w, err_w])
             if not readable([self.sock.fileno()], _REPLY_S):
                 return None
