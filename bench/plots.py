@@ -141,6 +141,11 @@ def main() -> int:
             ),
             "files_issue40",
         ),
+        _save(
+            plt,
+            _hbars(plt, sets["copy_issue40"], machine, "A writable copy of 100,000 files and its floors", "seconds"),
+            "copy_issue40",
+        ),
         _save(plt, _cluster(plt, sets["cluster"], machine), "cluster"),
         _save(
             plt,
