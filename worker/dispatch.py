@@ -55,6 +55,7 @@ def validate_request(deserialized: Any) -> Any:
 
 
 _UNPARSABLE = object()
+_REQUEST_KEYS = frozenset(("jsonrpc", "method", "params", "id"))
 _NAME_MAX = 64  # a method name longer than this gets no "did you mean" (tool names are short)
 _CANCELLED = Error(codes.REQUEST_CANCELLED, "Request cancelled", None)
 
@@ -168,6 +169,8 @@ class Dispatcher:
         self.catalog = catalog
         self._connectors: Connectors | None = None
         self._bare_configured = False  # configured with nothing but a deadline (see _configure)
+        # tools.list's answer as it goes out, but for its id: (the catalog's list, the redaction, the line's head)
+        self._listed: tuple[object, object, str] | None = None
         self.methods: dict[str, Callable[..., Result]] = {n: self._wrap(n) for n in catalog.names()}
         self.methods[contract.TOOLS_LIST] = _signed(self._tools_list)
         self.methods[contract.PING] = _signed(lambda: Success("pong"))
@@ -259,6 +262,29 @@ class Dispatcher:
         from toolcage.worker.children.usage import usage
 
         return Success(usage())
+
+    def _tools_list_line(self, msg: Any) -> str | None:
+        """A plain ``tools.list`` (no params) answered from the line made for the last one, byte for byte what
+        jsonrpcserver's path makes but for the id: the same catalog list and the same redaction (both objects
+        change whenever what they hold does). 29 KB of JSON, made and redacted once instead of each time (the
+        worker's ~0.2 ms of a ~0.7 ms round trip). None: any other request, or connectors' schemas not made yet."""
+        if not (
+            type(msg) is dict
+            and msg.get("method") == contract.TOOLS_LIST
+            and msg.get("jsonrpc") == "2.0"
+            and msg.keys() <= _REQUEST_KEYS
+            and msg.get("params", {}) in ({}, [])
+            and type(msg.get("id")) in (int, str)
+        ):
+            return None
+        if self._connectors is not None and not self._connectors.schemas_ready:
+            return None  # made by a loading child, on the usual path (waits for code calls, maps its errors)
+        described, redaction = self.catalog.describe(), STORE.redaction
+        made = self._listed
+        if made is None or made[0] is not described or made[1] is not redaction:
+            head = json.dumps(STORE.redact({"jsonrpc": "2.0", "result": described}))[:-1] + ', "id": '
+            made = self._listed = (described, redaction, head)
+        return f"{made[2]}{json.dumps(msg['id'])}}}"
 
     def _tools_list(self) -> Result:
         """Every tool with its schema; the connectors' schemas are made on first ask (a loading child)."""
@@ -424,6 +450,9 @@ class Dispatcher:
             msg = None  # jsonrpcserver answers the parse error
         else:
             deserializer = lambda _line: msg  # noqa: E731 - parsed once
+        listed = self._tools_list_line(msg)
+        if listed is not None:
+            return listed
         if isinstance(msg, dict):
             cancelled_id = calls.cancel_message(msg)
             if cancelled_id is not None:  # read between calls (mid-call, the channel acts on it itself)

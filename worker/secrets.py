@@ -120,6 +120,12 @@ class SecretStore:
         )
 
     @property
+    def redaction(self) -> object:
+        """What redacts now (None: nothing): a new object whenever the values change, so an answer redacted
+        once may be kept while this is the same object."""
+        return self._redactor
+
+    @property
     def lookahead(self) -> int:
         """Bytes past a cut that :meth:`cut_bytes` needs to see a value starting before it whole."""
         return self._redactor.lookahead if self._redactor is not None else 0

@@ -213,3 +213,45 @@ def test_a_cancel_reaches_one_call_among_several(tmp_path: Path) -> None:
     by_id = {o["id"]: o for o in out}
     assert by_id["slow"]["error"]["code"] == -32800
     assert by_id[1]["result"]["stdout"] == "one\n" and by_id[2]["result"]["stdout"] == "two\n"
+
+
+def test_a_kept_tools_list_answer_is_the_usual_one_but_for_its_id(monkeypatch: Any) -> None:
+    """``tools.list`` is answered from a line kept from the last one (worker.dispatch._tools_list_line): byte for
+    byte what jsonrpcserver's path makes, for any id; made again when the catalog or the redaction changes (a
+    secret's value in a description is redacted in both); any other shape of request takes the usual path."""
+    from toolcage.worker import dispatch
+    from toolcage.worker.secrets import SecretStore
+    from toolcage.worker.settings import Settings
+    from toolcage.worker.tools import Catalog, Tool
+
+    d = dispatch.Dispatcher(Settings(None, None, ".", "x"), Catalog())
+
+    def both(rid: Any) -> tuple[str, str]:
+        line = json.dumps({"jsonrpc": "2.0", "method": "tools.list", "id": rid}).encode()
+        kept = d.handle(line)
+        with monkeypatch.context() as m:
+            m.setattr(d, "_tools_list_line", lambda msg: None)
+            usual = d.handle(line)
+        return kept, usual
+
+    for rid in (1, 0, -7, 2**70, "a", "", 'q"uote\\\n', "été ☃", "x" * 300):
+        kept, usual = both(rid)
+        assert kept == usual and json.loads(kept)["id"] == rid
+    first = d._listed
+    both(3)
+    assert d._listed is first  # kept, not made again
+    monkeypatch.setattr(dispatch, "STORE", SecretStore.unbound({"S": "Run Python code"}))
+    kept, usual = both(4)
+    assert kept == usual and "Run Python code" not in kept and d._listed is not first
+    entry = {"name": "extra_tool", "description": "an extra tool", "params_schema": {"type": "object"}}
+    d.catalog.add(Tool("extra_tool", "an extra tool", None, lambda s, p: None, info=lambda: entry))
+    kept, usual = both(5)
+    assert kept == usual and "extra_tool" in kept
+    for other in (
+        {"jsonrpc": "2.0", "method": "tools.list", "id": 6, "params": {"x": 1}},  # params it takes not
+        {"jsonrpc": "2.0", "method": "tools.list", "id": True},  # not an id
+        {"jsonrpc": "2.0", "method": "tools.list"},  # a notification
+        {"jsonrpc": "2.0", "method": "tools.list", "id": 7, "extra": 1},
+        {"jsonrpc": "1.0", "method": "tools.list", "id": 8},
+    ):
+        assert d._tools_list_line(other) is None
