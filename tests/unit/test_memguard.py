@@ -192,3 +192,33 @@ def test_after_a_kill_a_bystander_dies_only_for_memory_it_allocates(
         for p in (calm, bomb):
             p.kill()
             p.wait()
+
+
+def test_after_a_calls_first_process_is_killed_growth_ends_the_wait(
+    usage_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call's first process killed (its PID namespace ends with it), then the usage grows GROW past its lowest
+    since: a process of that call that still runs (gVisor slow to end the namespace) is the next victim at once,
+    not after _SETTLE_S, and the call beside it lives (a forked bomb in a loaded run reached the host's limit)."""
+    first, child, calm = _group(), _group(), _group()
+    tree = {first.pid: (1, 10_000), child.pid: (first.pid, 5_000), calm.pid: (1, 100)}
+    monkeypatch.setattr(memguard, "_processes", lambda: dict(tree))
+    try:
+        memguard.watch(first.pid, 100 * MiB)
+        memguard.watch(calm.pid, 100 * MiB)
+        time.sleep(0.3)  # the guard read the usage under the budget: a new episode
+        usage_file.write_text(f"{150 * MiB}\n")
+        assert _ended(first, 5) == -9
+        del tree[first.pid]
+        started = time.monotonic()
+        usage_file.write_text(f"{150 * MiB + memguard.GROW + MiB}\n")  # its namespace's child allocates on
+        assert _ended(child, 5) == -9
+        assert time.monotonic() - started < memguard._SETTLE_S / 2
+        assert calm.poll() is None
+    finally:
+        usage_file.write_text("0\n")
+        for p in (first, child, calm):
+            p.kill()
+            p.wait()
+        memguard.release(first.pid)
+        memguard.release(calm.pid)

@@ -59,6 +59,9 @@ INTERVAL_S = (0.005, 0.1)
 # usage that stands still: only when it grew GROW past its lowest since the kill (someone allocates now), as
 # the kernel's OOM killer runs only when an allocation fails. Under CI's load a dead call's pages took more
 # than _SETTLE_S to come back, with the usage flat meanwhile, and the sleeper beside it was killed.
+# The same growth ends the wait after a call's first process was killed, for the processes of that call alone:
+# someone allocates now, its namespace's other processes when gVisor is slow to end them, and a second is too
+# long then (a forked bomb in a loaded full run reached the host's limit, the sentry exiting 2).
 _SETTLE_S = 1.0
 _FREED_S = 0.15
 GROW = 16 << 20
@@ -161,11 +164,15 @@ def _run() -> None:
             settle_until, dying, after_kill = 0.0, None, False  # the last victim's memory is free
         elif falling:
             pass  # memory is being given back (a dead call's, whose namespace gVisor frees over tens of ms): no victim
-        elif now >= settle_until or (dying is not None and _freed(dying, used, now)):
+        elif (waited := now >= settle_until or (dying is not None and _freed(dying, used, now))) or (
+            dying is None and after_kill and used > low + GROW
+        ):
             try:
                 recent = now - killed_at < _SETTLE_S
                 victim = _victim(budget, floor, last_group) if recent else None
-                if victim is None and (not after_kill or used > low + GROW):
+                # another call's only once the wait is over (a dying namespace's survivors go first: the kernel,
+                # too, chooses no second victim while the first one's memory is being freed), and for growth
+                if victim is None and waited and (not after_kill or used > low + GROW):
                     victim = _victim(budget, floor)
             except (OSError, ValueError, IndexError) as exc:  # never the end of the guard
                 logs.warning("memguard.failed", error=f"{type(exc).__name__}: {exc}")
