@@ -213,7 +213,7 @@ def test_after_a_calls_first_process_is_killed_growth_ends_the_wait(
         started = time.monotonic()
         usage_file.write_text(f"{150 * MiB + memguard.GROW + MiB}\n")  # its namespace's child allocates on
         assert _ended(child, 5) == -9
-        assert time.monotonic() - started < memguard._SETTLE_S / 2
+        assert time.monotonic() - started < memguard._SETTLE_S * 0.8  # the old rule waited the whole second
         assert calm.poll() is None
     finally:
         usage_file.write_text("0\n")
