@@ -188,6 +188,11 @@ def _raw_cap(max_bytes: int, max_files: int) -> int:
 _BROKEN = (tarfile.TarError, RecursionError, EOFError, UnicodeError, OverflowError, ValueError)
 
 
+def _broken(exc: BaseException, door: str = "") -> DownloadError:
+    """The error of a stream that broke (one of ``_BROKEN``), wherever it broke; ``door``: the message's head."""
+    return DownloadError(f"{door}the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept")
+
+
 class _Content(io.RawIOBase):
     """An entry's content as :func:`members` hands it out (``read``: a piece of at most n bytes, empty at its
     end): read by the caller, outside the generator, so a stream that breaks meanwhile (the worker ends it
@@ -221,9 +226,7 @@ class _Content(io.RawIOBase):
         try:
             return self._read(size)
         except _BROKEN as exc:
-            raise DownloadError(
-                f"the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
-            ) from None
+            raise _broken(exc) from None
 
 
 def members(
@@ -269,9 +272,7 @@ def members(
                     src = cast(IO[bytes], _Content(read))
                 yield name, m, src
     except _BROKEN as exc:
-        raise DownloadError(
-            f"the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
-        ) from None
+        raise _broken(exc) from None
 
 
 def download(
@@ -308,9 +309,7 @@ def download(
                         cast(Any, tf).members.clear()  # stream mode keeps every header: a million would stay in memory
                         ex.member(tf, m)  # (a large file's content: reader.content)
             except _BROKEN as exc:
-                raise DownloadError(
-                    f"download: the sandbox sent a broken tar stream ({escape(type(exc).__name__)}); nothing was kept"
-                ) from None
+                raise _broken(exc, "download: ") from None
             ex.finish()
         finally:
             ex.close()
