@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import IO
 
 from toolcage.files.gitdiff import EXEC, FILE, LINK
-from toolcage.files.safetar import nofollow_dir, show
+from toolcage.files.safetar import show
 from toolcage.policies.gitignore import Rules, ignored, with_own
+from toolcage.worker.tools.paths import dir_beneath
 
 PIECE = 1 << 20
 
@@ -127,7 +128,7 @@ class HostTree:
         """``dir``, ``other`` (a file, a symlink, anything else) or None (absent, or beyond a symlink)."""
         parts = rel.split("/")
         try:
-            fd = nofollow_dir(self.fd, parts[:-1], create=False)
+            fd = dir_beneath(self.fd, parts[:-1], create=False)
         except OSError:
             return None
         try:
@@ -173,7 +174,7 @@ class HostTree:
         ``budget`` bytes read, Unreadable when it cannot be read."""
         parts = rel.split("/")
         try:
-            fd = nofollow_dir(self.fd, parts[:-1], create=False)
+            fd = dir_beneath(self.fd, parts[:-1], create=False)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                 return None  # absent, or beyond a symlink of the host's tree: not this path
@@ -206,7 +207,7 @@ def write_file(top: str, rel: str, side: Side) -> None:
     parts = rel.split("/")
     top_fd = os.open(top, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = nofollow_dir(top_fd, parts[:-1], create=True, mode=0o755)
+        fd = dir_beneath(top_fd, parts[:-1], create=True, mode=0o755)
     finally:
         os.close(top_fd)
     try:

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from toolcage.errors import SandboxError, UsageError
-from toolcage.files.safetar import nofollow_dir
 from toolcage.policies import contract
 from toolcage.textsafe import escape
+from toolcage.worker.tools.paths import dir_beneath
 
 if TYPE_CHECKING:
     from toolcage.engine.api import EngineAPI
@@ -273,7 +273,7 @@ def _extract(tar: str, root: str) -> None:
             for m in tf:
                 parts = m.name.split("/")
                 try:
-                    pfd = nofollow_dir(rfd, parts[:-1], True)
+                    pfd = dir_beneath(rfd, parts[:-1], True)
                 except OSError:
                     continue  # beneath a symlink or file of the tree: not on the old side
                 try:

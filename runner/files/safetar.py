@@ -29,6 +29,7 @@ from toolcage.files.outbound import BARE_MARKS, BARE_REASON, GIT_REASON, bare_ma
 from toolcage.files.outbound import bare_head as bare_head  # re-exported: the diff's doors import them from here
 from toolcage.files.outbound import door_problem as door_problem
 from toolcage.files.outbound import show as show
+from toolcage.worker.tools.paths import Parents, dir_beneath
 
 _MAX_HEADER = 1 << 20  # a PAX or GNU long-name header's payload
 # Directories an entry may be nested in. Threat: a 4,096-byte name holds 2,000 levels ('a/a/...'), and the
@@ -71,50 +72,6 @@ class Info(tarfile.TarInfo):
 
 
 Content = Callable[[tarfile.TarFile, tarfile.TarInfo], "Callable[[int], bytes | memoryview] | None"]
-
-
-def nofollow_dir(root: int, parts: list[str], create: bool, mode: int = 0o700) -> int:
-    """An fd (``O_PATH``) of ``parts`` beneath ``root``, made with ``mode`` when ``create``, never through
-    a symlink (OSError: ELOOP or ENOTDIR on the way, ENOENT when missing)."""
-    fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root)
-    try:
-        for part in parts:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, mode, dir_fd=fd)
-            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-class Parents:
-    """:func:`nofollow_dir` of an entry's parent (made when missing, with ``create``), the last one's fd kept
-    and reused: a tar lists a directory's entries together, so 10,000 files cost one open each, not one per
-    path component. The fds are ours (:meth:`close`); ``root`` stays the caller's."""
-
-    def __init__(self, root: int, create: bool) -> None:
-        self.root, self._create = root, create
-        self._last: tuple[list[str], int] | None = None
-
-    def fd(self, parts: list[str]) -> int:
-        if not parts:
-            return self.root
-        if self._last is not None and self._last[0] == parts:
-            return self._last[1]
-        fd = nofollow_dir(self.root, parts, create=self._create)
-        if self._last is not None:
-            os.close(self._last[1])
-        self._last = (parts, fd)
-        return fd
-
-    def close(self) -> None:
-        if self._last is not None:
-            os.close(self._last[1])
-            self._last = None
 
 
 class Extractor:
@@ -267,7 +224,7 @@ class Extractor:
     def finish(self) -> None:
         for parts in self.heads:
             if bare_head(parts, self.local_dir, self.kinds):
-                pfd = nofollow_dir(self.root, parts[:-1], create=False)
+                pfd = dir_beneath(self.root, parts[:-1], create=False)
                 try:
                     self.result.bytes -= os.stat(parts[-1], dir_fd=pfd, follow_symlinks=False).st_size
                     os.unlink(parts[-1], dir_fd=pfd)
@@ -285,14 +242,14 @@ class Extractor:
             if problem is not None:
                 self.result.skip("/".join(parts), problem)
                 continue
-            pfd = nofollow_dir(self.root, parts[:-1], create=True)
+            pfd = dir_beneath(self.root, parts[:-1], create=True)
             try:
                 os.symlink(target, parts[-1], dir_fd=pfd)
             finally:
                 os.close(pfd)
             self.result.symlinks += 1
         for parts, mode in reversed(self.dir_modes):
-            pfd = nofollow_dir(self.root, parts[:-1], create=False)
+            pfd = dir_beneath(self.root, parts[:-1], create=False)
             try:
                 os.chmod(parts[-1], mode, dir_fd=pfd)  # a directory: no entry may share its name
             finally:

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 from toolcage.errors import UploadError, UploadUsage, UsageError
 from toolcage.files import mountview
 from toolcage.files.download import refused_param
-from toolcage.files.safetar import Parents
 from toolcage.policies import codes
 from toolcage.policies.gitignore import Rules, ignored, with_own
 from toolcage.textsafe import escape
 from toolcage.worker.tarheader import header
+from toolcage.worker.tools.paths import Parents
 
 if TYPE_CHECKING:
     from toolcage.results import CallResult
@@ -264,7 +264,7 @@ class Sent:
 
 class _Beneath:
     """Each entry's parent directory opened beneath the root a component at a time, never through a symlink
-    (``safetar.Parents``, the last one kept): the entries are opened, stat'ed and read by name relative to
+    (``Parents``, the last one kept): the entries are opened, stat'ed and read by name relative to
     it. Threat: a directory swapped for a symlink after the scan listed what was under it; opened by path
     (``O_NOFOLLOW`` guards the last component only), the copy read the file of that name behind the link and
     sent it into the sandbox."""

@@ -233,15 +233,16 @@ def open_beneath(root_fd: int, rel: str, flags: int) -> int:
     raise OSError(errno.EAGAIN, "the path kept changing while it was opened")
 
 
-def dir_beneath(root: int, parts: list[str], create: bool) -> int:
-    """An fd (``O_PATH``) of the directory ``parts`` beneath ``root`` (each made, 0700, when ``create``),
-    opened component by component with ``O_NOFOLLOW``: never through a symlink (ENOTDIR on the way)."""
+def dir_beneath(root: int, parts: list[str], create: bool, mode: int = 0o700) -> int:
+    """An fd (``O_PATH``) of the directory ``parts`` beneath ``root`` (each made with ``mode`` when ``create``),
+    opened component by component with ``O_NOFOLLOW``: never through a symlink (OSError: ELOOP or ENOTDIR on
+    the way, ENOENT when missing). Both ends of a file transfer use it (the runner's toolcage.files too)."""
     fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root)
     try:
         for part in parts:
             if create:
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o700, dir_fd=fd)
+                    os.mkdir(part, mode, dir_fd=fd)
             nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             os.close(fd)
             fd = nxt
@@ -249,6 +250,33 @@ def dir_beneath(root: int, parts: list[str], create: bool) -> int:
         os.close(fd)
         raise
     return fd
+
+
+class Parents:
+    """:func:`dir_beneath` of an entry's parent (made when missing, with ``create``), the last one's fd kept
+    and reused: a tar lists a directory's entries together, so 10,000 files cost one open each, not one per
+    path component. The fds are ours (:meth:`close`); ``root`` stays the caller's. Both ends of a file
+    transfer use it: the worker's upload, and the runner's download and workspace copy."""
+
+    def __init__(self, root: int, create: bool) -> None:
+        self.root, self._create = root, create
+        self._last: tuple[list[str], int] | None = None
+
+    def fd(self, parts: list[str]) -> int:
+        if not parts:
+            return self.root
+        if self._last is not None and self._last[0] == parts:
+            return self._last[1]
+        fd = dir_beneath(self.root, parts, create=self._create)
+        if self._last is not None:
+            os.close(self._last[1])
+        self._last = (parts, fd)
+        return fd
+
+    def close(self) -> None:
+        if self._last is not None:
+            os.close(self._last[1])
+            self._last = None
 
 
 def path_data(loc: Located, **extra: Any) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from toolcage.worker.settings import SCRATCH, WORKSPACE, Settings
 from toolcage.worker.tools import Tool, untar
 from toolcage.worker.tools._params import doc, params
 from toolcage.worker.tools.files import full_message, writable
-from toolcage.worker.tools.paths import MAX_PATH, Located, dir_beneath, locate
+from toolcage.worker.tools.paths import MAX_PATH, Located, Parents, dir_beneath, locate
 
 MAX_CHUNK = 4 << 20  # raw bytes per call (base64 makes it 5.3 MiB, under the worker's 16 MiB request line)
 _PIECE = 1 << 20
@@ -85,7 +85,7 @@ class Extractor:
         self.kinds: dict[str, str] = {}  # every path the archive made: "dir", "file" or "link"
         self.dir_modes: list[tuple[list[str], int]] = []
         self.files = self.dirs = self.symlinks = self.bytes = 0
-        self._cached: tuple[str, int] | None = None  # the last entry's parent: (path, directory fd)
+        self._parents = Parents(root, create=True)  # the last entry's parent, kept for the next entries
 
     def parts(self, m: tarfile.TarInfo) -> list[str] | None:
         name = m.name
@@ -121,7 +121,7 @@ class Extractor:
         for i in range(1, len(parts)):
             self.kinds.setdefault("/".join(parts[:i]), "dir")
         key = "/".join(parts)
-        pfd = self._parent(parts[:-1])  # kept open for the entries after it (a tar lists a directory's together)
+        pfd = self._parents.fd(parts[:-1])  # kept open for the entries after it (a tar lists a directory's together)
         if m.issym():
             self.kinds[key] = "link"
             os.symlink(m.linkname, parts[-1], dir_fd=pfd)  # made as is: nothing is ever written through it
@@ -136,20 +136,8 @@ class Extractor:
             self.kinds[key] = "file"
             self.write(tf, m, pfd, parts[-1])
 
-    def _parent(self, parts: list[str]) -> int:
-        """The directory fd of ``parts`` beneath the root (made as needed), kept for the next entries."""
-        key = "/".join(parts)
-        if self._cached is not None and self._cached[0] == key:
-            return self._cached[1]
-        self.close()
-        fd = dir_beneath(self.root, parts, create=True)
-        self._cached = (key, fd)
-        return fd
-
     def close(self) -> None:
-        if self._cached is not None:
-            os.close(self._cached[1])
-            self._cached = None
+        self._parents.close()
 
     def write(self, tf: tarfile.TarFile, m: tarfile.TarInfo, pfd: int, name: str) -> None:
         src = tf.extractfile(m)
