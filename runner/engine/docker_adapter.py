@@ -47,6 +47,7 @@ def _translate(exc: Exception, image: str | None = None) -> SandboxError:
 
 _RAISE: Any = object()
 _REMOVE_TRIES = 6  # sleeps 0.1 + 0.2 + ... + 0.5 s between them
+_REMOVING_WAIT_S = 10.0  # how long remove() waits for another's removal of the same container to end
 
 
 def _call(fn: Callable[..., Any], *args: Any, on_missing: Any = _RAISE, image: str | None = None, **kw: Any) -> Any:
@@ -248,13 +249,30 @@ class Engine:
                 return  # already gone: the goal is reached
             except docker.errors.APIError as exc:
                 if exc.status_code == _CONFLICT:
-                    return  # with force=True, 409 means another removal of it is already in progress
+                    # with force=True, 409 means another removal of it is already under way (the reaper of
+                    # another process, gc, a user's docker rm). Returning at once would let the caller's next
+                    # step, its volumes, find them still in use (seen in CI): wait for that removal to end.
+                    self._wait_gone(cid)
+                    return
                 if exc.is_server_error() and attempt + 1 < _REMOVE_TRIES:
                     time.sleep(0.1 * (attempt + 1))
                     continue
                 raise _translate(exc) from exc
             except Exception as exc:
                 raise _translate(exc) from exc
+
+    def _wait_gone(self, cid: str) -> None:
+        """Until the container is gone, for at most ``_REMOVING_WAIT_S``; then the caller goes on (what it
+        removes next reports its own error)."""
+        deadline = time.monotonic() + _REMOVING_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                self.api.inspect_container(cid)
+            except docker.errors.NotFound:
+                return
+            except Exception as exc:
+                raise _translate(exc) from exc
+            time.sleep(0.05)
 
     def containers(self, label: str, all: bool = True) -> list[dict[str, Any]]:
         return list(_call(self.api.containers, all=all, filters={"label": label}))

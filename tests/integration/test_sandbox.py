@@ -312,7 +312,8 @@ def test_cli_serve_audits_calls(engine: Any, tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert log.exists(), (out.stdout, out.stderr)
-    events = [(r["event"], r.get("tool"), r.get("status")) for r in read(log)]
+    # gc.removed: this process's reaper may remove another test's orphans and audit it here (seen in CI)
+    events = [(r["event"], r.get("tool"), r.get("status")) for r in read(log) if r["event"] != "gc.removed"]
     assert events == [("run.started", "serve", None), ("run.call", "run_python", "ok"), ("run.finished", None, "ok")]
 
 
@@ -323,7 +324,8 @@ def test_cli_run_is_audited(engine: Any, tmp_path: Path) -> None:
     log = tmp_path / "audit.jsonl"
     out = _cli("run", "run_python", "--params", '{"code": "print(3)"}', "--audit-log", str(log))
     assert out.returncode == 0
-    assert [r["event"] for r in read(log)] == ["run.started", "run.call", "run.finished"]
+    # the CLI's reaper may remove another test's orphans and audit that here too (seen in CI): gc.removed
+    assert [r["event"] for r in read(log) if r["event"] != "gc.removed"] == ["run.started", "run.call", "run.finished"]
     assert verify(log) == []
 
 

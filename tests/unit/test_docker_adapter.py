@@ -48,10 +48,19 @@ class _Api:
         self.times = times  # how many calls fail before one succeeds
         self.calls = 0
 
+        self.inspects = 0
+        self.present = 0  # how many inspections still find the container (another's removal under way)
+
     def remove_container(self, *a: Any, **k: Any) -> None:
         self.calls += 1
         if self.calls <= self.times:
             raise self.exc
+
+    def inspect_container(self, cid: str) -> dict[str, Any]:
+        self.inspects += 1
+        if self.inspects <= self.present:
+            return {"Id": cid}
+        raise docker.errors.NotFound("gone", response=_response(404))
 
 
 def test_remove_treats_409_as_done_and_other_errors_as_errors() -> None:
@@ -79,3 +88,14 @@ def test_remove_tries_a_5xx_again_until_it_goes_through(monkeypatch: Any) -> Non
     engine.api = _Api(docker.errors.APIError("x", response=_response(500), explanation="sending SIGKILL"), times=2)
     engine.remove("c")
     assert engine.api.calls == 3
+
+
+def test_remove_during_anothers_removal_returns_once_the_container_is_gone(monkeypatch: Any) -> None:
+    """A 409 (another process's removal of it is under way, e.g. a reaper's) returns only when the container
+    is gone, so the caller's next step, removing its volumes, does not find them in use (seen in CI)."""
+    monkeypatch.setattr("toolcage.engine.docker_adapter.time.sleep", lambda s: None)
+    engine = Engine.__new__(Engine)
+    engine.api = _Api(docker.errors.APIError("x", response=_response(409), explanation="in progress"))
+    engine.api.present = 3
+    engine.remove("c")
+    assert engine.api.inspects == 4  # three found it still there, the fourth found it gone
