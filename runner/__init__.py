@@ -14,12 +14,11 @@ names below load on first use, so importing ``toolcage.worker`` or ``toolcage.po
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import sys
 import types
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 __version__ = "0.1.0"
 
@@ -166,13 +165,15 @@ _MOVED = {
 }
 
 
-class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds a moved module's old name and hands out the module under its new one."""
+class _MovedFinder:
+    """Finds a moved module's old name and hands out the module under its new one (a meta path finder and
+    its loader by their methods: importlib.abc's base classes would load importlib.resources, pathlib and
+    tempfile with every ``import toolcage``, about 10 ms)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in _MOVED:
             return None
-        return importlib.machinery.ModuleSpec(fullname, self)
+        return importlib.machinery.ModuleSpec(fullname, cast("importlib.abc.Loader", self))
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         new = _MOVED[spec.name]
@@ -203,6 +204,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the names, for type checkers and IDEs
+    import importlib.abc
+
     from toolcage.aio import AsyncPool, AsyncSandbox
     from toolcage.errors import (
         AuditError,

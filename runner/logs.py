@@ -13,6 +13,12 @@
 Log fields carry strings from inside the sandbox (worker stderr with -vv, egress targets and
 methods, error messages): every line is escaped (runner.textsafe) before anything prints it,
 and JSON lines are ASCII with every control character escaped.
+
+structlog loads with the first record someone wants, not with toolcage (issue 40: it and the asyncio
+it imports were about 45 ms of every ``toolcage run``, which at its default level logs nothing). A
+logger is a :class:`Logger` that asks, per record, whether anyone wants that level: the CLI's level, an
+application's structlog configuration, or the standard logger ``toolcage``'s level, as structlog's
+``filter_by_level`` asked first before.
 """
 
 from __future__ import annotations
@@ -21,8 +27,6 @@ import logging
 import sys
 from collections.abc import MutableMapping
 from typing import Any
-
-import structlog
 
 from toolcage import textsafe
 
@@ -56,6 +60,8 @@ class _CliRenderer:
     through structlog's console renderer, escaped."""
 
     def __init__(self) -> None:
+        import structlog
+
         self._console = structlog.dev.ConsoleRenderer(colors=False)
 
     def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> str:
@@ -66,13 +72,33 @@ class _CliRenderer:
         return f"toolcage: {'warning' if method == 'warning' else 'error'}: {line(event_dict)}"
 
 
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING}
+_LEVELS.update(error=logging.ERROR, exception=logging.ERROR, critical=logging.CRITICAL, fatal=logging.CRITICAL)
+
+
+class _Cli:
+    """What the command line asked for (:func:`configure`), applied to structlog when it loads."""
+
+    level: int | None = None  # None: not the command line (a library in an application)
+    as_json = False
+    stream: Any = None  # stderr as it was when the CLI configured (a test's runner swaps it)
+    pending = False  # structlog is not loaded yet: configure it when it is
+    without_rich = False  # the command's own process: load structlog without rich (cli.startup)
+
+
 def configure(verbose: int = 0, json_logs: bool | None = None) -> None:
     """The command line's logging, on stderr (stdout carries results and protocol)."""
-    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    as_json = (not sys.stderr.isatty()) if json_logs is None else json_logs
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer(serializer=textsafe.dumps) if as_json else _CliRenderer()
-    )
+    _Cli.level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    _Cli.as_json = (not sys.stderr.isatty()) if json_logs is None else json_logs
+    _Cli.stream = sys.stderr
+    _Cli.pending = True
+    if "structlog" in sys.modules:  # loaded already (an application, a test): configure it now
+        _structlog()
+
+
+def _apply_cli(structlog: Any) -> None:
+    level = _Cli.level if _Cli.level is not None else logging.WARNING
+    renderer: Any = structlog.processors.JSONRenderer(serializer=textsafe.dumps) if _Cli.as_json else _CliRenderer()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -81,19 +107,48 @@ def configure(verbose: int = 0, json_logs: bool | None = None) -> None:
             structlog.processors.format_exc_info,
             renderer,
         ],
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=_Cli.stream),
         wrapper_class=structlog.make_filtering_bound_logger(level),
         cache_logger_on_first_use=False,
     )
 
 
+def _structlog() -> Any:
+    """structlog, loaded now if it was not (without rich for the command's own process), and configured as
+    the command line asked if it did."""
+    if "structlog" not in sys.modules and _Cli.without_rich and "rich" not in sys.modules:
+        # structlog's dev module imports rich, when installed, for pretty tracebacks toolcage never renders
+        sys.modules["rich"] = None  # type: ignore[assignment]  # import rich -> ImportError, for structlog.dev only
+        try:
+            import structlog
+        finally:
+            del sys.modules["rich"]
+    import structlog
+
+    if _Cli.pending:
+        _Cli.pending = False
+        _apply_cli(structlog)
+    return structlog
+
+
+def _wanted(level: int) -> bool:
+    """Whether a record at ``level`` goes anywhere: asked before structlog is loaded for it."""
+    if _Cli.level is not None:
+        return level >= _Cli.level
+    module = sys.modules.get("structlog")
+    if module is not None and module.is_configured():
+        return True  # the application's structlog decides
+    return logging.getLogger(LOGGER_NAME).isEnabledFor(level)
+
+
 _library: Any = None
 
 
-def get_logger(**context: Any) -> Any:
-    """The app's structlog logger if it (or the CLI) configured structlog; else one that logs to the
-    standard logger ``toolcage``, silent until the application configures logging."""
+def _real(context: dict[str, Any]) -> Any:
+    """The structlog logger a record goes through: the application's (or the CLI's) configuration if there
+    is one, else one that logs to the standard logger ``toolcage``."""
     global _library
+    structlog = _structlog()
     if structlog.is_configured():
         return structlog.get_logger(LOGGER_NAME).bind(**context)
     if _library is None:
@@ -108,3 +163,51 @@ def get_logger(**context: Any) -> Any:
             wrapper_class=structlog.stdlib.BoundLogger,
         )
     return _library.bind(**context)
+
+
+class Logger:
+    """A bound logger (``log.info("event", key=value)``, ``log.bind(key=value)``) that loads structlog only
+    for a record someone wants; any other structlog method goes to the real logger."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: dict[str, Any]) -> None:
+        self._context = context
+
+    def bind(self, **more: Any) -> Logger:
+        return Logger({**self._context, **more})
+
+    def _log(self, method: str, event: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+        if not _wanted(_LEVELS[method]):
+            return None
+        return getattr(_real(self._context), method)(event, *args, **kw)
+
+    def debug(self, event: Any = None, *args: Any, **kw: Any) -> Any:
+        return self._log("debug", event, args, kw)
+
+    def info(self, event: Any = None, *args: Any, **kw: Any) -> Any:
+        return self._log("info", event, args, kw)
+
+    def warning(self, event: Any = None, *args: Any, **kw: Any) -> Any:
+        return self._log("warning", event, args, kw)
+
+    warn = warning
+
+    def error(self, event: Any = None, *args: Any, **kw: Any) -> Any:
+        return self._log("error", event, args, kw)
+
+    def exception(self, event: Any = None, *args: Any, **kw: Any) -> Any:
+        return self._log("exception", event, args, kw)
+
+    def critical(self, event: Any = None, *args: Any, **kw: Any) -> Any:
+        return self._log("critical", event, args, kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_real(self._context), name)
+
+
+def get_logger(**context: Any) -> Logger:
+    """The app's structlog logger if it (or the CLI) configured structlog; else one that logs to the
+    standard logger ``toolcage``, silent until the application configures logging. Either way structlog
+    loads with the first record that goes somewhere."""
+    return Logger(context)

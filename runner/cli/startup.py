@@ -28,14 +28,11 @@ def structlog_without_rich() -> None:
     """The command only (never the library, whose host application may want it): structlog's dev
     module imports rich, when installed, for pretty tracebacks that toolcage never renders (it
     prints exceptions as plain escaped text). Loading structlog without it saves about 50 ms on
-    every run; rich stays importable for the tables of `ps` and `audit`."""
-    if "structlog" in sys.modules or "rich" in sys.modules:
-        return
-    sys.modules["rich"] = None  # type: ignore[assignment]  # import rich -> ImportError, for structlog.dev only
-    try:
-        import structlog  # noqa: F401
-    finally:
-        del sys.modules["rich"]
+    every run that logs; rich stays importable for the tables of `ps` and `audit`. structlog itself
+    loads with the first record wanted (toolcage.logs)."""
+    from toolcage import logs
+
+    logs._Cli.without_rich = True
 
 
 class Command:

@@ -20,8 +20,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import structlog
-
+from toolcage import logs
 from toolcage.errors import DiffFailed
 from toolcage.files import gitdiff
 from toolcage.files.changesides import Side
@@ -34,7 +33,7 @@ TEXT_MAX_LINES_TOTAL = 2_000_000  # lines of all text sides together; past it, b
 SHOW_MAX_BYTES = 32 << 20  # a side larger than this is not shown (a binary patch holds it deflated)
 MAX_DIFF_BYTES = 128 << 20  # the diff changes() returns; files past it are not shown
 DIFF_SECONDS = 60.0  # git's work on the host, all of it
-log = structlog.get_logger()
+log = logs.get_logger()  # the library's logger: never structlog's default, which prints on stdout
 
 
 def scrubbed_env(home: str, **extra: str) -> dict[str, str]:

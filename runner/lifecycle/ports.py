@@ -27,8 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
+from toolcage import logs
 from toolcage.engine.runtime import RT
 from toolcage.errors import SandboxError, ToolcageError, UsageError
 from toolcage.policies import contract
@@ -198,7 +197,7 @@ class Ports:
         self._target = target
         self.max_connections = max_connections
         self.bucket = TokenBucket(bytes_per_s)
-        self.log = log if log is not None else structlog.get_logger()
+        self.log = log if log is not None else logs.get_logger()
         self._lock = threading.Lock()
         self._listeners: dict[int, tuple[ExposedPort, socket.socket, threading.Thread]] = {}
         self._conns: set[_Conn] = set()

@@ -9,7 +9,6 @@ nobody waits for, so no slot or queue entry exists without a request behind it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -307,6 +306,8 @@ class Session:
         """:meth:`request` for an event loop: no thread waits for the answer (the reader thread
         wakes the loop). Cancelling the awaiting task cancels the call in the worker (MCP's
         ``notifications/cancelled``); its -32800 answer is then taken and dropped."""
+        import asyncio  # here: a program on an event loop has it already; a `toolcage run` never needs it
+
         loop = asyncio.get_running_loop()
         answered = loop.create_future()
         req_id, key, slot = self._new_slot(on_progress)

@@ -3,6 +3,7 @@ warnings in the documented ``toolcage: warning: …`` form."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -77,3 +78,39 @@ def test_cli_configures_logging_for_every_command() -> None:
     assert renderer(None, "error", {"event": "audit.write_failed", "path": "/x"}) == (
         "toolcage: error: audit.write_failed path=/x"
     )
+
+
+def test_structlog_loads_with_the_first_record_wanted() -> None:
+    """Importing toolcage and logging below every level loads neither structlog nor the asyncio it imports
+    (about 45 ms of every `toolcage run`, which logs nothing at its default level); the first record that
+    goes somewhere loads it and reaches the application's handler."""
+    code = (
+        "import logging, sys\n"
+        "from toolcage import logs\n"
+        "import toolcage.sandbox, toolcage.rpc.session\n"
+        "log = logs.get_logger(run_id='r1').bind(name='n')\n"
+        "log.info('run.started'); log.debug('worker.stderr', line='x')\n"
+        "print(sorted(m for m in ('structlog', 'asyncio') if m in sys.modules))\n"
+        "logging.basicConfig(stream=sys.stdout, level=logging.INFO, format='%(levelname)s %(message)s')\n"
+        "log.info('run.kept', container='c')\n"
+        "print('structlog' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "INFO run.kept run_id=r1 name=n container=c", "True"]
+
+
+def test_the_commands_warning_is_printed_when_structlog_loads_after_configure() -> None:
+    """The command line configures logging before structlog is loaded; its first warning loads it, in the
+    documented form, on stderr, and stdout stays the command's result."""
+    code = (
+        "import sys\n"
+        "from toolcage.cli.main import main\n"
+        "sys.argv = ['toolcage', 'run', 'ping', '--sandbox', 'none']\n"
+        "main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["status"] == "ok"
+    [line] = [x for x in out.stderr.splitlines() if "sandbox.not_isolated" in x]
+    assert line.startswith("toolcage: warning: sandbox.not_isolated run_id=")
