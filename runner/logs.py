@@ -135,8 +135,9 @@ def _wanted(level: int) -> bool:
     """Whether a record at ``level`` goes anywhere: asked before structlog is loaded for it."""
     if _Cli.level is not None:
         return level >= _Cli.level
-    module = sys.modules.get("structlog")
-    if module is not None and module.is_configured():
+    # (another thread may be importing it: a module half made has no is_configured yet, and is not configured)
+    is_configured = getattr(sys.modules.get("structlog"), "is_configured", None)
+    if is_configured is not None and is_configured():
         return True  # the application's structlog decides
     return logging.getLogger(LOGGER_NAME).isEnabledFor(level)
 
@@ -203,6 +204,8 @@ class Logger:
         return self._log("critical", event, args, kw)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_context":  # copy and pickle probe the instance (and before
+            raise AttributeError(name)  # _context is set): never load structlog, nor recurse, for them
         return getattr(_real(self._context), name)
 
 

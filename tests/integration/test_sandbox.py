@@ -451,3 +451,14 @@ def test_cli_run_deadline_keeps_partial_output(engine: Any) -> None:
     assert out.returncode == 3, out.stderr
     doc = json.loads(out.stdout)
     assert doc["status"] == "timeout" and doc["result"]["stdout"] == "partial\n"
+
+
+def test_the_idle_clock_starts_with_the_sandbox_not_before_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work a start does before the container exists (writable='s read of the image's trees: a minute for 100,000
+    files on a slow host) is not idle time: the sandbox it starts is not killed for it (seen in a full run: a
+    100,000-file fill killed by the 60 s idle timeout before its first call)."""
+    policy = tmp_path / "idle.yaml"
+    policy.write_text("version: 1\nname: idle\ntimeouts: {run_s: 60, idle_s: 2, call_s: 30}\n")
+    monkeypatch.setattr(Sandbox, "_read_image_paths", lambda self: time.sleep(3))  # a slow read, nothing to fill
+    with Sandbox(policy, writable=("/srv",), audit=False) as sb:
+        assert sb.call("ping").ok

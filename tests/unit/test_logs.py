@@ -114,3 +114,18 @@ def test_the_commands_warning_is_printed_when_structlog_loads_after_configure() 
     assert json.loads(out.stdout)["status"] == "ok"
     [line] = [x for x in out.stderr.splitlines() if "sandbox.not_isolated" in x]
     assert line.startswith("toolcage: warning: sandbox.not_isolated run_id=")
+
+
+def test_a_record_while_another_thread_imports_structlog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first wanted record may load structlog on one thread while another thread logs: a module still
+    being imported (no is_configured yet) is taken as not configured, never an AttributeError (seen when the
+    watchdog's warning and the start's info line met)."""
+    import copy
+    import pickle
+    import types
+
+    monkeypatch.setitem(sys.modules, "structlog", types.ModuleType("structlog"))  # half made: nothing in it yet
+    log = logs.get_logger(run_id="r1")
+    assert log.info("run.started") is None  # below the standard logger's level: nothing built
+    assert copy.copy(log)._context == {"run_id": "r1"}
+    assert pickle.loads(pickle.dumps(log))._context == {"run_id": "r1"}
