@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from toolcage import textsafe
@@ -183,25 +183,18 @@ class Logger:
             return None
         return getattr(_real(self._context), method)(event, *args, **kw)
 
-    def debug(self, event: Any = None, *args: Any, **kw: Any) -> Any:
-        return self._log("debug", event, args, kw)
+    def _at(method: str) -> Callable[..., Any]:  # type: ignore[misc]  # (the class body's, removed below)
+        def log(self: Logger, event: Any = None, *args: Any, **kw: Any) -> Any:
+            return self._log(method, event, args, kw)
 
-    def info(self, event: Any = None, *args: Any, **kw: Any) -> Any:
-        return self._log("info", event, args, kw)
+        log.__name__ = log.__qualname__ = method
+        return log
 
-    def warning(self, event: Any = None, *args: Any, **kw: Any) -> Any:
-        return self._log("warning", event, args, kw)
-
+    debug, info, warning, error, exception, critical = map(
+        _at, ("debug", "info", "warning", "error", "exception", "critical")
+    )
     warn = warning
-
-    def error(self, event: Any = None, *args: Any, **kw: Any) -> Any:
-        return self._log("error", event, args, kw)
-
-    def exception(self, event: Any = None, *args: Any, **kw: Any) -> Any:
-        return self._log("exception", event, args, kw)
-
-    def critical(self, event: Any = None, *args: Any, **kw: Any) -> Any:
-        return self._log("critical", event, args, kw)
+    del _at
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "_context":  # copy and pickle probe the instance (and before

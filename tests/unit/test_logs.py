@@ -19,6 +19,14 @@ from toolcage.cli.main import cli
 EVIL = "\x1b[2K\rFAKE ok"
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh interpreter (nothing of this process's logging or structlog set up), which must
+    succeed."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 @pytest.fixture(autouse=True)
 def _unconfigured() -> Iterator[None]:
     """Each test starts as an application that has configured no structlog (the CLI tests configure it)."""
@@ -38,8 +46,7 @@ def test_a_library_run_writes_nothing_to_stderr() -> None:
         "logs.get_logger().error('audit.write_failed', path='/x')\n"
         "print('done')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = _python(code)
     assert (out.stdout, out.stderr) == ("done\n", "")
 
 
@@ -95,8 +102,7 @@ def test_structlog_loads_with_the_first_record_wanted() -> None:
         "log.info('run.kept', container='c')\n"
         "print('structlog' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = _python(code)
     assert out.stdout.splitlines() == ["[]", "INFO run.kept run_id=r1 name=n container=c", "True"]
 
 
@@ -109,8 +115,7 @@ def test_the_commands_warning_is_printed_when_structlog_loads_after_configure() 
         "sys.argv = ['toolcage', 'run', 'ping', '--sandbox', 'none']\n"
         "main()\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = _python(code)
     assert json.loads(out.stdout)["status"] == "ok"
     [line] = [x for x in out.stderr.splitlines() if "sandbox.not_isolated" in x]
     assert line.startswith("toolcage: warning: sandbox.not_isolated run_id=")
