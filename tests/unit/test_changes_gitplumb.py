@@ -254,5 +254,5 @@ def test_touched_paths_are_the_resumed_ones_and_the_hints_each_once_sorted_and_c
 
     t0 = time.monotonic()
     got = touched_paths(call, gitignore=True, prior=["a", "z", "a"])
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 10  # by list, 10^10 comparisons: hours; by dict, 0.3 s (3.3 s in a loaded full pass)
     assert got == sorted({"a", "b", "z", *(m.removeprefix("/workspace/") for m in many)})
