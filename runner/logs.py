@@ -31,7 +31,8 @@ from typing import Any
 from toolcage import textsafe
 
 LOGGER_NAME = "toolcage"
-logging.getLogger(LOGGER_NAME).addHandler(logging.NullHandler())  # a library prints nothing unasked
+_STDLIB = logging.getLogger(LOGGER_NAME)  # (asked for each record's level: got once)
+_STDLIB.addHandler(logging.NullHandler())  # a library prints nothing unasked
 
 
 def _value(value: Any) -> str:
@@ -72,8 +73,8 @@ class _CliRenderer:
         return f"toolcage: {'warning' if method == 'warning' else 'error'}: {line(event_dict)}"
 
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING}
-_LEVELS.update(error=logging.ERROR, exception=logging.ERROR, critical=logging.CRITICAL, fatal=logging.CRITICAL)
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+_LEVELS.update(error=logging.ERROR, exception=logging.ERROR, critical=logging.CRITICAL)
 
 
 class _Cli:
@@ -139,7 +140,7 @@ def _wanted(level: int) -> bool:
     is_configured = getattr(sys.modules.get("structlog"), "is_configured", None)
     if is_configured is not None and is_configured():
         return True  # the application's structlog decides
-    return logging.getLogger(LOGGER_NAME).isEnabledFor(level)
+    return _STDLIB.isEnabledFor(level)
 
 
 _library: Any = None
@@ -154,7 +155,7 @@ def _real(context: dict[str, Any]) -> Any:
         return structlog.get_logger(LOGGER_NAME).bind(**context)
     if _library is None:
         _library = structlog.wrap_logger(
-            logging.getLogger(LOGGER_NAME),
+            _STDLIB,
             processors=[
                 structlog.stdlib.filter_by_level,  # first: a record no handler wants costs nothing more
                 structlog.contextvars.merge_contextvars,

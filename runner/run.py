@@ -139,8 +139,9 @@ class Run:
         if parser is not None:
             transport = self.launch(parser, self.deadline_from_now(), **(spec_extra or {}))
         if self.session is not None:
-            if parser is not None:  # idle time counts from the start: a door's work before it (writable='s read of
-                self.session.last_activity = time.monotonic()  # the image's trees, minutes for a big one) is not idling
+            # idle time counts from here: neither a door's work before it (writable='s read of the image's trees,
+            # minutes for a big one) nor a pooled slot's wait before its adoption is idling
+            self.session.last_activity = time.monotonic()
             self.watchdog = self.watch(self.session)
         started = self.options.started_fields()
         self.log.info("run.started", container_id=self.backend.container_id, **started, **(log_extra or {}))

@@ -331,8 +331,6 @@ class Sandbox(CodeInterpreter):
         # the session's callbacks (stderr, protocol violations, redaction) now reach this run
         redact = self._secrets.redact if self._secrets else None
         run.backend = slot.adopted_by(self.log, run.on_protocol_violation, redact)
-        assert run.session is not None
-        run.session.last_activity = run.started  # idle time counts from adoption, not from the slot's start
         self._running = True
         run.begin(
             None, closer=self.close, image_id=slot.image_id, pool=slot.pool.id, container_id=self.container_id,

@@ -118,6 +118,20 @@ def test_idle_timeout_removes_idle_slots(engine: Any, tmp_path: Path) -> None:
     assert len(removed) >= 2 and {r["reason"] for r in removed} >= {"idle"}
 
 
+@pytest.mark.runc_only("a pooled run's idle clock is the runner's, alike under either runtime (10 s)")
+def test_a_runs_idle_time_counts_from_adoption(engine: Any, tmp_path: Path) -> None:
+    """A slot that waited longer than the run's idle_s (the pool's own idle_s is longer) gives its run the whole
+    idle_s, counted from adoption: a call after a pause shorter than idle_s is answered."""
+    pol = tmp_path / "idle.yaml"
+    pol.write_text("timeouts:\n  run_s: 60\n  idle_s: 3\n  call_s: 30\n")
+    with Pool(pol, size=1, idle_s=60, audit=False) as pool:
+        assert pool.wait_ready(timeout=60)
+        time.sleep(4)  # longer than the run's idle_s: an idle clock started with the slot would have run out
+        with pool.sandbox() as sb:
+            time.sleep(1)
+            assert sb.call("ping").ok
+
+
 @pytest.mark.runc_only("a pooled run's deadline is the runner's clock, alike under either runtime (18 s)")
 def test_deadline_is_set_at_adoption_and_enforced(engine: Any, tmp_path: Path) -> None:
     """A slot that waited longer than run_s still gives its run the whole run_s, counted from adoption: a child
