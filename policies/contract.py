@@ -51,6 +51,7 @@ ENV_HOST_PATHS = "TOOLCAGE_HOST_PATHS"  # a runner in a container: its paths as 
 ENV_BASE_IMAGE = "TOOLCAGE_BASE_IMAGE"  # image build: the base image
 ENV_DEBIAN_MIRROR = "TOOLCAGE_DEBIAN_MIRROR"  # image build: the Debian mirror
 ENV_SHARED_FILES = "TOOLCAGE_SHARED_FILES"  # "off": every container reads the image's files itself (engine.sharedfiles)
+ENV_DAEMON = "TOOLCAGE_DAEMON"  # "off": `toolcage run` never asks the daemon; a path: the daemon's socket there
 
 # -- in-sandbox paths --------------------------------------------------------------------------
 WORKSPACE = "/workspace"  # the project directory: read-only, or the run's writable copy (workspace_mode copy)
@@ -134,6 +135,7 @@ __all__ = [
     "ENV_BASE_IMAGE",
     "ENV_CA_FILE",
     "ENV_CA_PEM",
+    "ENV_DAEMON",
     "ENV_DEADLINE",
     "ENV_DEBIAN_MIRROR",
     "ENV_EGRESS_AUDIT_ONLY",

@@ -21,11 +21,14 @@ pytest_plugins = ["tests.foreign_conftest_plugin"]  # foreign_image, foreign_ima
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Tests write their audit records to a file of their own, never the user's log."""
+    """Tests write their audit records to a file of their own, never the user's log; and their `toolcage run`
+    runs in its own process, never in a daemon this user may have started (tests/integration/test_daemon.py
+    starts daemons of its own)."""
     import tempfile
 
     if "TOOLCAGE_AUDIT_LOG" not in os.environ:
         os.environ["TOOLCAGE_AUDIT_LOG"] = os.path.join(tempfile.mkdtemp(prefix="toolcage-test-audit-"), "audit.jsonl")
+    os.environ["TOOLCAGE_DAEMON"] = "off"
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

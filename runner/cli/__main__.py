@@ -1,5 +1,5 @@
-"""``python -m toolcage.cli``: the same as the ``toolcage`` command."""
+"""``python -m toolcage.cli``: the same as the ``toolcage`` command (``run`` through the daemon when one runs)."""
 
-from toolcage.cli.main import main
+from toolcage.cli.entry import main
 
 main()

@@ -157,6 +157,7 @@ cli.lazy_commands.update(
     image="toolcage.cli.image",  # image build
     mcp="toolcage.cli.mcp",  # mcp serve, mcp wrap
     rm="toolcage.cli.rm",  # rm RUN: one run and everything of it
+    daemon="toolcage.cli.daemon",  # daemon start, stop, status
     **dict.fromkeys(("audit", "ps", "gc", "doctor"), "toolcage.cli.ops"),
 )
 

@@ -1,0 +1,217 @@
+"""Attacks on `toolcage daemon` from another local user and from hostile clients: a process of another uid
+posing as the daemon (to be handed a command's environment, its secrets, and streams), a process of another
+uid asking the daemon to run commands, and requests made to wedge or leak the daemon. Each runs against a
+real daemon or a real `toolcage run` client; none needs a container."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.runc_only("the daemon and its socket are host-side: no sandbox is involved")
+NOBODY = 65534
+
+
+def _need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("these tests act as another user (uid 65534) and need root")
+
+
+def _cli(*args: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "toolcage.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=env,
+    )
+
+
+@pytest.fixture
+def private_dir() -> Iterator[str]:
+    where = tempfile.mkdtemp(prefix="tc-daemon-")  # 0700, this user's
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+# binds as root in the private directory, then becomes another user before it listens: the uid its socket
+# reports (SO_PEERCRED) is that user's. It prints how many bytes a client sent it.
+IMPOSTOR = textwrap.dedent(
+    """
+    import os, socket, sys
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(sys.argv[1])
+    os.chmod(sys.argv[1], 0o666)
+    os.setgid(65534); os.setuid(65534)
+    srv.listen(1)
+    print("listening", flush=True)
+    srv.settimeout(20)
+    got = 0
+    try:
+        conn, _ = srv.accept()
+        conn.settimeout(3)
+        conn.sendall(b"started 1\\n")
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            got += len(chunk)
+    except OSError:
+        pass
+    print(got, flush=True)
+    """
+)
+
+
+def test_an_impostor_of_another_user_is_handed_nothing(private_dir: str) -> None:
+    """A process of another uid listening where the daemon would (say, a socket left in a directory that was
+    once shared): the client checks the listener's uid and tells it nothing; the command runs in-process."""
+    _need_root()
+    path = os.path.join(private_dir, "d.sock")
+    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert impostor.stdout is not None and impostor.stdout.readline().strip() == "listening"
+        env = {**os.environ, "TOOLCAGE_DAEMON": path, "SECRET_TOKEN": "do-not-send"}
+        out = _cli("run", "no_such_tool", "--sandbox", "none", env=env)
+        assert out.returncode == 2 and "unknown tool" in out.stderr  # answered by this process itself
+        got, _ = impostor.communicate(timeout=30)
+    finally:
+        impostor.kill()
+    assert got.strip() == "0"  # connected, checked and left: not a byte of the environment
+
+
+@pytest.fixture
+def daemon(private_dir: str) -> Iterator[tuple[dict[str, str], int]]:
+    env = {**os.environ, "TOOLCAGE_DAEMON": os.path.join(private_dir, "d.sock")}
+    started = _cli("daemon", "start", env=env)
+    assert started.returncode == 0, started.stderr
+    pid = int(json.loads(started.stdout)["pid"])
+    try:
+        yield env, pid
+    finally:
+        _cli("daemon", "stop", env=env)
+        deadline = time.monotonic() + 20
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGKILL)
+
+
+ASK = textwrap.dedent(
+    """
+    import json, os, socket, sys
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(sys.argv[1])
+    body = json.dumps({"op": sys.argv[2], "argv": ["run", "ping"], "env": {}, "umask": 18}).encode()
+    s.sendall(len(body).to_bytes(4, "big") + body)
+    try:
+        print(repr(s.recv(4096)), flush=True)
+    except ConnectionResetError:  # closed with the request unread: refused too
+        print(repr(b""), flush=True)
+    """
+)
+
+
+def test_the_daemon_serves_no_other_user(daemon: tuple[dict[str, str], int], private_dir: str) -> None:
+    """Even with its socket opened to everyone (a misconfiguration), a process of another uid is refused
+    before a byte is read: neither a status, nor a stop, nor a command."""
+    _need_root()
+    env, pid = daemon
+    path = env["TOOLCAGE_DAEMON"]
+    os.chmod(private_dir, 0o711)
+    os.chmod(path, 0o666)
+    try:
+        for op in ("ping", "stop", "run"):
+            out = subprocess.run(
+                ["/usr/bin/python3", "-c", ASK, path, op], capture_output=True, text=True, timeout=30, user=NOBODY
+            )
+            assert out.stdout.strip() == "b''", (op, out.stdout, out.stderr)  # closed, unanswered
+    finally:
+        os.chmod(private_dir, 0o700)
+    status = json.loads(_cli("daemon", "status", env=env).stdout)
+    assert status["status"] == "running" and status["pid"] == pid and status["commands_served"] == 0
+    assert "refused a client of another user" in Path(private_dir, "daemon.log").read_text()
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _raw(path: str, data: bytes, fds: list[int] | None = None) -> bytes:
+    import array
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(15)
+        s.connect(path)
+        if fds:
+            s.sendmsg([data[:4]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
+            data = data[4:]
+        out = b""
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            while chunk := s.recv(4096):
+                out += chunk
+        except (ConnectionResetError, BrokenPipeError):  # closed with the request unread: refused
+            pass
+        return out
+
+
+def _frame(obj: object) -> bytes:
+    body = json.dumps(obj).encode()
+    return len(body).to_bytes(4, "big") + body
+
+
+def test_hostile_requests_leave_the_daemon_serving_and_leak_nothing(daemon: tuple[dict[str, str], int]) -> None:
+    env, pid = daemon
+    path = env["TOOLCAGE_DAEMON"]
+    before = _fds(pid)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    try:
+        assert _raw(path, (2**31).to_bytes(4, "big") + b"{") == b""  # a 2 GiB request: refused, never read
+        assert _raw(path, _frame("not an object")) == b""
+        assert _raw(path, b"\x00\x00\x00\x05{nope") == b""
+        assert _raw(path, b"\x00\x00") == b""  # ends inside its header
+        assert _raw(path, _frame({"op": "ping"}), fds=[devnull] * 9) == b""  # more descriptors than a command has
+        install = json.loads(_cli("daemon", "status", env=env).stdout)
+        assert install["status"] == "running"
+        # a command other than `run` (the daemon runs nothing else), and one with four descriptors but a bad env
+        import toolcage
+
+        mine = [sys.prefix, os.path.dirname(os.path.abspath(toolcage.__file__)), toolcage.__version__]
+        run = {"op": "run", "argv": ["daemon", "stop"], "env": {}, "umask": 18, "install": mine}
+        assert _raw(path, _frame(run), fds=[devnull] * 4) == b"declined bad-argv\n"
+        run.update(argv=["run", "ping"], env={"A": ["b"]})
+        assert _raw(path, _frame(run), fds=[devnull] * 4) == b"declined bad-env\n"
+        # a client that sends nothing holds the daemon for at most its read bound (5 s), no longer
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
+            idle.connect(path)
+            t0 = time.monotonic()
+            status = _cli("daemon", "status", env=env)
+            assert json.loads(status.stdout)["status"] == "running" and time.monotonic() - t0 < 15
+    finally:
+        os.close(devnull)
+    deadline = time.monotonic() + 5
+    while _fds(pid) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _fds(pid) == before  # every descriptor it was sent is closed again
+    assert json.loads(_cli("daemon", "status", env=env).stdout)["commands_served"] == 0
