@@ -6,7 +6,8 @@ Measures, interleaved (``--runs`` rounds, medians printed):
   1. the floor: plain hardened ``docker run --rm ... python3 -c pass`` as a user types it (the same
      command and flags as ``python -m bench``, from ``bench.__main__.docker_run_flags``);
   2. ``toolcage run run_python --params '{"code": "pass"}'`` as a user types it (the console script,
-     audit log on), and ``python -c pass`` (the interpreter's start and end alone);
+     audit log on; no daemon, then with ``toolcage daemon`` running: ``bench.daemon``), and
+     ``python -c pass`` (the interpreter's start and end alone);
   3. the same ``toolcage run`` in a harness process (``python -c HARNESS``, which calls the console
      script's ``toolcage.cli.main:main``) that splits the main thread's time by the innermost thing it
      is doing, every nanosecond counted once:
@@ -41,6 +42,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench import daemon as bench_daemon
 from toolcage import DEFAULT_IMAGE
 
 PARAMS = '{"code": "pass"}'
@@ -243,6 +245,11 @@ def main() -> int:
     toolcage_cli = shutil.which("toolcage", path=os.path.dirname(sys.executable)) or "toolcage"
     plain_cli = [toolcage_cli, "run", "run_python", "--params", PARAMS, "--image", args.image]
 
+    with bench_daemon.running() as daemon_env:
+        return _rounds(args, plain_cli, daemon_env)
+
+
+def _rounds(args: argparse.Namespace, plain_cli: list[str], daemon_env: dict[str, str]) -> int:
     samples: dict[str, list[float]] = defaultdict(list)
     phases: dict[str, list[float]] = defaultdict(list)
     http_main: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -252,7 +259,8 @@ def main() -> int:
         got = {
             "docker run CLI (floor)": wall(floor_cmd(args.image, i)),
             "python -c pass": wall([sys.executable, "-c", "pass"]),
-            "toolcage run (plain)": wall(plain_cli),
+            "toolcage run (plain)": wall(plain_cli, bench_daemon.COLD),
+            "toolcage run (toolcage daemon running)": wall(plain_cli, daemon_env),
         }
         rec = harness_run(args.image)
         if not i:
@@ -327,6 +335,8 @@ def main() -> int:
         f" ({med['toolcage run (plain)']:.0f} vs {floor:.0f} ms); imports are {imports / total:.0%} of it;"
         " the largest parts: " + ", ".join(f"{k} ({ph[k]:.0f} ms)" for k in top)
     )
+    resident = med["toolcage run (toolcage daemon running)"]
+    print(f"with `toolcage daemon` running: {resident / floor:.2f}x ({resident:.0f} ms)")
     return 0
 
 
