@@ -13,7 +13,7 @@ import click
 
 from toolcage.cli import options, policy_flags, startup
 from toolcage.cli.output import CallOutput, emit, say, use_json
-from toolcage.errors import ToolcageError, UsageError
+from toolcage.errors import SandboxError, ToolcageError, UsageError
 from toolcage.policies import codes
 from toolcage.textsafe import dumps, escape
 
@@ -149,6 +149,12 @@ def run(
                 say(f"exposed sandbox port {port} at {sb.expose(port).url()}")
             try:
                 res = sb.call(tool, parsed, on_progress=shown if shown.wanted else None)
+            except SandboxError as exc:
+                # the sandbox ended mid-call (the run's deadline before the worker's own timed-out answer, the
+                # memory limit, a crash): what the call printed so far, as it streamed, is not lost either
+                if shown.is_output and shown.text:
+                    exc.details.update(output=shown.text, **({"output_truncated": True} if shown.truncated else {}))
+                raise
             finally:
                 shown.end()
             fetched = [_fetch(sb, remote, local) for remote, local in pairs]  # before the sandbox goes
