@@ -113,11 +113,9 @@ class Daemon:
     commands (their signals, their end) and a wake-up pipe for SIGCHLD and SIGTERM."""
 
     def __init__(self, path: str) -> None:
-        import toolcage
-
         self.path = path
-        self.root = os.path.dirname(os.path.abspath(toolcage.__file__))
-        self.install = [sys.prefix, self.root, toolcage.__version__]
+        self.install = _install()
+        self.root = self.install[1]
         self.commands: dict[int, _Command] = {}
         self.served = 0
         self.stopping = False
@@ -346,6 +344,8 @@ class Daemon:
             "commands_served": self.served,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
             "version": self.install[2],
+            "install": self.install[:2],  # its Python prefix and toolcage's directory
+            "stale": code_stamp(self.files) != self.stamp,  # toolcage's code changed since it started
             "stopping": self.stopping,
         }
 
@@ -476,6 +476,14 @@ def start(foreground: bool) -> None:
     if bad:
         raise UsageError(f"the daemon's socket directory is not safe: {bad}")
     running = ask(path, "ping")
+    if running is not None and running.get("install") != _install()[:2]:
+        raise UsageError(
+            f"a daemon of another install (Python prefix {running.get('install')}) listens at {path}: stop it with "
+            f"that install's `toolcage daemon stop`, or give this one a socket of its own ({entry.ENV}=PATH)"
+        )
+    if running is not None and (running.get("stale") or running.get("stopping")):
+        ask(path, "stop")  # its code changed on disk: it runs nothing more; a new one takes its socket
+        running = None
     if running is not None:
         emit({"status": "running", **running})
         return
@@ -506,6 +514,12 @@ def start(foreground: bool) -> None:
     else:
         proc.terminate()
     raise UsageError(f"the daemon did not start (its log: {log}): {_tail(log)}")
+
+
+def _install() -> list[str]:
+    import toolcage
+
+    return [sys.prefix, os.path.dirname(os.path.abspath(toolcage.__file__)), toolcage.__version__]
 
 
 def _tail(log: str) -> str:

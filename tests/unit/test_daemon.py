@@ -153,3 +153,63 @@ def test_the_stamp_covers_the_packages_own_modules_only(tmp_path: Path) -> None:
     files = daemon.package_files({"a": ours, "b": some_stdlib, "c": object()}, os.path.dirname(entry.__file__))
     assert files == [ours.__file__]
     assert daemon.code_stamp([str(tmp_path / "gone.py")]) == ((-1, -1),)
+
+
+def test_status_says_when_the_code_changed(tmp_path: Path) -> None:
+    d = _daemon(tmp_path)
+    assert d.status()["stale"] is False and d.status()["install"] == d.install[:2]
+    Path(d.files[0]).write_text("x = 22\n")
+    assert d.status()["stale"] is True
+
+
+def _start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, answers: list[dict[str, Any] | None]) -> Any:
+    """`toolcage daemon start` against canned answers from the socket (no daemon process is started)."""
+    from click.testing import CliRunner
+
+    where = tmp_path / "d"
+    where.mkdir(mode=0o700)
+    monkeypatch.setenv("TOOLCAGE_DAEMON", str(where / "d.sock"))
+    asked: list[str] = []
+
+    def ask(path: str, op: str) -> dict[str, Any] | None:
+        asked.append(op)
+        return answers.pop(0) if answers else None
+
+    monkeypatch.setattr(daemon, "ask", ask)
+    result = CliRunner().invoke(daemon.daemon, ["start"])
+    return result, asked
+
+
+def test_start_refuses_the_socket_of_another_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    other = {"pid": 1, "install": ["/other/venv", "/other/venv/lib/toolcage"], "stale": False}
+    result, asked = _start(monkeypatch, tmp_path, [other])
+    assert result.exit_code != 0 and "another install" in str(result.exception) and asked == ["ping"]
+
+
+def test_start_leaves_a_running_current_daemon_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    mine = {"pid": 1, "install": daemon._install()[:2], "stale": False}
+    result, asked = _start(monkeypatch, tmp_path, [mine])
+    assert result.exit_code == 0 and '"running"' in result.output and asked == ["ping"]
+
+
+def test_start_replaces_a_stale_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A daemon whose code changed on disk is told to stop, and a new one is started (here: Popen faked)."""
+    import subprocess
+
+    stale = {"pid": 1, "install": daemon._install()[:2], "stale": True}
+    started: list[list[str]] = []
+
+    class FakeProc:
+        pid = 4242
+
+        def __init__(self, argv: list[str], **_: Any) -> None:
+            started.append(argv)
+
+        def poll(self) -> None:
+            return None
+
+    monkeypatch.setattr(subprocess, "Popen", FakeProc)
+    fresh = {"pid": 4242, "install": daemon._install()[:2], "stale": False}
+    result, asked = _start(monkeypatch, tmp_path, [stale, {"stopping": True}, fresh])
+    assert result.exit_code == 0, result.output
+    assert asked == ["ping", "stop", "ping"] and started and '"started"' in result.output
