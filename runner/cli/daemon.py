@@ -33,7 +33,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -104,8 +104,7 @@ def code_stamp(files: list[str]) -> tuple[tuple[int, int], ...]:
 @dataclass
 class _Command:
     pid: int
-    conn: socket.socket
-    told: set[int] = field(default_factory=set)
+    conn: socket.socket  # its client's connection: signals come in on it, the exit status goes out
 
 
 class Daemon:
@@ -141,15 +140,21 @@ class Daemon:
         _log(f"listening on {self.path} ({len(self.files)} toolcage modules loaded)")
         while not (self.stopping and not self.commands):
             for key, _ in self.sel.select():
-                if key.data == "accept":
-                    self._accept()
-                elif key.data == "wake":
-                    self._woken(wake_r)
-                else:
-                    self._from_client(key.data)
+                try:
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data == "wake":
+                        self._woken(wake_r)
+                    else:
+                        self._from_client(key.data)
+                except Exception as exc:  # one client's trouble never ends the daemon (nor its running commands)
+                    _log(f"error: {type(exc).__name__}: {exc}")
         _log("stopped")
 
     def _listen(self) -> socket.socket:
+        bad = entry.unsafe_dir(self.path)  # `start` checked it; `python -m toolcage.cli.daemon PATH` may not have
+        if bad:
+            raise UsageError(f"the daemon's socket directory is not safe: {bad}")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # a socket left by a daemon that died (its directory is this user's alone)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -237,10 +242,9 @@ class Daemon:
                 _log("refused a client of another user")
                 conn.close()
                 return
-            conn.settimeout(READ_S)
-            request, fds = self._read(conn)
-        except (OSError, ValueError) as exc:
-            _log(f"a bad request: {exc}")
+            request, fds = self._read(conn, time.monotonic() + READ_S)
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past the parser's depth
+            _log(f"a bad request: {type(exc).__name__}: {str(exc)[:200]}")
             for fd in fds:
                 os.close(fd)
             conn.close()
@@ -260,8 +264,22 @@ class Daemon:
         for fd in fds:
             os.close(fd)
 
-    def _read(self, conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    def _read(self, conn: socket.socket, deadline: float) -> tuple[dict[str, Any], list[int]]:
+        """The request and the descriptors sent with it, all read by ``deadline`` (a client trickling bytes
+        holds the daemon no longer than one that sends nothing)."""
+
+        def recv(n: int) -> bytes:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ValueError(f"no whole request within {READ_S:.0f} s")
+            conn.settimeout(left)
+            more = conn.recv(n)
+            if not more:
+                raise ValueError("the request ended early")
+            return more
+
         fds: list[int] = []
+        conn.settimeout(READ_S)
         data, ancdata, flags, _ = conn.recvmsg(entry.HEADER, socket.CMSG_SPACE(8 * array.array("i").itemsize))
         for level, kind, raw in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -271,20 +289,16 @@ class Daemon:
         try:
             if flags & socket.MSG_CTRUNC or len(fds) > 4:
                 raise ValueError("too many descriptors")
+            if not data:
+                raise ValueError("the request ended early")
             while len(data) < entry.HEADER:
-                more = conn.recv(entry.HEADER - len(data))
-                if not more:
-                    raise ValueError("the request ended early")
-                data += more
+                data += recv(entry.HEADER - len(data))
             size = int.from_bytes(data, "big")
             if size > entry.MAX_REQUEST:
                 raise ValueError(f"a request of {size} bytes")
             body = bytearray()
             while len(body) < size:
-                more = conn.recv(min(1 << 16, size - len(body)))
-                if not more:
-                    raise ValueError("the request ended early")
-                body += more
+                body += recv(min(1 << 16, size - len(body)))
             request = json.loads(body)
             if not isinstance(request, dict):
                 raise ValueError("not a JSON object")
@@ -303,7 +317,12 @@ class Daemon:
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of processes or memory: the client runs the command itself
+            self._send(conn, f"declined fork-failed {exc.errno}")
+            conn.close()
+            return
         if pid == 0:
             try:
                 _become_command(request, fds, self, parent)

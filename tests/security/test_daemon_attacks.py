@@ -202,12 +202,29 @@ def test_hostile_requests_leave_the_daemon_serving_and_leak_nothing(daemon: tupl
         assert _raw(path, _frame(run), fds=[devnull] * 4) == b"declined bad-argv\n"
         run.update(argv=["run", "ping"], env={"A": ["b"]})
         assert _raw(path, _frame(run), fds=[devnull] * 4) == b"declined bad-env\n"
-        # a client that sends nothing holds the daemon for at most its read bound (5 s), no longer
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
-            idle.connect(path)
+        nested = "[" * 200_000 + "]" * 200_000  # past the JSON parser's depth: a RecursionError, not a ValueError
+        assert _raw(path, len(nested).to_bytes(4, "big") + nested.encode()) == b""
+        # a client trickling its request a byte a second holds the daemon for its read bound (5 s in all), no
+        # longer: the bound is on the whole request, not on each read
+        import threading
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as slow:
+            slow.connect(path)
+
+            def trickle() -> None:
+                for byte in _frame({"op": "ping", "pad": "x" * 20})[:30]:
+                    try:
+                        slow.send(bytes([byte]))
+                    except OSError:
+                        return
+                    time.sleep(1)
+
+            threading.Thread(target=trickle, daemon=True).start()
+            time.sleep(0.5)
             t0 = time.monotonic()
             status = _cli("daemon", "status", env=env)
-            assert json.loads(status.stdout)["status"] == "running" and time.monotonic() - t0 < 15
+            assert json.loads(status.stdout)["status"] == "running"
+            assert time.monotonic() - t0 < 10, time.monotonic() - t0  # the trickle alone would take 30 s
     finally:
         os.close(devnull)
     deadline = time.monotonic() + 5
