@@ -48,15 +48,19 @@ def secret_connector(tmp_path: Path, name: str, source: str, host: str) -> tuple
 
 
 def run_cli(
-    *args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 120
+    *args: str,
+    env: dict[str, str] | None = None,
+    stdin: str | None = None,
+    timeout: float = 120,
+    cwd: str | os.PathLike[str] = ROOT,
 ) -> subprocess.CompletedProcess[str]:
-    """``toolcage ARGS`` from this checkout, in the repository root, with ``env`` over the environment."""
+    """``toolcage ARGS`` from this checkout, in ``cwd`` (the repository root), with ``env`` over the environment."""
     return subprocess.run(
         [sys.executable, "-m", "toolcage.cli", *args],
         input=stdin,
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=cwd,
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )

@@ -18,21 +18,13 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_cli
 
 pytestmark = pytest.mark.runc_only("the daemon is host-side: the sandbox it starts is the same under any runtime")
 
 
 def _cli(*args: str, env: dict[str, str], cwd: Path | str = ROOT, stdin: str | None = None) -> Any:
-    return subprocess.run(
-        [sys.executable, "-m", "toolcage.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=120,
-        env=env,
-    )
+    return run_cli(*args, env=env, cwd=cwd, stdin=stdin)
 
 
 @pytest.fixture

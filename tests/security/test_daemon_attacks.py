@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.runc_only("the daemon and its socket are host-side: no sandbox is involved")
 NOBODY = 65534
@@ -31,16 +31,8 @@ def _need_root() -> None:
         pytest.fail("these tests act as another user (uid 65534) and need root")
 
 
-def _cli(*args: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "toolcage.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        env=env,
-    )
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, env=env)
 
 
 @pytest.fixture

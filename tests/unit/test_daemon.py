@@ -67,36 +67,36 @@ def _listener(path: str, answer: bytes) -> tuple[socket.socket, list[bytes], thr
     return srv, got, thread
 
 
+def _asked_at(where: Path, answer: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[int | None, list[bytes]]:
+    """``via_daemon`` against a listener in ``where`` that answers ``answer``: its result, and what it got."""
+    path = str(where / "d.sock")
+    srv, got, thread = _listener(path, answer)
+    monkeypatch.setenv("TOOLCAGE_DAEMON", path)
+    try:
+        return entry.via_daemon(["run", "ping"]), got
+    finally:
+        srv.close()
+        thread.join(5)
+
+
 def test_a_socket_in_a_directory_open_to_others_is_never_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     where = tmp_path / "open"
     where.mkdir()
     where.chmod(0o777)
-    path = str(where / "d.sock")
-    srv, got, thread = _listener(path, b"started 1\n")
-    monkeypatch.setenv("TOOLCAGE_DAEMON", path)
-    try:
-        assert entry.via_daemon(["run", "ping"]) is None
-    finally:
-        srv.close()
-        thread.join(5)
-    assert got == []  # not a byte of the environment went there
+    status, got = _asked_at(where, b"started 1\n", monkeypatch)
+    assert status is None and got == []  # not a byte of the environment went there
 
 
 def test_a_declining_daemon_leaves_the_command_to_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     where = tmp_path / "d"
     where.mkdir(mode=0o700)
-    path = str(where / "d.sock")
-    srv, got, thread = _listener(path, b"declined stale\n")
-    monkeypatch.setenv("TOOLCAGE_DAEMON", path)
-    try:
-        assert entry.via_daemon(["run", "ping"]) is None
-    finally:
-        srv.close()
-        thread.join(5)
+    status, got = _asked_at(where, b"declined stale\n", monkeypatch)
+    assert status is None
     import json
 
     request = json.loads(got[1])
-    assert request["op"] == "run" and request["argv"] == ["run", "ping"] and request["env"]["TOOLCAGE_DAEMON"] == path
+    assert request["op"] == "run" and request["argv"] == ["run", "ping"]
+    assert request["env"]["TOOLCAGE_DAEMON"] == str(where / "d.sock")
 
 
 def test_only_run_asks_the_daemon(monkeypatch: pytest.MonkeyPatch) -> None:

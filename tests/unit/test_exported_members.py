@@ -25,7 +25,8 @@ PUBLIC = [
     "UploadUsage",
 ]  # fmt: skip
 COMMANDS = [
-    "audit", "daemon", "daemon start", "daemon status", "daemon stop", "doctor", "gc", "image", "image build", "mcp", "mcp serve", "mcp wrap", "policy", "policy test", "ps",
+    "audit", "daemon", "daemon start", "daemon status", "daemon stop", "doctor", "gc", "image", "image build",
+    "mcp", "mcp serve", "mcp wrap", "policy", "policy test", "ps",
     "rm", "run", "serve", "tools",
 ]  # fmt: skip
 
