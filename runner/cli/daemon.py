@@ -395,10 +395,11 @@ def _become_command(request: dict[str, Any], fds: list[int], daemon: Daemon, par
     # line-buffered to a terminal (stderr always), as the interpreter sets up its own streams
     sys.stdout = open(1, "w", 1 if os.isatty(1) else -1, encoding, errors, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", 1, encoding, "backslashreplace", closefd=False)  # noqa: SIM115
-    sys.argv = [str(request.get("prog") or "toolcage"), *request["argv"]]
+    prog = str(request.get("prog") or "toolcage")
+    sys.argv = [prog, *request["argv"]]
     from toolcage.cli.main import main
 
-    main()  # ends the process itself (startup.exit_now)
+    main(prog_name=prog)  # ends the process itself (startup.exit_now)
 
 
 def _die_with_parent(parent: int) -> None:

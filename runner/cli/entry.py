@@ -150,7 +150,7 @@ def via_daemon(argv: list[str]) -> int | None:
         request = {
             "op": "run",
             "argv": argv,
-            "prog": os.path.basename(sys.argv[0]) or "toolcage",
+            "prog": _prog(),
             "env": dict(os.environ),
             "umask": umask,
             "install": [sys.prefix, os.path.dirname(os.path.abspath(toolcage.__file__)), toolcage.__version__],
@@ -174,6 +174,15 @@ def via_daemon(argv: list[str]) -> int | None:
         sock.close()
         return None  # declined (first says why) or gone: run it here
     return _follow(sock, lines)
+
+
+def _prog() -> str:
+    """The program's name as click would tell it in this process (``toolcage``, ``python -m toolcage.cli``)."""
+    package = getattr(sys.modules.get("__main__"), "__package__", None)
+    name = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    if not package:
+        return os.path.basename(sys.argv[0]) or "toolcage"
+    return f"python -m {package}" + ("" if name == "__main__" else f".{name}")
 
 
 def _follow(sock: socket.socket, lines: Lines) -> int:

@@ -162,7 +162,9 @@ cli.lazy_commands.update(
 )
 
 
-def main() -> None:
+def main(prog_name: str | None = None) -> None:
+    """The command's own process. ``prog_name``: how the command was typed, for usage messages (click works
+    it out from this process when None; the daemon passes its client's)."""
     startup.Command.own_process = True
     # no collections while the command imports (about 10 ms of them): what it imports lives as long
     # as the process; each command turns the collector back on (`run` once it has imported what it needs)
@@ -172,7 +174,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, startup.on_signal)
     try:
         try:
-            cli()
+            cli(prog_name=prog_name)
         except KeyboardInterrupt:
             say("interrupted; the sandbox was removed")
             sys.exit(130)

@@ -84,6 +84,12 @@ def test_a_run_through_the_daemon_is_the_run_of_its_own_process(daemon: dict[str
 
     bad = _cli("run", "run_python", "--params", "{not json", env=daemon)  # a usage error: 2, said on stderr
     assert bad.returncode == 2 and "params" in bad.stderr and _status(daemon)["commands_served"] == 2
+    # word for word what the command says in a process of its own, the program's name in a usage error too
+    for args in (["run", "run_python", "--params", "{not json"], ["run", "--no-such-flag"]):
+        through, alone = _cli(*args, env=daemon), _cli(*args, env={**daemon, "TOOLCAGE_DAEMON": "off"})
+        assert (through.returncode, through.stdout, through.stderr) == (alone.returncode, alone.stdout, alone.stderr)
+        assert "Try 'python -m toolcage.cli run --help'" in alone.stderr or args[1] != "--no-such-flag"
+    assert _status(daemon)["commands_served"] == 4
 
     stopped = _cli("daemon", "stop", env=daemon)
     assert json.loads(stopped.stdout)["status"] == "stopping"
