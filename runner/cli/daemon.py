@@ -9,6 +9,13 @@ engine connection and no state of any command: it accepts, checks, forks and rea
 - **Who may ask.** The socket lives in a directory of this user's that no one else may enter (0700), is
   itself 0600, and the daemon serves only a peer of its own uid (``SO_PEERCRED``). The client checks the
   same of the daemon (``toolcage.cli.entry``).
+- **Whose rights.** A command runs with the daemon's rights, not its client's: so the daemon runs a
+  client's commands only when that client's process is confined exactly as the daemon is (``peer_check``:
+  capabilities, no_new_privs, seccomp, namespaces, root, cgroups, LSM label, limits). Without it, a process
+  of this uid in a container, a sandbox or a hardened service could have a host command run unconfined
+  (found by an attack on the first version, which checked the uid alone).
+- **Never stalled.** Requests are read as they come, beside one another, through the loop's selector: a
+  client that sends nothing, or a byte at a time, holds only its own connection (5 s in all).
 - **Which code runs.** The daemon declines a client of another install (its Python prefix, toolcage's
   directory or version differ: that client runs the command itself) and, once any toolcage module it
   loaded has changed on disk (an upgrade, an edit), declines every command and stops: a stale daemon
@@ -17,8 +24,8 @@ engine connection and no state of any command: it accepts, checks, forks and rea
   a client that goes away gets its command a SIGTERM (the sandbox is removed, as after a Ctrl-C); a daemon
   that dies takes its running commands with it the same way (``PR_SET_PDEATHSIG``). ``stop`` (or the
   daemon's own SIGTERM) stops taking commands at once and ends when the running ones have.
-- **Bounded.** A request is at most 1 MiB (``entry.MAX_REQUEST``) and read within 5 s; the log
-  (``daemon.log`` beside the socket) starts again past 1 MiB.
+- **Bounded.** A request is at most 1 MiB (``entry.MAX_REQUEST``) and read within 5 s, at most 32 clients
+  wait to be read (the oldest goes), and the log (``daemon.log`` beside the socket) starts again past 1 MiB.
 """
 
 from __future__ import annotations
@@ -27,13 +34,14 @@ import array
 import contextlib
 import json
 import os
+import select
 import selectors
 import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -42,7 +50,8 @@ from toolcage.cli import entry
 from toolcage.cli.output import emit, use_json
 from toolcage.errors import UsageError
 
-READ_S = 5.0  # a client has this long to send its request
+READ_S = 5.0  # a client has this long to send its whole request
+MAX_PENDING = 32  # clients whose request is still coming, at most (the oldest goes to make room)
 START_S = 60.0  # `daemon start` waits this long for the new daemon to answer
 LOG_MAX = 1 << 20
 # what `toolcage run` imports, loaded once here (the rest it loads itself, in the command's process)
@@ -102,6 +111,94 @@ def code_stamp(files: list[str]) -> tuple[tuple[int, int], ...]:
 
 
 @dataclass
+class _Pending:
+    """A client whose request is still coming."""
+
+    conn: socket.socket
+    deadline: float  # monotonic: the whole request by then (READ_S after the connection)
+    why: str  # "" when the daemon may run its commands, else why not (peer_check)
+    buf: bytearray = field(default_factory=bytearray)
+    fds: list[int] = field(default_factory=list)
+
+
+# what a process's confinement is made of, read from /proc/PID (confinement): status lines, namespaces
+# (Seccomp_filters: how many filters; one more is a tighter sandbox in the same mode)
+_STATUS = frozenset(
+    {"Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"}
+    | {"Seccomp_filters"}
+)
+_NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts")
+SO_PEERPIDFD = 77  # Linux 6.5: a pidfd of the connecting process (the socket module names it from 3.13 only)
+
+
+def confinement(pid: int | str) -> dict[str, str]:
+    """Everything that confines process ``pid`` ("self": this one) beyond its uid: its ids and groups, its
+    capability sets, no_new_privs, seccomp, its namespaces, its root directory (a chroot), its cgroups, its
+    LSM label and its resource limits. A command the daemon runs has the daemon's: so only a client whose
+    confinement is the same as the daemon's may have its commands run there."""
+    base = f"/proc/{pid}"
+    out: dict[str, str] = {}
+    with open(f"{base}/status", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in _STATUS:
+                out[key] = " ".join(value.split())
+    for ns in _NAMESPACES:
+        with contextlib.suppress(FileNotFoundError):  # an older kernel has no time namespace
+            out[f"namespace {ns}"] = os.readlink(f"{base}/ns/{ns}")
+    st = os.stat(f"{base}/root")
+    out["root directory"] = f"{st.st_dev}:{st.st_ino}"
+    for name, path in (("cgroups", "cgroup"), ("resource limits", "limits"), ("LSM label", "attr/current")):
+        try:
+            with open(f"{base}/{path}", "rb") as f:
+                out[name] = f.read(1 << 16).decode("utf-8", "replace")
+        except OSError:
+            out[name] = "-"
+    return out
+
+
+def peer_check(conn: socket.socket, mine: dict[str, str]) -> str:
+    """ "" when the process at the other end of ``conn`` may have its commands run by the daemon: of this uid
+    and confined exactly as the daemon is (else a confined process of this user, in a container, a sandbox
+    or a hardened service, would have its command run with the daemon's rights). "uid" for another user's;
+    otherwise what differs. The peer is read through a pidfd where the kernel gives one (SO_PEERPIDFD), and
+    must still be that process once read, so a pid reused meanwhile is not mistaken for it."""
+    import struct
+
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", raw)  # the gids are among confinement()'s
+    if uid != os.getuid():
+        return "uid"
+    if pid <= 0:
+        return "its process is not visible from the daemon's PID namespace"
+    try:
+        pidfd = conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+    except OSError:
+        pidfd = -1
+    try:
+        before = _started(pid)
+        theirs = confinement(pid)
+        if before != _started(pid) or (pidfd >= 0 and _exited(pidfd)):
+            return "its process ended while it was checked"
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+    differ = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    return "its " + ", ".join(differ) + " differ from the daemon's" if differ else ""
+
+
+def _started(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[-1].split()[19].decode()  # starttime: with the pid, one process
+
+
+def _exited(pidfd: int) -> bool:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+@dataclass
 class _Command:
     pid: int
     conn: socket.socket  # its client's connection: signals come in on it, the exit status goes out
@@ -124,6 +221,8 @@ class Daemon:
         self.inode = 0
         self.files: list[str] = []
         self.stamp: tuple[tuple[int, int], ...] = ()
+        self.pending: dict[int, _Pending] = {}  # connections whose request is still coming, by descriptor
+        self.confinement = confinement("self")
 
     # -- the loop -------------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -139,16 +238,23 @@ class Daemon:
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
         _log(f"listening on {self.path} ({len(self.files)} toolcage modules loaded)")
         while not (self.stopping and not self.commands):
-            for key, _ in self.sel.select():
+            waits = [p.deadline for p in self.pending.values()]
+            timeout = max(0.0, min(waits) - time.monotonic()) if waits else None
+            for key, _ in self.sel.select(timeout):
                 try:
                     if key.data == "accept":
                         self._accept()
                     elif key.data == "wake":
                         self._woken(wake_r)
+                    elif isinstance(key.data, _Pending):
+                        self._on_request(key.data)
                     else:
                         self._from_client(key.data)
                 except Exception as exc:  # one client's trouble never ends the daemon (nor its running commands)
                     _log(f"error: {type(exc).__name__}: {exc}")
+            for late in [p for p in self.pending.values() if p.deadline <= time.monotonic()]:
+                _log(f"a bad request: no whole request within {READ_S:.0f} s")
+                self._drop_pending(late)
         _log("stopped")
 
     def _listen(self) -> socket.socket:
@@ -231,82 +337,102 @@ class Daemon:
 
     # -- a client ---------------------------------------------------------------------------------------
     def _accept(self) -> None:
+        """A new client: of this user and confined as the daemon is (see :func:`peer_check`), or refused; its
+        request is then read as it comes, beside every other client's (never blocking the loop)."""
         assert self.listener is not None
         try:
             conn, _ = self.listener.accept()
         except OSError:
             return
-        fds: list[int] = []
+        conn.setblocking(False)
         try:
-            if entry.peer_uid(conn) != os.getuid():
-                _log("refused a client of another user")
-                conn.close()
-                return
-            request, fds = self._read(conn, time.monotonic() + READ_S)
-        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past the parser's depth
-            _log(f"a bad request: {type(exc).__name__}: {str(exc)[:200]}")
-            for fd in fds:
-                os.close(fd)
+            why = peer_check(conn, self.confinement)
+        except OSError as exc:
+            why = f"its process could not be inspected ({exc.strerror})"
+        if why == "uid":
+            _log("refused a client of another user")
             conn.close()
             return
+        if len(self.pending) >= MAX_PENDING:  # the oldest waiting client makes room
+            self._drop_pending(min(self.pending.values(), key=lambda p: p.deadline))
+        pending = _Pending(conn, time.monotonic() + READ_S, why)
+        self.pending[conn.fileno()] = pending
+        self.sel.register(conn, selectors.EVENT_READ, pending)
+
+    def _drop_pending(self, pending: _Pending) -> None:
+        self.pending.pop(pending.conn.fileno(), None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(pending.conn)
+        for fd in pending.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        pending.fds.clear()
+        pending.conn.close()
+
+    def _on_request(self, pending: _Pending) -> None:
+        """More of a request: once it is whole, answered (``ping``, ``stop``) or run (``run``)."""
+        try:
+            data, ancdata, flags, _ = pending.conn.recvmsg(1 << 16, socket.CMSG_SPACE(8 * array.array("i").itemsize))
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            _log(f"a bad request: {exc}")
+            self._drop_pending(pending)
+            return
+        for level, kind, raw in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(raw[: len(raw) - len(raw) % got.itemsize])
+                pending.fds.extend(got)
+        problem = ""
+        if flags & socket.MSG_CTRUNC or len(pending.fds) > 4:
+            problem = "too many descriptors"
+        elif not data:
+            problem = "the request ended early"
+        pending.buf += data
+        size = int.from_bytes(pending.buf[: entry.HEADER], "big") if len(pending.buf) >= entry.HEADER else 0
+        if size > entry.MAX_REQUEST:
+            problem = f"a request of {size} bytes"
+        if problem:
+            _log(f"a bad request: {problem}")
+            self._drop_pending(pending)
+            return
+        if len(pending.buf) < entry.HEADER or len(pending.buf) < entry.HEADER + size:
+            return  # more to come
+        try:
+            request = json.loads(pending.buf[entry.HEADER : entry.HEADER + size])
+            if not isinstance(request, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested past the parser's depth
+            _log(f"a bad request: {type(exc).__name__}: {str(exc)[:200]}")
+            self._drop_pending(pending)
+            return
+        self.pending.pop(pending.conn.fileno(), None)
+        self.sel.unregister(pending.conn)
+        conn, fds = pending.conn, pending.fds
+        conn.setblocking(True)
+        try:
+            self._answer(conn, request, fds, pending.why)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _answer(self, conn: socket.socket, request: dict[str, Any], fds: list[int], why: str) -> None:
         op = request.get("op")
-        if op == "ping":
-            self._send(conn, "pong " + json.dumps(self.status()))
+        if op == "ping":  # a confined client may ask whether it would be served, and nothing more
+            self._send(conn, "pong " + json.dumps({**self.status(), "serves_you": not why, "why_not": why}))
             conn.close()
-        elif op == "stop":
+        elif op == "stop" and not why:
             self._stop("asked")
             self._send(conn, "stopping " + json.dumps(self.status()))
+            conn.close()
+        elif op == "run" and why:
+            self._send(conn, f"declined confined: {why}")
             conn.close()
         elif op == "run":
             self._run(conn, request, fds)
         else:
             conn.close()
-        for fd in fds:
-            os.close(fd)
-
-    def _read(self, conn: socket.socket, deadline: float) -> tuple[dict[str, Any], list[int]]:
-        """The request and the descriptors sent with it, all read by ``deadline`` (a client trickling bytes
-        holds the daemon no longer than one that sends nothing)."""
-
-        def recv(n: int) -> bytes:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ValueError(f"no whole request within {READ_S:.0f} s")
-            conn.settimeout(left)
-            more = conn.recv(n)
-            if not more:
-                raise ValueError("the request ended early")
-            return more
-
-        fds: list[int] = []
-        conn.settimeout(READ_S)
-        data, ancdata, flags, _ = conn.recvmsg(entry.HEADER, socket.CMSG_SPACE(8 * array.array("i").itemsize))
-        for level, kind, raw in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                got = array.array("i")
-                got.frombytes(raw[: len(raw) - len(raw) % got.itemsize])
-                fds.extend(got)
-        try:
-            if flags & socket.MSG_CTRUNC or len(fds) > 4:
-                raise ValueError("too many descriptors")
-            if not data:
-                raise ValueError("the request ended early")
-            while len(data) < entry.HEADER:
-                data += recv(entry.HEADER - len(data))
-            size = int.from_bytes(data, "big")
-            if size > entry.MAX_REQUEST:
-                raise ValueError(f"a request of {size} bytes")
-            body = bytearray()
-            while len(body) < size:
-                body += recv(min(1 << 16, size - len(body)))
-            request = json.loads(body)
-            if not isinstance(request, dict):
-                raise ValueError("not a JSON object")
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        return request, fds
 
     def _run(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
         why = self._declined(request, fds)
@@ -507,6 +633,11 @@ def start(foreground: bool) -> None:
     if running is not None:
         emit({"status": "running", **running})
         return
+    if running is None and _listening(path):  # alive but not answering: another would orphan it
+        raise UsageError(
+            f"a process listens at {path} but did not answer as a daemon within {READ_S:.0f} s: stop it "
+            f"(`toolcage daemon stop`, or by its pid) before starting another"
+        )
     argv = [sys.executable, "-m", "toolcage.cli.daemon", path]
     if foreground:
         sys.stdout.flush()
@@ -534,6 +665,18 @@ def start(foreground: bool) -> None:
     else:
         proc.terminate()
     raise UsageError(f"the daemon did not start (its log: {log}): {_tail(log)}")
+
+
+def _listening(path: str) -> bool:
+    """Whether something accepts connections at ``path`` (a socket left by a dead daemon refuses them)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _install() -> list[str]:

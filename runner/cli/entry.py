@@ -13,8 +13,9 @@ the sandbox is removed, as after a Ctrl-C).
 Threat: another local user posing as the daemon, to be handed this process's environment (its secrets) and
 streams. The socket's directory must be this user's own and closed to everyone else (0700), and the process
 listening on it must run as this user (``SO_PEERCRED``); anything else and the command runs here, the
-daemon unasked. The daemon checks the same of every client. ``TOOLCAGE_DAEMON=off`` never asks it;
-``TOOLCAGE_DAEMON=/path/to.sock`` asks the daemon listening there instead of the default
+daemon unasked. The daemon checks the same of every client, and runs the command of a client only when that
+client is confined exactly as the daemon is (``toolcage.cli.daemon.peer_check``). ``TOOLCAGE_DAEMON=off``
+never asks it; ``TOOLCAGE_DAEMON=/path/to.sock`` asks the daemon listening there instead of the default
 (``$XDG_STATE_HOME/toolcage/daemon/daemon.sock``, else under ``~/.local/state``).
 """
 

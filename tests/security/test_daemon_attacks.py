@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import ROOT, run_cli
 
 pytestmark = pytest.mark.runc_only("the daemon and its socket are host-side: no sandbox is involved")
 NOBODY = 65534
@@ -223,4 +223,86 @@ def test_hostile_requests_leave_the_daemon_serving_and_leak_nothing(daemon: tupl
     while _fds(pid) != before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _fds(pid) == before  # every descriptor it was sent is closed again
+    assert json.loads(_cli("daemon", "status", env=env).stdout)["commands_served"] == 0
+
+
+# Found by an attack on the first version, which checked the uid alone: a process of this user confined
+# beyond it (capabilities dropped, no_new_privs, another mount namespace, a container) asked the daemon, and
+# its command ran with the daemon's rights and namespaces. `--sandbox none` makes the command a host
+# process, so what it prints is where it ran.
+SHOW = json.dumps({"command": "grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; readlink /proc/self/ns/mnt"})
+
+
+@pytest.mark.parametrize(
+    "confine",
+    [
+        ["setpriv", "--inh-caps=-all", "--bounding-set=-all"],  # every capability dropped
+        ["setpriv", "--no-new-privs"],
+        ["unshare", "--mount"],  # a mount namespace of its own
+    ],
+    ids=["capabilities", "no-new-privs", "mount-namespace"],
+)
+def test_a_client_confined_beyond_its_uid_is_not_run_with_the_daemons_rights(
+    daemon: tuple[dict[str, str], int], confine: list[str]
+) -> None:
+    _need_root()
+    env, _ = daemon
+    cmd = [*confine, sys.executable, "-m", "toolcage.cli"]
+    run = [*cmd, "run", "run_shell", "--sandbox", "none", "--params", SHOW]
+    confined = subprocess.run(run, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    alone = subprocess.run(
+        run, capture_output=True, text=True, timeout=120, env={**env, "TOOLCAGE_DAEMON": "off"}, cwd=ROOT
+    )
+    assert confined.returncode == 0, confined.stderr
+    said = json.loads(confined.stdout)["result"]["stdout"]
+    assert said == json.loads(alone.stdout)["result"]["stdout"]  # it ran as the client, confined
+    status = json.loads(subprocess.run([*cmd, "daemon", "status"], capture_output=True, text=True, env=env).stdout)
+    assert status["commands_served"] == 0 and status["serves_you"] is False, status
+    assert "differ from the daemon's" in status["why_not"]
+    assert json.loads(_cli("daemon", "status", env=env).stdout)["serves_you"] is True  # as the daemon is: served
+
+
+ESCAPE = textwrap.dedent(
+    """
+    import array, json, os, socket, sys
+    path = sys.argv[1]
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    b = json.dumps({"op": "ping"}).encode()
+    s.sendall(len(b).to_bytes(4, "big") + b)
+    status = json.loads(s.recv(65536).decode().partition(" ")[2])
+    s.close()
+    request = {"op": "run", "argv": ["run", "run_shell", "--sandbox", "none", "--params",
+               json.dumps({"command": "echo ESCAPED"})],
+               "env": {"PATH": "/usr/bin:/bin"}, "umask": 18, "install": status["install"] + [status["version"]]}
+    b = json.dumps(request).encode()
+    b = len(b).to_bytes(4, "big") + b
+    cwd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.sendmsg([b[:4]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2, cwd]).tobytes())])
+    s.sendall(b[4:])
+    print("ANSWER", s.recv(200).decode().strip(), flush=True)
+    """
+)
+
+
+def test_a_container_of_the_same_uid_cannot_have_the_daemon_run_a_host_command(
+    daemon: tuple[dict[str, str], int], private_dir: str, engine: object
+) -> None:
+    """A container (every capability dropped, as a sandbox's) running as the daemon's uid, with the socket's
+    directory mounted (a dev container with $HOME bind-mounted, say): the daemon declines it."""
+    from toolcage import DEFAULT_IMAGE
+
+    env, _ = daemon
+    name = f"toolcage-test-daemon-escape-{os.getpid()}"
+    out = subprocess.run(
+        ["docker", "run", "--rm", "--name", name, "--network", "none", "--cap-drop", "ALL",
+         "--security-opt", "no-new-privileges", "-u", f"{os.getuid()}:{os.getgid()}",
+         "-v", f"{private_dir}:{private_dir}", "--entrypoint", "python3",
+         os.environ.get("TOOLCAGE_IMAGE", DEFAULT_IMAGE), "-c", ESCAPE, env["TOOLCAGE_DAEMON"]],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "ESCAPED" not in out.stdout, out.stdout
+    assert "ANSWER declined confined:" in out.stdout, (out.stdout, out.stderr)
     assert json.loads(_cli("daemon", "status", env=env).stdout)["commands_served"] == 0

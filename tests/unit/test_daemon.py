@@ -167,7 +167,7 @@ def _start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, answers: list[dict[s
     from click.testing import CliRunner
 
     where = tmp_path / "d"
-    where.mkdir(mode=0o700)
+    where.mkdir(mode=0o700, exist_ok=True)
     monkeypatch.setenv("TOOLCAGE_DAEMON", str(where / "d.sock"))
     asked: list[str] = []
 
@@ -213,3 +213,21 @@ def test_start_replaces_a_stale_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path
     result, asked = _start(monkeypatch, tmp_path, [stale, {"stopping": True}, fresh])
     assert result.exit_code == 0, result.output
     assert asked == ["ping", "stop", "ping"] and started and '"started"' in result.output
+
+
+def test_start_never_orphans_a_daemon_that_is_slow_to_answer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Something listens on the socket but does not answer (a daemon held up): no second daemon is started,
+    whose new socket would leave the first unreachable."""
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a second daemon was started"))
+    where = tmp_path / "d"
+    where.mkdir(mode=0o700)
+    busy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    busy.bind(str(where / "d.sock"))
+    busy.listen(1)
+    try:
+        result, asked = _start(monkeypatch, tmp_path, [None])
+    finally:
+        busy.close()
+    assert result.exit_code != 0 and "did not answer" in str(result.exception) and asked == ["ping"]
