@@ -422,12 +422,12 @@ class Daemon:
         if op == "ping":  # a confined client may ask whether it would be served, and nothing more
             self._send(conn, "pong " + json.dumps({**self.status(), "serves_you": not why, "why_not": why}))
             conn.close()
-        elif op == "stop" and not why:
+        elif op in ("stop", "run") and why:
+            self._send(conn, f"declined confined: {why}")
+            conn.close()
+        elif op == "stop":
             self._stop("asked")
             self._send(conn, "stopping " + json.dumps(self.status()))
-            conn.close()
-        elif op == "run" and why:
-            self._send(conn, f"declined confined: {why}")
             conn.close()
         elif op == "run":
             self._run(conn, request, fds)
@@ -591,7 +591,9 @@ def ask(path: str, op: str) -> dict[str, Any] | None:
             return None
     if line is None:
         return None
-    _, _, body = line.partition(" ")
+    kind, _, body = line.partition(" ")
+    if kind == "declined":
+        return {"declined": body}
     try:
         answer = json.loads(body)
     except ValueError:
@@ -698,6 +700,8 @@ def _tail(log: str) -> str:
 def stop() -> None:
     """Stop the daemon: it takes no new command, and ends once the running ones have."""
     answer = ask(_where(), "stop")
+    if answer is not None and "declined" in answer:
+        raise UsageError(f"the daemon will not be stopped from this process: {answer['declined']}")
     emit({"status": "not running"} if answer is None else {"status": "stopping", **answer})
 
 

@@ -259,6 +259,8 @@ def test_a_client_confined_beyond_its_uid_is_not_run_with_the_daemons_rights(
     status = json.loads(subprocess.run([*cmd, "daemon", "status"], capture_output=True, text=True, env=env).stdout)
     assert status["commands_served"] == 0 and status["serves_you"] is False, status
     assert "differ from the daemon's" in status["why_not"]
+    refused = subprocess.run([*cmd, "daemon", "stop"], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "will not be stopped from this process" in refused.stderr
     assert json.loads(_cli("daemon", "status", env=env).stdout)["serves_you"] is True  # as the daemon is: served
 
 
