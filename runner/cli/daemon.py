@@ -611,7 +611,11 @@ def daemon() -> None:
 
 
 @daemon.command()
-@click.option("--foreground", is_flag=True, help="Run the daemon in this process (for a service manager).")
+@click.option(
+    "--foreground",
+    is_flag=True,
+    help="Run the daemon in this process (to watch it, or under a supervisor in the session it serves).",
+)
 def start(foreground: bool) -> None:
     """Start the daemon (nothing to do if one runs); prints its pid, socket and log as JSON."""
     path = _where()
