@@ -86,7 +86,9 @@ def test_no_network_then_one_host_then_none_again(
     ]
     assert shut.requested_by.startswith("library:")
     assert changes[0]["new_network"]["allow"][0]["host"] == "api.allowed.test"
-    assert opened.took_ms < 2000 and shut.took_ms < 2000, (opened, shut)
+    # a bound, not a speed goal (bench.live_network times it against its floor): 2.4 s was seen in a loaded
+    # full pass of the suite, where 2 s was the bound
+    assert opened.took_ms < 10_000 and shut.took_ms < 10_000, (opened, shut)
 
 
 HOLD = textwrap.dedent(

@@ -114,10 +114,10 @@ ASK = textwrap.dedent(
     s.settimeout(10)
     s.connect(sys.argv[1])
     body = json.dumps({"op": sys.argv[2], "argv": ["run", "ping"], "env": {}, "umask": 18}).encode()
-    s.sendall(len(body).to_bytes(4, "big") + body)
     try:
+        s.sendall(len(body).to_bytes(4, "big") + body)
         print(repr(s.recv(4096)), flush=True)
-    except ConnectionResetError:  # closed with the request unread: refused too
+    except (BrokenPipeError, ConnectionResetError):  # closed before or with the request unread: refused too
         print(repr(b""), flush=True)
     """
 )
