@@ -13,7 +13,8 @@ engine connection and no state of any command: it accepts, checks, forks and rea
   client's commands only when that client's process is confined exactly as the daemon is (``peer_check``:
   capabilities, no_new_privs, seccomp, namespaces, root, cgroups, LSM label, limits). Without it, a process
   of this uid in a container, a sandbox or a hardened service could have a host command run unconfined
-  (found by an attack on the first version, which checked the uid alone).
+  (found by an attack on the first version, which checked the uid alone). Not seen: a Landlock domain,
+  which /proc does not show.
 - **Never stalled.** Requests are read as they come, beside one another, through the loop's selector: a
   client that sends nothing, or a byte at a time, holds only its own connection (5 s in all).
 - **Which code runs.** The daemon declines a client of another install (its Python prefix, toolcage's
