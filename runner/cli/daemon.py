@@ -168,10 +168,7 @@ def peer_check(conn: socket.socket, mine: dict[str, str]) -> str:
     or a hardened service, would have its command run with the daemon's rights). "uid" for another user's;
     otherwise what differs. The peer is read through a pidfd where the kernel gives one (SO_PEERPIDFD), and
     must still be that process once read, so a pid reused meanwhile is not mistaken for it."""
-    import struct
-
-    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", raw)  # the gids are among confinement()'s
+    pid, uid, _gid = entry.peer_cred(conn)  # the gids are among confinement()'s
     if uid != os.getuid():
         return "uid"
     if pid <= 0:
@@ -215,7 +212,7 @@ class Daemon:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.install = _install()
+        self.install = entry.install()
         self.root = self.install[1]
         self.commands: dict[int, _Command] = {}
         self.served = 0
@@ -402,7 +399,7 @@ class Daemon:
             _log(f"a bad request: {problem}")
             self._drop_pending(pending)
             return
-        if len(pending.buf) < entry.HEADER or len(pending.buf) < entry.HEADER + size:
+        if len(pending.buf) < entry.HEADER + size:  # (size is 0 until the header is whole)
             return  # more to come
         try:
             request = json.loads(pending.buf[entry.HEADER : entry.HEADER + size])
@@ -633,7 +630,7 @@ def start(foreground: bool) -> None:
     if bad:
         raise UsageError(f"the daemon's socket directory is not safe: {bad}")
     running = ask(path, "ping")
-    if running is not None and running.get("install") != _install()[:2]:
+    if running is not None and running.get("install") != entry.install()[:2]:
         raise UsageError(
             f"a daemon of another install (Python prefix {running.get('install')}) listens at {path}: stop it with "
             f"that install's `toolcage daemon stop`, or give this one a socket of its own ({entry.ENV}=PATH)"
@@ -688,12 +685,6 @@ def _listening(path: str) -> bool:
     finally:
         probe.close()
     return True
-
-
-def _install() -> list[str]:
-    import toolcage
-
-    return [sys.prefix, os.path.dirname(os.path.abspath(toolcage.__file__)), toolcage.__version__]
 
 
 def _tail(log: str) -> str:

@@ -36,8 +36,9 @@ OFF = ("off", "0", "no", "false")
 HEADER = 4  # a request: 4 bytes of length (big-endian), then that many bytes of JSON
 MAX_REQUEST = 1 << 20  # the daemon reads no longer request (a larger environment runs the command here)
 SUN_PATH_MAX = 107  # sockaddr_un's path, less its terminating NUL
-FORWARDED = (2, 15, 1, 3)  # SIGINT, SIGTERM, SIGHUP, SIGQUIT: passed on to the command's process
-# SIGINT SIGTERM SIGHUP SIGQUIT by number: importing signal's enums costs a few ms the client need not pay
+# SIGINT, SIGTERM, SIGHUP, SIGQUIT, passed on to the command's process; by number, as importing signal's
+# enums costs a few ms the client need not pay
+FORWARDED = (2, 15, 1, 3)
 
 
 def socket_path(environ: Mapping[str, str] | None = None) -> str | None:
@@ -69,13 +70,21 @@ def unsafe_dir(path: str) -> str | None:
     return None
 
 
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a connected Unix socket (``SO_PEERCRED``)."""
+def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a connected Unix socket (``SO_PEERCRED``)."""
     import socket
     import struct
 
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", raw)[1])
+    pid, uid, gid = struct.unpack("3i", raw)
+    return int(pid), int(uid), int(gid)
+
+
+def install() -> list[str]:
+    """Which toolcage this is: its Python prefix, toolcage's directory and version (the daemon runs only its own)."""
+    import toolcage
+
+    return [sys.prefix, os.path.dirname(os.path.abspath(toolcage.__file__)), toolcage.__version__]
 
 
 def frame(request: dict[str, object]) -> bytes:
@@ -96,7 +105,7 @@ def connect(path: str, timeout: float) -> socket.socket | None:
     sock.settimeout(timeout)
     try:
         sock.connect(path)
-        if peer_uid(sock) != os.getuid():
+        if peer_cred(sock)[1] != os.getuid():
             sock.close()
             return None
     except OSError:
@@ -136,8 +145,6 @@ def via_daemon(argv: list[str]) -> int | None:
         return None
     import socket
 
-    import toolcage
-
     try:
         for fd in (0, 1, 2):
             os.fstat(fd)  # a stream this process lacks is not to be given the daemon's (nor the cwd's) number
@@ -154,7 +161,7 @@ def via_daemon(argv: list[str]) -> int | None:
             "prog": _prog(),
             "env": dict(os.environ),
             "umask": umask,
-            "install": [sys.prefix, os.path.dirname(os.path.abspath(toolcage.__file__)), toolcage.__version__],
+            "install": install(),
         }
         data = frame(request)
         if len(data) > HEADER + MAX_REQUEST:
@@ -225,4 +232,4 @@ def main() -> None:
     in_process()
 
 
-__all__ = ["main", "socket_path", "unsafe_dir", "via_daemon"]
+__all__ = ["install", "main", "peer_cred", "socket_path", "unsafe_dir", "via_daemon"]

@@ -187,7 +187,7 @@ def test_start_refuses_the_socket_of_another_install(monkeypatch: pytest.MonkeyP
 
 
 def test_start_leaves_a_running_current_daemon_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    mine = {"pid": 1, "install": daemon._install()[:2], "stale": False}
+    mine = {"pid": 1, "install": entry.install()[:2], "stale": False}
     result, asked = _start(monkeypatch, tmp_path, [mine])
     assert result.exit_code == 0 and '"running"' in result.output and asked == ["ping"]
 
@@ -196,7 +196,7 @@ def test_start_replaces_a_stale_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path
     """A daemon whose code changed on disk is told to stop, and a new one is started (here: Popen faked)."""
     import subprocess
 
-    stale = {"pid": 1, "install": daemon._install()[:2], "stale": True}
+    stale = {"pid": 1, "install": entry.install()[:2], "stale": True}
     started: list[list[str]] = []
 
     class FakeProc:
@@ -209,7 +209,7 @@ def test_start_replaces_a_stale_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path
             return None
 
     monkeypatch.setattr(subprocess, "Popen", FakeProc)
-    fresh = {"pid": 4242, "install": daemon._install()[:2], "stale": False}
+    fresh = {"pid": 4242, "install": entry.install()[:2], "stale": False}
     result, asked = _start(monkeypatch, tmp_path, [stale, {"stopping": True}, fresh])
     assert result.exit_code == 0, result.output
     assert asked == ["ping", "stop", "ping"] and started and '"started"' in result.output
