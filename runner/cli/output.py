@@ -89,6 +89,13 @@ class CallOutput:
         """The output streamed so far (stdout and stderr as they came), its first ``keep`` characters."""
         return "".join(self._parts)
 
+    def kept(self) -> dict[str, Any]:
+        """What the call printed so far, as an interrupted run's result and an error carry it: ``output`` (and
+        ``output_truncated: true`` when more came), for a tool whose progress is its output; else nothing."""
+        if not self.is_output:
+            return {}
+        return {"output": self.text, **({"output_truncated": True} if self.truncated else {})}
+
     def __call__(self, params: dict[str, Any]) -> None:
         message = params.get("message")
         if not isinstance(message, str) or not message:

@@ -152,8 +152,8 @@ def run(
             except SandboxError as exc:
                 # the sandbox ended mid-call (the run's deadline before the worker's own timed-out answer, the
                 # memory limit, a crash): what the call printed so far, as it streamed, is not lost either
-                if shown.is_output and shown.text:
-                    exc.details.update(output=shown.text, **({"output_truncated": True} if shown.truncated else {}))
+                if shown.text:
+                    exc.details.update(shown.kept())
                 raise
             finally:
                 shown.end()
@@ -171,10 +171,7 @@ def run(
         if sb.summary is not None and sb.summary.status == "interrupted":
             out = {"status": "interrupted", "tool": tool, "name": sb.name, "run_id": sb.run_id}
             out["run_wall_ms"] = sb.summary.wall_ms
-            if shown.is_output:
-                out["output"] = shown.text
-                if shown.truncated:
-                    out["output_truncated"] = True
+            out.update(shown.kept())
             emit(out)
         raise
     summary = sb.summary
