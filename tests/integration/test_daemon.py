@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from bench import daemon as bench_daemon
 from tests.helpers import ROOT, run_cli
 
 pytestmark = pytest.mark.runc_only("the daemon is host-side: the sandbox it starts is the same under any runtime")
@@ -30,33 +29,8 @@ def _cli(*args: str, env: dict[str, str], cwd: Path | str = ROOT, stdin: str | N
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[dict[str, str]]:
     """A daemon of this test's own (a short socket path: a Unix socket's is at most 107 bytes); its env."""
-    where = tempfile.mkdtemp(prefix="tc-daemon-")  # 0700
-    env = {
-        **os.environ,
-        "TOOLCAGE_DAEMON": os.path.join(where, "d.sock"),
-        "TOOLCAGE_AUDIT_LOG": str(tmp_path / "a.jsonl"),
-    }
-    started = _cli("daemon", "start", env=env)
-    assert started.returncode == 0, started.stderr
-    pid = json.loads(started.stdout)["pid"]
-    try:
-        yield env
-    finally:
-        _cli("daemon", "stop", env=env)
-        deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(where, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    with bench_daemon.running() as env:
+        yield {**env, "TOOLCAGE_AUDIT_LOG": str(tmp_path / "a.jsonl")}
 
 
 def _status(env: dict[str, str]) -> dict[str, Any]:

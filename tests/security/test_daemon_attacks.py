@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import daemon as bench_daemon
 from tests.helpers import ROOT, run_cli
 
 pytestmark = pytest.mark.runc_only("the daemon and its socket are host-side: no sandbox is involved")
@@ -104,19 +104,9 @@ def test_an_impostor_of_another_user_is_handed_nothing(private_dir: str) -> None
 
 @pytest.fixture
 def daemon(private_dir: str) -> Iterator[tuple[dict[str, str], int]]:
-    env = {**os.environ, "TOOLCAGE_DAEMON": os.path.join(private_dir, "d.sock")}
-    started = _cli("daemon", "start", env=env)
-    assert started.returncode == 0, started.stderr
-    pid = int(json.loads(started.stdout)["pid"])
-    try:
-        yield env, pid
-    finally:
-        _cli("daemon", "stop", env=env)
-        deadline = time.monotonic() + 20
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if Path(f"/proc/{pid}").exists():
-            os.kill(pid, signal.SIGKILL)
+    """A daemon with its socket in ``private_dir``: its env and pid."""
+    with bench_daemon.running(private_dir) as env:
+        yield env, int(json.loads(_cli("daemon", "status", env=env).stdout)["pid"])
 
 
 ASK = textwrap.dedent(
