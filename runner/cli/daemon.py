@@ -720,4 +720,6 @@ def register(group: click.Group) -> None:
 __all__ = ["Daemon", "code_stamp", "daemon", "daemon_main", "package_files", "register"]
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m toolcage.cli.daemon SOCKET (`toolcage daemon start` runs it)")
     daemon_main(sys.argv[1])
