@@ -18,13 +18,15 @@ pytestmark = pytest.mark.runc_only(
     "the timing contract at each door: the runner's clocks, host-side (24 s under gVisor)"
 )
 
-CALL = {"command": "echo partial; sleep 10", "timeout_s": 10}
+# The run's clock starts before its container does (toolcage.run.Run.start_clock), so run_s leaves room for a
+# start on a loaded host (3 s was once used up by the start alone under CI, and the call was refused before it began).
+CALL = {"command": "echo partial; sleep 40", "timeout_s": 40}
 
 
 @pytest.fixture
 def short(tmp_path: Path) -> Path:
     p = tmp_path / "short.yaml"
-    p.write_text("version: 1\nname: short\ntimeouts: {run_s: 3, idle_s: 3, call_s: 30}\n")
+    p.write_text("version: 1\nname: short\ntimeouts: {run_s: 8, idle_s: 8, call_s: 60}\n")
     return p
 
 
