@@ -76,7 +76,15 @@ CASES: list[tuple[Any, bool]] = [
     ({"jsonrpc": "2.0", "method": "read_file", "id": 10, "params": {"nope": 1}}, True),  # the tool's own check
     ({"jsonrpc": "2.0", "method": "read_file", "id": 11, "params": ["a.txt"]}, False),  # positional: the pipeline
     ({"jsonrpc": "2.0", "method": "read_file", "id": 12}, True),
-    ({"jsonrpc": "2.0", "method": "echo", "id": 13, "params": {"a": [1, {"b": None}], "_meta": {"progressToken": 1}}}, True),
+    (
+        {
+            "jsonrpc": "2.0",
+            "method": "echo",
+            "id": 13,
+            "params": {"a": [1, {"b": None}], "_meta": {"progressToken": 1}},
+        },
+        True,
+    ),
     ({"jsonrpc": "2.0", "method": "boom", "id": 14, "params": {}}, True),  # an error id only, never the message
     ({"jsonrpc": "2.0", "method": "refuse", "id": 15, "params": {"q": "r"}}, True),
     ({"jsonrpc": "2.0", "method": "sandbox.configure", "id": 16, "params": [1]}, False),
