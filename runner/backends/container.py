@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from typing import Any, ClassVar
 
 from toolcage import telemetry
@@ -20,6 +21,8 @@ from toolcage.errors import SandboxError, ToolcageError, UsageError
 from toolcage.lifecycle import removal
 from toolcage.policies import Policy, contract
 from toolcage.rpc.transport import StreamParser, Transport
+
+OOM_EVENT_WAIT_S = 1.0  # how long a worker killed by SIGKILL is looked at again for the engine's OOM flag
 
 
 class ContainerBackend:
@@ -283,6 +286,16 @@ class ContainerBackend:
             return ExitStatus(code, removed=True)
         state = info.get("State", {})
         code = state.get("ExitCode", code)
+        # the engine sets OOMKilled from an event of its own, which on a loaded host can come after the exit
+        # (seen under gVisor in a full test pass: exit 137, OOMKilled false, then true): a SIGKILLed worker
+        # is looked at again for a moment before its end is called a crash
+        waited_until = time.monotonic() + OOM_EVENT_WAIT_S
+        while code == 137 and not state.get("OOMKilled") and time.monotonic() < waited_until:
+            time.sleep(0.1)
+            again = self.engine.inspect(self.container_id)
+            if again is None:
+                break
+            state = again.get("State", {})
         # State.OOMKilled is set when *any* process of the container met the limit (a call's child
         # too, which the worker survives and reports per call): only a SIGKILLed worker is the victim
         return ExitStatus(code, oom_killed=bool(state.get("OOMKilled")) and code == 137)

@@ -290,3 +290,39 @@ def test_doctor_lists_every_engine_with_its_mode_and_kinds() -> None:
     assert v1["rootless"] and v1["kinds"] == [] and "cgroup v1" in v1["limits_problem"]
     v2 = engine_summary({"Components": [{"Name": "Podman Engine"}]}, {"Rootless": True, "CgroupVersion": "2"})
     assert v2["kinds"] == ["container"] and v2["limits_problem"] is None
+
+
+def test_an_oom_flag_the_engine_sets_after_the_exit_is_still_read() -> None:
+    """The engine sets State.OOMKilled from an event of its own, which can come after the exit on a loaded host
+    (a gVisor pass saw exit 137 with the flag still false): the run is then oom_killed, not a crash. A SIGKILLed
+    worker with no OOM at all is a crash once the short wait is over; any other exit is not waited on."""
+    from toolcage.backends import container
+
+    class Engine:
+        def __init__(self, states: list[dict[str, Any]]) -> None:
+            self.states, self.inspected = states, 0
+
+        def wait(self, cid: str, timeout: float) -> int:
+            return int(self.states[0]["ExitCode"])
+
+        def inspect(self, cid: str) -> dict[str, Any]:
+            self.inspected += 1
+            return {"State": self.states[min(self.inspected, len(self.states)) - 1]}
+
+    def status(states: list[dict[str, Any]]) -> tuple[ExitStatus, int]:
+        backend = object.__new__(container.ContainerBackend)
+        backend.container_id, backend._engine = "c", Engine(states)
+        got = backend.exit_status(5)
+        return got, backend._engine.inspected
+
+    late = [
+        {"ExitCode": 137, "OOMKilled": False},
+        {"ExitCode": 137, "OOMKilled": False},
+        {"ExitCode": 137, "OOMKilled": True},
+    ]
+    got, inspected = status(late)
+    assert got.oom_killed and got.exit_code == 137 and inspected == 3
+    got, inspected = status([{"ExitCode": 137, "OOMKilled": False}])
+    assert not got.oom_killed and inspected > 2  # looked at again, for about OOM_EVENT_WAIT_S
+    got, inspected = status([{"ExitCode": 1, "OOMKilled": False}])
+    assert not got.oom_killed and inspected == 1
