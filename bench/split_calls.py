@@ -20,7 +20,10 @@ Measures, in the same run and interleaved (``--runs`` rounds, medians printed):
      difference is the worker's own Python per ping); and a cProfile of that worker (``--sandbox none``,
      ``python -m toolcage.worker`` under ``-m cProfile``), grouped by package, per ping (two runs of
      different lengths subtracted, so its start-up is left out);
-  4. issue 40's call-path goals, each PASS or MISS against its floor from this run: sequential calls/s
+  4. the pipelined calls' CPU: 64 in flight on one ``AsyncSandbox``, the CPU time per call of the runner (this
+     process), the worker (the container's PID 1, from ``/proc``) and dockerd (its attach relay), beside the
+     wall time: their sum over the cores bounds the rate;
+  5. issue 40's call-path goals, each PASS or MISS against its floor from this run: sequential calls/s
      (audit on, the default) >= 0.67x the echo floor; pipelined calls/s (64 in flight on one
      ``AsyncSandbox``) >= 30,000 or >= 0.34x the echo loop's own pipelined rate; warm
      ``run_python pass`` <= 5 ms (median).
@@ -415,6 +418,52 @@ def pipe_floor(calls: int) -> dict[str, float]:
     return out
 
 
+# -- pipelined: where each call's CPU goes, on the three processes it crosses -------------------------
+def _cpu_s(pid: int) -> float:
+    """utime + stime of one process (seconds), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pipelined_cpu(image: str, calls: int) -> dict[str, float]:
+    """``calls`` pings with 64 in flight on one AsyncSandbox (audit off): µs of CPU per call of the runner (this
+    process, every thread), the worker (the container's PID 1) and dockerd (its attach relay), and the wall time."""
+    import asyncio
+
+    from bench.calls import WINDOW
+    from toolcage import AsyncSandbox
+
+    dockerds = [
+        int(p) for p in subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
+    ]
+
+    async def go() -> dict[str, float]:
+        async with AsyncSandbox(image=image, tool=TOOL, audit=False) as sb:
+            await asyncio.gather(*(sb.call("ping") for _ in range(WINDOW)))
+            from toolcage.engine.docker_adapter import Engine
+
+            info = Engine.default().inspect(sb.container_id or "") or {}
+            worker = int(info.get("State", {}).get("Pid") or 0)
+            sem = asyncio.Semaphore(WINDOW)
+
+            async def one() -> None:
+                async with sem:
+                    await sb.call("ping")
+
+            def sample() -> tuple[float, float, float, float]:
+                t = os.times()
+                return time.perf_counter(), t.user + t.system, _cpu_s(worker), sum(_cpu_s(p) for p in dockerds)
+
+            a = sample()
+            await asyncio.gather(*(one() for _ in range(calls)))
+            b = sample()
+        names = ("wall", "runner", "worker", "dockerd")
+        return {k: (y - x) * 1e6 / calls for k, x, y in zip(names, a, b, strict=True)}
+
+    return asyncio.run(go())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.split_calls", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5, help="interleaved rounds (medians printed)")
@@ -445,6 +494,7 @@ def main() -> int:
     wsys = worker_syscalls(args.calls)
     floor_piped = raw_echo(args.image, args.calls)["pipelined_per_s"]
     piped = toolcage_pipelined(args.image, 4 * args.calls)
+    piped_cpu = pipelined_cpu(args.image, 4 * args.calls)
     warm_py = warm_run_python(args.image, 100)
 
     med = {k: statistics.median(v) for k, v in rates.items()}
@@ -509,6 +559,14 @@ def main() -> int:
         f"\nconclusion: {on:,.0f} calls/s is {on / med['raw echo floor']:.2f}x the echo floor; of a call's"
         f" {1e6 / on - floor:.0f} µs beyond the floor's round trip the largest parts are "
         + ", ".join(f"{k} ({v:.0f} µs)" for k, v in top)
+    )
+
+    cpu, cores = sum(v for k, v in piped_cpu.items() if k != "wall"), os.cpu_count() or 1
+    print(
+        f"\npipelined (64 in flight), CPU per call: runner {piped_cpu['runner']:.0f} µs, worker"
+        f" {piped_cpu['worker']:.0f} µs, dockerd {piped_cpu['dockerd']:.0f} µs ({cpu:.0f} µs in all, against"
+        f" {piped_cpu['wall']:.0f} µs of wall time a call): at most {cores * 1e6 / cpu:,.0f} calls/s on {cores}"
+        " busy cores"
     )
 
     def verdict(ok: bool) -> str:
