@@ -323,6 +323,6 @@ def test_an_oom_flag_the_engine_sets_after_the_exit_is_still_read() -> None:
     got, inspected = status(late)
     assert got.oom_killed and got.exit_code == 137 and inspected == 3
     got, inspected = status([{"ExitCode": 137, "OOMKilled": False}])
-    assert not got.oom_killed and inspected > 2  # looked at again, for about OOM_EVENT_WAIT_S
+    assert not got.oom_killed and inspected > 2  # looked at again, for OOM_EVENT_WAIT_S
     got, inspected = status([{"ExitCode": 1, "OOMKilled": False}])
     assert not got.oom_killed and inspected == 1
