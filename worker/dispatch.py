@@ -4,7 +4,8 @@ jsonrpcserver answers an unexpected exception with ``str(exc)`` in the error dat
 handler is wrapped here so that never happens: the exception is logged on stderr with an
 error id and the caller gets -32603 with that id only. Its core pipeline is loaded
 without the package ``__init__`` (nor oslash's; see ``worker._lean``), with a request validator that
-implements jsonrpcserver's own request schema in plain Python.
+implements jsonrpcserver's own request schema in plain Python. A request the pipeline could answer only one way
+(most calls) is answered by its own ``call`` and ``to_response`` without the rest of it (``Dispatcher._direct``).
 """
 
 from __future__ import annotations
