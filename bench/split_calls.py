@@ -399,10 +399,17 @@ def worker_syscalls(calls: int) -> dict[str, float] | None:
 
 def pipe_floor(calls: int) -> dict[str, float]:
     """Sequential ping round trips (µs, median) over plain pipes on the host, with no toolcage host code:
-    to the worker (``python -m toolcage.worker`` as ``--sandbox none`` starts it) and to a bare echo loop.
-    Their difference is the worker's own per-message Python, uninstrumented."""
+    to the worker (``python -m toolcage.worker`` as ``--sandbox none`` starts it) and to a bare echo loop, each
+    on the same one CPU as this process. Their difference is the worker's own per-message Python, uninstrumented."""
     out: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="toolcage-bench-split-") as scratch:
+    # both ends on one CPU (the child inherits this process's affinity): a round trip across two cores costs a
+    # wake-up that comes and goes with where the scheduler puts the two, and the difference read here is the
+    # worker's Python only when both pay the same (across cores the echo loop measured 5 to 95 µs)
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.sched_setaffinity, 0, cpus)
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="toolcage-bench-split-"))
         for name, argv in (
             ("worker", [sys.executable, "-m", "toolcage.worker"]),
             ("echo loop", [sys.executable, "-S", "-c", ECHO_LINES]),
