@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import tarfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,12 @@ def test_a_pooled_client_fills_a_warm_slot_and_resumes_into_another(tmp_path: Pa
             assert (await _run(_agent(first), SandboxRunConfig(session=session))).final_output == "one"
         await client.delete(session)
         first_container = toolcage_session(session).state.container_id
+        # its removal runs off the caller's path: on a loaded host the used slot still ran while the next session
+        # looked (a fresh clone's full pass). Gone before the next session starts, or the pool kept it: a failure
+        deadline = time.monotonic() + 30
+        while any(c["Id"] == first_container for c in _mine()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert all(c["Id"] != first_container for c in _mine()), "the used slot still runs 30 s after its session"
         assert "return 'hi'" in _outputs(first)["p1"]
         assert await client.pool.wait_ready(timeout=60)
         state = client.deserialize_session_state(client.serialize_session_state(toolcage_session(session).state))

@@ -5,6 +5,7 @@ timer that replaced asyncio.wait_for still ends a call nobody answers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import struct
@@ -28,10 +29,20 @@ class _Worker:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    def close(self) -> None:
+        """Its end of the socket shut (which wakes its recv: a close would not) and closed, its thread joined."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(5)
+        self.sock.close()
+
     def _run(self) -> None:
         buf = b""
         while True:
-            data = self.sock.recv(65536)
+            try:
+                data = self.sock.recv(65536)
+            except OSError:  # closed by close()
+                return
             if not data:
                 return
             self.got += data
@@ -74,6 +85,7 @@ def test_gathered_calls_share_writes_and_each_gets_its_own_answer() -> None:
     methods = [json.loads(line)["method"] for line in worker.got.splitlines()]
     assert methods == [f"m{i}" for i in range(64)]  # in the order they were made
     session.close()
+    worker.close()
 
 
 def test_a_cancel_goes_out_after_the_line_it_cancels() -> None:
@@ -96,10 +108,11 @@ def test_a_cancel_goes_out_after_the_line_it_cancels() -> None:
     assert first["method"] == "slow" and second["method"] == "notifications/cancelled"
     assert second["params"]["requestId"] == first["id"]
     session.close()
+    worker.close()
 
 
 def test_a_call_nobody_answers_times_out_at_its_deadline() -> None:
-    session, _, _ = _session(answer=False)
+    session, worker, _ = _session(answer=False)
 
     async def main() -> tuple[Any, float]:
         t = time.monotonic()
@@ -110,3 +123,4 @@ def test_a_call_nobody_answers_times_out_at_its_deadline() -> None:
     assert isinstance(got, Ended) and got.how == "timeout", got
     assert 0.25 < took < 3, took
     session.close()
+    worker.close()
