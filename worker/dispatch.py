@@ -451,8 +451,9 @@ class Dispatcher:
     def concurrency(self) -> int:
         return int(self.settings.policy.limits.concurrency)
 
-    def _direct(self, msg: Any) -> Request | None:
-        """The request as jsonrpcserver's pipeline would make it, when that pipeline could only go one way: one
+    def _direct(self, msg: Any) -> tuple[Request, Callable[..., Result]] | None:
+        """The request as jsonrpcserver's pipeline would make it, and its method, when that pipeline could only go
+        one way: one
         valid request (not a batch, not a notification) for a method there is, whose params its check binds
         (none, or named ones for a method that takes any names). Its method is then called by jsonrpcserver's
         own ``call`` and answered by its ``to_response``, as the pipeline does, without the pipeline's
@@ -470,7 +471,7 @@ class Dispatcher:
                 return None
         elif type(params) is not dict or not getattr(method, "_binds_any_names", False):
             return None
-        return Request(msg["method"], params, msg["id"])
+        return Request(msg["method"], params, msg["id"]), method
 
     def handle(self, line: bytes | None, msg: Any = None) -> str:
         """One request line in, one response line out ("" when nothing must be sent); ``msg``: the
@@ -496,9 +497,9 @@ class Dispatcher:
             if "id" in msg:
                 calls.begin(msg["id"], token)
         try:
-            request = self._direct(msg)
-            if request is not None:
-                method = self.methods[request.method]
+            direct = self._direct(msg)
+            if direct is not None:
+                request, method = direct
                 response = self._answer(to_response(request, call_method(request, NOCONTEXT, method)))
             else:
                 response = dispatch_to_response_pure(

@@ -489,11 +489,9 @@ class Session:
         assert self._transport is not None
         self.last_activity = time.monotonic()
         with self._out_lock:
-            if self._outbox:
-                line = b"".join((*self._outbox, line))
-                until = self._outbox_until if until is None else min(until, self._outbox_until)
-                self._outbox.clear()
-                self._outbox_bytes = 0
+            queued = self._take_outbox()
+            if queued is not None:
+                line, until = queued[0] + line, queued[1] if until is None else min(until, queued[1])
             self._write(line, until)
 
     def _send_soon(self, line: bytes, until: float, loop: Any) -> None:
@@ -513,13 +511,20 @@ class Session:
 
     def _flush_outbox(self) -> None:
         with self._out_lock:
-            if not self._outbox:
-                return
-            data, until = b"".join(self._outbox), self._outbox_until
-            self._outbox.clear()
-            self._outbox_bytes = 0
-            self.last_activity = time.monotonic()
-            self._write(data, until)
+            queued = self._take_outbox()
+            if queued is not None:
+                self.last_activity = time.monotonic()
+                self._write(*queued)
+
+    def _take_outbox(self) -> tuple[bytes, float] | None:
+        """(Under ``_out_lock``.) The queued lines as one write and the earliest deadline among them, the queue
+        emptied; None when nothing is queued."""
+        if not self._outbox:
+            return None
+        data, until = b"".join(self._outbox), self._outbox_until
+        self._outbox.clear()
+        self._outbox_bytes = 0
+        return data, until
 
     def _write(self, data: bytes, until: float | None) -> None:
         assert self._transport is not None
