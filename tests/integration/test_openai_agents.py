@@ -94,9 +94,10 @@ def _mine(tool: str = "openai-agents") -> list[dict[str, Any]]:
     ids = subprocess.run(["docker", "ps", "-q", *filters], capture_output=True, text=True, check=True).stdout.split()
     if not ids:
         return []
-    got: list[dict[str, Any]] = json.loads(
-        subprocess.run(["docker", "inspect", *ids], capture_output=True, text=True, check=True).stdout
-    )
+    # one removed between the two commands (a used slot, removed off its session's path) is left out: inspect
+    # still prints the others, and exits 1
+    out = subprocess.run(["docker", "inspect", *ids], capture_output=True, text=True, check=False).stdout
+    got: list[dict[str, Any]] = json.loads(out) if out.strip() else []
     return got
 
 
