@@ -3,7 +3,8 @@
 It is toolcage on one machine, reached through Ray: the never-reused warm pool (``AsyncPool``), the
 image check, the egress proxies (each run's backend starts its own, as locally), the reaper and the
 node's audit log, all unchanged. The stdio channel to a sandbox never leaves the node: Ray carries
-only a call's parameters and its ``CallResult``.
+only a call's parameters and its ``CallResult`` (a run's and a session call's on the direct channel Ray hands
+out, :mod:`toolcage.ray.direct`).
 
 What the agent adds is what a shared node needs:
 - admission: at most ``max_running`` runs at once on the node (a run waits up to the caller's
@@ -147,6 +148,8 @@ class EngineAgent:
         self._idle_since = time.monotonic()
         self._stopping = False
         self._closers: set[asyncio.Future[None]] = set()  # one-off runs answered, their sandboxes being closed
+        self._direct: tuple[Any, dict[str, Any]] | None = None  # the direct channel's server, and what hello offers
+        self._direct_failed = False
         with contextlib.suppress(ToolcageError):
             self.reaped = self._reap("agent_start")  # what a dead agent of this node left
         self._check_engine()
@@ -203,7 +206,30 @@ class EngineAgent:
         self._ensure_loops()
         self.clients[client] = time.monotonic()
         self._ensure_pool()
-        return {**self.load(), "reaped": len(self.reaped), "pid": os.getpid(), "config_image_id": self.config.image_id}
+        direct = await self._ensure_direct()
+        return {
+            **self.load(), "reaped": len(self.reaped), "pid": os.getpid(), "config_image_id": self.config.image_id,
+            "direct": direct,
+        }  # fmt: skip
+
+    async def _ensure_direct(self) -> dict[str, Any] | None:
+        """The direct channel's address and key (:mod:`toolcage.ray.direct`), opened on the first hello; None
+        under Ray's TLS, or where it cannot listen (the clients keep Ray's channel)."""
+        import ray
+
+        from toolcage.ray import direct
+
+        if self._direct is None and not self._direct_failed and not direct.tls_on():
+            key = os.urandom(32)
+            server = direct.Server(key, {"run": self.run, "call": self.call}, ray.cloudpickle.dumps)
+            try:
+                host, port = await server.start(ray.util.get_node_ip_address())
+            except OSError as exc:
+                self._direct_failed = True
+                self.log.warning("cluster.direct_unavailable", error=str(exc))
+                return None
+            self._direct = (server, {"host": host, "port": port, "key": key.hex()})
+        return self._direct[1] if self._direct is not None else None
 
     async def leave(self, client: str) -> None:
         """A client is done: its sessions close; the agent lingers, then exits, once nobody is left."""
@@ -298,6 +324,8 @@ class EngineAgent:
         import ray
 
         self._stopping = True
+        if self._direct is not None:
+            self._direct[0].close()
         for task in list(self.tasks):
             task.cancel()
         for sid in list(self.held):

@@ -16,16 +16,17 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
 import ray
 
 from toolcage.errors import ImageMissing, NoCapacity, NodeLost, ToolcageError, UsageError
-from toolcage.ray import placement
+from toolcage.ray import direct, placement
 from toolcage.ray.agent import NAMESPACE, AgentConfig, EngineAgent, Outcome, agent_name
 from toolcage.ray.handle import NodeAgent, actor_lost
 from toolcage.ray.session import AsyncClusterSandbox, ClusterSandbox
@@ -65,8 +66,11 @@ class Cluster:
     or ``least_loaded``. ``name``: the agents' name; another Cluster of the same name shares them (and
     must have the same configuration). ``linger_s``: how long an agent waits for a client after the last
     one left before it removes its pool and exits. ``ready_timeout``: how long the constructor waits for
-    the first node to take runs. Call ``ray.init`` first; call :meth:`wait_ready` before a burst (the
-    constructor returns once one node is ready, not all)."""
+    the first node to take runs. ``direct`` (default on; ``TOOLCAGE_RAY_DIRECT=off`` turns the default off): a
+    run and a session's call go to the node's agent on its direct channel (:mod:`toolcage.ray.direct`: signed
+    TCP connections, kept open, that the agent's Ray ``hello`` hands out) instead of one Ray actor call each;
+    Ray still finds and watches the agents, and under Ray's TLS every call stays on Ray. Call ``ray.init``
+    first; call :meth:`wait_ready` before a burst (the constructor returns once one node is ready, not all)."""
 
     def __init__(
         self,
@@ -83,6 +87,7 @@ class Cluster:
         wait_s: float = DEFAULT_WAIT_S,
         ready_timeout: float = 120.0,
         snapshot_key: bytes | None = None,
+        direct: bool | None = None,
     ) -> None:
         from toolcage.files import snapshot
         from toolcage.options import resolve_policy, worker_image
@@ -95,6 +100,9 @@ class Cluster:
         self.image = worker_image(image)
         self.name = name
         self.node_resource = node_resource
+        # runs and session calls on each agent's direct channel (toolcage.ray.direct), Ray finding and watching
+        # the agents; off: every call is a Ray actor call (TOOLCAGE_RAY_DIRECT=off sets the default)
+        self.direct = direct if direct is not None else os.environ.get("TOOLCAGE_RAY_DIRECT", "on") != "off"
         self.placement, self.k, self.wait_s = placement_strategy, k, wait_s
         limits = _per_node(per_node)
         self._local_engine: Any = None
@@ -209,9 +217,17 @@ class Cluster:
         agent = self._agents.pop(node_id, None)
         if agent is not None:
             agent.lost = True
+            if agent.direct is not None:  # a call waiting on it ends now, as a Ray call to a lost actor does
+                agent.direct.close()
             self.events.append({"event": "node_lost", "node": node_id, "why": why, "t": time.time()})
 
     def _update(self, agent: NodeAgent, load: dict[str, Any]) -> None:
+        if self.direct and "direct" in load and not agent.direct_off and not agent.lost:
+            offer = load["direct"]
+            if agent.direct is None or not agent.direct.same(offer):
+                old, agent.direct = agent.direct, direct.Channel.of(offer)
+                if old is not None:
+                    old.close()
         v = agent.view
         v.running = int(load.get("running", v.running))
         v.healthy = bool(load.get("healthy"))
@@ -408,6 +424,25 @@ class Cluster:
             node=agent.node_id, cause=type(exc).__name__,
         )  # fmt: skip
 
+    def _ask(
+        self, agent: NodeAgent, method: str, args: tuple[Any, ...], hold: Callable[[Any], bool] | None = None
+    ) -> Any:
+        """``method(*args)`` on the agent: on its direct channel when it has one (:mod:`.direct`), else a Ray
+        actor call. ``direct.ChannelError`` only once the request may have reached the agent; a channel that
+        cannot be opened is given up for this agent, and the call goes through Ray."""
+        ch = agent.direct
+        if ch is not None and method in direct.METHODS:
+            try:
+                return ch.call(method, args, hold)
+            except direct.ChannelError as exc:
+                if exc.sent or agent.lost:
+                    raise
+                if not ch.closed:
+                    agent.direct, agent.direct_off = None, True
+                    ch.close()
+                    self.events.append({"event": "direct_unavailable", "node": agent.node_id, "error": str(exc)})
+        return ray.get(getattr(agent.handle, method).remote(*args))
+
     def _settle(self, agent: NodeAgent, outcome: Outcome) -> Any:
         kind, value, load = outcome
         self._update(agent, load)
@@ -450,7 +485,12 @@ class Cluster:
                         continue
                 agent.view.inflight += 1
                 try:
-                    outcome = ray.get(getattr(agent.handle, method).remote(*args, left))
+                    outcome = self._ask(agent, method, (*args, left))
+                except direct.ChannelError as exc:
+                    if exc.sent:  # it went out: the run may have had effects, never retried
+                        raise self._lost(agent, exc) from None
+                    self._lost(agent, exc)  # lost before it was asked: nothing ran there
+                    continue
                 except Exception as exc:
                     if actor_lost(exc):
                         self._lost(agent, exc)
@@ -567,6 +607,9 @@ class Cluster:
             refs += [a.handle.shutdown.remote("stopped by its cluster") for a in agents]
         with contextlib.suppress(Exception):
             ray.wait(refs, num_returns=len(refs), timeout=60)
+        for agent in agents:  # after the agents closed this driver's sessions, whose calls then end as closed
+            if agent.direct is not None:
+                agent.direct.close()
 
     def __enter__(self) -> Cluster:
         return self

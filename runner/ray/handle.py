@@ -26,6 +26,8 @@ class NodeAgent:
         self.handle = handle
         self.view = view
         self.lost = False
+        self.direct: Any = None  # toolcage.ray.direct.Channel, once the agent's hello offered one
+        self.direct_off = False  # the channel could not be opened: this agent's calls stay on Ray
 
 
 __all__ = ["NodeAgent", "actor_lost"]

@@ -13,13 +13,15 @@ import asyncio
 import contextlib
 import io
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Unpack
 
 import ray
 
-from toolcage.errors import UsageError
+from toolcage.errors import SandboxInterrupted, UsageError
 from toolcage.interpreter import AsyncCodeInterpreter, CodeInterpreter
+from toolcage.ray import direct
 from toolcage.ray.handle import NodeAgent, actor_lost
 
 if TYPE_CHECKING:
@@ -31,6 +33,28 @@ if TYPE_CHECKING:
     from toolcage.ray.cluster import Cluster
     from toolcage.results import CallResult, NetworkChange, RunSummary
     from toolcage.types import AsyncSandboxLike, SandboxLike, SnapshotTarget
+
+
+class _Abort:
+    """Lets an async caller break the connection its call waits on (before or after the call took it)."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def hold(self, conn: Any) -> bool:
+        with self._lock:
+            self._conn = conn
+            if self.cancelled and conn is not None:
+                conn.abort()
+            return not self.cancelled
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._conn is not None:
+                self._conn.abort()
 
 
 class ClusterSandbox(CodeInterpreter):
@@ -134,8 +158,25 @@ class ClusterSandbox(CodeInterpreter):
             raise
         return self.cluster._settle(self._agent, outcome)
 
+    def _invoke(self, method: str, *args: Any, abort: _Abort | None = None) -> Any:
+        """``method(session, *args)`` on the agent: on its direct channel when it has one, else through Ray."""
+        if self._agent is None or self.session is None:
+            raise UsageError("the cluster sandbox is not started (use it in a with block, or call start())")
+        agent = self._agent
+        try:
+            outcome = self.cluster._ask(agent, method, (self.session, *args), abort.hold if abort else None)
+        except direct.ChannelError as exc:
+            if abort is not None and abort.cancelled:  # our own abort: the agent cancels the call, the node lives
+                raise SandboxInterrupted("the call was cancelled", node=agent.node_id) from None
+            raise self.cluster._lost(agent, exc) from None
+        except Exception as exc:
+            if actor_lost(exc):
+                raise self.cluster._lost(agent, exc) from None
+            raise
+        return self.cluster._settle(agent, outcome)
+
     def call(self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> CallResult:
-        result: CallResult = self._get(self._ref("call", tool, params, timeout))
+        result: CallResult = self._invoke("call", tool, params, timeout)
         return result
 
     def write_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> UploadResult:
@@ -296,7 +337,21 @@ class AsyncClusterSandbox(AsyncCodeInterpreter):
     async def call(
         self, tool: str, params: dict[str, Any] | None = None, *, timeout: float | None = None
     ) -> CallResult:
-        result: CallResult = await self._await(self._sync._ref("call", tool, params, timeout))
+        s = self._sync
+        if s._agent is None or s._agent.direct is None:
+            result: CallResult = await self._await(s._ref("call", tool, params, timeout))
+            return result
+        # on the direct channel, waited for on a thread; a cancel closes the call's connection, and the agent
+        # cancels the call in the sandbox as a local AsyncSandbox's cancel does (a Ray call would run on)
+        abort = _Abort()
+        job = asyncio.ensure_future(asyncio.to_thread(s._invoke, "call", tool, params, timeout, abort=abort))
+        try:
+            result = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            abort.cancel()
+            with contextlib.suppress(BaseException):
+                await job
+            raise
         return result
 
     async def write_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> UploadResult:

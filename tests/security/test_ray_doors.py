@@ -9,6 +9,7 @@ agent signing with whichever driver's key came first (a later driver's ``snapsho
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,5 +159,80 @@ def test_a_cluster_sandbox_changes_its_network_on_its_node(node: str) -> None:
                 s.update_network({"mode": "proxy", "allow": [{"host": "169.254.169.254"}]})
             back = s.update_network({"mode": "none"})
             assert back.old_sha256 == change.new_sha256
+    finally:
+        c.close(stop_agents=True)
+
+
+def test_runs_and_calls_take_the_direct_channel_which_no_sandbox_and_no_keyless_peer_can_use(node: str) -> None:
+    """Issue 40 (placement): a run and a session call reach the agent on its direct channel (toolcage.ray.direct),
+    not one Ray actor call each. The channel listens on the node's address: a sandbox there has no route to it,
+    and a peer on the host that does not hold the key the agent gave through Ray is refused (nothing runs), while
+    the agent goes on serving its clients."""
+    import socket
+
+    import toolcage.ray as tcr
+
+    c = tcr.Cluster("default", name="doors-direct", per_node=PER_NODE, linger_s=1)
+    try:
+        agent = c._agents[node]
+        assert agent.direct is not None, c.events
+        host, port = agent.direct.host, agent.direct.port
+        probe = (
+            "import socket\n"
+            "s = socket.socket()\n"
+            "s.settimeout(3)\n"
+            "try:\n"
+            f"    s.connect(({host!r}, {port})); print('CONNECTED')\n"
+            "except OSError as e:\n"
+            "    print('refused', type(e).__name__)\n"
+        )
+        r = c.run("run_python", {"code": probe})
+        assert r.ok and r.result["stdout"].startswith("refused"), r.result
+        assert agent.direct._open, "the run did not go over the direct channel"
+        # a keyless peer on the host: the challenge is not met, the agent closes, and nothing ran
+        raw = socket.create_connection((host, port), timeout=5)
+        try:
+            assert raw.recv(36)[:4] == b"TCD1"
+            raw.sendall(b"\0" * 64)
+            raw.settimeout(5)
+            assert raw.recv(1) == b""
+        finally:
+            raw.close()
+        served = c.nodes()[0]
+        with c.sandbox(node=node) as s:
+            assert s.call("run_python", {"code": "print(6 * 7)"}).result["stdout"] == "42\n"
+        assert not [e for e in c.events if e["event"] == "direct_unavailable"], c.events
+        assert served["eligible"]
+    finally:
+        c.close(stop_agents=True)
+
+
+def test_an_async_call_cancelled_on_the_direct_channel_stops_in_the_sandbox(node: str) -> None:
+    """A cancelled ``AsyncClusterSandbox.call`` closes its connection; the agent cancels the call in the sandbox
+    (its processes are killed, as a local cancel does) rather than letting it run on; the session still answers."""
+    import asyncio
+
+    import toolcage.ray as tcr
+
+    c = tcr.Cluster("default", name="doors-cancel", per_node=PER_NODE, linger_s=1)
+
+    async def go() -> tuple[float, str]:
+        async with c.async_sandbox(node=node) as s:
+            code = "import time, pathlib\ntime.sleep(8)\npathlib.Path('/scratch/ran-on').write_text('1')\n"
+            task = asyncio.ensure_future(s.call("run_python", {"code": code}))
+            await asyncio.sleep(1.5)
+            t0 = time.monotonic()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            took = time.monotonic() - t0
+            await asyncio.sleep(8)  # the call would have finished by now, had it run on
+            r = await s.call("run_shell", {"command": "ls /scratch"})
+            return took, r.result["stdout"]
+
+    try:
+        took, listing = asyncio.run(go())
+        assert took < 2, took
+        assert "ran-on" not in listing, listing
     finally:
         c.close(stop_agents=True)
