@@ -10,7 +10,9 @@ For each cluster size (examples/ray_cluster/local_cluster.py starts it: one head
   submission), and the per-node start rate (runs / wall / nodes);
 - **placement overhead**: ``--seq`` sequential runs through the one-node cluster, each on a warm slot (the pool
   refills between runs), beside the same run on a local ``AsyncPool`` of the same size on the same node's
-  engine: the difference of the medians is what placement and Ray's actor call add. Goal: at most 5 ms at p50.
+  engine: the difference of the medians is what placement and the way to the agent add. Goal: at most 5 ms at
+  p50. Its split: the same runs with the direct channel off (``Cluster(direct=False)``: one Ray actor call per
+  run, as before issue 40's ninth round), and a Ray actor call that does nothing (``status``), Ray's own floor.
 
 On a 2-core machine extra nodes add engines and agents, not CPU: the burst rate cannot grow with the node
 count here. The per-node rate of the one-node cluster is the figure a real cluster of N machines multiplies.
@@ -85,6 +87,21 @@ def _docker_run_floor(node: Any, burst: int, parallel: int = 8) -> float:
     return burst / (time.perf_counter() - t0)
 
 
+def _sequential(c: Any, n: int, seq: int) -> list[float]:
+    """``seq`` runs one after another, each on a warm slot: ms from the call to its answer."""
+    out = []
+    for _ in range(seq):
+        deadline = time.monotonic() + 30
+        while sum(1 for x in c.nodes() if x["eligible"]) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.4)  # the slot just used is refilled before the next run
+        t = time.perf_counter()
+        r = c.run("run_python", {"code": "pass"})
+        out.append((time.perf_counter() - t) * 1000)
+        assert r.ok, r
+    return out
+
+
 def _cluster(n: int, burst: int, seq: int, warm: int, max_starting: int) -> dict[str, Any]:
     import ray
 
@@ -95,19 +112,21 @@ def _cluster(n: int, burst: int, seq: int, warm: int, max_starting: int) -> dict
     try:
         ray.init(address=lc.address, log_to_driver=False)
         per_node = {"warm": warm, "max_running": 32, "max_starting": max_starting}
+        via_ray: list[float] = []
+        noop: list[float] = []
+        if n == 1:  # the split: the same runs through one Ray actor call each, and Ray's floor
+            off = tcr.Cluster("default", name="bench-ray", per_node=per_node, direct=False)
+            off.wait_ready(count=n, timeout=300)
+            via_ray = _sequential(off, n, seq)
+            handle = next(iter(off._agents.values())).handle
+            for _ in range(50):
+                t = time.perf_counter()
+                ray.get(handle.status.remote())
+                noop.append((time.perf_counter() - t) * 1000)
+            off.close(stop_agents=True)
         c = tcr.Cluster("default", name="bench", per_node=per_node)
         c.wait_ready(count=n, timeout=300)
-        # sequential, on warm slots
-        one = []
-        for _ in range(seq):
-            deadline = time.monotonic() + 30
-            while sum(1 for x in c.nodes() if x["eligible"]) < n and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.4)  # the slot just used is refilled before the next run
-            t = time.perf_counter()
-            r = c.run("run_python", {"code": "pass"})
-            one.append((time.perf_counter() - t) * 1000)
-            assert r.ok, r
+        one = _sequential(c, n, seq)
         # the burst
         lat: list[float] = []
         t0 = time.perf_counter()
@@ -129,7 +148,7 @@ def _cluster(n: int, burst: int, seq: int, warm: int, max_starting: int) -> dict
         local = _local_pool(seq, warm, lc.nodes[0].docker_host) if n == 1 else []
         floor = _docker_run_floor(lc.nodes[0], burst) if n == 1 else 0.0
         return {
-            "local": local, "floor": floor,
+            "local": local, "floor": floor, "via_ray": via_ray, "noop": noop,
             "nodes": n, "seq": one, "lat": lat, "wall_s": wall, "errors": len(errors),
             "rate": (burst - len(errors)) / wall, "per_node": (burst - len(errors)) / wall / n,
         }  # fmt: skip
@@ -175,6 +194,14 @@ def main() -> None:
         f"placement overhead at p50 (1 node): {over:+.1f} ms, goal <= {GOAL_MS} ms: "
         + ("PASS" if over <= GOAL_MS else "MISS")
     )
+    if one["via_ray"]:
+        ray_p50 = statistics.median(one["via_ray"])
+        print(
+            f"split: the same runs with one Ray actor call each (direct=False): p50 {ray_p50:.1f} ms "
+            f"({ray_p50 - lp50:+.1f} ms over the local pool); a Ray actor call that does nothing: p50 "
+            f"{statistics.median(one['noop']):.2f} ms; the direct channel saves "
+            f"{ray_p50 - statistics.median(one['seq']):.1f} ms"
+        )
     print(f"one node's burst rate is {rows[0]['per_node'] / floor:.2f}x its engine's docker run rate")
     print(
         f"a cluster of N machines like this one's node would start about N x {rows[0]['per_node']:.1f} fresh "
