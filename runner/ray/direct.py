@@ -20,7 +20,8 @@ What keeps it as closed as Ray's own channel:
   (dicts, lists, tuples, strings, bytes, numbers, None): even a peer that holds the key cannot make it run code.
   The answer (a ``CallResult``, a ``ToolcageError``) is the agent's, as through Ray.
 - **Bounded.** A frame says its size before it is read: a request over 64 MiB or an answer over 256 MiB
-  closes the connection before anything is allocated for it; the challenge must be answered in 10 s.
+  closes the connection before anything is allocated for it; the challenge must be answered in 10 s, and at
+  most 64 connections wait to answer it at once (a flood of them cannot take the agent's file descriptors).
 - **Only where Ray is in the clear.** With Ray's TLS on (``RAY_USE_TLS``) the agent opens no channel and the
   driver keeps Ray's, so a secret never travels less protected than Ray would carry it. Without TLS both
   carry it in the clear between machines; the key keeps others from using the channel, not from reading it.
@@ -57,6 +58,7 @@ HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 << 20
 MAX_ANSWER = 256 << 20
 HANDSHAKE_S = 10.0
+MAX_CHALLENGES = 64  # connections still to prove the key, at once: more are closed at once (no fd flood)
 CONNECT_S = 3.0
 
 
@@ -291,6 +293,7 @@ class Server:
         self.handlers = handlers
         self.dumps = dumps
         self.refused = 0  # connections that failed the challenge or sent a bad frame
+        self.challenging = 0  # connections that have not proved the key yet
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -310,7 +313,14 @@ class Server:
         if task is not None:
             self._tasks.add(task)
         try:
-            key = await asyncio.wait_for(self._challenge(reader, writer), HANDSHAKE_S)
+            if self.challenging >= MAX_CHALLENGES:
+                self.refused += 1
+                return
+            self.challenging += 1
+            try:
+                key = await asyncio.wait_for(self._challenge(reader, writer), HANDSHAKE_S)
+            finally:
+                self.challenging -= 1
             if key is None:
                 self.refused += 1
                 return

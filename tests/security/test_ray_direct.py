@@ -215,6 +215,22 @@ def test_a_challenge_never_answered_is_dropped(agent: _Agent, monkeypatch: pytes
     assert _closed(s)
 
 
+def test_a_flood_of_connections_that_never_prove_the_key_is_capped(agent: _Agent) -> None:
+    """Each open challenge holds a descriptor for up to HANDSHAKE_S: past MAX_CHALLENGES, a new connection is
+    closed at once, and a driver with the key is still served once the flood is gone."""
+    flood = [_raw(agent)[0] for _ in range(direct.MAX_CHALLENGES)]
+    extra = socket.create_connection((agent.host, agent.port), timeout=5)
+    agent.socks.append(extra)
+    assert _closed(extra)
+    assert agent.server.challenging == direct.MAX_CHALLENGES
+    for s in flood:
+        s.close()
+    assert _wait(lambda: agent.server.challenging == 0)
+    ch = direct.Channel(agent.host, agent.port, KEY)
+    assert ch.call("call", ("sid",))[0] == "ok"
+    ch.close()
+
+
 def test_the_driver_takes_nothing_from_an_address_that_cannot_prove_the_key() -> None:
     """A listener that is not the agent (a port taken over after the agent died): its 'proof' is refused,
     and nothing it sends is unpickled."""
