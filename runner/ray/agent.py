@@ -223,7 +223,7 @@ class EngineAgent:
             key = os.urandom(32)
             server = direct.Server(key, {"run": self.run, "call": self.call}, ray.cloudpickle.dumps)
             try:
-                host, port = await server.start(ray.util.get_node_ip_address())
+                host, port = await server.start(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
             except OSError as exc:
                 self._direct_failed = True
                 self.log.warning("cluster.direct_unavailable", error=str(exc))
