@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import os
 import threading
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Unpack
 
 import ray
@@ -33,6 +35,20 @@ if TYPE_CHECKING:
     from toolcage.ray.cluster import Cluster
     from toolcage.results import CallResult, NetworkChange, RunSummary
     from toolcage.types import AsyncSandboxLike, SandboxLike, SnapshotTarget
+
+
+_WAITERS: ThreadPoolExecutor | None = None
+_WAITERS_LOCK = threading.Lock()
+
+
+def _waiters() -> ThreadPoolExecutor:
+    """The threads async calls on the direct channel wait on: not the loop's default executor, whose few
+    threads (cores + 4) would queue a gather of more calls than that behind one another."""
+    global _WAITERS
+    with _WAITERS_LOCK:
+        if _WAITERS is None:
+            _WAITERS = ThreadPoolExecutor(max_workers=256, thread_name_prefix="toolcage-ray-call")
+        return _WAITERS
 
 
 class _Abort:
@@ -344,7 +360,8 @@ class AsyncClusterSandbox(AsyncCodeInterpreter):
         # on the direct channel, waited for on a thread; a cancel closes the call's connection, and the agent
         # cancels the call in the sandbox as a local AsyncSandbox's cancel does (a Ray call would run on)
         abort = _Abort()
-        job = asyncio.ensure_future(asyncio.to_thread(s._invoke, "call", tool, params, timeout, abort=abort))
+        call = functools.partial(s._invoke, "call", tool, params, timeout, abort=abort)
+        job = asyncio.get_running_loop().run_in_executor(_waiters(), call)
         try:
             result = await asyncio.shield(job)
         except asyncio.CancelledError:

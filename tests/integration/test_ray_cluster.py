@@ -483,6 +483,33 @@ def test_a_ray_task_anywhere_in_the_cluster_uses_the_same_agents(lc: Any, ray_dr
         c.close(stop_agents=True)
 
 
+def test_many_async_calls_gathered_on_one_cluster_session_run_at_once(lc: Any, ray_driver: Any) -> None:
+    """On the direct channel an async call waits on a thread of its own pool, not the loop's default executor
+    (cores + 4 threads here): 12 one-second calls gathered on one session (the policy lets 12 run at once) take
+    about a second, not two."""
+    import asyncio
+
+    import toolcage.ray as tcr
+
+    policy = {"extends": "default", "limits": {"concurrency": 12}}
+    c = tcr.Cluster(policy, name="gather", per_node={"warm": 0, "max_running": 4, "max_starting": 2}, linger_s=2)
+
+    async def go() -> tuple[float, list[Any]]:
+        async with c.async_sandbox(node=lc.nodes[0].node_id) as s:
+            t0 = time.monotonic()
+            calls = [s.call("run_python", {"code": "import time; time.sleep(1); print('up')"}) for _ in range(12)]
+            got = await asyncio.gather(*calls)
+            return time.monotonic() - t0, got
+
+    try:
+        c.wait_ready(count=3, timeout=180)
+        took, got = asyncio.run(go())
+        assert all(r.ok and r.result["stdout"] == "up\n" for r in got), got
+        assert took < 1.9, took
+    finally:
+        c.close(stop_agents=True)
+
+
 def test_files_travel_both_ways_and_a_snapshot_resumes_on_another_node(
     lc: Any, ray_driver: Any, tmp_path: Path
 ) -> None:
