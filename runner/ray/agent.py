@@ -46,6 +46,7 @@ from toolcage.errors import (
     EngineUnavailable,
     ImageMissing,
     NoCapacity,
+    SandboxError,
     SandboxInterrupted,
     ToolcageError,
     UsageError,
@@ -212,6 +213,12 @@ class EngineAgent:
             "direct": direct,
         }  # fmt: skip
 
+    def _direct_failed_request(self, exc: Exception) -> Outcome:
+        """The answer to a direct request that failed in the agent (Ray would raise it as a RayTaskError)."""
+        kind = UsageError if isinstance(exc, TypeError | ValueError) else SandboxError
+        message = f"the agent of node {self.node_id[:12]} could not answer the request: {type(exc).__name__}: {exc}"
+        return ("error", kind(message[:1000], node=self.node_id), self.load())
+
     async def _ensure_direct(self) -> dict[str, Any] | None:
         """The direct channel's address and key (:mod:`toolcage.ray.direct`), opened on the first hello; None
         under Ray's TLS, or where it cannot listen (the clients keep Ray's channel)."""
@@ -221,7 +228,9 @@ class EngineAgent:
 
         if self._direct is None and not self._direct_failed and not direct.tls_on():
             key = os.urandom(32)
-            server = direct.Server(key, {"run": self.run, "call": self.call}, ray.cloudpickle.dumps)
+            server = direct.Server(
+                key, {"run": self.run, "call": self.call}, ray.cloudpickle.dumps, self._direct_failed_request
+            )
             try:
                 host, port = await server.start(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
             except OSError as exc:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from toolcage.errors import ImageMissing, NoCapacity, NodeLost, ToolcageError, UsageError
+from toolcage.errors import ImageMissing, NoCapacity, NodeLost, SandboxInterrupted, ToolcageError, UsageError
 from toolcage.ray import direct, placement
 from toolcage.ray.agent import NAMESPACE, AgentConfig, EngineAgent, Outcome, agent_name
 from toolcage.ray.handle import NodeAgent, actor_lost
@@ -40,6 +40,8 @@ NODE_RESOURCE = "toolcage_engine"  # a node with this Ray resource runs an agent
 DEFAULT_PER_NODE = {"warm": 2, "max_running": 16, "max_starting": 2}
 REFRESH_S = 1.0  # how often the driver refreshes its view of the nodes and their agents
 DEFAULT_WAIT_S = 60.0  # how long a run waits for a node to admit it, by default
+BROKEN_CHECK_S = 5.0  # how long a call whose connection broke waits for Ray to say whether its agent lives
+DIRECT_RETRY_S = 30.0  # an agent whose direct channel could not be opened is asked through Ray this long
 WAIT_SLICE_S = (0.25, 2.0)  # a run that finds every node full waits on one this long (doubling), then asks all again
 
 
@@ -222,7 +224,7 @@ class Cluster:
             self.events.append({"event": "node_lost", "node": node_id, "why": why, "t": time.time()})
 
     def _update(self, agent: NodeAgent, load: dict[str, Any]) -> None:
-        if self.direct and "direct" in load and not agent.direct_off and not agent.lost:
+        if self.direct and "direct" in load and not agent.lost and time.monotonic() >= agent.direct_retry_at:
             offer = load["direct"]
             if agent.direct is None or not agent.direct.same(offer):
                 old, agent.direct = agent.direct, direct.Channel.of(offer)
@@ -429,7 +431,7 @@ class Cluster:
     ) -> Any:
         """``method(*args)`` on the agent: on its direct channel when it has one (:mod:`.direct`), else a Ray
         actor call. ``direct.ChannelError`` only once the request may have reached the agent; a channel that
-        cannot be opened is given up for this agent, and the call goes through Ray."""
+        cannot be opened is set aside for this agent for DIRECT_RETRY_S, and the call goes through Ray."""
         ch = agent.direct
         if ch is not None and method in direct.METHODS:
             try:
@@ -438,10 +440,25 @@ class Cluster:
                 if exc.sent or agent.lost:
                     raise
                 if not ch.closed:
-                    agent.direct, agent.direct_off = None, True
+                    agent.direct, agent.direct_retry_at = None, time.monotonic() + DIRECT_RETRY_S
                     ch.close()
                     self.events.append({"event": "direct_unavailable", "node": agent.node_id, "error": str(exc)})
         return ray.get(getattr(agent.handle, method).remote(*args))
+
+    def _broken(self, agent: NodeAgent, exc: direct.ChannelError) -> ToolcageError:
+        """What a call whose connection broke after its request went out ends in: ``NodeLost`` when the agent is
+        gone (or does not answer Ray within BROKEN_CHECK_S); else the agent saw the connection close and cancelled
+        the call there, and the node stays in the view (``SandboxInterrupted``)."""
+        if agent.lost:
+            return self._lost(agent, exc)
+        try:
+            ray.get(agent.handle.status.remote(), timeout=BROKEN_CHECK_S)
+        except Exception as why:
+            return self._lost(agent, why)
+        return SandboxInterrupted(
+            f"the connection to the agent of node {agent.node_id[:12]} broke mid-call ({exc}); the agent lives and "
+            "cancelled the call there", node=agent.node_id,
+        )  # fmt: skip
 
     def _settle(self, agent: NodeAgent, outcome: Outcome) -> Any:
         kind, value, load = outcome
@@ -488,7 +505,7 @@ class Cluster:
                     outcome = self._ask(agent, method, (*args, left))
                 except direct.ChannelError as exc:
                     if exc.sent:  # it went out: the run may have had effects, never retried
-                        raise self._lost(agent, exc) from None
+                        raise self._broken(agent, exc) from None
                     self._lost(agent, exc)  # lost before it was asked: nothing ran there
                     continue
                 except Exception as exc:

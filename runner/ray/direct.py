@@ -21,14 +21,18 @@ What keeps it as closed as Ray's own channel:
   The answer (a ``CallResult``, a ``ToolcageError``) is the agent's, as through Ray.
 - **Bounded.** A frame says its size before it is read: a request over 64 MiB or an answer over 256 MiB
   closes the connection before anything is allocated for it; the challenge must be answered in 10 s, and at
-  most 64 connections wait to answer it at once (a flood of them cannot take the agent's file descriptors).
+  most 64 connections wait to answer it at once: the 65th pushes the oldest out (a flood cannot take the
+  agent's file descriptors, and must outrun a driver's one round trip to push its connection out).
 - **Only where Ray is in the clear.** With Ray's TLS on (``RAY_USE_TLS``) the agent opens no channel and the
   driver keeps Ray's, so a secret never travels less protected than Ray would carry it. Without TLS both
   carry it in the clear between machines; the key keeps others from using the channel, not from reading it.
 - **A lost connection ends the run.** The agent cancels a request whose connection closed (its sandbox is
-  removed); a driver whose connection dies after the request went out raises ``NodeLost`` and never asks
-  another node (the run may have had effects). A channel that cannot be opened at all (a firewall between
-  the driver and the node) is given up for that agent, and its calls go through Ray as before.
+  removed); a driver whose connection dies after the request went out asks Ray whether the agent lives:
+  ``NodeLost`` if not, else ``SandboxInterrupted`` (cancelled there); it never asks another node (the run may
+  have had effects). A request the agent fails (wrong arguments, an answer that will not pickle) is answered
+  with that error, on a connection that stays up. A channel that cannot be opened (a firewall between the
+  driver and the node, a flood of keyless connections) is set aside for that agent for 30 s, and its calls go
+  through Ray meanwhile.
 
 Only ``run`` and a session's ``call`` take this path (:data:`METHODS`); opening and closing a session, files
 and images stay on Ray.
@@ -288,12 +292,16 @@ class Server:
     """The agent's end: serves ``handlers`` (method -> coroutine function returning an Outcome) to peers
     that prove ``token``; a request whose connection closes before its answer is cancelled."""
 
-    def __init__(self, token: bytes, handlers: dict[str, Handler], dumps: Callable[[Any], bytes]) -> None:
+    def __init__(
+        self, token: bytes, handlers: dict[str, Handler], dumps: Callable[[Any], bytes],
+        on_error: Callable[[Exception], Any],
+    ) -> None:  # fmt: skip
         self.token = token
         self.handlers = handlers
         self.dumps = dumps
+        self.on_error = on_error  # the answer to a request the handler failed (or whose answer would not pickle)
         self.refused = 0  # connections that failed the challenge or sent a bad frame
-        self.challenging = 0  # connections that have not proved the key yet
+        self.challenging: dict[asyncio.Task[Any], None] = {}  # connections yet to prove the key, oldest first
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -313,14 +321,18 @@ class Server:
         if task is not None:
             self._tasks.add(task)
         try:
-            if self.challenging >= MAX_CHALLENGES:
+            if len(self.challenging) >= MAX_CHALLENGES:  # the oldest goes: a driver answers in one round trip,
+                oldest = next(iter(self.challenging))  # so a flood must outrun it to push it out
+                self.challenging.pop(oldest, None)
+                oldest.cancel()
                 self.refused += 1
-                return
-            self.challenging += 1
+            if task is not None:
+                self.challenging[task] = None
             try:
                 key = await asyncio.wait_for(self._challenge(reader, writer), HANDSHAKE_S)
             finally:
-                self.challenging -= 1
+                if task is not None:
+                    self.challenging.pop(task, None)
             if key is None:
                 self.refused += 1
                 return
@@ -343,10 +355,16 @@ class Server:
                 except Exception:
                     self.refused += 1
                     return
-                answer = await self._answer(reader, self.handlers[method](*args))
+                try:
+                    answer = await self._answer(reader, self.handlers[method](*args))
+                except Exception as exc:  # the request failed, not the channel: say so, and go on serving
+                    answer = self.on_error(exc)
                 if answer is None:
                     return  # the driver left mid-request: the request was cancelled
-                data = self.dumps(answer)
+                try:
+                    data = self.dumps(answer)
+                except Exception as exc:
+                    data = self.dumps(self.on_error(exc))
                 writer.write(HEADER.pack(len(data)) + out.mac(data))
                 writer.write(data)
                 await writer.drain()

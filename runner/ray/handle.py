@@ -27,7 +27,7 @@ class NodeAgent:
         self.view = view
         self.lost = False
         self.direct: Any = None  # toolcage.ray.direct.Channel, once the agent's hello offered one
-        self.direct_off = False  # the channel could not be opened: this agent's calls stay on Ray
+        self.direct_retry_at = 0.0  # the channel could not be opened: this agent's calls stay on Ray until then
 
 
 __all__ = ["NodeAgent", "actor_lost"]

@@ -184,7 +184,7 @@ class ClusterSandbox(CodeInterpreter):
         except direct.ChannelError as exc:
             if abort is not None and abort.cancelled:  # our own abort: the agent cancels the call, the node lives
                 raise SandboxInterrupted("the call was cancelled", node=agent.node_id) from None
-            raise self.cluster._lost(agent, exc) from None
+            raise self.cluster._broken(agent, exc) from None
         except Exception as exc:
             if actor_lost(exc):
                 raise self.cluster._lost(agent, exc) from None

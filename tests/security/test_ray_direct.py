@@ -52,9 +52,14 @@ class _Agent:
 
         async def call(*args: Any) -> Any:
             self.calls.append(("call", args))
+            if args and args[0] == "unpicklable":
+                return ("ok", lambda: None, {})
             return ("ok", len(args), {})
 
-        self.server = direct.Server(KEY, {"run": run, "call": call}, lambda v: pickle.dumps(v))
+        def on_error(exc: Exception) -> Any:
+            return ("error", f"{type(exc).__name__}: {exc}", {})
+
+        self.server = direct.Server(KEY, {"run": run, "call": call}, lambda v: pickle.dumps(v), on_error)
         self.host, self.port = asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1"), self.loop).result(5)
 
     def close(self) -> None:
@@ -215,20 +220,23 @@ def test_a_challenge_never_answered_is_dropped(agent: _Agent, monkeypatch: pytes
     assert _closed(s)
 
 
-def test_a_flood_of_connections_that_never_prove_the_key_is_capped(agent: _Agent) -> None:
-    """Each open challenge holds a descriptor for up to HANDSHAKE_S: past MAX_CHALLENGES, a new connection is
-    closed at once, and a driver with the key is still served once the flood is gone."""
+def test_a_flood_of_connections_that_never_prove_the_key_is_capped_and_cannot_shut_a_driver_out(
+    agent: _Agent,
+) -> None:
+    """Each open challenge holds a descriptor for up to HANDSHAKE_S: at most MAX_CHALLENGES wait at once, the
+    next pushes the oldest out, and a driver with the key is served while the flood holds every place."""
     flood = [_raw(agent)[0] for _ in range(direct.MAX_CHALLENGES)]
-    extra = socket.create_connection((agent.host, agent.port), timeout=5)
-    agent.socks.append(extra)
-    assert _closed(extra)
-    assert agent.server.challenging == direct.MAX_CHALLENGES
-    for s in flood:
-        s.close()
-    assert _wait(lambda: agent.server.challenging == 0)
+    assert _wait(lambda: len(agent.server.challenging) == direct.MAX_CHALLENGES)
+    extra, _ = _raw(agent)  # still answered: the oldest of the flood goes instead
+    assert _closed(flood[0])
+    assert len(agent.server.challenging) == direct.MAX_CHALLENGES
     ch = direct.Channel(agent.host, agent.port, KEY)
-    assert ch.call("call", ("sid",))[0] == "ok"
+    for _ in range(3):
+        assert ch.call("call", ("sid",))[0] == "ok"
     ch.close()
+    for s in [*flood, extra]:
+        s.close()
+    assert _wait(lambda: not agent.server.challenging)
 
 
 def test_the_driver_takes_nothing_from_an_address_that_cannot_prove_the_key() -> None:
@@ -290,6 +298,26 @@ def test_closing_the_channel_ends_a_waiting_call(agent: _Agent) -> None:
     with pytest.raises(direct.ChannelError) as err:
         ch.call("run", ())
     assert err.value.sent is False
+
+
+def test_a_request_the_agent_fails_is_answered_as_an_error_on_a_connection_that_stays_up(agent: _Agent) -> None:
+    """Wrong arguments (the handler raises) or an answer that will not pickle: the driver gets the agent's error
+    answer, not a broken connection (which it would have to take for a lost node)."""
+    ch = direct.Channel(agent.host, agent.port, KEY)
+    try:
+        kind, why, _ = ch.call("call", ("unpicklable",))
+        assert kind == "error" and "pickle" in why.lower(), why
+
+        async def strict(sid: str) -> Any:
+            return ("ok", sid, {})
+
+        agent.server.handlers["call"] = strict
+        kind, why, _ = ch.call("call", ("sid", "extra", "args"))
+        assert kind == "error" and why.startswith("TypeError"), why
+        assert ch.call("call", ("sid",)) == ("ok", "sid", {})
+        assert len(ch._open) == 1  # the same connection all along
+    finally:
+        ch.close()
 
 
 def test_no_channel_is_offered_or_taken_under_rays_tls(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -203,6 +203,15 @@ def test_runs_and_calls_take_the_direct_channel_which_no_sandbox_and_no_keyless_
             assert s.call("run_python", {"code": "print(6 * 7)"}).result["stdout"] == "42\n"
         assert not [e for e in c.events if e["event"] == "direct_unavailable"], c.events
         assert served["eligible"]
+        # a request the agent fails (here a timeout that is not a number) is answered as that error: the node
+        # is not taken for lost, and a session open beside it goes on
+        from toolcage.errors import ToolcageError
+
+        with c.sandbox(node=node) as s:
+            with pytest.raises(ToolcageError, match="could not answer the request"):
+                c.run("ping", None, timeout="soon")  # type: ignore[arg-type]
+            assert not agent.lost and node in c._agents
+            assert s.call("run_python", {"code": "print(7)"}).result["stdout"] == "7\n"
     finally:
         c.close(stop_agents=True)
 

@@ -68,7 +68,7 @@ def server() -> Iterator[tuple[str, int, list[str]]]:
             await asyncio.sleep(60)
         return ("ok", "run via direct", {"running": 0, "healthy": True, "image_ready": True})
 
-    srv = direct.Server(b"k" * 32, {"run": run, "call": run}, __import__("pickle").dumps)
+    srv = direct.Server(b"k" * 32, {"run": run, "call": run}, __import__("pickle").dumps, lambda e: ("error", e, {}))
     host, port = asyncio.run_coroutine_threadsafe(srv.start("127.0.0.1"), loop).result(5)
     try:
         yield host, port, seen
@@ -118,11 +118,15 @@ def test_a_channel_that_cannot_be_opened_is_given_up_and_the_run_goes_through_ra
     assert agent.direct is not None
     _, outcome = c._admitted("run", ("job", "t", None, None, None, None), None, None)
     assert outcome[1] == "run via ray" and log == ["ray:run@n1"]
-    assert agent.direct is None and agent.direct_off
+    assert agent.direct is None and agent.direct_retry_at > time.monotonic() + cluster_mod.DIRECT_RETRY_S - 5
     assert [e["event"] for e in c.events] == ["direct_unavailable"]
-    # the next hello's offer is not taken again: this agent's calls stay on Ray
+    # the next hello's offer is not taken again for a while: this agent's calls stay on Ray, then it is tried again
     c._update(agent, {"direct": {"host": "127.0.0.1", "port": 1, "key": "00" * 32}, **UP})
     assert agent.direct is None
+    agent.direct_retry_at = time.monotonic() - 1
+    c._update(agent, {"direct": {"host": "127.0.0.1", "port": 1, "key": "00" * 32}, **UP})
+    assert agent.direct is not None
+    agent.direct.close()
 
 
 def test_a_run_whose_connection_dies_after_it_went_out_is_node_lost_and_never_asked_of_another_node(
@@ -151,6 +155,52 @@ def test_a_run_whose_connection_dies_after_it_went_out_is_node_lost_and_never_as
     assert seen == ["hang"] and log == []  # asked once, of one node
     for a in [*c._agents.values(), *asked]:
         a.direct.close()
+
+
+@pytest.mark.parametrize("agent_lives", [True, False])
+def test_a_connection_that_breaks_while_the_agent_lives_is_an_interrupted_call_not_a_lost_node(
+    server: tuple[str, int, list[str]], monkeypatch: pytest.MonkeyPatch, agent_lives: bool
+) -> None:
+    """Only Ray says whether the agent is gone: a broken connection alone does not drop the node (its sessions
+    would be given up while it holds them); the call ends SandboxInterrupted, cancelled there."""
+    from toolcage.errors import SandboxInterrupted
+
+    host, port, seen = server
+    log: list[str] = []
+    c = _cluster(["n1"], log, monkeypatch)
+    if not agent_lives:
+
+        def dead(ref: Any, **kw: Any) -> Any:
+            raise cluster_mod.ray.exceptions.RayActorError()
+
+        monkeypatch.setattr(cluster_mod.ray, "get", dead)
+    agent = c._agents["n1"]
+    c._update(agent, {"direct": {"host": host, "port": port, "key": (b"k" * 32).hex()}, **UP})
+    held: list[Any] = []
+
+    def hold(conn: Any) -> bool:
+        if conn is not None:
+            held.append(conn)
+        return True
+
+    out: list[Any] = []
+    th = threading.Thread(target=lambda: out.append(_try(lambda: c._ask(agent, "run", ("hang",), hold))))
+    th.start()
+    until = time.monotonic() + 5
+    while not seen and time.monotonic() < until:
+        time.sleep(0.02)
+    held[0].abort()  # the connection breaks under the call
+    th.join(5)
+    assert isinstance(out[0], direct.ChannelError) and out[0].sent
+    got = c._broken(agent, out[0])
+    if agent_lives:
+        assert isinstance(got, SandboxInterrupted) and "cancelled the call there" in got.message, got
+        assert "n1" in c._agents and not agent.lost
+        assert log == ["ray:status@n1"]
+    else:
+        assert isinstance(got, NodeLost), got
+        assert "n1" not in c._agents and agent.lost
+    agent.direct.close()
 
 
 def _try(fn: Any) -> Any:
