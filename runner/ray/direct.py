@@ -329,7 +329,7 @@ class Server:
             if task is not None:
                 self.challenging[task] = None
             try:
-                key = await asyncio.wait_for(self._challenge(reader, writer), HANDSHAKE_S)
+                key = await asyncio.wait_for(self._challenge(reader, writer, task), HANDSHAKE_S)
             finally:
                 if task is not None:
                     self.challenging.pop(task, None)
@@ -377,7 +377,9 @@ class Server:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _challenge(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
+    async def _challenge(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[Any] | None
+    ) -> bytes | None:
         nonce_s = secrets.token_bytes(NONCE)
         writer.write(MAGIC + nonce_s)
         await writer.drain()
@@ -386,6 +388,8 @@ class Server:
         theirs, mine, key = _keys(self.token, nonce_s, nonce_c)
         if not hmac.compare_digest(proof, theirs):
             return None
+        if task is not None:  # proved: no longer one a flood can push out (before the first await after it)
+            self.challenging.pop(task, None)
         writer.write(mine)
         await writer.drain()
         return key
