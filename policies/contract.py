@@ -52,6 +52,7 @@ ENV_BASE_IMAGE = "TOOLCAGE_BASE_IMAGE"  # image build: the base image
 ENV_DEBIAN_MIRROR = "TOOLCAGE_DEBIAN_MIRROR"  # image build: the Debian mirror
 ENV_SHARED_FILES = "TOOLCAGE_SHARED_FILES"  # "off": every container reads the image's files itself (engine.sharedfiles)
 ENV_DAEMON = "TOOLCAGE_DAEMON"  # "off": `toolcage run` never asks the daemon; a path: the daemon's socket there
+ENV_RAY_DIRECT = "TOOLCAGE_RAY_DIRECT"  # "off": a Cluster's calls all go through Ray (toolcage.ray.direct)
 
 # -- in-sandbox paths --------------------------------------------------------------------------
 WORKSPACE = "/workspace"  # the project directory: read-only, or the run's writable copy (workspace_mode copy)
@@ -150,6 +151,7 @@ __all__ = [
     "ENV_PROXY",
     "ENV_PROXY_LISTEN",
     "ENV_PROXY_SOCKET",
+    "ENV_RAY_DIRECT",
     "ENV_RUN_ID",
     "ENV_SANDBOX",
     "ENV_SCRATCH",

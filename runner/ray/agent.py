@@ -213,9 +213,10 @@ class EngineAgent:
             "direct": direct,
         }  # fmt: skip
 
-    def _direct_failed_request(self, exc: Exception) -> Outcome:
-        """The answer to a direct request that failed in the agent (Ray would raise it as a RayTaskError)."""
-        kind = UsageError if isinstance(exc, TypeError | ValueError) else SandboxError
+    def _direct_failed_request(self, exc: Exception, stage: str) -> Outcome:
+        """The answer to a direct request that failed in the agent (Ray would raise it as a RayTaskError):
+        arguments it could not take are the caller's (UsageError), an answer that would not pickle the agent's."""
+        kind = UsageError if stage == "request" and isinstance(exc, TypeError | ValueError) else SandboxError
         message = f"the agent of node {self.node_id[:12]} could not answer the request: {type(exc).__name__}: {exc}"
         return ("error", kind(message[:1000], node=self.node_id), self.load())
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from toolcage.errors import ImageMissing, NoCapacity, NodeLost, SandboxInterrupted, ToolcageError, UsageError
+from toolcage.policies import contract
 from toolcage.ray import direct, placement
 from toolcage.ray.agent import NAMESPACE, AgentConfig, EngineAgent, Outcome, agent_name
 from toolcage.ray.handle import NodeAgent, actor_lost
@@ -104,7 +105,7 @@ class Cluster:
         self.node_resource = node_resource
         # runs and session calls on each agent's direct channel (toolcage.ray.direct), Ray finding and watching
         # the agents; off: every call is a Ray actor call (TOOLCAGE_RAY_DIRECT=off sets the default)
-        self.direct = direct if direct is not None else os.environ.get("TOOLCAGE_RAY_DIRECT", "on") != "off"
+        self.direct = direct if direct is not None else os.environ.get(contract.ENV_RAY_DIRECT, "on") != "off"
         self.placement, self.k, self.wait_s = placement_strategy, k, wait_s
         limits = _per_node(per_node)
         self._local_engine: Any = None
@@ -224,12 +225,14 @@ class Cluster:
             self.events.append({"event": "node_lost", "node": node_id, "why": why, "t": time.time()})
 
     def _update(self, agent: NodeAgent, load: dict[str, Any]) -> None:
+        if not load:  # an answer that carries no view (the direct channel's own error answer)
+            return
         if self.direct and "direct" in load and not agent.lost and time.monotonic() >= agent.direct_retry_at:
             offer = load["direct"]
             if agent.direct is None or not agent.direct.same(offer):
                 old, agent.direct = agent.direct, direct.Channel.of(offer)
                 if old is not None:
-                    old.close()
+                    old.retire()
         v = agent.view
         v.running = int(load.get("running", v.running))
         v.healthy = bool(load.get("healthy"))
@@ -439,9 +442,9 @@ class Cluster:
             except direct.ChannelError as exc:
                 if exc.sent or agent.lost:
                     raise
-                if not ch.closed:
+                if not ch.closed:  # new calls go through Ray for a while; the calls in flight on it finish there
                     agent.direct, agent.direct_retry_at = None, time.monotonic() + DIRECT_RETRY_S
-                    ch.close()
+                    ch.retire()
                     self.events.append({"event": "direct_unavailable", "node": agent.node_id, "error": str(exc)})
         return ray.get(getattr(agent.handle, method).remote(*args))
 
@@ -456,8 +459,8 @@ class Cluster:
         except Exception as why:
             return self._lost(agent, why)
         return SandboxInterrupted(
-            f"the connection to the agent of node {agent.node_id[:12]} broke mid-call ({exc}); the agent lives and "
-            "cancelled the call there", node=agent.node_id,
+            f"the connection to the agent of node {agent.node_id[:12]} broke mid-call ({exc}); the agent lives, and "
+            "cancelled the call there if it was still running", node=agent.node_id,
         )  # fmt: skip
 
     def _settle(self, agent: NodeAgent, outcome: Outcome) -> Any:

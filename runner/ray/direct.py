@@ -54,6 +54,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from toolcage.errors import SandboxError
+
 METHODS = frozenset({"run", "call"})
 MAGIC = b"TCD1"
 NONCE = 32
@@ -62,8 +64,10 @@ HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 << 20
 MAX_ANSWER = 256 << 20
 HANDSHAKE_S = 10.0
+BACKLOG = 32  # the listen queue: with MAX_CHALLENGES, what bounds the descriptors a flood holds at once
 MAX_CHALLENGES = 64  # connections still to prove the key, at once: more are closed at once (no fd flood)
 CONNECT_S = 3.0
+HANDSHAKES = 8
 
 
 class ChannelError(Exception):
@@ -217,6 +221,9 @@ class Channel:
         self._idle: list[_Conn] = []
         self._open: set[_Conn] = set()
         self._lock = threading.Lock()
+        # handshakes this driver has in flight to the agent at once: a burst of callers must not push its own
+        # connections out of the agent's challenge list (MAX_CHALLENGES); the others wait for one, or a free one
+        self._handshakes = threading.BoundedSemaphore(HANDSHAKES)
         self.closed = False
 
     @classmethod
@@ -262,7 +269,11 @@ class Channel:
                 raise ChannelError("the channel is closed (its agent was lost)", sent=False)
             if self._idle:
                 return self._idle.pop()
-        conn = _connect(self.host, self.port, self.token)
+        with self._handshakes:
+            with self._lock:  # one may have been freed while this waited
+                if self._idle and not self.closed:
+                    return self._idle.pop()
+            conn = _connect(self.host, self.port, self.token)
         with self._lock:
             if self.closed:
                 conn.close()
@@ -276,16 +287,28 @@ class Channel:
         conn.close()
 
     def close(self) -> None:
+        """Break every connection: the calls waiting on them end now (the agent is lost)."""
         with self._lock:
             self.closed = True
             conns, self._open, self._idle = list(self._open), set(), []
         for conn in conns:
             conn.close()
 
+    def retire(self) -> None:
+        """Take no new calls; the calls in flight finish on their connections, which are closed after."""
+        with self._lock:
+            self.closed = True
+            idle, self._idle = self._idle, []
+            for conn in idle:
+                self._open.discard(conn)
+        for conn in idle:
+            conn.close()
+
 
 # the agent's end --------------------------------------------------------------------------------
 
 Handler = Callable[..., Awaitable[Any]]
+_GONE = object()  # what _answer says when the driver left before the answer
 
 
 class Server:
@@ -294,19 +317,25 @@ class Server:
 
     def __init__(
         self, token: bytes, handlers: dict[str, Handler], dumps: Callable[[Any], bytes],
-        on_error: Callable[[Exception], Any],
+        on_error: Callable[[Exception, str], Any],
     ) -> None:  # fmt: skip
         self.token = token
         self.handlers = handlers
         self.dumps = dumps
-        self.on_error = on_error  # the answer to a request the handler failed (or whose answer would not pickle)
+        # the answer to a request the handler failed (stage "request") or whose answer would not pickle ("answer")
+        self.on_error = on_error
         self.refused = 0  # connections that failed the challenge or sent a bad frame
-        self.challenging: dict[asyncio.Task[Any], None] = {}  # connections yet to prove the key, oldest first
+        self.failed = 0  # requests whose answer could not be sent at all (its error would not pickle either)
+        self.evicted = 0  # connections pushed out of the challenge list by a newer one
+        self.peak = 0  # the most connections that waited on the challenge at once
+        # connections yet to prove the key, oldest first; the next past MAX_CHALLENGES aborts the oldest's
+        # transport (its read fails, its task ends as a refusal: a cancelled task is one logged error each)
+        self.challenging: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self, host: str) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._serve, host=host, port=0, limit=1 << 20)
+        self._server = await asyncio.start_server(self._serve, host=host, port=0, limit=1 << 20, backlog=BACKLOG)
         port = self._server.sockets[0].getsockname()[1]
         return host, int(port)
 
@@ -323,11 +352,11 @@ class Server:
         try:
             if len(self.challenging) >= MAX_CHALLENGES:  # the oldest goes: a driver answers in one round trip,
                 oldest = next(iter(self.challenging))  # so a flood must outrun it to push it out
-                self.challenging.pop(oldest, None)
-                oldest.cancel()
-                self.refused += 1
+                self.challenging.pop(oldest).transport.abort()
+                self.evicted += 1
             if task is not None:
-                self.challenging[task] = None
+                self.challenging[task] = writer
+                self.peak = max(self.peak, len(self.challenging))
             try:
                 key = await asyncio.wait_for(self._challenge(reader, writer, task), HANDSHAKE_S)
             finally:
@@ -358,17 +387,20 @@ class Server:
                 try:
                     answer = await self._answer(reader, self.handlers[method](*args))
                 except Exception as exc:  # the request failed, not the channel: say so, and go on serving
-                    answer = self.on_error(exc)
-                if answer is None:
+                    answer = self._failed(exc, "request")
+                if answer is _GONE:
                     return  # the driver left mid-request: the request was cancelled
                 try:
                     data = self.dumps(answer)
                 except Exception as exc:
-                    data = self.dumps(self.on_error(exc))
+                    data = self.dumps(self._failed(exc, "answer"))
                 writer.write(HEADER.pack(len(data)) + out.mac(data))
                 writer.write(data)
                 await writer.drain()
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
+            return
+        except Exception:  # a failure of the answer's own (its error would not pickle either): this connection ends
+            self.failed += 1
             return
         finally:
             if task is not None:
@@ -376,6 +408,12 @@ class Server:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _failed(self, exc: Exception, stage: str) -> Any:
+        try:
+            return self.on_error(exc, stage)
+        except Exception:  # e.g. an exception whose message raises: a plain error, with no view of the node
+            return ("error", SandboxError(f"the agent could not answer the request ({type(exc).__name__})"), {})
 
     async def _challenge(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[Any] | None
@@ -395,7 +433,7 @@ class Server:
         return key
 
     async def _answer(self, reader: asyncio.StreamReader, work: Awaitable[Any]) -> Any:
-        """The request's answer; None if the connection closed (or the peer sent more) before it: then the
+        """The request's answer; _GONE if the connection closed (or the peer sent more) before it: then the
         request is cancelled, and the agent's run ends as when its client is gone."""
         job = asyncio.ensure_future(work)
         watch = asyncio.ensure_future(reader.read(1))
@@ -413,7 +451,7 @@ class Server:
         job.cancel()  # EOF (or a byte out of turn): nobody waits for this answer
         with contextlib.suppress(BaseException):
             await job
-        return None
+        return _GONE
 
 
 __all__ = ["MAX_ANSWER", "MAX_REQUEST", "METHODS", "Channel", "ChannelError", "Server", "loads_request", "tls_on"]

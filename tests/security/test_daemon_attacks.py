@@ -256,8 +256,15 @@ def test_a_client_confined_beyond_its_uid_is_not_run_with_the_daemons_rights(
         run, capture_output=True, text=True, timeout=120, env={**env, "TOOLCAGE_DAEMON": "off"}, cwd=ROOT
     )
     assert confined.returncode == 0, confined.stderr
-    said = json.loads(confined.stdout)["result"]["stdout"]
-    assert said == json.loads(alone.stdout)["result"]["stdout"]  # it ran as the client, confined
+    said = json.loads(confined.stdout)["result"]["stdout"].splitlines()
+    cold = json.loads(alone.stdout)["result"]["stdout"].splitlines()
+    assert said[:-1] == cold[:-1]  # it ran as the client, confined: its capabilities, its no_new_privs
+    # and in the client's mount namespace. Each `unshare --mount` makes a new one, so the two runs' need not have
+    # the same inode (a freed namespace's number is reused only when nothing took it meanwhile, which a loaded
+    # pass breaks): the confined run's is not the daemon's (the host's) but, unshared, one of its own
+    daemon_mnt = os.readlink(f"/proc/{daemon[1]}/ns/mnt")
+    assert said[-1] != daemon_mnt or confine[0] != "unshare", (said, daemon_mnt)
+    assert (said[-1] == daemon_mnt) == (cold[-1] == daemon_mnt), (said, cold, daemon_mnt)
     status = json.loads(subprocess.run([*cmd, "daemon", "status"], capture_output=True, text=True, env=env).stdout)
     assert status["commands_served"] == 0 and status["serves_you"] is False, status
     assert "differ from the daemon's" in status["why_not"]

@@ -42,6 +42,8 @@ class _Agent:
 
         async def run(*args: Any) -> Any:
             self.calls.append(("run", args))
+            if args and args[0] == "busy":  # holds its connection a while: a burst needs one each
+                await asyncio.sleep(0.5)
             if args and args[0] == "slow":
                 try:
                     await asyncio.sleep(30)
@@ -56,7 +58,7 @@ class _Agent:
                 return ("ok", lambda: None, {})
             return ("ok", len(args), {})
 
-        def on_error(exc: Exception) -> Any:
+        def on_error(exc: Exception, stage: str) -> Any:
             return ("error", f"{type(exc).__name__}: {exc}", {})
 
         self.server = direct.Server(KEY, {"run": run, "call": call}, lambda v: pickle.dumps(v), on_error)
@@ -228,7 +230,7 @@ def test_a_flood_of_connections_that_never_prove_the_key_is_capped_and_cannot_sh
     flood = [_raw(agent)[0] for _ in range(direct.MAX_CHALLENGES)]
     assert _wait(lambda: len(agent.server.challenging) == direct.MAX_CHALLENGES)
     extra, _ = _raw(agent)  # still answered: the oldest of the flood goes instead
-    assert _closed(flood[0])
+    assert _closed(flood[0]) and agent.server.evicted >= 1
     assert len(agent.server.challenging) == direct.MAX_CHALLENGES
     ch = direct.Channel(agent.host, agent.port, KEY)
     for _ in range(3):
@@ -316,6 +318,46 @@ def test_a_request_the_agent_fails_is_answered_as_an_error_on_a_connection_that_
         assert kind == "error" and why.startswith("TypeError"), why
         assert ch.call("call", ("sid",)) == ("ok", "sid", {})
         assert len(ch._open) == 1  # the same connection all along
+    finally:
+        ch.close()
+
+
+def test_a_burst_of_one_drivers_calls_never_pushes_its_own_connections_out(agent: _Agent) -> None:
+    """200 calls at once from one driver: its handshakes in flight stay under the agent's challenge list
+    (direct.HANDSHAKES), so none is pushed out by another of its own and every call is answered on the channel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ch = direct.Channel(agent.host, agent.port, KEY)
+    try:
+        with ThreadPoolExecutor(200) as ex:
+            got = list(ex.map(lambda i: _try(lambda: ch.call("run", ("busy",))), range(200)))
+        assert all(isinstance(g, tuple) and g[0] == "ok" for g in got), [g for g in got if not isinstance(g, tuple)][:3]
+        assert agent.server.refused == 0 and agent.server.evicted == 0 and len(ch._open) <= 200
+        assert agent.server.peak <= direct.HANDSHAKES, agent.server.peak
+    finally:
+        ch.close()
+
+
+def test_an_error_answer_that_cannot_be_made_still_answers(agent: _Agent) -> None:
+    """on_error itself failing (an exception whose message raises) still answers, as a plain error."""
+
+    class Nasty(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no message")
+
+    async def boom(*args: Any) -> Any:
+        raise Nasty()
+
+    def strict_on_error(exc: Exception, stage: str) -> Any:
+        return ("error", f"{exc}", {})  # str() raises for Nasty
+
+    agent.server.handlers["call"] = boom
+    agent.server.on_error = strict_on_error
+    ch = direct.Channel(agent.host, agent.port, KEY)
+    try:
+        kind, err, load = ch.call("call", ("x",))
+        assert kind == "error" and "Nasty" in err.message and load == {}, err
+        assert ch.call("run", ("y",))[0] == "ok"  # the same connection, still up
     finally:
         ch.close()
 

@@ -66,9 +66,13 @@ def server() -> Iterator[tuple[str, int, list[str]]]:
         seen.append(str(args[0]))
         if args[0] == "hang":
             await asyncio.sleep(60)
+        if args[0] == "slow":
+            await asyncio.sleep(1.0)
         return ("ok", "run via direct", {"running": 0, "healthy": True, "image_ready": True})
 
-    srv = direct.Server(b"k" * 32, {"run": run, "call": run}, __import__("pickle").dumps, lambda e: ("error", e, {}))
+    srv = direct.Server(
+        b"k" * 32, {"run": run, "call": run}, __import__("pickle").dumps, lambda e, stage: ("error", e, {})
+    )
     host, port = asyncio.run_coroutine_threadsafe(srv.start("127.0.0.1"), loop).result(5)
     try:
         yield host, port, seen
@@ -201,6 +205,35 @@ def test_a_connection_that_breaks_while_the_agent_lives_is_an_interrupted_call_n
         assert isinstance(got, NodeLost), got
         assert "n1" not in c._agents and agent.lost
     agent.direct.close()
+
+
+def test_a_handshake_that_fails_sets_the_channel_aside_without_breaking_the_calls_in_flight(
+    server: tuple[str, int, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new connection that cannot be opened (a flood, an agent slow to accept) sends the next calls through Ray;
+    a call already on the channel finishes there (closing every connection interrupted it)."""
+    host, port, seen = server
+    log: list[str] = []
+    c = _cluster(["n1"], log, monkeypatch)
+    agent = c._agents["n1"]
+    c._update(agent, {"direct": {"host": host, "port": port, "key": (b"k" * 32).hex()}, **UP})
+    ch = agent.direct
+    out: list[Any] = []
+    th = threading.Thread(target=lambda: out.append(_try(lambda: c._ask(agent, "run", ("slow",)))))
+    th.start()
+    until = time.monotonic() + 5
+    while not seen and time.monotonic() < until:
+        time.sleep(0.02)
+
+    def refused(*a: Any) -> Any:
+        raise direct.ChannelError("the agent refused the key", sent=False)
+
+    monkeypatch.setattr(direct, "_connect", refused)
+    assert c._ask(agent, "run", ("next",))[1] == "run via ray" and log == ["ray:run@n1"]
+    assert agent.direct is None and ch.closed
+    th.join(5)
+    assert out and out[0][1] == "run via direct", out  # finished on its connection, not interrupted
+    assert not ch._open  # and that connection is closed after it
 
 
 def _try(fn: Any) -> Any:
