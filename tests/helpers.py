@@ -209,3 +209,16 @@ def wrap_session(args: list[str], body: Any, env: dict[str, str] | None = None, 
 # where Docker's runsc keeps its containers' state (`runsc --root RUNSC_ROOT ps <id>` lists a gVisor
 # sandbox's processes, which live in gVisor's kernel, not the host's)
 RUNSC_ROOT = "/var/run/docker/runtime-runc/moby"
+
+
+def held_connections() -> tuple[list[Any], Any]:
+    """A ``hold`` for ``toolcage.ray.direct.Channel.call`` that keeps each connection it is given (so a test can
+    break the one a call waits on), and the list it keeps them in."""
+    held: list[Any] = []
+
+    def hold(conn: Any) -> bool:
+        if conn is not None:
+            held.append(conn)
+        return True
+
+    return held, hold

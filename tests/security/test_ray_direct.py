@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import held_connections
 from toolcage.ray import direct
 
 KEY = b"k" * 32
@@ -267,12 +268,7 @@ def test_the_driver_takes_nothing_from_an_address_that_cannot_prove_the_key() ->
 
 def test_a_driver_that_leaves_mid_call_has_its_call_cancelled(agent: _Agent) -> None:
     ch = direct.Channel(agent.host, agent.port, KEY)
-    held: list[Any] = []
-
-    def hold(conn: Any) -> bool:
-        if conn is not None:
-            held.append(conn)
-        return True
+    held, hold = held_connections()
 
     out: list[Any] = []
     t = threading.Thread(target=lambda: out.append(_try(lambda: ch.call("run", ("slow",), hold))), daemon=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import held_connections
 from toolcage.errors import NodeLost
 from toolcage.ray import cluster as cluster_mod
 from toolcage.ray import direct, placement
@@ -180,12 +181,7 @@ def test_a_connection_that_breaks_while_the_agent_lives_is_an_interrupted_call_n
         monkeypatch.setattr(cluster_mod.ray, "get", dead)
     agent = c._agents["n1"]
     c._update(agent, {"direct": {"host": host, "port": port, "key": (b"k" * 32).hex()}, **UP})
-    held: list[Any] = []
-
-    def hold(conn: Any) -> bool:
-        if conn is not None:
-            held.append(conn)
-        return True
+    held, hold = held_connections()
 
     out: list[Any] = []
     th = threading.Thread(target=lambda: out.append(_try(lambda: c._ask(agent, "run", ("hang",), hold))))
