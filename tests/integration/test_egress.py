@@ -572,6 +572,39 @@ def test_the_first_answer_does_not_wait_for_the_proxy_and_an_early_connection_is
     assert allowed and all(rec["allowed"] is True for rec in allowed), allowed
 
 
+def test_the_sandbox_starts_before_its_egress_network_and_a_network_that_fails_ends_the_run(
+    engine: Any, allow_api: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sandbox has no network, only the proxy's socket volume: it starts once the volume exists, while the
+    egress network (only the proxy joins it, and it is the slow one) is made on a thread of its own. When that
+    creation fails, the run ends with why (the proxy never starts), and nothing it made is left."""
+    import threading
+
+    from toolcage.engine.docker_adapter import Engine
+    from toolcage.errors import SandboxError
+
+    made = Engine.create_network
+    started = threading.Event()
+    release = threading.Event()
+
+    def slow_then_fail(self: Any, *a: Any, **kw: Any) -> Any:
+        started.set()
+        release.wait(30)  # the sandbox answers while its network is still being made
+        raise RuntimeError("network-boom: the address pools are full")
+
+    monkeypatch.setattr(Engine, "create_network", slow_then_fail)
+    sb = Sandbox(allow_api)  # no egress_network: the run makes its own
+    with sb, pytest.raises(SandboxError, match=r"egress proxy did not start.*network-boom"):
+        assert sb.call("ping").result == "pong"  # the network is not made yet
+        assert started.is_set()
+        release.set()
+        for _ in range(100):  # the launch's failure ends the run while these are made
+            sb.call("run_python", {"code": "import time; time.sleep(0.05)"})
+    monkeypatch.setattr(Engine, "create_network", made)
+    assert_run_gone(engine, sb.run_id)
+    assert engine.volumes(f"toolcage.run_id={sb.run_id}") == []
+
+
 def test_a_proxy_that_never_comes_up_ends_the_run_with_why(
     engine: Any, upstream: dict[str, Any], allow_api: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
