@@ -23,6 +23,7 @@ audit log folds a run's refusals into counts after the first ones (``toolcage.li
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -31,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from toolcage.backends.base import Background
 from toolcage.engine.api import EngineAPI
 from toolcage.engine.attach import DockerAttachTransport
 from toolcage.engine.hostconfig import PROXY_PORT, SANDBOX_UID, proxy_container_config
@@ -174,7 +176,7 @@ class Egress:
         self.proxy_name = f"toolcage-proxy-{run.run_id}"
         self.proxy_id: str | None = None
         self._networks: list[str] = []
-        self._network_made: tuple[threading.Thread, list[BaseException]] | None = None  # prepare's, until launch
+        self._network_made: Background | None = None  # the egress network's creation (prepare's), until joined
         self._volume_made = False
         self._ready = threading.Event()
         self._stream = DecisionStream(self._on_record, redact)
@@ -229,17 +231,12 @@ class Egress:
             if self.engine.network(self.requested_egress) is None:
                 raise UsageError(f"egress network {self.requested_egress!r} does not exist (docker network ls)")
         else:
-            failed: list[BaseException] = []
 
             def network() -> None:
-                try:
-                    self.engine.create_network(self.egress, internal=False, labels=lab)
-                    self._networks.append(self.egress)
-                except BaseException as exc:
-                    failed.append(exc)
+                self.engine.create_network(self.egress, internal=False, labels=lab)
+                self._networks.append(self.egress)
 
-            self._network_made = (threading.Thread(target=network, name="toolcage-egress-network", daemon=True), failed)
-            self._network_made[0].start()
+            self._network_made = Background(network, "toolcage-egress-network")
         try:
             # Podman 4.3 reads a tmpfs volume's size= as a quota and refuses it ("Filesystem does not support
             # Project Quota"): there the volume has no size of its own. Only the proxy writes to it (a socket),
@@ -250,24 +247,21 @@ class Egress:
             )
             self._volume_made = True
         except BaseException:
-            self._network_joined()  # known before the caller's clean-up removes what was made
+            with contextlib.suppress(BaseException):
+                self._network_joined()  # known before the caller's clean-up removes what was made
             raise
         return self.volume, sandbox_env()
 
-    def _network_joined(self) -> list[BaseException]:
-        """Wait for the egress network's creation (if prepare started one); what it failed with."""
+    def _network_joined(self) -> None:
+        """Wait for the egress network's creation, if prepare started one; raise what it raised."""
         made, self._network_made = self._network_made, None
-        if made is None:
-            return []
-        made[0].join()
-        return made[1]
+        if made is not None:
+            made.join()
 
     def launch(self) -> None:
         """Create, attach and start the proxy, and wait until it listens. The sandbox may start at the
         same time (the volume is mounted without copy-up: hostconfig._proxy_volume_mount)."""
-        failed = self._network_joined()
-        if failed:
-            raise failed[0]
+        self._network_joined()
         # the sandbox's shared files are its image's: the proxy mounts them only when it runs that image too
         shared = self.run.shared_files if self.proxy_image == self.run.image else ()
         run = dataclasses.replace(self.run, proxy_volume=self.volume, image=self.proxy_image, shared_files=shared)
@@ -354,6 +348,7 @@ class Egress:
                 before_volume()
         if self._volume_made:
             self.engine.remove_volume(self.volume)
-        self._network_joined()  # a launch that never ran: the network is made (or not) before it is removed
+        with contextlib.suppress(BaseException):
+            self._network_joined()  # a launch that never ran: the network is made (or not) before it is removed
         for net in reversed(self._networks):
             self.engine.remove_network(net)

@@ -131,20 +131,22 @@ class _Signer:
 # the driver's end ------------------------------------------------------------------------------
 
 
+def _recv_exact(sock: socket.socket, n: int, closed: str) -> bytes:
+    """``n`` bytes from ``sock``; ConnectionError(``closed``) if the peer closes first."""
+    buf = bytearray()
+    while len(buf) < n:
+        got = sock.recv(min(n - len(buf), 1 << 20))
+        if not got:
+            raise ConnectionError(closed)
+        buf += got
+    return bytes(buf)
+
+
 class _Conn:
     def __init__(self, sock: socket.socket, key: bytes) -> None:
         self.sock = sock
         self.out = _Signer(key, b"q")
         self.inn = _Signer(key, b"a")
-
-    def _recv(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            got = self.sock.recv(min(n - len(buf), 1 << 20))
-            if not got:
-                raise ChannelError("the agent closed the connection", sent=True)
-            buf += got
-        return bytes(buf)
 
     def exchange(self, payload: bytes) -> bytes:
         frame = HEADER.pack(len(payload)) + self.out.mac(payload)
@@ -155,11 +157,11 @@ class _Conn:
         except OSError as exc:
             raise ChannelError(f"the request could not be sent: {exc}", sent=True) from None
         try:
-            (size,) = HEADER.unpack(self._recv(HEADER.size))
+            (size,) = HEADER.unpack(_recv_exact(self.sock, HEADER.size, "the agent closed the connection"))
             if size > MAX_ANSWER:
                 raise ChannelError(f"the agent's answer says {size} bytes, over {MAX_ANSWER}", sent=True)
-            mac = self._recv(MAC)
-            body = self._recv(size)
+            mac = _recv_exact(self.sock, MAC, "the agent closed the connection")
+            body = _recv_exact(self.sock, size, "the agent closed the connection")
         except OSError as exc:
             raise ChannelError(f"the connection to the agent broke: {exc}", sent=True) from None
         if not hmac.compare_digest(mac, self.inn.mac(body)):
@@ -184,23 +186,13 @@ def _connect(host: str, port: int, token: bytes) -> _Conn:
         raise ChannelError(f"the agent's channel at {host}:{port} cannot be reached: {exc}", sent=False) from None
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = b""
-        while len(hello) < len(MAGIC) + NONCE:
-            got = sock.recv(len(MAGIC) + NONCE - len(hello))
-            if not got:
-                raise OSError("closed during the challenge")
-            hello += got
+        hello = _recv_exact(sock, len(MAGIC) + NONCE, "closed during the challenge")
         if hello[: len(MAGIC)] != MAGIC:
             raise OSError("not a toolcage agent's channel")
         nonce_s, nonce_c = hello[len(MAGIC) :], secrets.token_bytes(NONCE)
         mine, theirs, key = _keys(token, nonce_s, nonce_c)
         sock.sendall(nonce_c + mine)
-        proof = b""
-        while len(proof) < MAC:
-            got = sock.recv(MAC - len(proof))
-            if not got:
-                raise OSError("the agent refused the key")
-            proof += got
+        proof = _recv_exact(sock, MAC, "the agent refused the key")
         if not hmac.compare_digest(proof, theirs):
             raise OSError("the peer could not prove the agent's key")
         sock.settimeout(None)
