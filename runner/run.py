@@ -376,8 +376,9 @@ class Run:
                 exit_code=status.exit_code,
             )
         tail = self.session.parser.stderr_tail() if self.session else ""
+        why = f": {status.why}" if status.why else ""
         return WorkerCrashed(
-            f"the worker exited unexpectedly (exit code {status.exit_code})",
+            f"the worker exited unexpectedly (exit code {status.exit_code}){why}",
             exit_code=status.exit_code,
             stderr_tail=tail[-2000:],
         )

@@ -22,11 +22,13 @@ from toolcage.rpc.transport import StreamParser, Transport
 @dataclass(frozen=True)
 class ExitStatus:
     """How the worker ended. ``oom_killed``: the worker itself was killed by the memory limit;
-    ``removed``: its container is gone, removed by someone other than its run."""
+    ``removed``: its container is gone, removed by someone other than its run; ``why``: what the backend
+    knows of such an end, said after the exit code."""
 
     exit_code: int | None
     oom_killed: bool = False
     removed: bool = False
+    why: str = ""  # what the backend knows of such an end (said after the exit code)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ what the engine must have registered for it is checked here, once, before a run 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
+from toolcage.backends.base import ExitStatus
 from toolcage.backends.container import ContainerBackend
 from toolcage.engine.api import EngineAPI
 from toolcage.engine.knobs import GVISOR, RUNC, RuntimeKnobs
@@ -15,6 +17,15 @@ from toolcage.engine.knobs import GVISOR, RUNC, RuntimeKnobs
 # lays a writable memory overlay on the read-only root. Podman, for one, lists a runsc it found on
 # the PATH with none of them (and kata and krun that are not installed).
 GVISOR_REQUIRED_ARGS = ("--oci-seccomp", "--overlay2=none")
+
+# exit code 2 is runsc's sentry ending on a fatal error. What ends it in a sandbox is the host cgroup's
+# backstop (engine.knobs): its pids limit, which the sentry's own threads meet (with the ptrace platform
+# they grow with how many processes ran at once: ~200 more after each fork bomb at a limit of 64, so about
+# the tenth ends the run), or its memory limit.
+SENTRY_ENDED = (
+    "gVisor's kernel ended, most likely at the host's backstop limit on its own threads or memory after many "
+    "processes ran at once (docs/operating.md, gVisor)"
+)
 
 
 def runsc_args(info: dict[str, Any]) -> list[str] | None:
@@ -72,6 +83,12 @@ class GVisorBackend(ContainerBackend):
             f"--sandbox gvisor: {problem}. Register runsc as the README's gVisor section shows "
             "(`.ci/register-runsc` does it), or use --sandbox container"
         )
+
+    def exit_status(self, timeout: float) -> ExitStatus:
+        status = super().exit_status(timeout)
+        if status.exit_code == 2 and not status.removed and not status.oom_killed:
+            return dataclasses.replace(status, why=SENTRY_ENDED)
+        return status
 
     def proxy_runtime(self) -> RuntimeKnobs:
         """runsc for the egress proxy too, unless runsc has no network stack to give it (then runc)."""

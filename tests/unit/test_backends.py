@@ -326,3 +326,28 @@ def test_an_oom_flag_the_engine_sets_after_the_exit_is_still_read() -> None:
     assert not got.oom_killed and inspected > 2  # looked at again, for OOM_EVENT_WAIT_S
     got, inspected = status([{"ExitCode": 1, "OOMKilled": False}])
     assert not got.oom_killed and inspected == 1
+
+
+def test_a_gvisor_worker_that_exits_2_is_said_to_be_gvisors_kernel_ending() -> None:
+    """Exit code 2 under gVisor is runsc's sentry ending (met by the host's backstop limits on its own threads
+    or memory): the crash says so and where to read more. Any other exit, and exit 2 under runc, says nothing more."""
+    from toolcage.backends import container, gvisor
+
+    class Engine:
+        def __init__(self, code: int) -> None:
+            self.code = code
+
+        def wait(self, cid: str, timeout: float) -> int:
+            return self.code
+
+        def inspect(self, cid: str) -> dict[str, Any]:
+            return {"State": {"ExitCode": self.code, "OOMKilled": False}}
+
+    def why(cls: type, code: int) -> str:
+        backend = object.__new__(cls)
+        backend.container_id, backend._engine = "c", Engine(code)
+        return str(backend.exit_status(5).why)
+
+    said = why(gvisor.GVisorBackend, 2)
+    assert "gVisor's kernel ended" in said and "docs/operating.md" in said
+    assert why(gvisor.GVisorBackend, 1) == "" and why(container.ContainerBackend, 2) == ""
