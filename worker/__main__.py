@@ -99,7 +99,8 @@ def main() -> int:
         settings.warm()  # a pooled sandbox's first request (sandbox.configure) needs the policy
         if pooled:
             dispatcher.warm()  # ... and the connectors' module, which takes the run's secrets
-        return False
+        # under gVisor: the next call's process, made ahead (both of its forks), once the zygote is ready
+        return zygote is not None and zygote.make_ahead(channel.fd_in)
 
     from toolcage.worker.loop import Loop
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +189,95 @@ def test_an_oom_child_under_gvisor_ends_only_itself() -> None:
     from tests.security.test_oom_child import check_oom_child_ends_only_itself
 
     check_oom_child_ends_only_itself("gvisor")
+
+
+# what a call's process tells of itself: how long ago it was forked (the kernel's start time against its
+# uptime), its pid in its namespaces, its limits, its session, working directory and environment
+SELF_PYTHON = r"""
+import json, os, resource, sys
+ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+up = float(open("/proc/uptime").read().split()[0])
+print(json.dumps({
+    "age_s": up - ticks / os.sysconf("SC_CLK_TCK"), "pid": os.getpid(), "sid": os.getsid(0) == os.getpid(),
+    "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "env": sorted(os.environ),
+    "nproc": resource.getrlimit(resource.RLIMIT_NPROC), "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
+    "uid_map": open("/proc/self/uid_map").read().split(),
+    "procs": sorted(p for p in os.listdir("/proc") if p.isdigit()),
+}))
+"""
+# its pid, and its age in ms: /proc/uptime in hundredths (two decimals) less its start time in clock ticks
+SELF_SHELL = (
+    "read -r up _ < /proc/uptime; t=$(cut -d' ' -f22 /proc/$$/stat); hz=$(getconf CLK_TCK); "
+    "echo $$ $(( ${up%.*}${up#*.}0 - t * 1000 / hz ))"
+)
+
+
+@pytest.mark.usefixtures("gvisor")
+def test_a_gvisor_call_after_idle_starts_in_a_process_made_ahead_as_fresh_as_a_fork() -> None:
+    """Under gVisor the worker has the zygote make the next call's process while it is idle (both of its forks,
+    most of a call's start there): a call after a pause runs in a process older than its request, and that
+    process is what a fork at the call would have been (PID 1 alone in its namespaces, its own session, argv,
+    path, directory, environment, limits, descriptors). Calls back to back, and run_shell, get the same."""
+    with Sandbox(sandbox="gvisor", audit=False) as sb:
+        assert sb.call("run_python", {"code": "pass"}).ok  # the zygote starts once a call asked for it
+        forked = []
+        for _ in range(2):  # back to back: no idle step, the zygote forks at the call
+            r = sb.call("run_python", {"code": SELF_PYTHON})
+            assert r.ok, r
+            forked.append(json.loads(r.result["stdout"]))
+        ahead = []
+        for _ in range(2):
+            time.sleep(1.0)  # idle: the zygote is ready, and the next call's process is made
+            r = sb.call("run_python", {"code": SELF_PYTHON})
+            assert r.ok, r
+            ahead.append(json.loads(r.result["stdout"]))
+        assert all(seen["age_s"] >= 0.5 for seen in ahead), ahead  # made ahead, while the worker was idle
+        assert any(seen["age_s"] < 0.5 for seen in forked), forked
+        for seen in forked + ahead:
+            age = seen.pop("age_s")
+            assert seen == forked[0], (age, seen, forked[0])
+        assert forked[0]["pid"] == 1 and forked[0]["sid"] and forked[0]["procs"] == ["1"], forked[0]
+        assert forked[0]["argv"] == ["-c"] and forked[0]["path0"] == "" and forked[0]["fds"] == [0, 1, 2, 3]
+        time.sleep(1.0)
+        r = sb.call("run_shell", {"command": SELF_SHELL})
+        assert r.ok, r
+        pid, age_ms = r.result["stdout"].split()
+        assert pid == "1" and int(age_ms) >= 500, r.result  # exec'd in the process made ahead
+
+
+# seen from the worker's namespaces (gVisor's /proc/<pid>/status has no NSpid): the zygote and the process made
+# ahead share the zygote's command line, and the one made ahead is the younger
+FIND_AHEAD = r"""
+import os, resource, sys
+found = []
+for p in (d for d in os.listdir("/proc") if d.isdigit() and d not in ("1", str(os.getpid()))):
+    try:
+        if b"The zygote" in open(f"/proc/{p}/cmdline", "rb").read():
+            found.append((int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[19]), int(p)))
+    except OSError:
+        continue
+if len(found) == 2:
+    ahead = max(found)[1]
+    resource.prlimit(ahead, resource.RLIMIT_NOFILE, (64, 64))
+    print(ahead)
+"""
+
+
+@pytest.mark.usefixtures("gvisor")
+def test_a_process_made_ahead_that_was_touched_is_not_used() -> None:
+    """The worker checks the process made ahead before it hands it a call, as it checks the zygote before a fork
+    (its limits, nice value, affinity, scheduling): one whose limit something lowered (here from outside, by
+    the engine's exec as the sandbox user, the one way to name it) is dropped, and the call gets a fresh fork
+    with the limits a call has."""
+    with Sandbox(sandbox="gvisor", audit=False) as sb:
+        assert sb.call("run_python", {"code": "pass"}).ok
+        time.sleep(1.0)  # the next call's process is made
+        assert sb.container_id is not None
+        touch = ["docker", "exec", "-u", "65532", sb.container_id, "python3", "-I", "-S", "-c", FIND_AHEAD]
+        out = subprocess.run(touch, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and len(out.stdout.split()) == 1, out  # one process made ahead, now touched
+        nofile_code = "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))"
+        r = sb.call("run_python", {"code": SELF_PYTHON + nofile_code})
+        assert r.ok, r
+        seen, nofile = r.result["stdout"].splitlines()
+        assert json.loads(seen)["age_s"] < 0.5 and nofile != "(64, 64)", r.result  # forked at the call, untouched

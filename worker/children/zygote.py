@@ -84,6 +84,7 @@ class Zygote:
         self.sock = ours
         self.pid = self.proc.pid
         self.ready = False
+        self.ahead: tuple[int, Any] | None = None  # with namespaces: the next call's process, made ahead (pid, socket)
         sweep.EXEMPT.add(self.pid)  # not a survivor of a call; if the sweep kills and reaps it, it says so
 
     # ------------------------------------------------------------------------------------------
@@ -105,6 +106,54 @@ class Zygote:
                 return False
             self.ready = True
         return untouched(self.pid)
+
+    def make_ahead(self, wake: int) -> bool:
+        """With namespaces (gVisor), while the worker is idle: have the zygote make the next call's process
+        (zygote_main._prepare), so that a call pays neither of its forks. Waits for the zygote to be ready, unless
+        ``wake`` (the channel) is readable first: True then, a request is waiting."""
+        if self.ahead is not None or self.pid not in sweep.EXEMPT:
+            return False
+        if not self.ready:
+            if wake in readable([self.sock.fileno(), wake], _READY_S):
+                return True
+            if not self.alive():
+                return False
+        import socket  # (loaded by __init__)
+
+        self.sock.send(b"P")
+        if not readable([self.sock.fileno()], _REPLY_S):
+            # an answer still to come would be read as the next fork's: the zygote goes (make_ahead below)
+            raise OSError(errno.ETIMEDOUT, "the zygote made no process ahead in time")
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 16, 1)
+        if len(msg) != 8 or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise OSError(errno.EPROTO, "the zygote made no process ahead")
+        pid = int.from_bytes(msg, "little")
+        sweep.EXEMPT.add(pid)  # it runs no call's code yet: no survivor of one (a sweep that kills it says so)
+        self.ahead = (pid, socket.socket(fileno=fds[0]))
+        return False
+
+    def _take_ahead(self, kind: bytes, fds: list[int]) -> int | None:
+        """Hand the call's kind and descriptors to the process made ahead, if it still waits untouched: its pid,
+        or None (dropped: the zygote forks the call's process)."""
+        if self.ahead is None:
+            return None
+        pid, sock = self.ahead
+        self.ahead = None
+        try:
+            if _waits(pid) and untouched(pid):
+                import socket  # (loaded by __init__)
+
+                socket.send_fds(sock, [kind], fds)
+                sweep.EXEMPT.discard(pid)  # the call's process now: its end and its sweep are the call's
+                return pid
+        except OSError:
+            pass
+        finally:
+            sock.close()  # (dropped: it sees EOF and exits, and is reaped as an orphan)
+        _drop(pid)
+        return None
 
     def spawn(self, source: bytes, stdin: bool, argv: bool = False, with_env: bool = False) -> Spawned | None:
         """A fresh child running ``source`` (``argv``: exec'ing the NUL-separated argv it is), or None
@@ -135,13 +184,15 @@ class Zygote:
             kind = b"E" if with_env else b"X" if argv else b"F"
             import socket  # (loaded by __init__)
 
-            socket.send_fds(self.sock, [kind], [code_r, in_r, out_w, err_w])
-            if not readable([self.sock.fileno()], _REPLY_S):
-                return None
-            reply = self.sock.recv(16)
-            if len(reply) != 8:
-                return None
-            pid = int.from_bytes(reply, "little")
+            pid = self._take_ahead(kind, [code_r, in_r, out_w, err_w])
+            if pid is None:
+                socket.send_fds(self.sock, [kind], [code_r, in_r, out_w, err_w])
+                if not readable([self.sock.fileno()], _REPLY_S):
+                    return None
+                reply = self.sock.recv(16)
+                if len(reply) != 8:
+                    return None
+                pid = int.from_bytes(reply, "little")
             for fd in (code_r, in_r, out_w, err_w):
                 os.close(fd)
                 fds.remove(fd)
@@ -160,6 +211,11 @@ class Zygote:
                     os.close(fd)
 
     def kill(self) -> None:
+        if self.ahead is not None:
+            pid, sock = self.ahead
+            self.ahead = None
+            sock.close()
+            _drop(pid)
         if self.pid in sweep.EXEMPT:  # else reaped already: the pid is not ours to signal
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.pid, signal.SIGKILL)
@@ -167,6 +223,31 @@ class Zygote:
                 os.waitpid(self.pid, 0)
             sweep.EXEMPT.discard(self.pid)
         self.sock.close()
+
+
+def _waits(pid: int) -> bool:
+    """Whether the process made ahead still waits: neither reaped by a sweep (its pid may be another's
+    then), nor exited, nor stopped."""
+    if pid not in sweep.EXEMPT:
+        return False
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+    except ChildProcessError:
+        sweep.EXEMPT.discard(pid)
+        return False
+    if got and not os.WIFSTOPPED(status):
+        sweep.EXEMPT.discard(pid)
+    return not got
+
+
+def _drop(pid: int) -> None:
+    """Kill and reap a process made ahead that no call will use (while it is still ours to signal)."""
+    if pid in sweep.EXEMPT:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        sweep.EXEMPT.discard(pid)
 
 
 def untouched(pid: int) -> bool:
@@ -285,6 +366,19 @@ def _user_site(env: dict[str, str]) -> bool:
         return os.path.isdir(site_dir)
     except (OSError, ValueError):
         return True
+
+
+def make_ahead(wake: int) -> bool:
+    """While the worker is idle, with namespaces (gVisor): the next call's process made ahead by the zygote
+    (Zygote.make_ahead). True: ``wake`` (the channel) is readable, a request waits."""
+    z = _current
+    if z is None or not namespaces.enabled():
+        return False
+    try:
+        return z.make_ahead(wake)
+    except OSError:
+        discard()
+        return False
 
 
 def discard() -> None:
