@@ -292,6 +292,20 @@ class Engine:
                 raise
             return {}
 
+    def kill_requested(self, cid: str, since: float) -> bool | None:
+        # events up to now only: with ``until`` still to come the stream would wait for it. Seconds and
+        # nanoseconds, as the engine parses a timestamp ("1796025196.532000000")
+        try:
+            events = self.api.events(
+                since=f"{since:.9f}",
+                until=f"{time.time():.9f}",
+                filters={"container": cid, "event": "kill"},
+                decode=True,
+            )
+            return any(True for _ in events)
+        except Exception:  # an engine that cannot say (an old Podman, a broken stream): unknown
+            return None
+
     # networks -----------------------------------------------------------------------
     def create_network(self, name: str, internal: bool, labels: dict[str, str]) -> str:
         net = _call(

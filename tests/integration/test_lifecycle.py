@@ -166,6 +166,19 @@ def test_external_kill_mid_call(engine: Any) -> None:
     assert info.value.status == "crashed" and "exit code 137" in info.value.message
 
 
+def test_the_engine_tells_a_kill_someone_asked_for(engine: Any) -> None:
+    """The engine's events say whether someone asked it to kill a container (what tells a `docker kill`, reported
+    as a crash at once, from the kernel's OOM kill, whose flag may come late: backends.container.exit_status)."""
+    since = time.time() - 60
+    with Sandbox() as sb:
+        assert sb.container_id is not None
+        assert engine.kill_requested(sb.container_id, since) is False
+        subprocess.run(["docker", "kill", sb.name], capture_output=True, check=True)
+        assert engine.kill_requested(sb.container_id, since) is True
+        with pytest.raises(WorkerCrashed):
+            sb.call("ping")
+
+
 @pytest.mark.runc_only("100 runs, 10 at a time: the runner's lifecycle under load, host-side")
 def test_load_100_runs(engine: Any, tmp_path: Path) -> None:
     """100 runs, 10 at a time, a few calls each: all succeed, one start and one finish each, nothing left over."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import inspect
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -299,8 +300,8 @@ def test_an_oom_flag_the_engine_sets_after_the_exit_is_still_read() -> None:
     from toolcage.backends import container
 
     class Engine:
-        def __init__(self, states: list[dict[str, Any]]) -> None:
-            self.states, self.inspected = states, 0
+        def __init__(self, states: list[dict[str, Any]], asked: bool | None) -> None:
+            self.states, self.inspected, self.asked = states, 0, asked
 
         def wait(self, cid: str, timeout: float) -> int:
             return int(self.states[0]["ExitCode"])
@@ -309,9 +310,12 @@ def test_an_oom_flag_the_engine_sets_after_the_exit_is_still_read() -> None:
             self.inspected += 1
             return {"State": self.states[min(self.inspected, len(self.states)) - 1]}
 
-    def status(states: list[dict[str, Any]]) -> tuple[ExitStatus, int]:
+        def kill_requested(self, cid: str, since: float) -> bool | None:
+            return self.asked
+
+    def status(states: list[dict[str, Any]], asked: bool | None = None) -> tuple[ExitStatus, int]:
         backend = object.__new__(container.ContainerBackend)
-        backend.container_id, backend._engine = "c", Engine(states)
+        backend.container_id, backend._engine = "c", Engine(states, asked)
         got = backend.exit_status(5)
         return got, backend._engine.inspected
 
@@ -326,6 +330,46 @@ def test_an_oom_flag_the_engine_sets_after_the_exit_is_still_read() -> None:
     assert not got.oom_killed and inspected > 2  # looked at again, for OOM_EVENT_WAIT_S
     got, inspected = status([{"ExitCode": 1, "OOMKilled": False}])
     assert not got.oom_killed and inspected == 1
+
+
+def test_a_killed_worker_waits_for_the_oom_flag_only_when_nobody_asked_the_engine_to_kill_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Exit 137 with no OOM flag yet: when the engine's events show a kill someone asked for (docker kill, rm -f)
+    it is a crash at once; when they show none (the kernel killed it) the flag is waited for longer than the
+    short look (a loaded gVisor pass saw it come after 0.3 s), so a late flag is still read as oom_killed."""
+    from toolcage.backends import container
+
+    monkeypatch.setattr(container, "OOM_EVENT_WAIT_S", 0.05)
+    monkeypatch.setattr(container, "OOM_EVENT_LATE_S", 0.6)
+
+    class Engine:
+        def __init__(self, asked: bool | None, flag_after_s: float) -> None:
+            self.asked, self.flag_at, self.inspected = asked, time.monotonic() + flag_after_s, 0
+
+        def wait(self, cid: str, timeout: float) -> int:
+            return 137
+
+        def inspect(self, cid: str) -> dict[str, Any]:
+            self.inspected += 1
+            return {"State": {"ExitCode": 137, "OOMKilled": time.monotonic() >= self.flag_at}}
+
+        def kill_requested(self, cid: str, since: float) -> bool | None:
+            return self.asked
+
+    def status(asked: bool | None, flag_after_s: float = 60.0) -> tuple[ExitStatus, int, float]:
+        backend = object.__new__(container.ContainerBackend)
+        backend.container_id, backend._engine = "c", Engine(asked, flag_after_s)
+        started = time.monotonic()
+        got = backend.exit_status(5)
+        return got, backend._engine.inspected, time.monotonic() - started
+
+    got, inspected, took = status(asked=False, flag_after_s=0.3)  # the kernel's kill, its flag late
+    assert got.oom_killed and took >= 0.3, (got, took)
+    got, inspected, took = status(asked=True)  # docker kill: no wait
+    assert not got.oom_killed and inspected == 1 and took < 0.05, (got, inspected, took)
+    got, inspected, took = status(asked=None)  # the engine cannot say: the short look
+    assert not got.oom_killed and 0.05 <= took < 0.6, (got, took)
 
 
 def test_a_gvisor_worker_that_exits_2_is_said_to_be_gvisors_kernel_ending() -> None:
