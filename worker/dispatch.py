@@ -392,6 +392,9 @@ class Dispatcher:
         from toolcage.worker.children import sweep
 
         if sweep.active() and not self.settings.policy.unsafe_background_processes:
+            zygote = sys.modules.get("toolcage.worker.children.zygote")  # (loaded with the first code call)
+            if zygote is not None:
+                zygote.settle()  # a process made ahead is known before the sweep counts: none of the call's
             try:
                 swept = sweep.after_call()
             except BaseException:

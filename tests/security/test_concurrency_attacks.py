@@ -256,6 +256,48 @@ def test_cancelling_a_call_while_its_long_request_is_sent_cancels_it(engine: Any
 
 
 # --------------------------------------------------------------------------------------------------
+# 3b. A cancel sent a few milliseconds into a call: the worker knows the call's pid (its process group) as
+#     soon as the zygote reports it. The child made its own group only when it first ran, so a killpg that came
+#     before found none (ESRCH), was not tried again, and the code ran to its end (under gVisor 14 of 24 such
+#     cancels, most in a process made ahead while the worker was idle). Now the child makes its group before
+#     its pid is reported.
+
+EARLY_CANCELS = (0.002, 0.004, 0.006)
+
+
+def test_a_cancel_sent_as_the_call_starts_kills_its_code(engine: Any) -> None:
+    async def go() -> list[tuple[str, float, str]]:
+        ran = []
+        async with AsyncSandbox(tool="conc-early-cancel", audit=False, run_s=300) as sb:
+            assert (await sb.call("run_python", {"code": "pass"})).ok  # the zygote starts
+            for i in range(12):
+                await asyncio.sleep(0.4)  # idle: under gVisor the next call's process is made meanwhile
+                mark = f"/scratch/ran_{i}"
+                tool, params = (
+                    ("run_python", {"code": f"import time\ntime.sleep(1)\nopen({mark!r}, 'w').write('1')"})
+                    if i % 2 == 0
+                    else ("run_shell", {"command": f"sleep 1; echo 1 > {mark}"})
+                )
+                delay = EARLY_CANCELS[i % len(EARLY_CANCELS)]
+                task = asyncio.ensure_future(sb.call(tool, params))
+                await asyncio.sleep(delay)
+                task.cancel()
+                try:
+                    await task
+                    continue  # answered before the cancel: nothing to check
+                except asyncio.CancelledError:
+                    pass
+                await asyncio.sleep(1.5)
+                r = await sb.call("run_shell", {"command": f"test -e {mark} && echo ran || echo killed"})
+                if r.result["stdout"].strip() != "killed":
+                    ran.append((tool, delay, r.result["stdout"].strip()))
+        return ran
+
+    ran = asyncio.run(go())
+    assert not ran, f"cancelled calls whose code ran to its end: {ran}"
+
+
+# --------------------------------------------------------------------------------------------------
 # 4. (defence pinned) A code call leaves a scanning daemon behind while another code call is still in
 #    flight (so no sweep yet), and a connector call is sent meanwhile: it waits for the last code call
 #    to end, and the sweep then kills the daemon before the connector's child starts.

@@ -29,6 +29,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 from toolcage.policies import contract
@@ -85,6 +86,7 @@ class Zygote:
         self.pid = self.proc.pid
         self.ready = False
         self.ahead: tuple[int, Any] | None = None  # with namespaces: the next call's process, made ahead (pid, socket)
+        self.pending = False  # one asked of the zygote ahead, its reply not read yet
         sweep.EXEMPT.add(self.pid)  # not a survivor of a call; if the sweep kills and reaps it, it says so
 
     # ------------------------------------------------------------------------------------------
@@ -109,22 +111,42 @@ class Zygote:
 
     def make_ahead(self, wake: int) -> bool:
         """With namespaces (gVisor), while the worker is idle: have the zygote make the next call's process
-        (zygote_main._prepare), so that a call pays neither of its forks. Waits for the zygote to be ready, unless
-        ``wake`` (the channel) is readable first: True then, a request is waiting."""
+        (zygote_main._prepare), so that a call pays neither of its forks. Every wait here also watches ``wake``
+        (the channel): True as soon as it is readable, a request waits (a reply still to come is then taken by
+        the next fork, or before the next sweep: collect). The channel is never left unread for the zygote."""
         if self.ahead is not None or self.pid not in sweep.EXEMPT:
             return False
         if not self.ready:
-            if wake in readable([self.sock.fileno(), wake], _READY_S):
+            got = readable([self.sock.fileno(), wake], _READY_S)
+            if wake in got:
                 return True
-            if not self.alive():
+            if not got or not self.alive():  # (alive() reads the ready byte at once now, or finds it gone)
                 return False
+        if not self.pending:
+            self.sock.send(b"P")
+            self.pending = True
+        if wake in readable([self.sock.fileno(), wake], _REPLY_S):
+            return True
+        self.collect(0)
+        return False
+
+    def collect(self, timeout: float) -> None:
+        """Read the zygote's reply to a process asked of it ahead, if one is awaited (waiting up to ``timeout``):
+        before the zygote's next fork (the reply would be read as the fork's), and before a sweep counts the
+        sandbox's processes (the process made ahead is none of a call's). Raises OSError when the zygote cannot
+        be trusted to answer in order any more: it is then discarded."""
+        if not self.pending:
+            return
+        if not readable([self.sock.fileno()], timeout):
+            if timeout:
+                raise OSError(errno.ETIMEDOUT, "the zygote made no process ahead in time")
+            return
         import socket  # (loaded by __init__)
 
-        self.sock.send(b"P")
-        if not readable([self.sock.fileno()], _REPLY_S):
-            # an answer still to come would be read as the next fork's: the zygote goes (make_ahead below)
-            raise OSError(errno.ETIMEDOUT, "the zygote made no process ahead in time")
+        self.pending = False
         msg, fds, _flags, _addr = socket.recv_fds(self.sock, 16, 1)
+        if msg == b"E" and not fds:
+            return  # it could not fork now (the pids limit, filled by what runs in the background): next time
         if len(msg) != 8 or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
@@ -132,7 +154,6 @@ class Zygote:
         pid = int.from_bytes(msg, "little")
         sweep.EXEMPT.add(pid)  # it runs no call's code yet: no survivor of one (a sweep that kills it says so)
         self.ahead = (pid, socket.socket(fileno=fds[0]))
-        return False
 
     def _take_ahead(self, kind: bytes, fds: list[int]) -> int | None:
         """Hand the call's kind and descriptors to the process made ahead, if it still waits untouched: its pid,
@@ -184,6 +205,7 @@ class Zygote:
             kind = b"E" if with_env else b"X" if argv else b"F"
             import socket  # (loaded by __init__)
 
+            self.collect(_REPLY_S)
             pid = self._take_ahead(kind, [code_r, in_r, out_w, err_w])
             if pid is None:
                 socket.send_fds(self.sock, [kind], [code_r, in_r, out_w, err_w])
@@ -211,17 +233,22 @@ class Zygote:
                     os.close(fd)
 
     def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.collect(0)  # a process made ahead whose reply came: dropped below like any
         if self.ahead is not None:
             pid, sock = self.ahead
             self.ahead = None
             sock.close()
             _drop(pid)
         if self.pid in sweep.EXEMPT:  # else reaped already: the pid is not ours to signal
+            # its process group: the zygote, and a middle process making a call's process now (its child has a
+            # group of its own by the time anyone knows its pid, and ends when its socket's other end closes)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(self.pid, signal.SIGKILL)
+                os.killpg(self.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
             sweep.EXEMPT.discard(self.pid)
+            _reap_group(self.pid)
         self.sock.close()
 
 
@@ -238,6 +265,18 @@ def _waits(pid: int) -> bool:
     if got and not os.WIFSTOPPED(status):
         sweep.EXEMPT.discard(pid)
     return not got
+
+
+def _reap_group(pgid: int, rounds: int = 20) -> None:
+    """Reap what was left of the zygote's group (a middle process killed with it, re-parented to the worker as
+    it died), so that no sweep counts it as a call's survivor. Only that group: never a call's process."""
+    for _ in range(rounds):
+        try:
+            got, _status = os.waitpid(-pgid, os.WNOHANG)
+        except ChildProcessError:
+            return  # none left
+        if not got:
+            time.sleep(0.005)  # (dying, or not re-parented yet)
 
 
 def _drop(pid: int) -> None:
@@ -379,6 +418,18 @@ def make_ahead(wake: int) -> bool:
     except OSError:
         discard()
         return False
+
+
+def settle() -> None:
+    """Before a sweep counts the sandbox's processes: the reply about a process made ahead, if one is awaited,
+    read (its pid exempt), so that it is never counted as a call's survivor (nor the zygote killed for it)."""
+    z = _current
+    if z is None or not z.pending:
+        return
+    try:  # (a sweep runs with no code call in flight: no fork of the zygote meanwhile)
+        z.collect(_REPLY_S)
+    except OSError:
+        discard()
 
 
 def discard() -> None:

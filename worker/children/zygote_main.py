@@ -78,7 +78,8 @@ def _child(fds: list[int], pid_r: int, pid_w: int, argv_mode: bool = False, with
     code_r, stdin_fd, out_w, err_w = fds
     try:
         _ctl.detach()  # its fd is closed below; the object must not close that number again later
-        os.setsid()  # its own session and process group: killpg reaches every descendant
+        if os.getsid(0) != os.getpid():  # (made by _made_group before the worker learnt its pid)
+            os.setsid()  # its own session and process group: killpg reaches every descendant
         for s, handler in _SIGNALS.items():  # the dispositions a fresh interpreter has
             if s not in (signal.SIGKILL, signal.SIGSTOP) and handler is not None:
                 try:
@@ -202,6 +203,18 @@ def _finish_with(info: Any, skip: int | None, sys: Any = sys, os: Any = os, sign
     raise SystemExit(1)
 
 
+def _made_group(sync_w: int) -> None:
+    """In the forked child, first: its own session and process group, then say so on ``sync_w``. Its parent
+    reports the pid only after that, so the worker's first killpg (a cancel sent at once) finds the group, never
+    an ESRCH while the child has not run yet. (Exits on a failure.)"""
+    try:
+        os.setsid()
+        os.write(sync_w, b"s")
+        os.close(sync_w)
+    except BaseException:
+        os._exit(70)
+
+
 def _prepare() -> None:
     """With namespaces (gVisor), while the worker is idle: the next call's process, made ahead. Its two forks
     (the middle process that makes the namespaces, and the process that is PID 1 in them) are most of a call's
@@ -221,12 +234,17 @@ def _prepare() -> None:
             os.close(pid_r)
             _libc.prctl(4, 1, 0, 0, 0)  # dumpable: it writes its own uid_map (it exits at once)
             _unshare(_libc)
+            sync_r, sync_w = os.pipe()  # _made_group
             pid = os.fork()
         except BaseException:
             os._exit(1)
         if pid == 0:
+            os.close(sync_r)
+            _made_group(sync_w)
             _waiting(theirs, pid_w)
-        os.write(pid_w, pid.to_bytes(8, "little"))
+        os.close(sync_w)
+        if os.read(sync_r, 1) == b"s":  # else it died first: no pid to report
+            os.write(pid_w, pid.to_bytes(8, "little"))
         os._exit(0)
     theirs.close()
     os.close(pid_w)
@@ -283,12 +301,17 @@ def _serve() -> None:
                 _libc.prctl(4, 1, 0, 0, 0)  # dumpable: it writes its own uid_map (it exits at once)
                 _unshare(_libc)
             try:
+                sync_r, sync_w = os.pipe()  # _made_group
                 pid = os.fork()
             except OSError:
                 os._exit(1)
             if pid == 0:
+                os.close(sync_r)
+                _made_group(sync_w)
                 _child(fds, pid_r, pid_w, argv_mode=msg in (b"X", b"E"), with_env=msg == b"E")
-            os.write(pid_w, pid.to_bytes(8, "little"))
+            os.close(sync_w)
+            if os.read(sync_r, 1) == b"s":  # else it died first: no pid to report
+                os.write(pid_w, pid.to_bytes(8, "little"))
             os._exit(0)
         os.close(pid_w)
         data = os.read(pid_r, 8) if mid > 0 else b""
