@@ -281,3 +281,21 @@ def test_a_process_made_ahead_that_was_touched_is_not_used() -> None:
         assert r.ok, r
         seen, nofile = r.result["stdout"].splitlines()
         assert json.loads(seen)["age_s"] < 0.5 and nofile != "(64, 64)", r.result  # forked at the call, untouched
+
+
+@pytest.mark.usefixtures("gvisor")
+def test_a_call_starts_in_what_its_cwd_names_at_the_call_not_when_the_zygote_started() -> None:
+    """Under gVisor `exec` with a cwd runs in a fork of a zygote started in that directory (or in a process it
+    made ahead). A background process renames the directory and puts another at its path: the next call starts
+    in the new one, as subprocess's cwd= would (under runc it does; the zygote kept the old one)."""
+    with Sandbox(sandbox="gvisor", audit=False) as sb:
+        sb.call("run_shell", {"command": "mkdir -p /scratch/sub && echo original > /scratch/sub/marker"})
+        probe = {"argv": ["sh", "-c", "pwd; cat marker"], "cwd": "sub"}
+        assert sb.call("exec", probe).result["stdout"].split() == ["/scratch/sub", "original"]
+        time.sleep(1.0)  # idle: the zygote starts in /scratch/sub, and makes the next call's process there
+        swap = sb.spawn("mv /scratch/sub /scratch/moved && mkdir /scratch/sub && echo fresh > /scratch/sub/marker")
+        assert swap.wait(timeout=30) and swap.read().exit_code == 0
+        time.sleep(0.5)
+        for _ in range(2):  # in the process made ahead, then forked at the call
+            r = sb.call("exec", probe)
+            assert r.ok and r.result["stdout"].split() == ["/scratch/sub", "fresh"], r.result

@@ -65,6 +65,7 @@ class Zygote:
             source = f.read()
         # its end of the socket keeps its number in the zygote (pass_fds): the program is told which
         source = source.replace("_CTL = 3  # fd", f"_CTL = {theirs.fileno()}  # fd", 1)
+        source = source.replace("_CWD = None  # cwd", f"_CWD = {cwd!r}  # cwd", 1)
         if namespaces.enabled():  # each fork enters namespaces of its own, as nsinit does for a subprocess
             with open(namespaces.NSINIT, encoding="utf-8") as f:
                 source = source.replace("_NAMESPACES = None  # nsinit", f"_NAMESPACES = {f.read()!r}", 1)

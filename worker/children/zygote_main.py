@@ -54,6 +54,10 @@ for _s in _SIGNALS:
 
 # the worker's socket (SOCK_SEQPACKET, one message per fork); the worker rewrites the number to its fd here
 _CTL = 3  # fd
+# the working directory a call's process starts in, as a path: entered again in each fork, so that it is whatever
+# the path names at the call, as subprocess's cwd= is (the zygote's own was fixed when it started: a directory
+# renamed since, and another put at its path, kept a fork in the old one). The worker rewrites it.
+_CWD = None  # cwd
 _ctl = socket.socket(fileno=_CTL)
 _MAXFD = os.sysconf("SC_OPEN_MAX")
 # Under gVisor the worker puts worker/children/nsinit.py's text here (worker.children.namespaces): each fork then enters
@@ -86,6 +90,8 @@ def _child(fds: list[int], pid_r: int, pid_w: int, argv_mode: bool = False, with
                     signal.signal(s, handler)
                 except (OSError, ValueError):
                     pass
+        if _CWD is not None:
+            os.chdir(_CWD)
         os.dup2(stdin_fd, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
