@@ -194,7 +194,11 @@ def test_an_oom_child_under_gvisor_ends_only_itself() -> None:
 # what a call's process tells of itself: how long ago it was forked (the kernel's start time against its
 # uptime), its pid in its namespaces, its limits, its session, working directory and environment
 SELF_PYTHON = r"""
-import json, os, resource, sys
+import ctypes, json, os, resource, sys
+libc = ctypes.CDLL(None, use_errno=True)
+unshared = libc.unshare(0x10000000)  # CLONE_NEWUSER: refused by the filter nsinit stacks
+unshare_errno = ctypes.get_errno()
+status = open("/proc/self/status").read().splitlines()
 ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
 up = float(open("/proc/uptime").read().split()[0])
 print(json.dumps({
@@ -203,6 +207,8 @@ print(json.dumps({
     "nproc": resource.getrlimit(resource.RLIMIT_NPROC), "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
     "uid_map": open("/proc/self/uid_map").read().split(),
     "procs": sorted(p for p in os.listdir("/proc") if p.isdigit()),
+    "unshare": [unshared, unshare_errno],
+    "caps": [ln for ln in status if ln.startswith(("Cap", "Seccomp", "NoNewPrivs"))],
 }))
 """
 # its pid, and its age in ms: /proc/uptime in hundredths (two decimals) less its start time in clock ticks
@@ -238,6 +244,7 @@ def test_a_gvisor_call_after_idle_starts_in_a_process_made_ahead_as_fresh_as_a_f
             assert seen == forked[0], (age, seen, forked[0])
         assert forked[0]["pid"] == 1 and forked[0]["sid"] and forked[0]["procs"] == ["1"], forked[0]
         assert forked[0]["argv"] == ["-c"] and forked[0]["path0"] == "" and forked[0]["fds"] == [0, 1, 2, 3]
+        assert forked[0]["unshare"][0] == -1 and "CapEff:\t0000000000000000" in forked[0]["caps"], forked[0]
         time.sleep(1.0)
         r = sb.call("run_shell", {"command": SELF_SHELL})
         assert r.ok, r

@@ -65,6 +65,7 @@ _MAXFD = os.sysconf("SC_OPEN_MAX")
 _NAMESPACES = None  # nsinit
 _unshare: Any = None
 _become_init: Any = None
+_init_done = False  # a process made ahead did it while it waited (_waiting)
 _exec_tool: Any = None
 if _NAMESPACES is not None:
     _nsinit: dict[str, Any] = {"__name__": "toolcage_nsinit"}
@@ -114,7 +115,7 @@ def _child(fds: list[int], pid_r: int, pid_w: int, argv_mode: bool = False, with
             _exec(rest.split("\0"), json.loads(head))
         if argv_mode:
             _exec(source.split("\0"))
-        if _become_init is not None:
+        if _become_init is not None and not _init_done:
             _become_init(_libc)  # PID 1 of namespaces of its own (the middle process made them)
         code = compile(source, "<string>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError):  # as `python3 -c` reports it: no traceback of ours
@@ -149,7 +150,8 @@ def _exec(argv: list[str], env: dict[str, str] | None = None) -> None:
     image's: the zygote itself runs with the worker's). Never returns."""
     if _become_init is None or not argv or not argv[0]:
         os._exit(70)
-    _become_init(_libc)
+    if not _init_done:
+        _become_init(_libc)
     _exec_tool(argv, env)
 
 
@@ -270,9 +272,14 @@ def _prepare() -> None:
 def _waiting(sock: Any, pid_w: int) -> None:
     """The process made ahead (PID 1 of its namespaces): non-dumpable while it waits, it takes its call's kind
     and four descriptors, then becomes the call's process as a fork of the zygote does. Never returns."""
+    global _init_done
     try:
-        _libc.prctl(4, 0, 0, 0, 0)
         os.close(pid_w)
+        # what PID 1 of its namespaces does before any call's code (its /proc, the seccomp filter that takes
+        # mount and namespace calls away, no capability), done now: the call pays none of it
+        _become_init(_libc)
+        _init_done = True
+        _libc.prctl(4, 0, 0, 0, 0)  # non-dumpable while it waits (_child makes it dumpable with the call)
         msg, fds, _flags, _addr = socket.recv_fds(sock, 16, 4)
         sock.detach()  # (its fd is closed by _child with every other)
     except BaseException:
