@@ -72,10 +72,15 @@ GVISOR_HOST_PIDS_BASE = 256
 # the policy's memory is kept inside, per call, by the worker's memory guard (worker.children.memguard).
 # The base is twice the sentry's own: a guard starved of CPU by the call's own allocators (four processes
 # allocating at once on a loaded 2-core machine) found 64 MiB too little about one time in ten.
-# Bounded: at most 128 MiB + 1 GiB more than the policy's memory.
+# 2 MiB per process: with the ptrace platform the sentry's threads and page tables grow with how many
+# processes ran at once and are not given back (+13-15 MiB of host memory outside gVisor's own count after
+# each fork bomb of 57 processes), and a bomb of forked Pythons at 256 MiB and 64 processes peaked at 324-378
+# of 448 MiB on an idle host, five bombs in one sandbox: a loaded test pass, its guard late, met 448
+# (test_handler_abuse_ends_its_call_and_nothing_else[fork_bomb]). Counted up to 512 processes, the bound is as
+# before: at most 128 MiB + 1 GiB more than the policy's memory.
 GVISOR_MEMORY_HEADROOM_BASE = 128 * 1024**2
-GVISOR_MEMORY_HEADROOM_PER_PROCESS = 1024**2
-GVISOR_MEMORY_HEADROOM_PROCESSES = 1024  # past this many, the headroom grows no more
+GVISOR_MEMORY_HEADROOM_PER_PROCESS = 2 * 1024**2
+GVISOR_MEMORY_HEADROOM_PROCESSES = 512  # past this many, the headroom grows no more
 
 
 def gvisor_memory_headroom(pids: int) -> int:

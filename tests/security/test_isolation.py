@@ -99,7 +99,7 @@ def test_inspect_matches_policy(sandbox: Sandbox, engine: Any) -> None:
     if sandbox.kind == "gvisor":  # the process limit is RLIMIT_NPROC in gVisor's kernel; the cgroup's a backstop
         assert {"Name": "nproc", "Soft": 64, "Hard": 64} in hc["Ulimits"] and hc["PidsLimit"] > 64
         assert hc["Runtime"] == "runsc"
-        memory += (128 + 64) * 1024**2  # a headroom for gVisor's kernel; the policy's memory is kept inside
+        memory += (128 + 2 * 64) * 1024**2  # a headroom for gVisor's kernel; the policy's memory is kept inside
     else:
         assert hc["PidsLimit"] == 64
     assert hc["Memory"] == hc["MemorySwap"] == memory

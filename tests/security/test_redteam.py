@@ -29,13 +29,17 @@ def _processes(engine: Any, cid: str, sb: Sandbox | None = None) -> list[str]:
     with ``sb``, without the worker's own run_python zygote (the pid it reports, matched through
     the host's /proc NSpid: a forked child shows the zygote's command line too, so not by name).
     Under gVisor the processes live in its kernel, not the host's: ``runsc ps`` lists them (pid, name)."""
-    zygote = sb.call("sandbox.usage").result["zygote_pid"] if sb is not None else None
+    before = sb.call("sandbox.usage").result if sb is not None else {}
+    zygote, ahead = before.get("zygote_pid"), before.get("ahead_pid")
     if sb is not None and sb.kind == "gvisor":
         out = subprocess.run(
             ["runsc", "--root", RUNSC_ROOT, "ps", cid], capture_output=True, text=True, check=True
         ).stdout.splitlines()[1:]  # UID PID PPID C STIME TIME CMD
         rows = [(int(line.split()[1]), line.split()[-1]) for line in out if line.strip()]
-        zygotes = {zygote, sb.call("sandbox.usage").result["zygote_pid"]}  # one may have started meanwhile
+        after = sb.call("sandbox.usage").result
+        zygotes = {zygote, after["zygote_pid"]}  # one may have started meanwhile
+        # and the next call's process, which the zygote made ahead while the worker was idle (no call's)
+        zygotes |= {ahead, after["ahead_pid"]}
         # runsc ps shows names only (python3): PID 1 is the worker (probe worker_is_init proves it)
         return [f"{pid} {'worker' if pid == 1 else cmd}" for pid, cmd in rows if pid not in zygotes]
     top = engine.api.top(cid, ps_args="-eo pid,args")

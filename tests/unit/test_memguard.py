@@ -23,14 +23,14 @@ MiB = 1024**2
 
 
 def test_gvisor_host_limit_is_the_policy_memory_and_a_bounded_headroom() -> None:
-    """Under runsc the host's memory limit is the policy's plus 128 MiB and 1 MiB per process (at most 1 GiB
+    """Under runsc the host's memory limit is the policy's plus 128 MiB and 2 MiB per process (at most 1 GiB
     of them), swap still equal; under runc it is the policy's own, unchanged."""
     p = load_policy(FIX / "good-small.yaml")  # 128 MiB, 32 processes
     runc = container_config(p, run_spec())["HostConfig"]
     gvisor = container_config(p, run_spec(runtime=GVISOR))["HostConfig"]
     assert runc["Memory"] == runc["MemorySwap"] == 128 * MiB
-    assert gvisor["Memory"] == gvisor["MemorySwap"] == (128 + 128 + 32) * MiB
-    assert gvisor_memory_headroom(32768) == gvisor_memory_headroom(1024) == (128 + 1024) * MiB
+    assert gvisor["Memory"] == gvisor["MemorySwap"] == (128 + 128 + 2 * 32) * MiB
+    assert gvisor_memory_headroom(32768) == gvisor_memory_headroom(512) == (128 + 1024) * MiB
 
 
 def test_doctor_takes_the_gvisor_headroom_and_no_more() -> None:

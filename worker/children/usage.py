@@ -22,6 +22,13 @@ def _zygote_pid() -> int | None:
     return pid
 
 
+def _ahead_pid() -> int | None:
+    """Under gVisor, the next call's process the zygote made ahead, while it waits (the worker's, no call's yet)."""
+    zygote = sys.modules.get("toolcage.worker.children.zygote")
+    pid: int | None = zygote.ahead_pid() if zygote is not None else None
+    return pid
+
+
 def usage() -> dict[str, Any]:
     if os.environ.get(contract.ENV_IN_CONTAINER) == "1":
         cpu = cgroup.cpu_usage_ns()
@@ -33,6 +40,7 @@ def usage() -> dict[str, Any]:
             "oom_kills": cgroup.oom_kills() + memguard.kills(),
             "source": "cgroup",
             "zygote_pid": _zygote_pid(),
+            "ahead_pid": _ahead_pid(),
         }
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -42,4 +50,5 @@ def usage() -> dict[str, Any]:
         "oom_kills": 0,
         "source": "rusage",
         "zygote_pid": _zygote_pid(),
+        "ahead_pid": _ahead_pid(),
     }

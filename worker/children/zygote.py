@@ -342,6 +342,12 @@ def pid() -> int | None:
     return _current.pid if _current is not None else None
 
 
+def ahead_pid() -> int | None:
+    """The process made ahead for the next call, while it waits (under gVisor), else None."""
+    z = _current
+    return z.ahead[0] if z is not None and z.ahead is not None else None
+
+
 def spawn_argv(
     argv: list[str], stdin: bool, env: dict[str, str], cwd: str, tool_env: dict[str, str] | None = None
 ) -> Spawned | None:
