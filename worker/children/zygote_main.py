@@ -223,13 +223,12 @@ def _made_group(sync_w: int) -> None:
         os._exit(70)
 
 
-def _prepare() -> None:
-    """With namespaces (gVisor), while the worker is idle: the next call's process, made ahead. Its two forks
-    (the middle process that makes the namespaces, and the process that is PID 1 in them) are most of a call's
-    start there (~12 ms each under gVisor's ptrace platform). It waits for its call's four descriptors on a
-    socket of its own, whose other end goes to the worker with its pid (on a failure: b"E"). It holds nothing
-    of the zygote's but what a fork does: the zygote's socket is closed in the middle process already."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+def _fork_twice(in_mid: Any, child: Any, *args: Any, **kwargs: Any) -> bytes:
+    """Fork a call's process: a middle process (which runs ``in_mid`` first, when given, then makes the call's
+    namespaces when they are on: the next child is PID 1 of them) forks it, and it runs
+    ``child(*args, **kwargs)`` (which never returns) once it has its own session and group (_made_group).
+    Returns its pid (8 bytes, little-endian) once the middle process is reaped (the call's process is the
+    worker's then: re-parented to PID 1), or b""."""
     pid_r, pid_w = os.pipe()
     try:
         mid = os.fork()
@@ -237,29 +236,48 @@ def _prepare() -> None:
         mid = -1
     if mid == 0:
         try:
-            os.close(_CTL)  # never in the process that waits (nor in the call it becomes)
-            ours.close()
             os.close(pid_r)
-            _libc.prctl(4, 1, 0, 0, 0)  # dumpable: it writes its own uid_map (it exits at once)
-            _unshare(_libc)
+            if in_mid is not None:
+                in_mid()
+            if _unshare is not None:
+                _libc.prctl(4, 1, 0, 0, 0)  # dumpable: it writes its own uid_map (it exits at once)
+                _unshare(_libc)
             sync_r, sync_w = os.pipe()  # _made_group
             pid = os.fork()
         except BaseException:
             os._exit(1)
         if pid == 0:
             os.close(sync_r)
+            os.close(pid_w)
             _made_group(sync_w)
-            _waiting(theirs, pid_w)
+            child(*args, **kwargs)
+            os._exit(70)  # (child never returns)
         os.close(sync_w)
         if os.read(sync_r, 1) == b"s":  # else it died first: no pid to report
             os.write(pid_w, pid.to_bytes(8, "little"))
         os._exit(0)
-    theirs.close()
     os.close(pid_w)
     data = os.read(pid_r, 8) if mid > 0 else b""
     os.close(pid_r)
     if mid > 0:
-        os.waitpid(mid, 0)  # the waiting process is the worker's now (re-parented to PID 1)
+        os.waitpid(mid, 0)
+    return data
+
+
+def _prepare() -> None:
+    """With namespaces (gVisor), while the worker is idle: the next call's process, made ahead. Its two forks
+    (the middle process that makes the namespaces, and the process that is PID 1 in them) are most of a call's
+    start there (~12 ms each under gVisor's ptrace platform). It waits for its call's four descriptors on a
+    socket of its own, whose other end goes to the worker with its pid (on a failure: b"E"). It holds nothing
+    of the zygote's but what a fork does: the zygote's socket is closed in the middle process already."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    def in_mid() -> None:
+        os.close(_CTL)  # never in the process that waits (nor in the call it becomes)
+        ours.close()
+
+    data = _fork_twice(in_mid, _waiting, theirs)
+    theirs.close()
     try:
         if len(data) == 8:
             socket.send_fds(_ctl, [data], [ours.fileno()])
@@ -269,12 +287,11 @@ def _prepare() -> None:
         ours.close()
 
 
-def _waiting(sock: Any, pid_w: int) -> None:
+def _waiting(sock: Any) -> None:
     """The process made ahead (PID 1 of its namespaces): non-dumpable while it waits, it takes its call's kind
     and four descriptors, then becomes the call's process as a fork of the zygote does. Never returns."""
     global _init_done
     try:
-        os.close(pid_w)
         # what PID 1 of its namespaces does before any call's code (its /proc, the seccomp filter that takes
         # mount and namespace calls away, no capability), done now: the call pays none of it
         _become_init(_libc)
@@ -304,33 +321,7 @@ def _serve() -> None:
             continue
         if not msg or len(fds) != 4:
             os._exit(0)  # the worker is gone (EOF) or broke the protocol
-        pid_r, pid_w = os.pipe()
-        try:
-            mid = os.fork()
-        except OSError:
-            mid = -1
-        if mid == 0:
-            if _unshare is not None:  # the call's process, forked next, is PID 1 of new namespaces
-                _libc.prctl(4, 1, 0, 0, 0)  # dumpable: it writes its own uid_map (it exits at once)
-                _unshare(_libc)
-            try:
-                sync_r, sync_w = os.pipe()  # _made_group
-                pid = os.fork()
-            except OSError:
-                os._exit(1)
-            if pid == 0:
-                os.close(sync_r)
-                _made_group(sync_w)
-                _child(fds, pid_r, pid_w, argv_mode=msg in (b"X", b"E"), with_env=msg == b"E")
-            os.close(sync_w)
-            if os.read(sync_r, 1) == b"s":  # else it died first: no pid to report
-                os.write(pid_w, pid.to_bytes(8, "little"))
-            os._exit(0)
-        os.close(pid_w)
-        data = os.read(pid_r, 8) if mid > 0 else b""
-        os.close(pid_r)
-        if mid > 0:
-            os.waitpid(mid, 0)  # once it is reaped, the grandchild is the worker's (re-parented to PID 1)
+        data = _fork_twice(None, _child, fds, -1, -1, argv_mode=msg in (b"X", b"E"), with_env=msg == b"E")
         for fd in fds:
             os.close(fd)
         _ctl.send(data if len(data) == 8 else b"E")
