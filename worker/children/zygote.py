@@ -93,16 +93,7 @@ class Zygote:
     # ------------------------------------------------------------------------------------------
     def alive(self) -> bool:
         """Running (not exited, not stopped), answering, and unchanged by anyone."""
-        if self.pid not in sweep.EXEMPT:
-            return False  # reaped by a sweep: its pid may be someone else's now
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED)
-        except ChildProcessError:
-            sweep.EXEMPT.discard(self.pid)
-            return False
-        if pid:
-            if not os.WIFSTOPPED(status):
-                sweep.EXEMPT.discard(self.pid)  # reaped just now: the pid is no longer ours
+        if not _running(self.pid):
             return False
         if not self.ready:
             if not readable([self.sock.fileno()], _READY_S) or self.sock.recv(16) != b"R":
@@ -164,7 +155,7 @@ class Zygote:
         pid, sock = self.ahead
         self.ahead = None
         try:
-            if _waits(pid) and untouched(pid):
+            if _running(pid) and untouched(pid):
                 import socket  # (loaded by __init__)
 
                 socket.send_fds(sock, [kind], fds)
@@ -253,9 +244,9 @@ class Zygote:
         self.sock.close()
 
 
-def _waits(pid: int) -> bool:
-    """Whether the process made ahead still waits: neither reaped by a sweep (its pid may be another's
-    then), nor exited, nor stopped."""
+def _running(pid: int) -> bool:
+    """Whether ``pid``, a process of the worker's own (the zygote, the process made ahead), still runs: neither
+    reaped by a sweep (its pid may be someone else's now), nor exited, nor stopped."""
     if pid not in sweep.EXEMPT:
         return False
     try:
@@ -264,7 +255,7 @@ def _waits(pid: int) -> bool:
         sweep.EXEMPT.discard(pid)
         return False
     if got and not os.WIFSTOPPED(status):
-        sweep.EXEMPT.discard(pid)
+        sweep.EXEMPT.discard(pid)  # reaped just now: the pid is no longer ours
     return not got
 
 

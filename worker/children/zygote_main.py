@@ -76,7 +76,7 @@ if _PATH0 is not None:
 del _PATH0
 
 
-def _child(fds: list[int], pid_r: int, pid_w: int, argv_mode: bool = False, with_env: bool = False) -> None:
+def _child(fds: list[int], argv_mode: bool = False, with_env: bool = False) -> None:
     """In the forked child: become what ``python3 -c code`` is, then run the code. Never returns.
     ``argv_mode`` (only with namespaces, where a subprocess would pay a launcher's interpreter start):
     the pipe carries an argv (NUL-separated) to exec in the namespaces, as ``subprocess`` would start it."""
@@ -303,7 +303,7 @@ def _waiting(sock: Any) -> None:
         os._exit(0)
     if msg not in (b"F", b"X", b"E") or len(fds) != 4:
         os._exit(0)  # the worker dropped it (EOF) or broke the protocol
-    _child(fds, -1, -1, argv_mode=msg in (b"X", b"E"), with_env=msg == b"E")
+    _child(fds, argv_mode=msg in (b"X", b"E"), with_env=msg == b"E")
 
 
 def _serve() -> None:
@@ -321,7 +321,7 @@ def _serve() -> None:
             continue
         if not msg or len(fds) != 4:
             os._exit(0)  # the worker is gone (EOF) or broke the protocol
-        data = _fork_twice(None, _child, fds, -1, -1, argv_mode=msg in (b"X", b"E"), with_env=msg == b"E")
+        data = _fork_twice(None, _child, fds, argv_mode=msg in (b"X", b"E"), with_env=msg == b"E")
         for fd in fds:
             os.close(fd)
         _ctl.send(data if len(data) == 8 else b"E")
