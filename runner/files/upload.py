@@ -23,6 +23,7 @@ import stat
 import tarfile
 import threading
 import zlib
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -214,6 +215,10 @@ class Scan:
     size: int = 0  # the tmpfs space the files take, in whole pages
     names: list[str] | None = field(default_factory=list)  # None: more than SCAN_KEEP (bounded host memory)
     files: bytearray = field(default_factory=bytearray)  # per name: 1 if it was a regular file
+    # per name, a regular file's inode and ctime as the walk saw them: the copy that finds the same two need not
+    # read its ACL again (a chmod, chown or ACL change sets the ctime; a file replaced is another inode)
+    inodes: array[int] = field(default_factory=lambda: array("Q"))
+    ctimes: array[int] = field(default_factory=lambda: array("q"))
     withheld: _Withheld = field(default_factory=_Withheld)
 
 
@@ -227,8 +232,10 @@ def scan(local: str | os.PathLike[str], gitignore: bool = False) -> Scan:
         if got.names is not None:
             got.names.append(name)
             got.files.append(regular)
+            got.inodes.append(st.st_ino if regular else 0)
+            got.ctimes.append(st.st_ctime_ns if regular else 0)
             if len(got.names) > SCAN_KEEP:
-                got.names, got.files = None, bytearray()
+                got.names, got.files, got.inodes, got.ctimes = None, bytearray(), array("Q"), array("q")
         if regular:
             got.size += -(-st.st_size // _PAGE) * _PAGE
     return got
@@ -260,6 +267,7 @@ class Sent:
     dirs: int = 0
     symlinks: int = 0
     bytes: int = 0
+    listed: list[str] = field(default_factory=list)  # the files' and symlinks' names, as the tar holds them
 
 
 class _Beneath:
@@ -291,6 +299,7 @@ def _tar(
     names: list[str] | None = None,
     counts: Sent | None = None,
     files: bytearray | None = None,
+    scanned: Scan | None = None,
 ) -> Iterator[bytes]:
     """The tar of the walk of ``local``. With ``counts`` (a workspace copy, which the worker may hand to GNU
     tar, which keeps modes as they are): the modes as the worker's own extraction makes them, setuid, setgid
@@ -300,7 +309,7 @@ def _tar(
     entry is reached through its parent's descriptor (:class:`_Beneath`), never through a symlink."""
     beneath = _Beneath(local) if stat.S_ISDIR(os.lstat(local).st_mode) else None
     try:
-        yield from _tar_entries(local, gitignore, withheld, names, counts, files, beneath)
+        yield from _tar_entries(local, gitignore, withheld, names, counts, files, beneath, scanned)
     finally:
         if beneath is not None:
             beneath.close()
@@ -315,6 +324,7 @@ def _tar_entries(
     counts: Sent | None,
     files: bytearray | None,
     beneath: _Beneath | None,
+    scanned: Scan | None = None,
 ) -> Iterator[bytes]:
     listed = _listed(local, names) if names is not None else None
     for k, (path, name, _) in enumerate(_entries(local, gitignore, withheld) if listed is None else listed):
@@ -338,7 +348,12 @@ def _tar_entries(
                 try:
                     fst = os.fstat(fd)
                     if stat.S_ISREG(fst.st_mode):
-                        yield from _file(path, name, fd, fst, withheld, counts)
+                        seen = (
+                            scanned is not None
+                            and fst.st_ino == scanned.inodes[k]
+                            and fst.st_ctime_ns == scanned.ctimes[k]
+                        )  # the file the walk checked, unchanged since: its verdict stands
+                        yield from _file(path, name, fd, fst, withheld, counts, seen)
                         continue
                 finally:
                     os.close(fd)
@@ -357,6 +372,7 @@ def _tar_entries(
         elif stat.S_ISLNK(st.st_mode):
             if counts is not None:
                 counts.symlinks += 1
+                counts.listed.append(name)
             yield _header(name, tarfile.SYMTYPE, st, linkname=os.readlink(base, dir_fd=dfd))
         elif stat.S_ISREG(st.st_mode):
             # swapped for a link: refused, not followed
@@ -377,16 +393,25 @@ _ZEROS = bytes(tarfile.BLOCKSIZE)
 
 
 def _file(
-    path: str, name: str, fd: int, fst: os.stat_result, withheld: _Withheld | None, counts: Sent | None
+    path: str,
+    name: str,
+    fd: int,
+    fst: os.stat_result,
+    withheld: _Withheld | None,
+    counts: Sent | None,
+    seen: bool = False,
 ) -> Iterator[bytes]:
-    """One regular file's entry (``fd`` open on it, ``fst`` its fstat): exactly the size it had then."""
-    if withheld is not None and not mountview.allows(fst, mountview.READ, mountview.access_acl(fd)):
+    """One regular file's entry (``fd`` open on it, ``fst`` its fstat): exactly the size it had then. ``seen``:
+    the walk checked this very inode and nothing of its mode, owner or ACL has changed since (its ctime)."""
+    acl = None if seen else mountview.access_acl(fd)  # (an ACL read is 2.5 us a file, most of it the ENODATA)
+    if withheld is not None and not mountview.allows(fst, mountview.READ, acl):
         withheld.add(name)  # its mode changed since the walk: what is sent is what was checked
         return
     size = fst.st_size
     if counts is not None:
         counts.files += 1
         counts.bytes += size
+        counts.listed.append(name)
         head = header(name, tarfile.REGTYPE, fst.st_mode & 0o777, fst.st_mtime, size)
     else:
         head = _header(name, tarfile.REGTYPE, fst, size)
@@ -456,7 +481,7 @@ def upload(
     if base and same_tree and scanned is not None and scanned.names is not None:
         withheld, names, files = scanned.withheld, scanned.names, scanned.files  # what the walk withheld and found
     sent = Sent() if base else None
-    tar = _tar(local, gitignore, withheld, names, counts=sent, files=files)
+    tar = _tar(local, gitignore, withheld, names, counts=sent, files=files, scanned=scanned if names else None)
     got = send(call, tar, remote_dir, base=base, shown=local, sent=sent)
     if withheld is not None:
         got.withheld, got.withheld_count = list(withheld), withheld.total
@@ -494,8 +519,11 @@ def send(
     made aborts the stream: the worker keeps nothing). ``sent``: the tar is ``_tar``'s walk of a workspace
     copy, counted there: the worker may extract it with its runtime's GNU tar (``native``)."""
     opening = {"path": remote_dir, **({"base": True} if base else {})}
-    res = call({**opening, "native": True} if base and sent is not None else opening)
-    if base and sent is not None and refused_param(res, "native"):  # a worker from before it
+    native = base and sent is not None
+    res = call({**opening, "native": True, "listed": True} if native else opening)
+    if native and refused_param(res, "listed"):  # a worker from before it
+        res = call({**opening, "native": True})
+    if native and refused_param(res, "native"):  # a worker from before that
         res = call(opening)
     ans = _answer(res, True)
     stream = str(ans.get("stream", ""))
@@ -503,14 +531,18 @@ def send(
     # worker image) gets base64 with a sha256, as it always did
     framed = ans.get("frames") is True
     deflate = _Deflate() if framed and sent is not None and ans.get("deflate") is True else None
+    listed = framed and sent is not None and ans.get("listed") is True  # the worker takes our names of the entries
     ahead = _Ahead(_chunks(tar))  # the next chunk is made while the worker takes this one
     try:
         item = ahead.next()
         while item is not None:
             nxt = ahead.next()
             chunk = (deflate.chunk(item) if deflate is not None else {"frame": item}) if framed else _base64(item)
-            ans = _answer(call({"stream": stream, **chunk, "done": nxt is None}), False)
+            ans = _answer(call({"stream": stream, **chunk, "done": nxt is None and not listed}), False)
             item = nxt
+        if listed:
+            assert sent is not None
+            ans = _send_names(call, stream, sent.listed, deflate)
     except OSError as exc:  # the local tree changed under the walk
         call({"stream": stream, "abort": True})  # the worker drops what it extracted
         raise UploadUsage(f"upload: reading '{_show(shown)}' failed: {exc.strerror}; nothing was kept") from None
@@ -525,6 +557,18 @@ def send(
     return UploadResult(str(ans.get("path", remote_dir)), files, dirs, symlinks, size)
 
 
+def _send_names(call: Call, stream: str, names: list[str], deflate: _Deflate | None) -> dict[str, Any]:
+    """After a listed stream's tar: the names of its files and symlinks, "\0"-separated, in chunks (the last one
+    done). GNU tar in the sandbox need not name each entry as it makes it, nor the worker read those lines."""
+    data = "\0".join(names).encode("utf-8", "surrogateescape")  # the names as the tar holds them (os.fsencode's)
+    pieces = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
+    ans: dict[str, Any] = {}
+    for k, piece in enumerate(pieces):
+        chunk = deflate.chunk(piece, names=True) if deflate is not None else {"frame": piece}
+        ans = _answer(call({"stream": stream, **chunk, "names": True, "done": k == len(pieces) - 1}), False)
+    return ans
+
+
 class _Deflate:
     """A native copy's chunks, zlib-compressed where that pays (worker.tools.untar): the tar of a tree of small
     files is mostly headers and padding, zeros (100,000 files of 100 B: 97 MiB of tar, 1.4 MiB deflated), and
@@ -533,8 +577,8 @@ class _Deflate:
     zeros) or of compressed files would pay the level-1 compressor for little or nothing (a 4.6 MiB
     repository's copy started 45 ms later when every chunk was deflated)."""
 
-    def chunk(self, item: bytes) -> dict[str, Any]:
-        if item.count(0) < len(item) * ZEROS_TO_DEFLATE:
+    def chunk(self, item: bytes, names: bool = False) -> dict[str, Any]:
+        if not names and item.count(0) < len(item) * ZEROS_TO_DEFLATE:  # (names: paths, which repeat a lot)
             return {"frame": item}
         packed = zlib.compress(item, 1)
         if len(packed) <= len(item) * DEFLATE_GAIN:

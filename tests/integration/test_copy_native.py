@@ -97,13 +97,16 @@ class Spy(Sandbox):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.uploads: list[dict[str, Any]] = []
-        self.deflated = 0  # chunks the runner sent deflated
+        self.deflated = 0  # chunks of the tar the runner sent deflated
+        self.named = 0  # calls that named the tar's files and symlinks (a listed stream's, after the tar)
 
     def call(self, tool: str, params: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         r = super().call(tool, params, **kwargs)
         if tool == "upload" and isinstance(r.result, dict):
             self.uploads.append(r.result)
-            self.deflated += bool((params or {}).get("deflated"))
+            named = bool((params or {}).get("names"))
+            self.named += named
+            self.deflated += bool((params or {}).get("deflated")) and not named
         return r
 
 
@@ -119,7 +122,9 @@ def test_the_copy_is_gnu_tars_and_the_same_as_before(engine: Any, tmp_path: Path
         assert got == want
         assert sb.uploads and sb.uploads[-1].get("native") is True, sb.uploads  # GNU tar extracted it
         assert sb.deflated == 1  # its one chunk, mostly headers and padding, went deflated
-        none = sb.changes()  # the base the worker recorded is every name tar made
+        # the runner named the entries itself (GNU tar named none: no -v), and the worker kept those names
+        assert sb.uploads[0].get("listed") is True and sb.named == 1, (sb.uploads, sb.named)
+        none = sb.changes()  # the base the worker recorded is every name the runner sent
         assert (none.added, none.changed, none.removed) == ((), (), ()), none
         r = sb.call("run_shell", {"command": "echo more >> /workspace/locked/in.txt && rm '/workspace/-dash'"})
         assert r.result["exit_code"] == 0, r.result

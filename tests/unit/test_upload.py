@@ -516,3 +516,125 @@ def test_the_copy_never_reads_through_a_directory_swapped_for_a_link_after_the_s
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:
         got = {m.name: m for m in tf.getmembers()}
     assert got["b"].issym() and "b/passwd" not in got and "c/keep" in got  # the link is sent as a link
+
+
+def test_a_worker_from_before_listed_is_asked_again_with_native_alone() -> None:
+    """A worker that takes native but not listed refuses it by name: the copy goes on natively, GNU tar naming
+    the entries as before, and no names follow the tar."""
+    from toolcage.files import upload
+
+    refused = CallResult(
+        "error", "upload", "run", error={"code": -32602, "message": "bad", "data": [{"field": "listed"}]}
+    )
+    old = _Scripted(refused, _ok(stream="s", frames=True), _ok(stream="s", done=True, native=True))
+    upload.send(old, iter([b"x" * 10]), "/workspace", base=True, sent=upload.Sent(files=1, listed=["a"]))
+    assert old.calls[0].get("listed") is True and old.calls[1].get("native") is True, old.calls
+    assert "listed" not in old.calls[1] and len(old.calls) == 3 and old.calls[2].get("done") is True, old.calls
+    assert not any(c.get("names") for c in old.calls), old.calls
+
+
+@pytest.fixture
+def copy_worker(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> InProcess:
+    """The upload tool of a run with a workspace copy, its runtime's GNU tar the host's (the same program)."""
+    import shutil
+
+    from toolcage.worker.tools import untar
+
+    found = shutil.which("tar")
+    if found is None:
+        pytest.fail("no tar on this host: the worker image's runtime carries GNU tar, and so must the test host")
+    monkeypatch.setattr(untar, "TAR", found)
+    raw = validate_policy({"timeouts": {"call_s": 5, "run_s": 20}}).canonical_json()
+    return InProcess(Settings(raw, str(scratch.parent / "ws"), str(scratch), "test", workspace_copy=True))
+
+
+class _Recorded:
+    """``call``, with the params of each call kept."""
+
+    def __init__(self, call: InProcess) -> None:
+        self.call, self.calls = call, []
+
+    def __call__(self, params: dict[str, Any]) -> CallResult:
+        self.calls.append(params)
+        return self.call(params)
+
+
+def test_a_listed_copy_names_its_entries_and_the_worker_keeps_those_names(
+    copy_worker: InProcess, scratch: Path, tmp_path: Path
+) -> None:
+    """The runner names the tar's files and symlinks after the tar (GNU tar then names nothing as it extracts):
+    the worker's base for changes() is exactly those names, however odd (a newline, a backslash, bytes that
+    are no UTF-8, a link), without the directories; the tree is extracted whole."""
+    from toolcage.worker.tools import workspace
+
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    odd = ["plain", "new\nline", "back\\slash", os.fsdecode(b"b\xffad"), "x" * 150]
+    for n in odd:
+        (tree / "sub" / n).write_bytes(b"abc")
+    (tree / "link").symlink_to("sub/plain")
+    rec = _Recorded(copy_worker)
+    got = host.upload(rec, tree, "/workspace", base=True, checked=True, scanned=host.scan(tree))
+    assert rec.calls[0].get("listed") is True and rec.calls[-1].get("names") is True, rec.calls
+    assert rec.calls[-1].get("done") is True and not any(c.get("done") for c in rec.calls[:-1]), rec.calls
+    want = {"link", *(f"sub/{n}" for n in odd)}
+    assert set(workspace._bases["/workspace"][0].split("\0")) == want
+    assert (got.files, got.symlinks, got.dirs) == (len(odd), 1, 1)
+    ws = scratch.parent / "ws"
+    assert sorted(os.listdir(ws / "sub")) == sorted(odd) and os.readlink(ws / "link") == "sub/plain"
+
+
+def test_a_listed_stream_takes_names_only_after_its_tar_and_needs_them(copy_worker: InProcess, scratch: Path) -> None:
+    """Names on a stream that did not offer to take them, a chunk of tar after the names, and a listed stream
+    that ends with no names are refused, with nothing kept."""
+    raw = tar_bytes([info("a", data=b"x")])
+    opened = copy_worker({"path": "/workspace", "base": True, "native": True})  # not listed
+    assert opened.ok and "listed" not in opened.result, opened.result
+    res = copy_worker({"stream": opened.result["stream"], "frame": b"a", "names": True, "done": True})
+    assert not res.ok and "did not offer" in res.error["message"], res.error
+    for after_names in (True, False):
+        opened = copy_worker({"path": "/workspace", "base": True, "native": True, "listed": True})
+        assert opened.result.get("listed") is True, opened.result
+        sid = opened.result["stream"]
+        assert copy_worker({"stream": sid, "frame": raw}).ok
+        if after_names:
+            assert copy_worker({"stream": sid, "frame": b"a", "names": True}).ok
+            res = copy_worker({"stream": sid, "frame": raw, "done": True})
+            assert not res.ok and "after its names" in res.error["message"], res.error
+        else:
+            res = copy_worker({"stream": sid, "frame": b"", "done": True})
+            assert not res.ok and "named none" in res.error["message"], res.error
+        assert "nothing was kept" in res.error["message"]
+    assert os.listdir(scratch.parent / "ws") == []
+
+
+def test_a_file_changed_between_the_scan_and_the_copy_is_checked_again(
+    copy_worker: InProcess, scratch: Path, tmp_path: Path
+) -> None:
+    """The copy takes the scan's verdict for a file only while it is the same inode with the same ctime: one
+    made 0600 after the scan, one replaced by a 0600 file, and one whose ACL denies the sandbox user since are
+    withheld (read again, as the mount would refuse them); one left alone is sent without a second ACL read."""
+    import struct
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for n in ("chmodded", "replaced", "acl", "alone"):
+        (tree / n).write_bytes(b"secret " + n.encode())
+    scanned = host.scan(tree)
+    (tree / "chmodded").chmod(0o600)
+    (tree / "new").write_bytes(b"other")
+    (tree / "new").chmod(0o600)
+    os.replace(tree / "new", tree / "replaced")
+    # setfacl -m u:65532:--- acl (the kernel's xattr form: user::rw-, user:65532:---, group::r--, mask::r--,
+    # other::r--); the mode stays 0644
+    entries = [(0x01, 6, 0xFFFFFFFF), (0x02, 0, 65532), (0x04, 4, 0xFFFFFFFF), (0x10, 4, 0xFFFFFFFF)]
+    entries.append((0x20, 4, 0xFFFFFFFF))
+    acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+    os.setxattr(tree / "acl", "system.posix_acl_access", acl)
+    assert (tree / "acl").stat().st_mode & 0o777 == 0o644
+    got = host.upload(copy_worker, tree, "/workspace", base=True, checked=True, scanned=scanned)
+    ws = scratch.parent / "ws"
+    withheld = {"chmodded", "replaced", "acl"}
+    assert set(got.withheld) == withheld, got.withheld
+    assert sorted(os.listdir(ws)) == sorted({"chmodded", "replaced", "acl", "alone"} - withheld)
+    assert (ws / "alone").read_bytes() == b"secret alone"

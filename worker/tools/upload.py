@@ -30,7 +30,7 @@ import stat
 import tarfile
 import threading
 import zlib
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 from annotated_types import Ge, Le, MaxLen
 
@@ -42,10 +42,14 @@ from toolcage.worker.tools._params import doc, params
 from toolcage.worker.tools.files import full_message, writable
 from toolcage.worker.tools.paths import MAX_PATH, Located, Parents, dir_beneath, locate
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 MAX_CHUNK = 4 << 20  # raw bytes per call (base64 makes it 5.3 MiB, under the worker's 16 MiB request line)
 _PIECE = 1 << 20
 _INFLATED = 4 << 20  # a deflated chunk is handed to the extractor this much at a time
 _MAX_STREAMS = 4
+MAX_NAMES = 64 << 20  # bytes of names a listed stream takes (100,000 files of a repository: about 5 MiB)
 _STAGE = ".toolcage-upload-"
 
 
@@ -69,6 +73,16 @@ class UploadParams:
     native: bool = doc(
         "with base: the tar is the runner's own walk of the workspace, extracted by the runtime's GNU tar "
         "(worker.tools.untar); ignored where the runtime has none",
+        False,
+    )
+    listed: bool = doc(
+        "with native: the runner names the tar's files and symlinks itself, after the tar (calls with names), "
+        "so GNU tar need not (the opening answer says listed when the stream takes them)",
+        False,
+    )
+    names: bool = doc(
+        "this chunk is not tar but the next part of the names of the tar's files and symlinks, \\0-separated "
+        "(a listed stream only, after the last chunk of the tar)",
         False,
     )
 
@@ -245,10 +259,12 @@ class _Stream:
     """One upload: its tar is extracted as it arrives, by a thread reading the chunks the calls hand over
     (``_Feed``), into a staging directory on the target's own file system (renamed into place at ``done``)."""
 
-    def __init__(self, s: Settings, loc: Located, base: bool, native: bool = False) -> None:
+    def __init__(self, s: Settings, loc: Located, base: bool, native: bool = False, listed: bool = False) -> None:
         self.root_path = s.real_root(loc.name)
         self.target, self.shown, self.root_name, self.base = loc.rel, loc.shown, loc.name, base
         self.native = base and native and loc.name == WORKSPACE and untar.available()
+        self.listed = self.native and listed  # the runner names the entries (write_names): GNU tar need not
+        self.names: bytearray | None = None  # what it named so far (from its first names call: the tar ended)
         self.id = secrets.token_hex(8)
         self.stage_name = f"{_STAGE}{self.id}"
         self.root = os.open(self.root_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -272,7 +288,9 @@ class _Stream:
         try:
             if self.native:
                 stage = os.path.join(self.root_path, self.stage_name)
-                self.result = untar.extract(io.BufferedReader(self.feed, _PIECE), stage, self.root_name)
+                self.result = untar.extract(
+                    io.BufferedReader(self.feed, _PIECE), stage, self.root_name, verbose=not self.listed
+                )
                 return
             self.result = extract(io.BufferedReader(self.feed, _PIECE), self.stage)
         except BaseException as exc:  # reported by the call that writes next, or by done
@@ -289,21 +307,34 @@ class _Stream:
         return False
 
     def write(self, data: bytes) -> None:
+        if self.names is not None:
+            raise ToolError("upload: a chunk of the tar after its names; nothing was kept", {})
         if self.error is not None or not self._hand(data):  # the extractor stopped: its error says why
             self.thread.join()
             raise self._failure()
         self.received += len(data)
 
-    def write_deflated(self, data: bytes) -> None:
-        """A zlib-compressed chunk, handed over in pieces of at most ``_INFLATED`` bytes (a chunk that inflates
-        to far more than it is never sits whole in memory)."""
+    def write_names(self, data: bytes) -> None:
+        """The next part of the runner's names of the tar's files and symlinks (a listed stream: the tar ended)."""
+        if not self.listed:
+            raise ToolError("upload: names on a stream that did not offer to take them; nothing was kept", {})
+        if self.names is None:
+            self.names = bytearray()
+        if len(self.names) + len(data) > MAX_NAMES:
+            raise ToolError(f"upload: more than {MAX_NAMES >> 20} MiB of names; nothing was kept", {})
+        self.names += data
+
+    def write_deflated(self, data: bytes, write: Callable[[bytes], None] | None = None) -> None:
+        """A zlib-compressed chunk, handed to ``write`` (the extractor's, by default) in pieces of at most
+        ``_INFLATED`` bytes (a chunk that inflates to far more than it is never sits whole in memory)."""
         if not self.native:
             raise ToolError("upload: a deflated chunk on a stream that did not offer it; nothing was kept", {})
+        write = self.write if write is None else write
         z = zlib.decompressobj()
         try:
             piece = z.decompress(data, _INFLATED)
             while piece:
-                self.write(piece)
+                write(piece)
                 piece = z.decompress(z.unconsumed_tail, _INFLATED) if z.unconsumed_tail else b""
         except zlib.error:
             raise ToolError("upload: a deflated chunk does not inflate; nothing was kept", {}) from None
@@ -347,7 +378,7 @@ def _full(exc: OSError, root: str = SCRATCH) -> ToolError:
     return ToolError(f"upload: {exc.strerror}; nothing was kept", {})
 
 
-def _open(s: Settings, path: str, base: bool, native: bool = False) -> dict[str, Any]:
+def _open(s: Settings, path: str, base: bool, native: bool = False, listed: bool = False) -> dict[str, Any]:
     loc = locate(path, s.workspace, s.scratch)
     writable(s, loc, "upload")
     if base and (loc.name not in (WORKSPACE, *s.image_roots) or loc.rel != "."):
@@ -356,7 +387,7 @@ def _open(s: Settings, path: str, base: bool, native: bool = False) -> dict[str,
             {"path": path},
         )
     try:
-        st = _Stream(s, loc, base, native)
+        st = _Stream(s, loc, base, native, listed)
     except OSError as exc:
         raise _full(exc, loc.name) from None
     with _lock:
@@ -365,10 +396,15 @@ def _open(s: Settings, path: str, base: bool, native: bool = False) -> dict[str,
         _streams[st.id] = st
     # it takes data frames (a runner asks), and on a native stream deflated chunks (worker.tools.untar: the copy
     # of a tree of small files is mostly the tar's headers and padding)
-    return {"stream": st.id, "received": 0, "done": False, "frames": True, **({"deflate": True} if st.native else {})}
+    return {
+        "stream": st.id, "received": 0, "done": False, "frames": True,
+        **({"deflate": True} if st.native else {}), **({"listed": True} if st.listed else {}),
+    }  # fmt: skip
 
 
 def _finish(st: _Stream) -> dict[str, Any]:
+    if st.listed and st.names is None:
+        raise ToolError("upload: the stream offered to name its entries and named none; nothing was kept", {})
     try:
         ex = st.finish()
         parts = [p for p in st.target.split("/") if p not in ("", ".")]
@@ -385,7 +421,7 @@ def _finish(st: _Stream) -> dict[str, Any]:
     if st.base:
         from toolcage.worker.tools import workspace
 
-        workspace.record_base(ex.kinds, st.root_name)
+        workspace.record_base(ex.kinds if st.names is None else os.fsdecode(bytes(st.names)), st.root_name)
     return {
         "path": st.shown,
         "files": ex.files,
@@ -418,7 +454,7 @@ def upload(s: Settings, p: UploadParams) -> dict[str, Any]:
     if (p.path is None) == (p.stream is None):
         raise ToolError("give either path (to open a stream) or stream (with its next chunk)", {})
     if p.path is not None:
-        return _open(s, p.path, p.base, p.native)
+        return _open(s, p.path, p.base, p.native, p.listed)
     with _lock:
         found = _streams.get(p.stream or "")
     if found is None:
@@ -430,7 +466,12 @@ def upload(s: Settings, p: UploadParams) -> dict[str, Any]:
         st.close()
         return {"stream": st.id, "done": True, "aborted": True}
     try:
-        if p.deflated:
+        if p.names:
+            if p.deflated:
+                st.write_deflated(_chunk(p), st.write_names)
+            else:
+                st.write_names(_chunk(p))
+        elif p.deflated:
             st.write_deflated(_chunk(p))
         else:
             st.write(_chunk(p))
