@@ -241,6 +241,9 @@ class Pool:
             self.options.tool,
         )
         self.workspace, self.tool_sources = self.options.workspace, self.options.tool_sources
+        # what a slot readies while it waits: a run's secrets and connectors need modules a bare run never loads
+        bare = not self.tool_sources and not self.policy.secrets
+        self._pooled_env = contract.POOLED_BARE if bare else "1"
         self.audit: Audit | None = self.options.audit
         self.id = pool_id
         self.parent = parent
@@ -643,7 +646,7 @@ class Pool:
         try:
             run.launch(
                 session.parser, slot.deadline, started_at=slot.created_at, pool=self.id,
-                extra_env={contract.ENV_POOLED: "1"},  # the worker readies what adoption needs while it waits
+                extra_env={contract.ENV_POOLED: self._pooled_env},  # the worker readies what adoption needs
             )  # fmt: skip
             until = time.monotonic() + READY_WAIT_S + timing.GRACE_S
             answer = session.request(contract.PING, None, until)

@@ -63,6 +63,8 @@ def test_a_slot_serves_exactly_one_run(engine: Any) -> None:
             assert a.call("write_file", {"path": "left.txt", "content": "from run a"}).ok
             assert a.call("read_file", {"path": "left.txt"}).result["content"] == "from run a"
             first = a.container_id
+            # its runs take no secrets nor connectors: the slot loaded nothing for them while it waited
+            assert _pooled_env(engine, first) == "bare"
         with pool.sandbox() as b:
             r = b.call("read_file", {"path": "left.txt"})
             assert r.status == "error" and "no such file" in r.error["message"]
@@ -72,6 +74,12 @@ def test_a_slot_serves_exactly_one_run(engine: Any) -> None:
         assert first != second and a.run_id != b.run_id
         assert eventually(lambda: engine.inspect(first) is None), "the used container is still there"
         assert eventually(lambda: engine.inspect(second) is None)
+
+
+def _pooled_env(engine: Any, cid: str) -> str | None:
+    """The container's TOOLCAGE_POOLED, as the runner set it (None: not set)."""
+    env = engine.inspect(cid)["Config"]["Env"] or []
+    return next((e.split("=", 1)[1] for e in env if e.startswith("TOOLCAGE_POOLED=")), None)
 
 
 @pytest.mark.runc_only(POOL_HOST_SIDE)
@@ -257,6 +265,8 @@ def test_proxy_slot_with_connector_and_secret(engine: Any, upstream: dict[str, A
             assert fetched.ok and fetched.result["status"] == 200
             inspected = [engine.inspect(c["Id"]) for c in engine.containers(f"toolcage.run_id={sb.run_id}")]
         assert len(inspected) == 2  # the sandbox and its proxy
+        # its runs may take secrets and connectors: the slot loaded their modules while it waited
+        assert {_pooled_env(engine, i["Id"]) for i in inspected} == {"1"}
         for info in inspected:
             assert TOKEN not in json.dumps(info), "a secret reached a container's settings"
     configured = [r for r in read(audit) if r["event"] == "run.configured" and r["run_id"] == sb.run_id]
