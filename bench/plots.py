@@ -86,6 +86,25 @@ def _grouped(plt: Any, s: dict[str, Any], machine: str, title: str, xlabel: str,
     return fig
 
 
+def _goals(plt: Any, s: dict[str, Any], machine: str) -> Any:
+    """One bar per goal: what was measured over what the goal allows (a goal "at least" is turned round, so that
+    1 is the goal's edge and a bar past it is a MISS for every goal), its verdict in its colour."""
+    rows = s["rows"][::-1]
+    fig, ax = plt.subplots(figsize=(9, 0.36 * len(rows) + 1.8))
+    values = [r[1] for r in rows]
+    colors = ["#43a047" if v <= 1 else "#e53935" for v in values]
+    bars = ax.barh([r[0] for r in rows], values, color=colors)
+    ax.bar_label(bars, labels=[f"{v:.2f}  {'PASS' if v <= 1 else 'MISS'}" for v in values], padding=3, fontsize=8)
+    ax.axvline(1.0, color="#333", linewidth=1, linestyle="--")
+    ax.set_xscale("log")
+    ax.set_xlim(right=max(values) * 4)
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_xlabel("measured ÷ goal, each against a floor of its own run (log scale; 1 is the goal's edge)")
+    ax.set_title(f"Issue 40's goals, {s['date']}", loc="left", fontweight="bold")
+    fig.text(0, -0.02, _caption(s, machine), fontsize=7, color="#555", va="top")
+    return fig
+
+
 def _cluster(plt: Any, s: dict[str, Any], machine: str) -> Any:
     nodes = [r[0] for r in s["rows"]]
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
@@ -147,6 +166,7 @@ def main() -> int:
             "copy_issue40",
         ),
         _save(plt, _cluster(plt, sets["cluster"], machine), "cluster"),
+        _save(plt, _goals(plt, sets["goals_issue40"], machine), "goals_issue40"),
         _save(
             plt,
             _grouped(
