@@ -224,9 +224,11 @@ class Dispatcher:
         if self._bare_configured:
             again = ConfigError("the sandbox is already configured")
             return Error(again.code, again.message, again.data)
-        if not kwargs and self._connectors is None and not self.settings.policy.secrets:
-            # a pooled run with no secrets and no connectors (its deadline only): nothing to load, no child
-            # started, so neither the connectors' module nor a sweep (a burst through a pool pays them per run)
+        bare = set(kwargs) <= {"sources", "secrets"} and not kwargs.get("sources") and not kwargs.get("secrets")
+        if bare and self._connectors is None and not self.settings.policy.secrets:
+            # a pooled run with no secrets and no connectors (its deadline, and the runner's empty sources and
+            # secrets): nothing to load, no child started, so neither the connectors' module nor a sweep (a burst
+            # through a pool pays them per run; a slot of such a pool no longer loads them while it waits)
             self._bare_configured = True
             return Success({"tools": [], "secrets": []})
         try:

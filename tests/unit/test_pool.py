@@ -91,9 +91,18 @@ def test_worker_exits_at_the_deadline_given_by_configure() -> None:
         proc.stdout.close()
 
 
-def test_a_bare_configure_loads_nothing_and_is_taken_once() -> None:
-    """A pooled run with no secrets and no connectors is configured with its deadline alone: answered without
-    loading the connectors' module (a burst through a pool paid it per run), and once only, as a full one."""
+@pytest.mark.parametrize("sent", ["deadline alone", "as the runner sends it"])
+def test_a_bare_configure_loads_nothing_and_is_taken_once(sent: str) -> None:
+    """A pooled run with no secrets and no connectors is configured with its deadline (and, as the runner sends it,
+    empty sources and secrets): answered without loading the connectors' module (a burst through a pool paid it
+    per run; the runner's empty lists once sent every pooled run down the full path, 9 ms more to its first
+    answer once its slot no longer loaded the module while it waited), and once only, as a full one."""
+    from toolcage import connectors
+    from toolcage.policies import Policy
+
+    params: dict[str, object] = {"deadline": time.time() + 300}
+    if sent == "as the runner sends it":
+        params.update(connectors.configure_params((), True, connectors.secret_store(Policy(), None)))
     env = _worker_env()
     proc = subprocess.Popen(
         [sys.executable, "-X", "importtime", "-m", "toolcage.worker"],
@@ -104,7 +113,7 @@ def test_a_bare_configure_loads_nothing_and_is_taken_once() -> None:
     )
     try:
         lines = [
-            {"jsonrpc": "2.0", "method": "sandbox.configure", "params": {"deadline": time.time() + 300}, "id": 1},
+            {"jsonrpc": "2.0", "method": "sandbox.configure", "params": params, "id": 1},
             {"jsonrpc": "2.0", "method": "sandbox.configure", "params": {"secrets": {"A": "x" * 12}}, "id": 2},
             {"jsonrpc": "2.0", "method": "sandbox.configure", "params": {}, "id": 3},
         ]
