@@ -26,7 +26,9 @@ ENV_SCRATCH = "TOOLCAGE_SCRATCH"  # --sandbox none: the host directory standing 
 ENV_PROXY_SOCKET = "TOOLCAGE_PROXY_SOCKET"  # the egress proxy's unix socket
 ENV_CA_PEM = "TOOLCAGE_CA_PEM"  # an extra CA (PEM text) SafeFetch trusts
 ENV_CA_FILE = "TOOLCAGE_CA_FILE"  # the same, as a file
-ENV_POOLED = "TOOLCAGE_POOLED"  # "1": a pool's pre-started slot; "bare": one whose runs need no secrets nor connectors
+# "1": a pool's pre-started slot, which readies what its runs' secrets and connectors need while it waits;
+# "bare": one whose runs take neither, with nothing to ready (the worker treats it as a cold start)
+ENV_POOLED = "TOOLCAGE_POOLED"
 POOLED_BARE = "bare"
 ENV_TOOL_NAMESPACES = "TOOLCAGE_TOOL_NAMESPACES"  # gVisor: the tool's namespaces are made by the worker
 ENV_TOOL_MODULES = "TOOLCAGE_TOOL_MODULES"  # extra tool modules to load

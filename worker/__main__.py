@@ -86,9 +86,8 @@ def main() -> int:
     logs.info("worker.started", non_dumpable=non_dumpable, pid=os.getpid(), init=sweep.active())
 
     # a pool's slot whose runs may take secrets or connectors: their modules load while it waits (a slot whose
-    # runs take neither loads nothing more than a cold run does: ~30 ms of CPU a slot, which a burst through a
-    # pool on a busy machine paid for each of its runs)
-    pooled = settings.pooled and not settings.pooled_bare
+    # runs take neither, TOOLCAGE_POOLED=bare, is not "pooled" here: it loads no more than a cold run does)
+    pooled = settings.pooled
 
     def idle() -> bool:
         """Between requests, nothing in flight; True: the channel is readable (a request came meanwhile)."""

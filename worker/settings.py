@@ -63,7 +63,6 @@ class Settings:
         watch_runner: bool = False,
         proxy_socket: str | None = None,
         pooled: bool = False,
-        pooled_bare: bool = False,
         workspace_copy: bool = False,
         image: Image | None = None,
         image_roots: tuple[str, ...] = (),
@@ -78,7 +77,6 @@ class Settings:
         self.watch_runner = watch_runner  # exit when the runner's end of the stream closes
         self.proxy_socket = proxy_socket  # network.mode proxy: the egress proxy's Unix socket
         self.pooled = pooled  # a warm pool's slot: ready what adoption needs while idle
-        self.pooled_bare = pooled_bare  # ... whose runs take no secrets nor connectors: nothing to ready for them
         # /workspace is the run's writable copy (workspace_mode copy): the file tools write there too
         self.workspace_copy = workspace_copy and self.workspace is not None
         # a user's own image (not toolcage's): its ENV and WORKDIR, for the programs the tools run in it
@@ -150,8 +148,7 @@ class Settings:
             deadline=os.environ.get(contract.ENV_DEADLINE),
             watch_runner=os.environ.get(contract.ENV_WATCH_RUNNER) == "1",
             proxy_socket=os.environ.get(contract.ENV_PROXY_SOCKET) or None,
-            pooled=os.environ.get(contract.ENV_POOLED) in ("1", contract.POOLED_BARE),
-            pooled_bare=os.environ.get(contract.ENV_POOLED) == contract.POOLED_BARE,
+            pooled=os.environ.get(contract.ENV_POOLED) == "1",  # ("bare": a slot with nothing to ready)
             workspace_copy=os.environ.get(contract.ENV_WORKSPACE_COPY) == "1",
             image=_image_from_env(),
             image_roots=tuple(p for p in os.environ.get(contract.ENV_WRITABLE, "").split(":") if p),

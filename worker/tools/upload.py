@@ -421,7 +421,11 @@ def _finish(st: _Stream) -> dict[str, Any]:
     if st.base:
         from toolcage.worker.tools import workspace
 
-        workspace.record_base(ex.kinds if st.names is None else os.fsdecode(bytes(st.names)), st.root_name)
+        if st.names is not None:  # as the runner named them (listed)
+            files = os.fsdecode(bytes(st.names))
+        else:  # as the extraction made them: path -> "dir", "file" or "link"
+            files = "\0".join(sorted(k for k, v in ex.kinds.items() if v != "dir"))
+        workspace.record_base(files, st.root_name)
     return {
         "path": st.shown,
         "files": ex.files,

@@ -42,11 +42,9 @@ def _coarse_ns() -> int:
         return time.time_ns()
 
 
-def record_base(kinds: dict[str, str] | str, root: str = WORKSPACE) -> None:
-    """The copy just made under ``root`` (``upload``'s entries: path -> "dir", "file" or "link"; or its files
-    and symlinks already "\0"-joined, as the runner named them: ``upload``'s ``listed``), and the time after
-    it: wait until the clock file times come from has moved past every time the copy set."""
-    base = kinds if isinstance(kinds, str) else "\0".join(sorted(k for k, v in kinds.items() if v != "dir"))
+def record_base(base: str, root: str = WORKSPACE) -> None:
+    """The copy just made under ``root`` (its files and symlinks, "\0"-joined: ``upload`` keeps them so), and the
+    time after it: wait until the clock file times come from has moved past every time the copy set."""
     start = _coarse_ns()
     while (now := _coarse_ns()) <= start:
         time.sleep(0.001)
