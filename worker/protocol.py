@@ -26,6 +26,9 @@ from typing import Any
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 FRAME_MAX = 8 << 20  # raw bytes one data frame may carry (either way)
+# the names of a workspace copy's files an upload stream takes after its tar (worker.tools.upload, ``listed``):
+# a runner offers them only when they fit, and otherwise lets GNU tar name the entries as it makes them
+NAMES_MAX = 64 << 20
 FRAME_MARK = b"="
 _REQUEST_KEYS = frozenset(("jsonrpc", "method", "params", "id"))
 

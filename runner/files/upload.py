@@ -34,6 +34,7 @@ from toolcage.files.download import refused_param
 from toolcage.policies import codes
 from toolcage.policies.gitignore import Rules, ignored, with_own
 from toolcage.textsafe import escape
+from toolcage.worker.protocol import NAMES_MAX
 from toolcage.worker.tarheader import header
 from toolcage.worker.tools.paths import Parents
 
@@ -267,7 +268,9 @@ class Sent:
     dirs: int = 0
     symlinks: int = 0
     bytes: int = 0
-    listed: list[str] = field(default_factory=list)  # the files' and symlinks' names, as the tar holds them
+    # the files' and symlinks' names, as the tar holds them: kept only for a tar of a kept scan's names whose
+    # names fit the worker's bound (``listing``); None: not kept (GNU tar in the sandbox names them)
+    listed: list[str] | None = None
 
 
 class _Beneath:
@@ -372,7 +375,8 @@ def _tar_entries(
         elif stat.S_ISLNK(st.st_mode):
             if counts is not None:
                 counts.symlinks += 1
-                counts.listed.append(name)
+                if counts.listed is not None:
+                    counts.listed.append(name)
             yield _header(name, tarfile.SYMTYPE, st, linkname=os.readlink(base, dir_fd=dfd))
         elif stat.S_ISREG(st.st_mode):
             # swapped for a link: refused, not followed
@@ -411,7 +415,8 @@ def _file(
     if counts is not None:
         counts.files += 1
         counts.bytes += size
-        counts.listed.append(name)
+        if counts.listed is not None:
+            counts.listed.append(name)
         head = header(name, tarfile.REGTYPE, fst.st_mode & 0o777, fst.st_mtime, size)
     else:
         head = _header(name, tarfile.REGTYPE, fst, size)
@@ -480,7 +485,7 @@ def upload(
     same_tree = scanned is not None and scanned.local == local and scanned.gitignore == gitignore
     if base and same_tree and scanned is not None and scanned.names is not None:
         withheld, names, files = scanned.withheld, scanned.names, scanned.files  # what the walk withheld and found
-    sent = Sent() if base else None
+    sent = Sent(listed=[] if names is not None and _fits(names) else None) if base else None
     tar = _tar(local, gitignore, withheld, names, counts=sent, files=files, scanned=scanned if names else None)
     got = send(call, tar, remote_dir, base=base, shown=local, sent=sent)
     if withheld is not None:
@@ -520,8 +525,9 @@ def send(
     copy, counted there: the worker may extract it with its runtime's GNU tar (``native``)."""
     opening = {"path": remote_dir, **({"base": True} if base else {})}
     native = base and sent is not None
-    res = call({**opening, "native": True, "listed": True} if native else opening)
-    if native and refused_param(res, "listed"):  # a worker from before it
+    offer = {"native": True, **({"listed": True} if sent is not None and sent.listed is not None else {})}
+    res = call({**opening, **offer} if native else opening)
+    if native and "listed" in offer and refused_param(res, "listed"):  # a worker from before it
         res = call({**opening, "native": True})
     if native and refused_param(res, "native"):  # a worker from before that
         res = call(opening)
@@ -531,7 +537,8 @@ def send(
     # worker image) gets base64 with a sha256, as it always did
     framed = ans.get("frames") is True
     deflate = _Deflate() if framed and sent is not None and ans.get("deflate") is True else None
-    listed = framed and sent is not None and ans.get("listed") is True  # the worker takes our names of the entries
+    # the worker takes our names of the entries
+    listed = framed and sent is not None and sent.listed is not None and ans.get("listed") is True
     ahead = _Ahead(_chunks(tar))  # the next chunk is made while the worker takes this one
     try:
         item = ahead.next()
@@ -541,7 +548,7 @@ def send(
             ans = _answer(call({"stream": stream, **chunk, "done": nxt is None and not listed}), False)
             item = nxt
         if listed:
-            assert sent is not None
+            assert sent is not None and sent.listed is not None
             ans = _send_names(call, stream, sent.listed, deflate)
     except OSError as exc:  # the local tree changed under the walk
         call({"stream": stream, "abort": True})  # the worker drops what it extracted
@@ -555,6 +562,15 @@ def send(
         return UploadResult(str(ans.get("path", remote_dir)), sent.files, sent.dirs, sent.symlinks, sent.bytes)
     files, dirs, symlinks, size = (int(ans.get(k, 0)) for k in ("files", "dirs", "symlinks", "bytes"))
     return UploadResult(str(ans.get("path", remote_dir)), files, dirs, symlinks, size)
+
+
+def _fits(names: list[str]) -> bool:
+    """Whether the names of a scan (its directories too: a bound) fit what the worker takes after a tar
+    (NAMES_MAX, "\0"-separated): by their characters first, as UTF-8 takes at most 4 bytes for one, then exactly."""
+    chars = sum(map(len, names)) + len(names)
+    if 4 * chars <= NAMES_MAX:
+        return True
+    return sum(len(n.encode("utf-8", "surrogateescape")) for n in names) + len(names) <= NAMES_MAX
 
 
 def _send_names(call: Call, stream: str, names: list[str], deflate: _Deflate | None) -> dict[str, Any]:

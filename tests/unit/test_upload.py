@@ -638,3 +638,26 @@ def test_a_file_changed_between_the_scan_and_the_copy_is_checked_again(
     assert set(got.withheld) == withheld, got.withheld
     assert sorted(os.listdir(ws)) == sorted({"chmodded", "replaced", "acl", "alone"} - withheld)
     assert (ws / "alone").read_bytes() == b"secret alone"
+
+
+@pytest.mark.parametrize("bound", ["SCAN_KEEP", "NAMES_MAX"])
+def test_a_copy_whose_names_the_runner_does_not_keep_is_named_by_gnu_tar(
+    copy_worker: InProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound: str
+) -> None:
+    """Past the scan's bound on the names it keeps (host memory), or when the names would not fit the worker's
+    bound on what it takes after the tar, the runner offers no names: GNU tar names the entries as it makes
+    them, the copy is whole and the worker's base is the same."""
+    from toolcage.worker.tools import workspace
+
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    for n in ("a", "b", "new\nline"):
+        (tree / "sub" / n).write_bytes(b"x")
+    monkeypatch.setattr(host, bound, 1 if bound == "SCAN_KEEP" else 8)
+    scanned = host.scan(tree)
+    rec = _Recorded(copy_worker)
+    got = host.upload(rec, tree, "/workspace", base=True, checked=True, scanned=scanned)
+    assert rec.calls[0].get("native") is True and "listed" not in rec.calls[0], rec.calls[0]
+    assert not any(c.get("names") for c in rec.calls), rec.calls
+    assert set(workspace._bases["/workspace"][0].split("\0")) == {"sub/a", "sub/b", "sub/new\nline"}
+    assert got.files == 3

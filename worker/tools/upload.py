@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 from annotated_types import Ge, Le, MaxLen
 
 from toolcage.worker.errors import NoSpace, ToolError
-from toolcage.worker.protocol import FRAME_MAX, incoming
+from toolcage.worker.protocol import FRAME_MAX, NAMES_MAX, incoming
 from toolcage.worker.settings import SCRATCH, WORKSPACE, Settings
 from toolcage.worker.tools import Tool, untar
 from toolcage.worker.tools._params import doc, params
@@ -49,7 +49,6 @@ MAX_CHUNK = 4 << 20  # raw bytes per call (base64 makes it 5.3 MiB, under the wo
 _PIECE = 1 << 20
 _INFLATED = 4 << 20  # a deflated chunk is handed to the extractor this much at a time
 _MAX_STREAMS = 4
-MAX_NAMES = 64 << 20  # bytes of names a listed stream takes (100,000 files of a repository: about 5 MiB)
 _STAGE = ".toolcage-upload-"
 
 
@@ -320,8 +319,8 @@ class _Stream:
             raise ToolError("upload: names on a stream that did not offer to take them; nothing was kept", {})
         if self.names is None:
             self.names = bytearray()
-        if len(self.names) + len(data) > MAX_NAMES:
-            raise ToolError(f"upload: more than {MAX_NAMES >> 20} MiB of names; nothing was kept", {})
+        if len(self.names) + len(data) > NAMES_MAX:  # (100,000 files of a repository: about 5 MiB)
+            raise ToolError(f"upload: more than {NAMES_MAX >> 20} MiB of names; nothing was kept", {})
         self.names += data
 
     def write_deflated(self, data: bytes, write: Callable[[bytes], None] | None = None) -> None:
