@@ -36,6 +36,9 @@ ENV_TOOL_MODULES = "TOOLCAGE_TOOL_MODULES"  # extra tool modules to load
 # tools (their children run with the image's ENV and WORKDIR); the worker itself runs from the rt mount
 ENV_IMAGE_CONFIG = "TOOLCAGE_IMAGE_CONFIG"
 ENV_WORKSPACE_COPY = "TOOLCAGE_WORKSPACE_COPY"  # "1": /workspace is the run's writable copy (workspace_mode copy)
+# the copy from the engine's cache (workspace_cache): where the cached tree is mounted read-only for the worker to lay
+# an overlay over /workspace at boot (toolcage.worker.copyfs); set only with ENV_WORKSPACE_COPY
+ENV_COPY_LOWER = "TOOLCAGE_COPY_LOWER"
 # ":"-joined paths of the image made writable for the run (a tmpfs each, filled by the runner: writable=)
 ENV_WRITABLE = "TOOLCAGE_WRITABLE"
 # Inside the sandbox, set by the worker for its own children.
@@ -60,6 +63,7 @@ ENV_RAY_DIRECT = "TOOLCAGE_RAY_DIRECT"  # "off": a Cluster's calls all go throug
 # -- in-sandbox paths --------------------------------------------------------------------------
 WORKSPACE = "/workspace"  # the project directory: read-only, or the run's writable copy (workspace_mode copy)
 SCRATCH = "/scratch"  # the writable directory, the children's working directory
+COPY_LOWER = "/opt/toolcage/copy"  # a cached workspace copy's tree, read-only, covered by the worker at boot
 PROXY_DIR = "/run/toolcage"  # the proxy socket's volume
 PROXY_SOCKET = f"{PROXY_DIR}/proxy.sock"
 PROXY_PORT = 3128  # the worker's relay inside the sandbox: 127.0.0.1:PROXY_PORT -> PROXY_SOCKET
@@ -117,6 +121,7 @@ EXIT_CONFIG = 64  # EX_USAGE: no usable configuration (mcp_host's config line)
 EXIT_SOFTWARE = 70  # EX_SOFTWARE: the worker could not harden itself, or a zygote fork failed
 EXIT_DEADLINE = 124  # the worker's (or mcp_host's) own kill at the run deadline + GRACE_S, like timeout(1)
 EXIT_NOT_ISOLATED = 126  # nsinit could not make the call's namespaces: refuse to run it (nsinit.py spells it)
+EXIT_NO_COPY = 75  # EX_TEMPFAIL: the worker could not lay a cached copy (worker.copyfs): the runner fills one
 EXIT_NOT_STARTED = 127  # the command could not be started (a shell's "command not found")
 
 # -- timing ------------------------------------------------------------------------------------
@@ -134,11 +139,13 @@ __all__ = [
     "CODE_START_S",
     "CONFIGURE",
     "CONNECTORS_DIR",
+    "COPY_LOWER",
     "DEPS_DIR",
     "ENV_AUDIT_LOG",
     "ENV_BASE_IMAGE",
     "ENV_CA_FILE",
     "ENV_CA_PEM",
+    "ENV_COPY_LOWER",
     "ENV_DAEMON",
     "ENV_DEADLINE",
     "ENV_DEBIAN_MIRROR",
@@ -170,6 +177,7 @@ __all__ = [
     "EXIT_DEADLINE",
     "EXIT_NOT_ISOLATED",
     "EXIT_NOT_STARTED",
+    "EXIT_NO_COPY",
     "EXIT_SOFTWARE",
     "GRACE_S",
     "NETWORK",

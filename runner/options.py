@@ -157,6 +157,9 @@ class RunOptions:
     # copy leaves out what the workspace's .gitignore files ignore, and .git
     workspace_copy: bool = False
     workspace_gitignore: bool = False
+    # workspace_cache: the copy is laid over a tree the engine keeps, made by the first run of that tree
+    # (toolcage.engine.copycache); a tree changed since is a miss, copied as without the cache
+    workspace_cache: bool = False
     # writable=: paths of the image writable for the run, (path, size cap in bytes), each a tmpfs the
     # runner fills with the image's content there (toolcage.files.imagepaths); () keeps the root read-only
     writable: tuple[tuple[str, int], ...] = ()
@@ -185,6 +188,7 @@ class RunOptions:
         scratch: int | str | None = None,
         writable: Iterable[str] | str = (),
         writable_size: int | str | None = None,
+        workspace_cache: bool = False,
     ) -> RunOptions:
         """Check and resolve every option before anything starts (UsageError/PolicyError with the fix).
 
@@ -209,6 +213,10 @@ class RunOptions:
             raise UsageError(f"workspace_mode must be one of {', '.join(WORKSPACE_MODES)}, not {workspace_mode!r}")
         if workspace_gitignore and workspace_mode != "copy":
             raise UsageError("workspace_gitignore applies to a workspace copy: give workspace_mode='copy' too")
+        if workspace_cache and (workspace_mode != "copy" or workspace is None):
+            raise UsageError(
+                "workspace_cache keeps a workspace copy in the engine: give workspace= and workspace_mode='copy' too"
+            )
         # auto: the strongest the engine has; a policy's isolation minimum is checked here
         kind = resolve_kind(default_kind(sandbox), pol, engine)
         wanted = (writable,) if isinstance(writable, str) else tuple(writable)
@@ -238,6 +246,7 @@ class RunOptions:
             engine=engine,
             workspace_copy=workspace_mode == "copy",
             workspace_gitignore=workspace_gitignore,
+            workspace_cache=workspace_cache,
             writable=paths,
         )
 

@@ -90,6 +90,7 @@ class Sandbox(CodeInterpreter):
         pool: Pool | None = None,
         workspace_mode: str = "ro",
         workspace_gitignore: bool = False,
+        workspace_cache: bool = False,
         resume: str | os.PathLike[str] | IO[bytes] | None = None,
         snapshot_key: bytes | None = None,
         run_s: float | None = None,
@@ -118,7 +119,7 @@ class Sandbox(CodeInterpreter):
                     "a pooled sandbox takes its policy, workspace, tools, image, writable paths, timeouts and limits "
                     "from its pool"
                 )
-            if workspace_mode != "ro" or workspace_gitignore:
+            if workspace_mode != "ro" or workspace_gitignore or workspace_cache:
                 raise UsageError(
                     "a pooled sandbox takes its workspace mode from its pool: "
                     "Pool(workspace=..., workspace_mode='copy')"
@@ -145,13 +146,16 @@ class Sandbox(CodeInterpreter):
                 run_timeout=run_timeout, engine=engine, egress_network=egress_network, egress_proxy=egress_proxy,
                 ca_file=ca_file, audit=audit, keep=keep, workspace_gitignore=workspace_gitignore,
                 workspace_mode=workspace_mode, run_s=run_s, memory=memory, scratch=scratch,
-                writable=writable, writable_size=writable_size,
+                writable=writable, writable_size=writable_size, workspace_cache=workspace_cache,
             )  # fmt: skip
         self.options = opts
+        # workspace_cache: the spec's copy_lower (the cached tree this run lays its copy over), decided at start;
+        # or, in the run that fills the cache (toolcage.engine.copycache.make), its copy_target
+        self._copy_spec: dict[str, str] = {}
         self._originals: Originals | None = None  # writable=: the image's trees, read at start
         self._scan: Scan | None = None  # the workspace copy's one walk (its size check), until the copy is sent
-        if opts.workspace_copy and opts.workspace is not None and self._resume is None:
-            self._check_copy_size()
+        if opts.workspace_copy and opts.workspace is not None and self._resume is None and not opts.workspace_cache:
+            self._check_copy_size()  # (a cached copy: at start, and only if the tree is not in the cache)
         self._snapshot_key = snapshot_key
         self._prior_changes: list[str] = list(self._resume.changed) if self._resume is not None else []
         self.policy, self.kind, self.image, self.tool = opts.policy, opts.kind, opts.image, opts.tool
@@ -177,19 +181,24 @@ class Sandbox(CodeInterpreter):
 
     def _check_copy_size(self) -> None:
         """A workspace whose copy would not fit in limits.workspace_copy is refused before anything starts."""
-        from toolcage.errors import WorkspaceError
         from toolcage.files.upload import scan
 
         assert self.options.workspace is not None
         self._scan = scan(self.options.workspace, self.options.workspace_gitignore)  # the copy sends what it found
-        entries, need = self._scan.entries, self._scan.size
+        self._check_size(self._scan.size, self._scan.entries)
+
+    def _check_size(self, need: int, entries: int) -> None:
+        from toolcage.errors import WorkspaceError
+
+        assert self.options.workspace is not None
         cap = self.options.policy.limits.workspace_copy
         if need > cap:
             mib = 1 << 20
             hint = "" if self.options.workspace_gitignore else ", or leave out what git ignores (workspace_gitignore)"
+            counted = f"{entries} entries; " if entries else ""
             raise WorkspaceError(
-                f"the workspace {str(self.options.workspace)!r} takes about {need / mib:.1f} MiB as a copy ({entries} "
-                f"entries; a tmpfs keeps each file in whole 4 KiB pages), more than limits.workspace_copy "
+                f"the workspace {str(self.options.workspace)!r} takes about {need / mib:.1f} MiB as a copy ({counted}"
+                f"a tmpfs keeps each file in whole 4 KiB pages), more than limits.workspace_copy "
                 f"({cap / mib:.1f} MiB): raise it in the policy (it counts against limits.memory){hint}"
             )
 
@@ -225,7 +234,9 @@ class Sandbox(CodeInterpreter):
         try:
             if self.options.writable:  # read before the sandbox exists: a path the image lacks starts nothing
                 self._read_image_paths()
-            self._run.begin(session.parser, closer=self.close)
+            if self.options.workspace_cache and not self._copy_spec and self._resume is None and self.workspace:
+                self._copy_spec = self._cached_copy()
+            self._run.begin(session.parser, closer=self.close, spec_extra=self._copy_spec)
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 self.interrupt()
@@ -241,6 +252,38 @@ class Sandbox(CodeInterpreter):
             self.close()
             raise
         return self
+
+    def _cached_copy(self) -> dict[str, str]:
+        """workspace_cache: the cached tree this run's copy is laid over (made now if the cache has not this
+        tree), as the spec's field; {} where the engine cannot (the copy is then made at start, as without)."""
+        from toolcage.backends.container import ContainerBackend
+        from toolcage.engine import copycache
+        from toolcage.options import worker_image
+
+        backend = self._run.backend
+        engine = getattr(backend, "engine", None)
+        if (
+            not isinstance(backend, ContainerBackend)
+            or engine is None
+            or backend.runtime.name is not None  # gVisor: the copy is made at start
+            or engine.flavor().name != "docker"
+            or not copycache.usable(engine, worker_image())
+        ):
+            if self._scan is None:
+                self._check_copy_size()
+            return {}
+        assert self.workspace is not None
+        k = copycache.key(self.workspace, self.options.workspace_gitignore)
+        got = copycache.lookup(engine, k)
+        if got is None:
+            if self._scan is None:
+                self._check_copy_size()
+            got = copycache.make(self.options, engine, k, self._scan, self.log)
+            self._scan = None
+        else:
+            self._check_size(got.size, 0)
+        self.log.info("workspace.copy_cached", volume=got.volume)
+        return {"copy_lower": got.volume}
 
     def _read_image_paths(self) -> None:
         """writable=: the image's trees at its writable paths, read by the engine (toolcage.files.imagepaths)."""
@@ -267,7 +310,7 @@ class Sandbox(CodeInterpreter):
     def _fill(self) -> None:
         """A resumed run's files (its snapshot's scratch, and its workspace copy), or the workspace copy; the
         writable paths of the image (writable=)."""
-        copy = self.options.workspace_copy and self.workspace is not None
+        copy = self.options.workspace_copy and self.workspace is not None and "copy_lower" not in self._copy_spec
         if self._resume is None and not copy and self._originals is None:
             return  # nothing to fill (the common run): the transfer modules are not even imported
         from toolcage.files import upload
@@ -283,7 +326,7 @@ class Sandbox(CodeInterpreter):
             finally:
                 self._resume.close()
             self.log.info("run.resumed", entries=self._resume.entries)
-        elif self.options.workspace_copy and self.workspace is not None:
+        elif copy:
             got = upload.upload(
                 call,
                 self.workspace,

@@ -47,6 +47,11 @@ def _watch_runner(fd: int) -> None:
 def main() -> int:
     from toolcage.worker import hardening
 
+    if os.environ.get(contract.ENV_COPY_LOWER):  # a cached workspace copy: laid before anything else, single-
+        from toolcage.worker import copyfs  # threaded, while the worker can still write its own uid_map
+
+        copyfs.boot()
+
     # First of all: nothing may open our fds or memory (the protocol stream) through /proc or ptrace.
     non_dumpable = hardening.make_non_dumpable()
     if not non_dumpable and os.environ.get(contract.ENV_IN_CONTAINER) == "1":

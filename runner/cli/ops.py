@@ -205,11 +205,15 @@ def ps(as_json: bool, ray_address: str | None) -> None:
 @click.command()
 @click.option("--dry-run", is_flag=True, help="List what would be removed.")
 @click.option("--kept", is_flag=True, help="Also remove what runs started with --keep left (only ever on request).")
+@click.option(
+    "--copies", is_flag=True, help="Also remove every cached workspace copy no run uses (--workspace-cache keeps them)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was (or would be) removed and kept, as JSON.")
-def gc(dry_run: bool, kept: bool, as_json: bool) -> None:
+def gc(dry_run: bool, kept: bool, copies: bool, as_json: bool) -> None:
     """Remove toolcage containers, networks and volumes whose owner is gone or whose deadline passed.
 
-    Also the volumes sharing an image's files between its sandboxes, once the engine no longer has the image.
+    Also the volumes sharing an image's files between its sandboxes, once the engine no longer has the image,
+    and workspace copies whose cache fill did not finish (every cached copy with --copies).
 
     What a run started with --keep left is listed but removed only with --kept.
     """
@@ -219,7 +223,7 @@ def gc(dry_run: bool, kept: bool, as_json: bool) -> None:
 
     use_json(as_json)
     engine = Engine.default()
-    found = find_orphans(engine, include_kept=True) + shared_files_orphans(engine)
+    found = find_orphans(engine, include_kept=True) + shared_files_orphans(engine, copies=copies)
     doomed = [o for o in found if kept or not o.kept]
     left = [o for o in found if o.kept and not kept]
     if not dry_run:

@@ -92,6 +92,20 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
     }
     if run.workspace_copy:
         reserved[contract.ENV_WORKSPACE_COPY] = "1"
+    if run.copy_lower:
+        # Threat: a run changing the cached tree later runs start from. Read-only, filled by a run of toolcage's
+        # own that ran no code; the worker covers it at boot, tool code only sees the overlay (worker.copyfs)
+        mounts.append(
+            {
+                "Type": "volume", "Source": run.copy_lower, "Target": contract.COPY_LOWER, "ReadOnly": True,
+                "VolumeOptions": {"NoCopy": True},
+            }
+        )  # fmt: skip
+        reserved[contract.ENV_COPY_LOWER] = contract.COPY_LOWER
+    if run.copy_target:  # the run that fills the cache: the volume itself is /workspace (it runs no code)
+        mounts.append(
+            {"Type": "volume", "Source": run.copy_target, "Target": WORKSPACE, "VolumeOptions": {"NoCopy": True}}
+        )
     if run.writable:
         reserved[contract.ENV_WRITABLE] = ":".join(path for path, _ in run.writable)
     if runtime.tool_namespaces:
@@ -105,7 +119,7 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
     own = run.foreign.blanked_env() if run.foreign is not None else {}
     env = {**own, **run.extra_env, **reserved}
     tmpfs = {SCRATCH: f"rw,nosuid,nodev,size={lim.scratch},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700"}
-    if run.workspace_copy:
+    if run.workspace_copy and not run.copy_target:
         # Threat: the tool changing the caller's files. Nothing of the host is mounted: a tmpfs the runner
         # fills over the protocol, size-capped by the kernel; exec (a repository's scripts run in place),
         # never setuid or device nodes.
@@ -127,7 +141,7 @@ def _hardened(policy: Policy, run: RunSpec, runtime: RuntimeKnobs, res: _Resourc
         "CapDrop": ["ALL"],  # no capabilities: no raw sockets, no chown, no ptrace, no mount
         # setuid binaries and file caps cannot raise privileges; toolcage's seccomp profile (Docker's
         # default minus ptrace, process_vm_*, io_uring, userfaultfd, bpf, keyrings, ...: toolcage.engine.seccomp)
-        "SecurityOpt": ["no-new-privileges", seccomp.security_opt()],
+        "SecurityOpt": ["no-new-privileges", seccomp.security_opt(copy=bool(run.copy_lower))],
         "Privileged": False,
         "PidsLimit": res.pids,  # fork bombs hit the cgroup pids limit, not the host
         "Memory": res.memory,

@@ -62,6 +62,11 @@ class RunSpec:
     # workspace_mode copy: /workspace is a tmpfs of limits.workspace_copy, filled by the runner over the
     # protocol (nothing of the host is mounted; ``workspace`` is None then)
     workspace_copy: bool = False
+    # workspace_cache (toolcage.engine.copycache): the volume holding the cached copy's tree, mounted read-only at
+    # contract.COPY_LOWER under the run's tmpfs at /workspace (the worker lays the overlay: worker.copyfs); or, in
+    # the run that makes that cache, the volume mounted read-write at /workspace in place of the tmpfs
+    copy_lower: str | None = None
+    copy_target: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     proxy_volume: str | None = None  # network.mode proxy: the volume holding the egress proxy's socket
     keep: bool = False  # --keep: the container stays after the run, and gc/the reaper leave it alone

@@ -156,19 +156,30 @@ GVISOR_UNLISTABLE_IPC = ("mq_open", "msgget", "semget", "shmget")
 GVISOR_NAMESPACES = ("mount", "unshare")
 
 
+# Allowed in a run with a cached workspace copy only (runc): the worker lays the copy's overlay at boot in a user
+# and mount namespace of its own (toolcage.worker.copyfs), then stacks a filter that refuses them again (and the
+# rest of the mount API) before anything of the run executes; every process of the run descends from it.
+COPY_BOOT = ("mount", "unshare")
+
+
 @cache
-def profile(gvisor: bool = False) -> dict[str, Any]:
+def profile(gvisor: bool = False, copy: bool = False) -> dict[str, Any]:
     """The profile as Docker's seccomp JSON (``SecurityOpt: seccomp=<json>``).
 
     ``gvisor``: the variant for gVisor's runsc (run with ``--oci-seccomp``, which applies it inside
     gVisor's kernel). There ``clone3`` is allowed: runsc's seccomp (Debian's 2022 release) answers
     EPERM whatever ``errnoRet`` says, so glibc would not fall back to ``clone`` and no thread could
     start (tool code gets ENOSYS for it from nsinit's stacked filter, worker/children/nsinit.py). And
-    ``GVISOR_UNLISTABLE_IPC`` is refused, ``GVISOR_NAMESPACES`` allowed."""
+    ``GVISOR_UNLISTABLE_IPC`` is refused, ``GVISOR_NAMESPACES`` allowed.
+
+    ``copy``: the variant for a run with a cached workspace copy (runc only): ``COPY_BOOT`` allowed."""
+    assert not (gvisor and copy), "a cached copy is laid under runc only"
     overlap = (set(ALLOWED) & set(DENIED)) | (set(ALLOWED) & set(SELF_ONLY)) | (set(DENIED) & set(SELF_ONLY))
     assert not overlap, overlap
     allowed = (set(ALLOWED) - set(GVISOR_UNLISTABLE_IPC)) | set(GVISOR_NAMESPACES) if gvisor else set(ALLOWED)
     denied = (set(DENIED) | set(GVISOR_UNLISTABLE_IPC)) - set(GVISOR_NAMESPACES) if gvisor else set(DENIED)
+    if copy:
+        allowed, denied = allowed | set(COPY_BOOT), denied - set(COPY_BOOT)
     rules: list[dict[str, Any]] = [{"names": sorted(allowed), "action": "SCMP_ACT_ALLOW"}]
     for family, value in SOCKET_FAMILIES.items():
         if family not in IP_FAMILIES:
@@ -221,32 +232,33 @@ def profile_json() -> str:
 
 
 @cache
-def compact_json(gvisor: bool = False) -> str:
-    return json.dumps(profile(gvisor), sort_keys=True, separators=(",", ":"))
+def compact_json(gvisor: bool = False, copy: bool = False) -> str:
+    return json.dumps(profile(gvisor, copy), sort_keys=True, separators=(",", ":"))
 
 
 def sha256() -> str:
     return hashlib.sha256(compact_json().encode()).hexdigest()
 
 
-def security_opt(gvisor: bool = False) -> str:
+def security_opt(gvisor: bool = False, copy: bool = False) -> str:
     """The ``SecurityOpt`` entry that applies the profile (the engine takes the JSON itself)."""
-    return "seccomp=" + compact_json(gvisor)
+    return "seccomp=" + compact_json(gvisor, copy)
 
 
-def is_ours(security_opts: list[str], gvisor: bool = False) -> bool:
-    """Whether a container's ``HostConfig.SecurityOpt`` carries exactly this profile (its gVisor variant)."""
+def is_ours(security_opts: list[str], gvisor: bool = False, copy: bool = False) -> bool:
+    """Whether a container's ``HostConfig.SecurityOpt`` carries exactly this profile (its gVisor variant, or its
+    cached copy's: ``copy``)."""
     for opt in security_opts:
         if opt.startswith(("seccomp=", "seccomp:")):
             value = opt[len("seccomp=") :]
-            if value == SHIPPED and not gvisor:  # Podman takes the profile as a path (engine.knobs.PODMAN)
+            if value == SHIPPED and not gvisor and not copy:  # Podman takes the profile as a path (engine.knobs.PODMAN)
                 try:
                     with open(SHIPPED, encoding="utf-8") as f:
                         return bool(json.load(f) == profile())
                 except (OSError, ValueError):
                     return False
             try:
-                return bool(json.loads(value) == profile(gvisor))
+                return bool(json.loads(value) == profile(gvisor, copy))
             except ValueError:
                 return False
     return False

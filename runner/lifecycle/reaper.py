@@ -126,15 +126,16 @@ def labelled(engine: EngineAPI, label: str) -> list[tuple[str, str, str, dict[st
     return out
 
 
-def shared_files_orphans(engine: EngineAPI, going: list[Orphan] | None = None) -> list[Orphan]:
+def shared_files_orphans(engine: EngineAPI, going: list[Orphan] | None = None, copies: bool = False) -> list[Orphan]:
     """For ``gc``: what toolcage.engine.sharedfiles made and no longer needs (no run owns those). A run's
     overlay volume that goes in the same pass (``going``; default: the orphans that are not kept) does not
     hold the image's shared files, so one ``gc`` after ``docker rmi`` removes them both (the run's first)."""
-    from toolcage.engine import runtime, sharedfiles
+    from toolcage.engine import copycache, runtime, sharedfiles
 
     going = find_orphans(engine) if going is None else going
     names = frozenset(o.name for o in going if o.kind == "volume" and not o.kept)
     found = sharedfiles.stale(engine, going=names) + runtime.stale(engine)  # (and the runtime's, same reasons)
+    found += copycache.stale(engine, copies=copies)  # workspace_cache: unfinished fills (every tree: gc --copies)
     return [Orphan(kind, oid, oid, "-", why) for kind, oid, why in found]
 
 

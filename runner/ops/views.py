@@ -92,7 +92,8 @@ def inspect_findings(info: dict[str, Any]) -> list[str]:
         weak("security profiles", sec, "confined")
     if cfg.get("User") != f"{SANDBOX_UID}:{SANDBOX_UID}":
         weak("user", cfg.get("User"), f"{SANDBOX_UID}:{SANDBOX_UID}")
-    if not seccomp.is_ours(sec, gvisor=hc.get("Runtime") == GVISOR.name):
+    copy = any(str(e).startswith(f"{contract.ENV_COPY_LOWER}=") for e in cfg.get("Env") or [])
+    if not seccomp.is_ours(sec, gvisor=hc.get("Runtime") == GVISOR.name, copy=copy):
         weak("seccomp", "Docker's default or another profile", "toolcage's profile (toolcage.engine.seccomp)")
     if hc.get("Init"):
         weak("init", "docker-init (it holds the protocol stream in a dumpable process)", "the worker as PID 1")

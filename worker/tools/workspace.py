@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import time
 from typing import Any
 
@@ -81,6 +82,11 @@ def changes(s: Settings, p: ChangesParams) -> dict[str, Any]:
         )
     else:
         real = s.workspace
+    if p.root == WORKSPACE and p.root not in _bases and "toolcage.worker.copyfs" in sys.modules:
+        from toolcage.worker import copyfs
+
+        if copyfs.lower_fd() is not None:  # a cached copy (workspace_cache): its files are the cached tree's,
+            _bases[p.root] = (copyfs.base_names(), copyfs.laid_ns())  # all made before the overlay was laid
     recorded, threshold_ns = _bases.get(p.root, ("", 0))
     base = set(recorded.split("\0")) if recorded else set()
     for _ in range(_WALK_TRIES):

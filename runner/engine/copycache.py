@@ -1,0 +1,334 @@
+"""The workspace copy kept by the engine (``workspace_cache``): a big tree copied once, each later run in milliseconds.
+
+Why: a writable copy made at start pays for every file twice, the host's walk and tar and the sandbox's
+extraction (2.6 s for 100,000 files, 8x a read-only start; the extraction alone is 3.6x). A coding agent
+starts many runs on the same tree. With ``workspace_cache=True`` (``--workspace-cache``), the first run of a
+tree makes a volume holding it as the sandbox user owns it, and every run of the same tree after that mounts
+it read-only under its own copy-on-write layer (toolcage.worker.copyfs: an overlay laid at the worker's boot,
+its upper layer the run's tmpfs of ``limits.workspace_copy``). A run sees and changes a copy exactly as
+without the cache; ``changes()`` and snapshots work the same.
+
+How, as values:
+
+- :func:`key`: one walk of the tree (names, kinds, modes, owners, sizes, mtimes, ctimes, inodes: a file's
+  content or permission changed sets its ctime; one replaced is another inode), with the
+  ``workspace_gitignore`` choice and the copy's format; no ACL read, no file opened. Every start with
+  the cache walks the tree so (0.6 s for 100,000 files here): a tree changed since is a miss, never a stale copy.
+- :func:`lookup`: the marker volume ``toolcage-copy-<key>`` (one engine call) naming the volume that holds
+  the tree. A marker is made only after its tree was filled in whole, so a fill that did not finish is
+  never used; volumes no marker names are removed by ``toolcage gc``.
+- :func:`make`: a run of toolcage's own that runs no code fills a new volume through the upload protocol,
+  as any copy is made (what the sandbox user could not read is withheld the same way), with the volume
+  itself at /workspace; then the marker. Two runners making the same tree at once: the engine keeps the
+  first marker, the other volume is removed. At most :data:`KEEP_PER_PATH` trees of one workspace path
+  are kept (the older ones, when no run uses them, are removed when a new one is made).
+- :func:`usable`: whether this engine can lay the overlay (Linux >= 6.6, runc, an engine that lets the
+  container make a user namespace): probed once per engine, kernel and worker image by a container of that image,
+  the answer kept in a marker volume. Not usable: the copy is made as without the cache, and said once.
+
+Threat: a run changing the tree later runs start from. The volume is mounted read-only; the worker covers
+it before anything of the run executes; nothing of the sandbox ever writes it after its fill (which ran
+no code). What the cache keeps is a copy of the workspace at rest on the engine's disk, as the user asked
+(``docs/security.md``); ``toolcage gc --copies`` removes every one not in use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import stat
+import struct
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from toolcage import logs
+from toolcage.engine.api import EngineAPI
+from toolcage.errors import ToolcageError
+from toolcage.policies import contract
+
+if TYPE_CHECKING:
+    from toolcage.options import RunOptions
+
+PREFIX = "toolcage-copy-"
+DATA_PREFIX = "toolcage-copy-data-"
+ABLE_PREFIX = "toolcage-copy-able-"
+LABEL = "toolcage.copy"  # on every volume of this module: the tree's key (on the probe's marker: "able")
+LABEL_DATA = "toolcage.copy.data"  # on a marker: the volume holding the tree
+LABEL_PATH = "toolcage.copy.path"  # the workspace's path, hashed
+LABEL_SIZE = "toolcage.copy.size"  # the tmpfs space the copy takes (the run's limits.workspace_copy is checked)
+LABEL_ABLE = "toolcage.copy.able"  # on the probe's marker: "1" the engine lays the overlay, "0" it cannot
+FORMAT = b"toolcage-copy-1"  # the copy's layout: a new one never matches an older cache
+KEEP_PER_PATH = 2
+_PACK = struct.Struct("<IIIqqqQ").pack  # mode, uid, gid, size, mtime_ns, ctime_ns, inode
+
+
+@dataclass(frozen=True)
+class Cached:
+    """A cached tree: the volume holding it, and the space its copy takes (what limits.workspace_copy bounds)."""
+
+    volume: str
+    size: int
+
+
+def key(local: str | os.PathLike[str], gitignore: bool) -> str:
+    """The tree's key: every entry a copy of it considers (``workspace_gitignore`` applied), with its lstat."""
+    from toolcage.files.upload import _entries
+
+    top = os.path.abspath(os.fspath(local))
+    h = hashlib.blake2b(FORMAT + (b"\1" if gitignore else b"\0"), digest_size=20)
+    root = os.lstat(top)
+    h.update(_PACK(root.st_mode, root.st_uid, root.st_gid, 0, root.st_mtime_ns, root.st_ctime_ns, root.st_ino))
+    for path, name, known in _entries(top, gitignore):
+        st = known or os.lstat(path)
+        h.update(os.fsencode(name) + b"\0")
+        size = st.st_size if not stat.S_ISDIR(st.st_mode) else 0
+        h.update(_PACK(st.st_mode, st.st_uid, st.st_gid, size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    return h.hexdigest()
+
+
+def path_label(local: str | os.PathLike[str]) -> str:
+    return hashlib.sha256(os.fsencode(os.path.abspath(os.fspath(local)))).hexdigest()[:24]
+
+
+def marker_name(k: str) -> str:
+    return f"{PREFIX}{k}"
+
+
+def lookup(engine: EngineAPI, k: str) -> Cached | None:
+    """The cached tree of key ``k`` on this engine, or None (one engine call)."""
+    found = {v["Name"]: v for v in engine.volumes(f"{LABEL}={k}")}
+    marker = found.get(marker_name(k))
+    if marker is None:
+        return None
+    labels = marker.get("Labels") or {}
+    data = labels.get(LABEL_DATA)
+    if not data or data not in found:
+        return None  # its tree removed by hand: made again (gc removes the marker)
+    try:
+        return Cached(data, int(labels.get(LABEL_SIZE) or 0))
+    except ValueError:
+        return None
+
+
+# --- whether the engine can lay the overlay -----------------------------------------------------------------
+_able: dict[tuple[int, str, str], bool] = {}
+_able_lock = threading.Lock()
+PROBE = (
+    "python3", "-S", "-c",
+    "import sys; from toolcage.worker import copyfs; copyfs.lay(sys.argv[1], sys.argv[2])",
+    contract.COPY_LOWER, contract.WORKSPACE,
+)  # fmt: skip
+
+
+def usable(engine: EngineAPI, image: str) -> bool:
+    """Whether ``engine`` lays a cached copy's overlay (asked of the engine once per kernel, remembered)."""
+    info = engine.info()
+    kernel = str(info.get("KernelVersion") or "")
+    image_id = str((engine.image(image) or {}).get("Id") or image)  # a new worker image is asked again
+    memo = (id(engine), kernel, image_id)
+    with _able_lock:
+        if memo in _able:
+            return _able[memo]
+        name = ABLE_PREFIX + hashlib.sha256(f"{kernel}\0{image_id}".encode()).hexdigest()[:16]
+        marker = next((v for v in engine.volumes(f"{LABEL}=able") if v.get("Name") == name), None)
+        if marker is not None:
+            able = (marker.get("Labels") or {}).get(LABEL_ABLE) == "1"
+        else:
+            able = _probe(engine, image)
+            engine.create_volume(name, {LABEL: "able", LABEL_ABLE: "1" if able else "0"})
+        if not able:
+            logs.get_logger().warning(
+                "workspace.cache_unavailable",
+                detail="this engine cannot lay a cached copy (Linux 6.6 or later, runc, user namespaces for "
+                "the sandbox's boot): each copy is made at start",
+            )
+        _able[memo] = able
+        return able
+
+
+def _probe(engine: EngineAPI, image: str) -> bool:
+    from toolcage.engine import seccomp
+    from toolcage.engine.hostconfig import SANDBOX_UID
+
+    tag = secrets.token_hex(4)
+    lower = f"{PREFIX}probe-{tag}"
+    cid: str | None = None
+    try:
+        engine.create_volume(lower, {LABEL: "probe"})
+        config = {
+            "Image": image,
+            "Entrypoint": list(PROBE),
+            "User": f"{SANDBOX_UID}:{SANDBOX_UID}",
+            "NetworkDisabled": True,
+            "Labels": {LABEL: "probe"},
+            "HostConfig": {
+                "NetworkMode": "none",
+                "ReadonlyRootfs": True,
+                "CapDrop": ["ALL"],
+                "SecurityOpt": ["no-new-privileges", seccomp.security_opt(copy=True)],
+                "Tmpfs": {contract.WORKSPACE: f"rw,nosuid,nodev,size=1m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755"},
+                "Mounts": [
+                    {"Type": "volume", "Source": lower, "Target": contract.COPY_LOWER, "ReadOnly": True,
+                     "VolumeOptions": {"NoCopy": True}}
+                ],
+            },
+        }  # fmt: skip
+        cid = engine.create(config, f"{PREFIX}probe-{tag}")
+        engine.start(cid)
+        return engine.wait(cid, 60.0) == 0
+    except ToolcageError:
+        return False
+    finally:
+        if cid is not None:
+            _quiet(engine.remove, cid)
+        _quiet(engine.remove_volume, lower)
+
+
+def _quiet(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except ToolcageError:
+        pass
+
+
+# --- making a cached tree ------------------------------------------------------------------------------------
+def make(options: RunOptions, engine: EngineAPI, k: str, scanned: Any, log: Any) -> Cached:
+    """Fill a new volume with the tree (a run of toolcage's own that runs no code), then its marker; the tree's
+    older copies of the same path beyond KEEP_PER_PATH are removed (those no run uses)."""
+    import dataclasses
+
+    from toolcage.policies.model import NetworkPolicy
+    from toolcage.sandbox import Sandbox
+
+    assert options.workspace is not None
+    where = path_label(options.workspace)
+    data = f"{DATA_PREFIX}{k[:20]}-{secrets.token_hex(4)}"
+    base = {LABEL: k, LABEL_PATH: where}
+    engine.create_volume(data, base)
+    try:
+        _own(engine, _worker_image(), data)
+        policy = dataclasses.replace(options.policy, network=NetworkPolicy())  # it runs no code: no network
+        filler = Sandbox(
+            policy, tool="toolcage-copy", image=_worker_image(), workspace=options.workspace, engine=engine,
+            workspace_mode="copy", workspace_gitignore=options.workspace_gitignore, audit=options.audit,
+            workspace_cache=True,
+        )  # fmt: skip
+        filler._copy_spec = {"copy_target": data}  # (so it does not look in the cache itself)
+        filler._scan = scanned  # the run's own scan: the copy sends what it found
+        with filler:
+            pass
+        size = scanned.size if scanned is not None else 0
+    except BaseException:
+        _quiet(engine.remove_volume, data)
+        raise
+    engine.create_volume(marker_name(k), {**base, LABEL_DATA: data, LABEL_SIZE: str(size)})
+    got = lookup(engine, k)
+    if got is None or got.volume != data:  # another runner made the same tree first: its copy is used
+        _quiet(engine.remove_volume, data)
+    log.info("workspace.cached", volume=data, key=k[:12], size=size)
+    _evict(engine, where, keep=k)
+    if got is None:
+        raise ToolcageError("the workspace cache's marker could not be read back from the engine")
+    return got
+
+
+def _worker_image() -> str:
+    from toolcage.options import worker_image
+
+    return worker_image()
+
+
+def _own(engine: EngineAPI, image: str, volume: str) -> None:
+    """The new volume's root owned by the sandbox user: the engine copies the owner and mode of the image's
+    directory at the mount point into an empty volume when a container is created with it (/scratch: 65532,
+    0755); the container never starts."""
+    cid: str | None = None
+    try:
+        config = {
+            "Image": image,
+            "Entrypoint": ["/nonexistent"],
+            "NetworkDisabled": True,
+            "Labels": {LABEL: "own"},
+            "HostConfig": {
+                "NetworkMode": "none",
+                "Mounts": [{"Type": "volume", "Source": volume, "Target": contract.SCRATCH, "ReadOnly": False}],
+            },
+        }
+        cid = engine.create(config, f"{PREFIX}own-{secrets.token_hex(4)}")
+    finally:
+        if cid is not None:
+            _quiet(engine.remove, cid)
+
+
+def _evict(engine: EngineAPI, where: str, keep: str) -> None:
+    """At most KEEP_PER_PATH trees of one workspace path: the oldest others go (a volume in use stays)."""
+    markers = [v for v in engine.volumes(f"{LABEL_PATH}={where}") if (v.get("Labels") or {}).get(LABEL_DATA)]
+    markers.sort(key=lambda v: str(v.get("CreatedAt") or ""), reverse=True)
+    others = [m for m in markers if (m.get("Labels") or {}).get(LABEL) != keep]
+    for m in others[KEEP_PER_PATH - 1 :]:
+        try:
+            engine.remove_volume(str(m["Labels"][LABEL_DATA]))  # refused while a run mounts it
+            engine.remove_volume(str(m["Name"]))
+        except ToolcageError:
+            continue  # in use: kept until a later eviction, or gc
+
+
+def remove_all(engine: EngineAPI) -> list[str]:
+    """``toolcage gc --copies``: every cached tree no run uses (markers and their volumes)."""
+    gone: list[str] = []
+    for v in engine.volumes(LABEL):
+        name = str(v.get("Name", ""))
+        if not name.startswith(PREFIX):
+            continue
+        try:
+            engine.remove_volume(name)
+            gone.append(name)
+        except ToolcageError:
+            continue
+    return gone
+
+
+STALE_S = 600.0  # a fill takes seconds to minutes: a volume this old that no marker names lost its runner
+
+
+def _age_s(volume: dict[str, Any]) -> float:
+    import time
+    from datetime import datetime
+
+    raw = str(volume.get("CreatedAt") or "")
+    try:
+        return time.time() - datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def stale(engine: EngineAPI, copies: bool = False) -> list[tuple[str, str, str]]:
+    """For ``gc``: (kind, name, why) of this module's volumes no run needs: a tree no marker names (a fill
+    that did not finish, or lost a race), a marker whose tree is gone, a probe's leftovers; with ``copies``
+    (``gc --copies``), every cached tree."""
+    found = engine.volumes(LABEL)
+    named = {str((v.get("Labels") or {}).get(LABEL_DATA)) for v in found if (v.get("Labels") or {}).get(LABEL_DATA)}
+    names = {str(v.get("Name")) for v in found}
+    out: list[tuple[str, str, str]] = []
+    if copies:  # a tree a run mounts stays (the engine would refuse), and its marker with it
+        from toolcage.engine.labels import LABEL_RUN_ID
+
+        used = {str(m.get("Name")) for c in engine.containers(LABEL_RUN_ID) for m in c.get("Mounts") or []}
+        busy = {str(v.get("Name")) for v in found if (v.get("Labels") or {}).get(LABEL_DATA) in used} | used
+        found = [v for v in found if str(v.get("Name")) not in busy]
+    for v in found:
+        name, labels = str(v.get("Name", "")), v.get("Labels") or {}
+        if not name.startswith(PREFIX) or name.startswith(ABLE_PREFIX):
+            continue
+        data = labels.get(LABEL_DATA)
+        if copies and (data or name.startswith(DATA_PREFIX)):
+            out.append(("volume", name, "a cached workspace copy (gc --copies)"))
+        elif data and data not in names:
+            out.append(("volume", name, "the cache marker of a workspace copy whose volume is gone"))
+        elif name.startswith(DATA_PREFIX) and name not in named and _age_s(v) > STALE_S:
+            out.append(("volume", name, "a workspace copy no cache marker names (its fill did not finish)"))
+        elif labels.get(LABEL) == "probe" and _age_s(v) > STALE_S:
+            out.append(("volume", name, "the workspace cache's probe, left over"))
+    return out
