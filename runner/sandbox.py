@@ -258,6 +258,7 @@ class Sandbox(CodeInterpreter):
         tree), as the spec's field; {} where the engine cannot (the copy is then made at start, as without)."""
         from toolcage.backends.container import ContainerBackend
         from toolcage.engine import copycache
+        from toolcage.files.treekey import key
         from toolcage.options import worker_image
 
         backend = self._run.backend
@@ -273,17 +274,43 @@ class Sandbox(CodeInterpreter):
                 self._check_copy_size()
             return {}
         assert self.workspace is not None
-        k = copycache.key(self.workspace, self.options.workspace_gitignore)
+        k = key(self.workspace, self.options.workspace_gitignore)
         got = copycache.lookup(engine, k)
         if got is None:
             if self._scan is None:
                 self._check_copy_size()
-            got = copycache.make(self.options, engine, k, self._scan, self.log)
-            self._scan = None
+            got = self._make_cached(engine, k)
         else:
             self._check_size(got.size, 0)
         self.log.info("workspace.copy_cached", volume=got.volume)
         return {"copy_lower": got.volume}
+
+    def _make_cached(self, engine: EngineAPI, k: str) -> Any:
+        """The tree of key ``k`` into a new volume of the engine's cache: filled by a run of toolcage's own that
+        runs no code (no network, the worker image, this run's limits and audit log) through the upload protocol,
+        as any copy is made, with the volume itself at /workspace; then its marker (toolcage.engine.copycache)."""
+        from toolcage.engine import copycache
+        from toolcage.options import worker_image
+        from toolcage.policies.model import NetworkPolicy
+
+        assert self.workspace is not None and self._scan is not None
+        where = copycache.path_label(self.workspace)
+        data = copycache.new_volume(engine, worker_image(), k, where)
+        try:
+            filler = Sandbox(
+                dataclasses.replace(self.policy, network=NetworkPolicy()), tool="toolcage-copy", image=worker_image(),
+                workspace=self.workspace, engine=engine, workspace_mode="copy",
+                workspace_gitignore=self.options.workspace_gitignore, audit=self.options.audit, workspace_cache=True,
+            )  # fmt: skip
+            filler._copy_spec = {"copy_target": data}  # the volume is its /workspace (and it never looks it up)
+            filler._scan, size = self._scan, self._scan.size  # this run's own walk: the copy sends what it found
+            self._scan = None
+            with filler:
+                pass
+        except BaseException:
+            copycache.drop(engine, data)
+            raise
+        return copycache.record(engine, k, where, data, size, self.log)
 
     def _read_image_paths(self) -> None:
         """writable=: the image's trees at its writable paths, read by the engine (toolcage.files.imagepaths)."""
@@ -327,6 +354,7 @@ class Sandbox(CodeInterpreter):
                 self._resume.close()
             self.log.info("run.resumed", entries=self._resume.entries)
         elif copy:
+            assert self.workspace is not None
             got = upload.upload(
                 call,
                 self.workspace,

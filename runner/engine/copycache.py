@@ -37,19 +37,14 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-import stat
-import struct
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolcage import logs
 from toolcage.engine.api import EngineAPI
 from toolcage.errors import ToolcageError
 from toolcage.policies import contract
-
-if TYPE_CHECKING:
-    from toolcage.options import RunOptions
 
 PREFIX = "toolcage-copy-"
 DATA_PREFIX = "toolcage-copy-data-"
@@ -59,9 +54,7 @@ LABEL_DATA = "toolcage.copy.data"  # on a marker: the volume holding the tree
 LABEL_PATH = "toolcage.copy.path"  # the workspace's path, hashed
 LABEL_SIZE = "toolcage.copy.size"  # the tmpfs space the copy takes (the run's limits.workspace_copy is checked)
 LABEL_ABLE = "toolcage.copy.able"  # on the probe's marker: "1" the engine lays the overlay, "0" it cannot
-FORMAT = b"toolcage-copy-1"  # the copy's layout: a new one never matches an older cache
 KEEP_PER_PATH = 2
-_PACK = struct.Struct("<IIIqqqQ").pack  # mode, uid, gid, size, mtime_ns, ctime_ns, inode
 
 
 @dataclass(frozen=True)
@@ -70,22 +63,6 @@ class Cached:
 
     volume: str
     size: int
-
-
-def key(local: str | os.PathLike[str], gitignore: bool) -> str:
-    """The tree's key: every entry a copy of it considers (``workspace_gitignore`` applied), with its lstat."""
-    from toolcage.files.upload import _entries
-
-    top = os.path.abspath(os.fspath(local))
-    h = hashlib.blake2b(FORMAT + (b"\1" if gitignore else b"\0"), digest_size=20)
-    root = os.lstat(top)
-    h.update(_PACK(root.st_mode, root.st_uid, root.st_gid, 0, root.st_mtime_ns, root.st_ctime_ns, root.st_ino))
-    for path, name, known in _entries(top, gitignore):
-        st = known or os.lstat(path)
-        h.update(os.fsencode(name) + b"\0")
-        size = st.st_size if not stat.S_ISDIR(st.st_mode) else 0
-        h.update(_PACK(st.st_mode, st.st_uid, st.st_gid, size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
-    return h.hexdigest()
 
 
 def path_label(local: str | os.PathLike[str]) -> str:
@@ -186,6 +163,11 @@ def _probe(engine: EngineAPI, image: str) -> bool:
         _quiet(engine.remove_volume, lower)
 
 
+def drop(engine: EngineAPI, volume: str) -> None:
+    """A tree whose fill failed: gone now (or by gc, if the engine refuses)."""
+    _quiet(engine.remove_volume, volume)
+
+
 def _quiet(fn: Any, *args: Any) -> None:
     try:
         fn(*args)
@@ -193,51 +175,33 @@ def _quiet(fn: Any, *args: Any) -> None:
         pass
 
 
-# --- making a cached tree ------------------------------------------------------------------------------------
-def make(options: RunOptions, engine: EngineAPI, k: str, scanned: Any, log: Any) -> Cached:
-    """Fill a new volume with the tree (a run of toolcage's own that runs no code), then its marker; the tree's
-    older copies of the same path beyond KEEP_PER_PATH are removed (those no run uses)."""
-    import dataclasses
-
-    from toolcage.policies.model import NetworkPolicy
-    from toolcage.sandbox import Sandbox
-
-    assert options.workspace is not None
-    where = path_label(options.workspace)
+# --- making a cached tree (the filling run itself is the front's: toolcage.sandbox) -----------------------------
+def new_volume(engine: EngineAPI, image: str, k: str, where: str) -> str:
+    """A new, empty volume for tree ``k`` of the workspace path ``where`` (path_label), its root owned by the sandbox
+    user: the filling run mounts it at /workspace."""
     data = f"{DATA_PREFIX}{k[:20]}-{secrets.token_hex(4)}"
-    base = {LABEL: k, LABEL_PATH: where}
-    engine.create_volume(data, base)
+    engine.create_volume(data, {LABEL: k, LABEL_PATH: where})
     try:
-        _own(engine, _worker_image(), data)
-        policy = dataclasses.replace(options.policy, network=NetworkPolicy())  # it runs no code: no network
-        filler = Sandbox(
-            policy, tool="toolcage-copy", image=_worker_image(), workspace=options.workspace, engine=engine,
-            workspace_mode="copy", workspace_gitignore=options.workspace_gitignore, audit=options.audit,
-            workspace_cache=True,
-        )  # fmt: skip
-        filler._copy_spec = {"copy_target": data}  # (so it does not look in the cache itself)
-        filler._scan = scanned  # the run's own scan: the copy sends what it found
-        with filler:
-            pass
-        size = scanned.size if scanned is not None else 0
+        _own(engine, image, data)
     except BaseException:
         _quiet(engine.remove_volume, data)
         raise
-    engine.create_volume(marker_name(k), {**base, LABEL_DATA: data, LABEL_SIZE: str(size)})
+    return data
+
+
+def record(engine: EngineAPI, k: str, where: str, data: str, size: int, log: Any) -> Cached:
+    """The marker of tree ``k``, made once ``data`` holds it in whole; the tree's older copies of the same path
+    beyond KEEP_PER_PATH are removed (those no run uses). Another runner's marker made first wins: its tree is
+    used, ``data`` removed."""
+    engine.create_volume(marker_name(k), {LABEL: k, LABEL_PATH: where, LABEL_DATA: data, LABEL_SIZE: str(size)})
     got = lookup(engine, k)
-    if got is None or got.volume != data:  # another runner made the same tree first: its copy is used
+    if got is None or got.volume != data:
         _quiet(engine.remove_volume, data)
-    log.info("workspace.cached", volume=data, key=k[:12], size=size)
-    _evict(engine, where, keep=k)
     if got is None:
         raise ToolcageError("the workspace cache's marker could not be read back from the engine")
+    log.info("workspace.cached", volume=got.volume, key=k[:12], size=size)
+    _evict(engine, where, keep=k)
     return got
-
-
-def _worker_image() -> str:
-    from toolcage.options import worker_image
-
-    return worker_image()
 
 
 def _own(engine: EngineAPI, image: str, volume: str) -> None:

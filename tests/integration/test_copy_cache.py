@@ -1,0 +1,64 @@
+"""``workspace_cache`` end to end under the suite's runtime: runc lays the copy over the engine's cached tree
+(its second run uses the first run's tree); gVisor makes the copy at start as without the cache. Either way the
+run sees the host's tree, changes it in its own copy, and ``changes()`` names exactly what it changed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from toolcage import Sandbox, wait_removed
+from toolcage.engine import copycache
+from toolcage.engine.docker_adapter import Engine
+from toolcage.errors import UsageError
+from toolcage.policies import contract
+
+
+def _lower(sb: Sandbox) -> str | None:
+    info = Engine.default().inspect(sb.container_id or "") or {}
+    return next((m.get("Name") for m in info.get("Mounts") or [] if m.get("Destination") == contract.COPY_LOWER), None)
+
+
+def test_cached_copy_end_to_end(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "a.py").write_text("print('a')\n")
+    (ws / "README").write_text("hello\n")
+    os.symlink("src/a.py", ws / "link")
+    for p in [tmp_path, ws, *ws.rglob("*")]:
+        if not p.is_symlink():
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    gvisor = os.environ.get(contract.ENV_SANDBOX) == "gvisor"
+    lowers = []
+    try:
+        for _ in range(2):
+            with Sandbox(workspace=ws, workspace_mode="copy", workspace_cache=True) as sb:
+                lowers.append(_lower(sb))
+                out = sb.call(
+                    "run_shell",
+                    {
+                        "command": "cat /workspace/README && readlink /workspace/link && "
+                        "echo more >> /workspace/src/a.py && rm /workspace/README"
+                    },
+                )
+                assert out.result["stdout"] == "hello\nsrc/a.py\n", out.result
+                ch = sb.changes()
+                assert ch.changed == ("src/a.py",) and ch.removed == ("README",) and ch.added == ()
+        if gvisor:
+            assert lowers == [None, None]
+        else:
+            assert lowers[0] is not None and lowers[0] == lowers[1]
+    finally:
+        wait_removed()  # (a run's container goes in the background: its volumes after it)
+        engine = Engine.default()
+        for v in engine.volumes(f"{copycache.LABEL_PATH}={copycache.path_label(ws)}"):
+            engine.remove_volume(str(v["Name"]))
+
+
+def test_workspace_cache_needs_a_copy(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="workspace_mode='copy'"):
+        Sandbox(workspace=tmp_path, workspace_cache=True)
+    with pytest.raises(UsageError, match="workspace_mode='copy'"):
+        Sandbox(workspace_mode="copy", workspace_cache=True)
