@@ -15,7 +15,10 @@ answer of the first ``sb.call("ping")``:
 1. ``start``: each workspace in ``workspace_mode="ro"`` (bind-mounted read-only) and ``"copy"`` (a
    tmpfs the runner fills over the upload protocol at start), and the ratio copy/ro of the medians.
    The repo uses the default policy; the tree uses TREE_POLICY (a 1 GiB copy, 2 GiB of memory,
-   longer timeouts) in both modes, so the ratio is the mode's alone.
+   longer timeouts) in both modes, so the ratio is the mode's alone. And the tree with ``workspace_cache``
+   (the copy laid over the tree the engine keeps, toolcage.engine.copycache): its first start (noted,
+   copied as without) and its second (kept: a run fills the cache, then this one lays it), once each
+   before the runs, and a start of the kept tree in each run against the read-only start (goal <= 3x).
 2. ``changes()``: in the repo copy, 10 tracked files are edited with one ``run_shell`` (a line
    appended to each); ``sb.changes()`` is timed and the diff's size kept (checked: exactly those 10
    paths changed, nothing added or removed).
@@ -324,7 +327,8 @@ class Bench:
                 raise SystemExit(f"the tree's copy holds {got} files, not {TREE_FILES}")
 
     def tree_cached(self, key: str = "start tree cached copy") -> None:
-        """workspace_cache: the copy laid over the tree the engine keeps (the first start makes it: a miss)."""
+        """workspace_cache: the copy laid over the tree the engine keeps (its first start notes the tree, its
+        second keeps it: main() makes both before the runs)."""
         with started(self.image, TREE_POLICY, workspace=self.tree, workspace_mode="copy", workspace_cache=True) as (
             sb,
             s,
@@ -526,8 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         with Pool(
             image=args.image, workspace=tmp / "repo", workspace_mode="copy", size=1, tool="bench-workspace"
         ) as bench.pool:
-            print("\rthe tree's cache (its first start: a miss)" + " " * 20, end="", file=sys.stderr, flush=True)
-            bench.tree_cached("start tree cache miss")
+            print("\rthe tree's cache (its first and second starts)" + " " * 20, end="", file=sys.stderr, flush=True)
+            bench.tree_cached("start tree cache, 1st")  # a tree seen the first time: noted, copied as without
+            bench.tree_cached("start tree cache, 2nd")  # the second time: kept (a run fills the cache), then laid
             try:
                 for run in range(args.runs):
                     load_runs.append(loadavg())
@@ -549,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
         "repo copy/ro": med("start repo copy") / med("start repo ro"),
         "tree copy/ro": med("start tree copy") / med("start tree ro"),
         "tree cached copy/ro": med("start tree cached copy") / med("start tree ro"),
-        "tree cache miss/copy": med("start tree cache miss") / med("start tree copy"),
+        "tree cache 1st/copy": med("start tree cache, 1st") / med("start tree copy"),
+        "tree cache 2nd/copy": med("start tree cache, 2nd") / med("start tree copy"),
         # the copy's own floor: a read-only start plus the files made natively in the sandbox
         "tree copy/(ro + native copy)": med("start tree copy")
         / (med("start tree ro") + med("native copy in the sandbox")),
@@ -570,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
         ("start tree ro", "start to ping", ""),
         ("start tree copy", "start to ping", f"{ratios['tree copy/ro']:.1f}x ro"),
         ("start tree cached copy", "start to ping", f"{ratios['tree cached copy/ro']:.2f}x ro (goal <= 3x)"),
-        ("start tree cache miss", "start to ping", f"{ratios['tree cache miss/copy']:.2f}x tree copy (once)"),
+        ("start tree cache, 1st", "start to ping", f"{ratios['tree cache 1st/copy']:.2f}x tree copy (once)"),
+        ("start tree cache, 2nd", "start to ping", f"{ratios['tree cache 2nd/copy']:.2f}x tree copy (once)"),
         (
             "native copy in the sandbox",
             "tar ro mount -> tmpfs",

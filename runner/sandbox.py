@@ -52,6 +52,27 @@ if TYPE_CHECKING:
     from toolcage.results import NetworkChange
 
 
+class _Background:
+    """A function run on a thread of its own; ``result()`` waits for it and returns or raises what it did."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn, self._out, self._err = fn, None, None
+        self._thread = threading.Thread(target=self._run, name="toolcage-copy-walk", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._out = self._fn()
+        except BaseException as exc:
+            self._err = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._err is not None:
+            raise self._err
+        return self._out
+
+
 class Sandbox(CodeInterpreter):
     """A sandboxed worker for one run. Use as a context manager; ``call`` tools on it.
 
@@ -152,6 +173,8 @@ class Sandbox(CodeInterpreter):
         # workspace_cache: the spec's copy_lower (the cached tree this run lays its copy over), decided at start;
         # or, in the run that fills the cache (toolcage.engine.copycache.make), its copy_target
         self._copy_spec: dict[str, str] = {}
+        self._copy_plan: Any = None  # (engine, path label, the tree mounted, the walk checking it or None)
+        self._copy_laid = True  # a mounted tree is laid (False: the walk found it changed, the copy is filled)
         self._originals: Originals | None = None  # writable=: the image's trees, read at start
         self._scan: Scan | None = None  # the workspace copy's one walk (its size check), until the copy is sent
         if opts.workspace_copy and opts.workspace is not None and self._resume is None and not opts.workspace_cache:
@@ -237,6 +260,8 @@ class Sandbox(CodeInterpreter):
             if self.options.workspace_cache and not self._copy_spec and self._resume is None and self.workspace:
                 self._copy_spec = self._cached_copy()
             self._run.begin(session.parser, closer=self.close, spec_extra=self._copy_spec)
+            if self._copy_plan is not None:
+                self._copy_word()
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 self.interrupt()
@@ -254,8 +279,14 @@ class Sandbox(CodeInterpreter):
         return self
 
     def _cached_copy(self) -> dict[str, str]:
-        """workspace_cache: the cached tree this run's copy is laid over (made now if the cache has not this
-        tree), as the spec's field; {} where the engine cannot (the copy is then made at start, as without)."""
+        """workspace_cache: the cached tree this run's container mounts (the spec's field), or {} where the engine
+        cannot lay one or the tree is not kept (the copy is then made at start, as without the cache).
+
+        The engine's record of the workspace's path decides (toolcage.engine.copycache.PathState): a tree started
+        before is kept now (a run of toolcage's own fills the cache, then this run lays it); a tree seen the first
+        time is only noted (one that changes every run never costs a second fill); and when the newest kept tree
+        is likely the one (no other tree started since it was made), the container starts with it while the
+        walk that checks it runs (:meth:`_copy_word` says lay or fill before the worker reads anything)."""
         from toolcage.backends.container import ContainerBackend
         from toolcage.engine import copycache
         from toolcage.files.treekey import key
@@ -273,17 +304,51 @@ class Sandbox(CodeInterpreter):
             if self._scan is None:
                 self._check_copy_size()
             return {}
-        assert self.workspace is not None
-        k = key(self.workspace, self.options.workspace_gitignore)
-        got = copycache.lookup(engine, k)
+        workspace, gitignore = self.workspace, self.options.workspace_gitignore
+        assert workspace is not None
+        where = copycache.path_label(workspace)
+        known = copycache.state(engine, where)
+        guess = known.guess()
+        if guess is not None:  # the walk runs while the container starts
+            walk = _Background(lambda: key(workspace, gitignore))
+            self._copy_plan = (engine, where, guess, walk)
+            return {"copy_lower": guess.volume}
+        k = key(workspace, gitignore)
+        got = known.ready.get(k)
+        if got is None and k not in known.seen:
+            copycache.mark_seen(engine, k, where)
+            if self._scan is None:
+                self._check_copy_size()
+            return {}
         if got is None:
             if self._scan is None:
                 self._check_copy_size()
             got = self._make_cached(engine, k)
         else:
             self._check_size(got.size, 0)
-        self.log.info("workspace.copy_cached", volume=got.volume)
+        self._copy_plan = (engine, where, got, None)
         return {"copy_lower": got.volume}
+
+    def _copy_word(self) -> None:
+        """The cached copy's word to the worker, before anything else it reads: ``lay`` the tree its container
+        mounts, or ``fill`` (the walk found the tree changed since: the copy is made as without the cache, and
+        the tree noted, so that its next start keeps it)."""
+        from toolcage.engine import copycache
+
+        assert self._run.session is not None and self._copy_plan is not None
+        engine, where, mounted, walk = self._copy_plan
+        self._copy_plan = None
+        k = walk.result() if walk is not None else mounted.key
+        if k == mounted.key:
+            self._check_size(mounted.size, 0)
+            self._run.session.preface(b"lay\n")
+            self.log.info("workspace.copy_cached", volume=mounted.volume)
+            return
+        self._run.session.preface(b"fill\n")
+        self._copy_laid = False
+        copycache.mark_seen(engine, k, where)
+        if self._scan is None:
+            self._check_copy_size()
 
     def _make_cached(self, engine: EngineAPI, k: str) -> Any:
         """The tree of key ``k`` into a new volume of the engine's cache: filled by a run of toolcage's own that
@@ -337,7 +402,8 @@ class Sandbox(CodeInterpreter):
     def _fill(self) -> None:
         """A resumed run's files (its snapshot's scratch, and its workspace copy), or the workspace copy; the
         writable paths of the image (writable=)."""
-        copy = self.options.workspace_copy and self.workspace is not None and "copy_lower" not in self._copy_spec
+        laid = "copy_lower" in self._copy_spec and self._copy_laid
+        copy = self.options.workspace_copy and self.workspace is not None and not laid
         if self._resume is None and not copy and self._originals is None:
             return  # nothing to fill (the common run): the transfer modules are not even imported
         from toolcage.files import upload

@@ -65,8 +65,10 @@ def _check(ok: bool, step: str) -> None:
         raise CopyError(f"{step}: {os.strerror(err)}")
 
 
-def lay(lower: str, target: str) -> None:
-    """Steps 1 to 3 (the module's docstring); CopyError with the failing step."""
+def lay(lower: str, target: str, overlay: bool = True) -> None:
+    """Steps 1 to 3 (the module's docstring); CopyError with the failing step. ``overlay`` False (the runner
+    found the tree changed since the cached one it mounted): no overlay, /workspace stays the run's tmpfs for the
+    runner to fill; the cached tree is covered and the worker sealed all the same."""
     global _lower_fd, _laid_ns
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.getuid(), os.getgid()
@@ -78,6 +80,11 @@ def lay(lower: str, target: str) -> None:
         finally:
             os.close(fd)
     _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0, "mount --make-rprivate /")
+    cover = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+    if not overlay:
+        _check(libc.mount(b"tmpfs", lower.encode(), b"tmpfs", cover, b"size=4k,mode=0") == 0, "cover the lower")
+        _seal(libc)
+        return
     for d in (UPPER, WORK):
         os.mkdir(os.path.join(target, d), 0o755)
     upper, work = os.path.join(target, UPPER), os.path.join(target, WORK)
@@ -87,7 +94,6 @@ def lay(lower: str, target: str) -> None:
     opts = f"lowerdir={lower},upperdir={upper},workdir={work},userxattr".encode()
     _check(libc.mount(b"overlay", target.encode(), b"overlay", MS_NOSUID | MS_NODEV, opts) == 0, "mount overlay")
     _lower_fd = os.open(lower, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    cover = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
     _check(libc.mount(b"tmpfs", lower.encode(), b"tmpfs", cover, b"size=4k,mode=0") == 0, "cover the lower")
     _seal(libc)
     _laid_ns = time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
@@ -141,14 +147,33 @@ def base_names() -> str:
     return "\0".join(out)
 
 
+PREFACE_MAX = 16  # "lay\n" or "fill\n": the first bytes on stdin, before the protocol's first line
+
+
+def _preface(fd: int = 0) -> bytes:
+    """The runner's word, read a byte at a time (nothing of the protocol after it is consumed): ``lay`` the
+    cached tree, or ``fill`` (the tree changed since: the runner copies it as without the cache)."""
+    got = b""
+    while not got.endswith(b"\n"):
+        b = os.read(fd, 1)
+        if not b or len(got) >= PREFACE_MAX:
+            raise CopyError("no word from the runner on laying the copy")
+        got += b
+    return got[:-1]
+
+
 def boot() -> None:
-    """At the worker's start: lay the overlay if the runner asked for it; on failure, exit so the runner
-    falls back (never serve a copy that is not one)."""
+    """At the worker's start: wait for the runner's word (it decides while the container starts: a cached run
+    starts the container before its walk of the tree is done), then lay the overlay, or only cover the cached
+    tree; on failure, exit so the runner falls back (never serve a copy that is not one)."""
     lower = os.environ.get(contract.ENV_COPY_LOWER)
     if not lower:
         return
     try:
-        lay(lower, contract.WORKSPACE)
+        word = _preface()
+        if word not in (b"lay", b"fill"):
+            raise CopyError(f"the runner's word on the copy is {word!r}, not lay or fill")
+        lay(lower, contract.WORKSPACE, overlay=word == b"lay")
     except (CopyError, OSError) as exc:
         msg = str(exc).replace("\\", "\\\\").replace('"', '\\"')
         os.write(2, f'{{"event": "worker.copy_failed", "level": "error", "reason": "{msg}"}}\n'.encode())

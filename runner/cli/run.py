@@ -51,6 +51,13 @@ from toolcage.textsafe import dumps, escape
     help="With --workspace-mode copy: leave out of the copy what the workspace's .gitignore files ignore, and .git.",
 )
 @click.option(
+    "--workspace-cache",
+    is_flag=True,
+    help="With --workspace-mode copy: lay the copy over a tree the engine keeps, made by the first run of this tree "
+    "(later runs of the same tree start in milliseconds; a tree changed since is copied anew). "
+    "`toolcage gc --copies` removes the kept trees.",
+)
+@click.option(
     "--diff",
     "diff_file",
     type=click.Path(dir_okay=False),
@@ -99,6 +106,7 @@ def run(
     uploads: tuple[str, ...],
     workspace_mode: str,
     workspace_gitignore: bool,
+    workspace_cache: bool,
     diff_file: str | None,
     snapshot_file: str | None,
     resume_file: str | None,
@@ -129,8 +137,9 @@ def run(
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise UsageError(f"{flag}: the directory of {escape(path)!r} does not exist")  # before the run, not after
     sb = options.sandbox(
-        tool, opts, workspace_mode=workspace_mode, workspace_gitignore=workspace_gitignore, resume=resume_file
-    )
+        tool, opts, workspace_mode=workspace_mode, workspace_gitignore=workspace_gitignore, resume=resume_file,
+        workspace_cache=workspace_cache,
+    )  # fmt: skip
     startup.collect_from_here()
     changes = snap = None
     shown = CallOutput(

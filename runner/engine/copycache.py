@@ -54,15 +54,79 @@ LABEL_DATA = "toolcage.copy.data"  # on a marker: the volume holding the tree
 LABEL_PATH = "toolcage.copy.path"  # the workspace's path, hashed
 LABEL_SIZE = "toolcage.copy.size"  # the tmpfs space the copy takes (the run's limits.workspace_copy is checked)
 LABEL_ABLE = "toolcage.copy.able"  # on the probe's marker: "1" the engine lays the overlay, "0" it cannot
+LABEL_AT = "toolcage.copy.at"  # on a marker and a seen record: when it was made (ns since the epoch)
+LABEL_SEEN = "toolcage.copy.seen"  # on a seen record: "1" (a tree started once, not kept: kept the next time)
+SEEN_PREFIX = "toolcage-copy-seen-"
+SEEN_PER_PATH = 4
 KEEP_PER_PATH = 2
 
 
 @dataclass(frozen=True)
 class Cached:
-    """A cached tree: the volume holding it, and the space its copy takes (what limits.workspace_copy bounds)."""
+    """A cached tree: the volume holding it, and the space its copy takes (what limits.workspace_copy bounds);
+    its key and when it was made."""
 
     volume: str
     size: int
+    key: str = ""
+    at: int = 0
+
+
+@dataclass(frozen=True)
+class PathState:
+    """What the engine keeps for one workspace path (one engine call): its cached trees by key, and the trees
+    started once and not kept (key -> when)."""
+
+    ready: dict[str, Cached]
+    seen: dict[str, int]
+
+    def newest(self) -> Cached | None:
+        return max(self.ready.values(), key=lambda c: c.at, default=None)
+
+    def guess(self) -> Cached | None:
+        """The tree a start of this path most likely finds: the newest cached one, unless a tree was started
+        since it was made (the workspace changed: the walk decides before the container starts, then)."""
+        newest = self.newest()
+        if newest is None or max(self.seen.values(), default=0) > newest.at:
+            return None
+        return newest
+
+
+def _at(labels: dict[str, Any]) -> int:
+    try:
+        return int(labels.get(LABEL_AT) or 0)
+    except ValueError:
+        return 0
+
+
+def state(engine: EngineAPI, where: str) -> PathState:
+    found = {str(v["Name"]): v for v in engine.volumes(f"{LABEL_PATH}={where}")}
+    ready: dict[str, Cached] = {}
+    seen: dict[str, int] = {}
+    for name, v in found.items():
+        labels = v.get("Labels") or {}
+        k = str(labels.get(LABEL) or "")
+        if labels.get(LABEL_SEEN) == "1":
+            seen[k] = _at(labels)
+        elif labels.get(LABEL_DATA) in found and name == marker_name(k):
+            try:
+                ready[k] = Cached(str(labels[LABEL_DATA]), int(labels.get(LABEL_SIZE) or 0), k, _at(labels))
+            except ValueError:
+                continue
+    return PathState(ready, seen)
+
+
+def mark_seen(engine: EngineAPI, k: str, where: str) -> None:
+    """Tree ``k`` of the path was started and not kept: the next start of it keeps it. At most SEEN_PER_PATH
+    such records per path (the oldest go)."""
+    import time
+
+    labels = {LABEL: k, LABEL_PATH: where, LABEL_SEEN: "1", LABEL_AT: str(time.time_ns())}
+    engine.create_volume(f"{SEEN_PREFIX}{k}", labels)
+    seen = [v for v in engine.volumes(f"{LABEL_PATH}={where}") if (v.get("Labels") or {}).get(LABEL_SEEN) == "1"]
+    seen.sort(key=lambda v: _at(v.get("Labels") or {}), reverse=True)
+    for v in seen[SEEN_PER_PATH:]:
+        _quiet(engine.remove_volume, str(v["Name"]))
 
 
 def path_label(local: str | os.PathLike[str]) -> str:
@@ -84,7 +148,7 @@ def lookup(engine: EngineAPI, k: str) -> Cached | None:
     if not data or data not in found:
         return None  # its tree removed by hand: made again (gc removes the marker)
     try:
-        return Cached(data, int(labels.get(LABEL_SIZE) or 0))
+        return Cached(data, int(labels.get(LABEL_SIZE) or 0), k, _at(labels))
     except ValueError:
         return None
 
@@ -193,7 +257,11 @@ def record(engine: EngineAPI, k: str, where: str, data: str, size: int, log: Any
     """The marker of tree ``k``, made once ``data`` holds it in whole; the tree's older copies of the same path
     beyond KEEP_PER_PATH are removed (those no run uses). Another runner's marker made first wins: its tree is
     used, ``data`` removed."""
-    engine.create_volume(marker_name(k), {LABEL: k, LABEL_PATH: where, LABEL_DATA: data, LABEL_SIZE: str(size)})
+    import time
+
+    marker = {LABEL: k, LABEL_PATH: where, LABEL_DATA: data, LABEL_SIZE: str(size), LABEL_AT: str(time.time_ns())}
+    engine.create_volume(marker_name(k), marker)
+    _quiet(engine.remove_volume, f"{SEEN_PREFIX}{k}")
     got = lookup(engine, k)
     if got is None or got.volume != data:
         _quiet(engine.remove_volume, data)
@@ -287,7 +355,7 @@ def stale(engine: EngineAPI, copies: bool = False) -> list[tuple[str, str, str]]
         if not name.startswith(PREFIX) or name.startswith(ABLE_PREFIX):
             continue
         data = labels.get(LABEL_DATA)
-        if copies and (data or name.startswith(DATA_PREFIX)):
+        if copies and (data or name.startswith((DATA_PREFIX, SEEN_PREFIX))):
             out.append(("volume", name, "a cached workspace copy (gc --copies)"))
         elif data and data not in names:
             out.append(("volume", name, "the cache marker of a workspace copy whose volume is gone"))

@@ -29,6 +29,7 @@ from toolcage.worker.protocol import FRAME_MARK, FRAME_MAX, MAX_REQUEST_BYTES
 
 _INLINE_SEND = 64 * 1024  # request lines up to this are written from the event loop itself
 CANCEL_SEND_S = 1.0  # a cancel that the worker does not take in this time is dropped (its call times out as usual)
+PREFACE_SEND_S = 10.0  # the worker reads its preface first thing: a stdin buffer's worth goes at once
 
 
 def _cancelled_answer(req_id: str) -> dict[str, Any]:
@@ -483,6 +484,11 @@ class Session:
         self.parser.close()
         if self._transport is not None:
             self._transport.close()
+
+    def preface(self, word: bytes) -> None:
+        """Bytes before the protocol's first line, which the worker reads at its boot (a cached workspace copy's
+        ``lay`` or ``fill``: toolcage.worker.copyfs); never after a request."""
+        self._send(word, time.monotonic() + PREFACE_SEND_S)
 
     def _send(self, line: bytes, until: float | None = None) -> None:
         """Write ``line`` (after any lines queued by :meth:`_send_soon`, in one write)."""

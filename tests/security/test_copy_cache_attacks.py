@@ -30,6 +30,7 @@ import pytest
 from toolcage import DEFAULT_IMAGE, Sandbox, wait_removed
 from toolcage.engine import copycache, seccomp
 from toolcage.engine.docker_adapter import Engine
+from toolcage.files.treekey import key
 from toolcage.policies import contract
 
 pytestmark = pytest.mark.runc_only("a cached copy is laid under runc only: gVisor makes the copy at start")
@@ -75,9 +76,15 @@ def _tree(root: Path) -> Path:
     return root
 
 
+def _prime(root: Path) -> None:
+    """As if the tree had been started once: its next start keeps it (a tree seen the first time is only noted)."""
+    copycache.mark_seen(Engine.default(), key(root, False), copycache.path_label(root))
+
+
 @pytest.fixture
 def tree(tmp_path: Path) -> Iterator[Path]:
     root = _tree(tmp_path / f"ws-{secrets.token_hex(3)}")
+    _prime(root)
     yield root
     wait_removed()  # (a run's container goes in the background: its volumes after it)
     engine = Engine.default()
@@ -194,12 +201,23 @@ def test_no_lock_crosses_two_runs_of_one_tree(tree: Path) -> None:
 
 
 def test_a_tree_changed_on_the_host_is_never_served_stale(tree: Path) -> None:
+    """The container starts with the newest kept tree while the walk checks it: a tree changed since is filled
+    as without the cache (the kept one covered all the same, and the worker sealed), then kept anew."""
     with _cached(tree) as sb:
         first = _lower_of(sb)
+        assert first is not None
     (tree / "keep.txt").write_text("edited on the host\n")
     with _cached(tree) as sb:
-        assert _lower_of(sb) not in (None, first)
+        assert _lower_of(sb) == first  # mounted on the guess, found changed: not laid
+        got = json.loads(sb.call("run_python", {"code": ATTACK}).result["stdout"])
+        assert got["unshare_user"] == "EPERM" and got["filters"] == "2" and got["list_lower"] in ("EACCES", "EPERM")
+        out = sb.call("run_shell", {"command": "cat /workspace/keep.txt; grep -c ' /workspace overlay' /proc/mounts"})
+        assert out.result["stdout"] == "edited on the host\n0\n", out.result
+        assert sb.changes().diff == ""
+    with _cached(tree) as sb:
+        assert _lower_of(sb) not in (None, first)  # kept anew: the second start of the changed tree
         assert sb.call("run_shell", {"command": "cat /workspace/keep.txt"}).result["stdout"] == "edited on the host\n"
+        assert sb.changes().diff == ""
 
 
 def test_writes_past_the_copy_limit_end_in_enospc(tree: Path) -> None:
