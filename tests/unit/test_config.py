@@ -112,3 +112,30 @@ def test_no_container_log_but_for_a_kept_run() -> None:
     assert container_config(p, run_spec())["HostConfig"]["LogConfig"] == {"Type": "none"}
     kept = container_config(p, run_spec(keep=True))["HostConfig"]["LogConfig"]
     assert kept["Type"] == "json-file" and kept["Config"]["max-size"] == "1m"
+
+
+def test_a_cached_copy_mounts_its_tree_read_only_under_the_copys_tmpfs() -> None:
+    """workspace_cache: the kept tree read-only at COPY_LOWER (never copied into), the run's own tmpfs at /workspace
+    (the overlay's upper layer), the worker told where, and the profile's cached-copy variant; the run that fills
+    the cache has the volume itself at /workspace instead of the tmpfs, and the plain profile."""
+    from toolcage.policies import contract
+
+    pol = load_policy("default")
+    cfg = container_config(pol, run_spec(workspace_copy=True, copy_lower="toolcage-copy-data-x"))
+    hc = cfg["HostConfig"]
+    lower = [m for m in hc["Mounts"] if m["Target"] == contract.COPY_LOWER]
+    assert lower == [
+        {"Type": "volume", "Source": "toolcage-copy-data-x", "Target": contract.COPY_LOWER, "ReadOnly": True,
+         "VolumeOptions": {"NoCopy": True}}
+    ]  # fmt: skip
+    assert "/workspace" in hc["Tmpfs"] and "size=" in hc["Tmpfs"]["/workspace"]
+    assert f"{contract.ENV_COPY_LOWER}={contract.COPY_LOWER}" in cfg["Env"]
+    assert hc["SecurityOpt"] == ["no-new-privileges", seccomp.security_opt(copy=True)]
+    filler = container_config(pol, run_spec(workspace_copy=True, copy_target="toolcage-copy-data-x"))
+    fhc = filler["HostConfig"]
+    assert "/workspace" not in fhc["Tmpfs"]
+    assert [m["Source"] for m in fhc["Mounts"] if m["Target"] == "/workspace"] == ["toolcage-copy-data-x"]
+    assert fhc["SecurityOpt"] == ["no-new-privileges", seccomp.security_opt()]
+    assert not any(e.startswith(contract.ENV_COPY_LOWER) for e in filler["Env"])
+    plain = container_config(pol, run_spec(workspace_copy=True))
+    assert plain["HostConfig"]["SecurityOpt"] == ["no-new-privileges", seccomp.security_opt()]

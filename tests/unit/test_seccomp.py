@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.unit._helpers import run_spec
 from toolcage.engine import seccomp
 from toolcage.engine.hostconfig import container_config, proxy_container_config
@@ -120,3 +122,24 @@ def test_the_gvisor_variant_differs_only_in_clone3_ipc_and_the_launchers_namespa
     ]
     assert seccomp.is_ours([seccomp.security_opt(gvisor=True)], gvisor=True)
     assert not seccomp.is_ours([seccomp.security_opt(gvisor=True)])
+
+
+def test_the_cached_copy_variant_differs_only_in_the_boots_two_calls() -> None:
+    """A run with a cached workspace copy (toolcage.worker.copyfs): mount and unshare allowed for the worker's boot,
+    which takes them away again before anything of the run executes; every other rule is the plain profile's,
+    and neither the plain profile nor the gVisor variant is taken for it (nor it for them)."""
+
+    def names(p: dict, action: str) -> set[str]:
+        return {n for r in p["syscalls"] if r["action"] == action and "args" not in r for n in r["names"]}
+
+    plain, copy = seccomp.profile(), seccomp.profile(copy=True)
+    assert set(seccomp.COPY_BOOT) == {"mount", "unshare"}
+    assert names(copy, "SCMP_ACT_ALLOW") - names(plain, "SCMP_ACT_ALLOW") == {"mount", "unshare"}
+    assert names(plain, "SCMP_ACT_ALLOW") - names(copy, "SCMP_ACT_ALLOW") == set()
+    assert names(plain, "SCMP_ACT_ERRNO") - names(copy, "SCMP_ACT_ERRNO") == {"mount", "unshare"}
+    assert [r for r in plain["syscalls"] if "args" in r] == [r for r in copy["syscalls"] if "args" in r]
+    assert seccomp.is_ours([seccomp.security_opt(copy=True)], copy=True)
+    assert not seccomp.is_ours([seccomp.security_opt(copy=True)])
+    assert not seccomp.is_ours([seccomp.security_opt()], copy=True)
+    with pytest.raises(AssertionError):
+        seccomp.profile(gvisor=True, copy=True)
