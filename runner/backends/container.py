@@ -307,9 +307,14 @@ class ContainerBackend:
             if again is None:
                 break
             state = again.get("State", {})
+        oom = bool(state.get("OOMKilled"))
+        if code == 137 and not oom and wait_s == OOM_EVENT_LATE_S:
+            # nobody asked the engine to kill it and the flag never came: the engine's own oom event decides (the
+            # flag was seen lost at the exit under gVisor; the event stays in the engine's log)
+            oom = bool(self.engine.oom_reported(self.container_id, time.time() - KILL_EVENTS_SINCE_S))
         # State.OOMKilled is set when *any* process of the container met the limit (a call's child
         # too, which the worker survives and reports per call): only a SIGKILLed worker is the victim
-        return ExitStatus(code, oom_killed=bool(state.get("OOMKilled")) and code == 137)
+        return ExitStatus(code, oom_killed=oom and code == 137)
 
     def remove(self, keep: bool) -> None:
         self._launched()

@@ -54,6 +54,7 @@ LABEL_DATA = "toolcage.copy.data"  # on a marker: the volume holding the tree
 LABEL_PATH = "toolcage.copy.path"  # the workspace's path, hashed
 LABEL_SIZE = "toolcage.copy.size"  # the tmpfs space the copy takes (the run's limits.workspace_copy is checked)
 LABEL_ABLE = "toolcage.copy.able"  # on the probe's marker: "1" the engine lays the overlay, "0" it cannot
+LABEL_IMAGE = "toolcage.copy.image"  # on the probe's marker: the worker image it asked (gc: gone with the image)
 LABEL_AT = "toolcage.copy.at"  # on a marker and a seen record: when it was made (ns since the epoch)
 LABEL_SEEN = "toolcage.copy.seen"  # on a seen record: "1" (a tree started once, not kept: kept the next time)
 SEEN_PREFIX = "toolcage-copy-seen-"
@@ -178,7 +179,7 @@ def usable(engine: EngineAPI, image: str) -> bool:
             able = (marker.get("Labels") or {}).get(LABEL_ABLE) == "1"
         else:
             able = _probe(engine, image)
-            engine.create_volume(name, {LABEL: "able", LABEL_ABLE: "1" if able else "0"})
+            engine.create_volume(name, {LABEL: "able", LABEL_ABLE: "1" if able else "0", LABEL_IMAGE: image_id})
         if not able:
             logs.get_logger().warning(
                 "workspace.cache_unavailable",
@@ -338,8 +339,9 @@ def _age_s(volume: dict[str, Any]) -> float:
 
 def stale(engine: EngineAPI, copies: bool = False) -> list[tuple[str, str, str]]:
     """For ``gc``: (kind, name, why) of this module's volumes no run needs: a tree no marker names (a fill
-    that did not finish, or lost a race), a marker whose tree is gone, a probe's leftovers; with ``copies``
-    (``gc --copies``), every cached tree."""
+    that did not finish, or lost a race), a marker whose tree is gone, a probe's leftovers, the probe's answer
+    for a worker image the engine no longer has; with ``copies`` (``gc --copies``), every kept tree, its marker
+    and the trees noted as seen, except those a run mounts."""
     found = engine.volumes(LABEL)
     named = {str((v.get("Labels") or {}).get(LABEL_DATA)) for v in found if (v.get("Labels") or {}).get(LABEL_DATA)}
     names = {str(v.get("Name")) for v in found}
@@ -352,7 +354,12 @@ def stale(engine: EngineAPI, copies: bool = False) -> list[tuple[str, str, str]]
         found = [v for v in found if str(v.get("Name")) not in busy]
     for v in found:
         name, labels = str(v.get("Name", "")), v.get("Labels") or {}
-        if not name.startswith(PREFIX) or name.startswith(ABLE_PREFIX):
+        if name.startswith(ABLE_PREFIX):
+            image = labels.get(LABEL_IMAGE)
+            if image and engine.image(str(image)) is None:
+                out.append(("volume", name, "the workspace cache's answer for a worker image the engine no longer has"))
+            continue
+        if not name.startswith(PREFIX):
             continue
         data = labels.get(LABEL_DATA)
         if copies and (data or name.startswith((DATA_PREFIX, SEEN_PREFIX))):

@@ -293,13 +293,19 @@ class Engine:
             return {}
 
     def kill_requested(self, cid: str, since: float) -> bool | None:
+        return self._had_event(cid, since, "kill")
+
+    def oom_reported(self, cid: str, since: float) -> bool | None:
+        return self._had_event(cid, since, "oom")
+
+    def _had_event(self, cid: str, since: float, event: str) -> bool | None:
         # events up to now only: with ``until`` still to come the stream would wait for it. Seconds and
         # nanoseconds, as the engine parses a timestamp ("1796025196.532000000")
         try:
             events = self.api.events(
                 since=f"{since:.9f}",
                 until=f"{time.time():.9f}",
-                filters={"container": cid, "event": "kill"},
+                filters={"container": cid, "event": event},
                 decode=True,
             )
             return any(True for _ in events)
