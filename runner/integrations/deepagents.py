@@ -141,6 +141,8 @@ class ToolcageSandbox(BaseSandbox):
             policy's ``timeouts.call_s``, 30 s in the default policy).
         workspace_gitignore: leave out of the copy what the workspace's ``.gitignore`` files ignore, and
             ``.git`` (``changes()`` then ignores them too).
+        workspace_cache: lay the copy over a tree the engine keeps (``Sandbox(workspace_cache=True)``): a big
+            tree started again costs milliseconds, not a copy.
         resume: a snapshot (:meth:`snapshot`) to start from: a new container with the snapshot's files.
         snapshot_key: the HMAC key of snapshots (default: this host's).
     """
@@ -161,6 +163,7 @@ class ToolcageSandbox(BaseSandbox):
         workspace_gitignore: bool = False,
         resume: str | os.PathLike[str] | IO[bytes] | None = None,
         snapshot_key: bytes | None = None,
+        workspace_cache: bool = False,
     ) -> None:
         _check_timeout(command_timeout)
         self._command_timeout = command_timeout
@@ -168,7 +171,7 @@ class ToolcageSandbox(BaseSandbox):
         sb = Sandbox(
             resolved, workspace=workspace, workspace_mode="copy" if workspace is not None else "ro",
             workspace_gitignore=workspace_gitignore, secrets=secrets, audit=audit, image=image, sandbox=kind,
-            resume=resume, snapshot_key=snapshot_key,
+            resume=resume, snapshot_key=snapshot_key, workspace_cache=workspace_cache,
         )  # fmt: skip
         sb.start()
         self._setup(sb, contract.WORKSPACE if sb.options.workspace_copy else contract.SCRATCH)

@@ -191,7 +191,9 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
       runtime mounted read-only; default the worker image ``toolcage-worker:<version>``);
     - ``sandbox``: ``"container"`` (runc), ``"gvisor"`` or ``"auto"`` (default: ``$TOOLCAGE_SANDBOX``, else runc);
     - ``workspace``: a host directory copied into ``/workspace`` at start (never mounted, never written);
-      ``workspace_gitignore``: leave out what its ``.gitignore`` files ignore, and ``.git``;
+      ``workspace_gitignore``: leave out what its ``.gitignore`` files ignore, and ``.git``; ``workspace_cache``: lay
+      the copy over a tree the engine keeps (``Sandbox(workspace_cache=True)``: a big tree started again costs
+      milliseconds; not for a pool, whose slots take their copy after adoption);
     - ``run_s``/``idle_s``: the session's deadline and idle timeout (default: the policy's; a policy that keeps
       the default 60 s, as the bundled ``default`` does, gets 1 h and 10 min: ``toolcage.policies.overlay``);
     - ``exposed_ports``: sandbox TCP ports the host may reach (``resolve_exposed_port``), each through a relay
@@ -209,6 +211,7 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
     sandbox: str | None = None
     workspace: str | None = None
     workspace_gitignore: bool = False
+    workspace_cache: bool = False
     run_s: float | None = None
     idle_s: float | None = None
     exposed_ports: tuple[int, ...] = ()
@@ -229,8 +232,8 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
                 )
             if self.workspace is not None:
                 validate_workspace(self.workspace)
-            elif self.workspace_gitignore:
-                raise UsageError("workspace_gitignore applies to a workspace: give workspace= too")
+            elif self.workspace_gitignore or self.workspace_cache:
+                raise UsageError("workspace_gitignore and workspace_cache apply to a workspace: give workspace= too")
             if any(not 1 <= p <= 65535 for p in self.exposed_ports):
                 raise UsageError(f"exposed_ports are TCP ports (1-65535), not {self.exposed_ports!r}")
             if self.audit is True:
@@ -279,6 +282,7 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
             "workspace": self.workspace,
             "workspace_mode": "copy",
             "workspace_gitignore": self.workspace_gitignore,
+            **({"workspace_cache": True} if self.workspace_cache else {}),
             "sandbox": self.sandbox,
             "image": self.image,
             "audit": self.audit,
@@ -289,7 +293,7 @@ class ToolcageSandboxClientOptions(BaseSandboxClientOptions):
     def pool_kwargs(self) -> dict[str, Any]:
         """What ``AsyncPool(...)`` takes from these options: its slots are the sandboxes ``sandbox_kwargs`` would
         start, each run bringing its own secrets."""
-        return {k: v for k, v in self.sandbox_kwargs().items() if k != "secrets"}
+        return {k: v for k, v in self.sandbox_kwargs().items() if k not in ("secrets", "workspace_cache")}
 
     def persisted(self) -> dict[str, Any]:
         """The options as a session state keeps them: everything but the secrets' values."""

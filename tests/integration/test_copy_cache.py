@@ -62,3 +62,21 @@ def test_workspace_cache_needs_a_copy(tmp_path: Path) -> None:
         Sandbox(workspace=tmp_path, workspace_cache=True)
     with pytest.raises(UsageError, match="workspace_mode='copy'"):
         Sandbox(workspace_mode="copy", workspace_cache=True)
+
+
+def test_the_framework_clients_take_workspace_cache(tmp_path: Path) -> None:
+    """The OpenAI Agents SDK client's options and the Deep Agents backend pass workspace_cache to the sandbox (a
+    pool's slots never: they take their copy after adoption); without a workspace it is refused."""
+    from toolcage.integrations.openai_agents import ToolcageSandboxClientOptions
+
+    opts = ToolcageSandboxClientOptions(workspace=str(tmp_path), workspace_cache=True)
+    assert opts.sandbox_kwargs()["workspace_cache"] is True and "workspace_cache" not in opts.pool_kwargs()
+    assert ToolcageSandboxClientOptions.from_persisted(opts.persisted(), None).workspace_cache is True
+    assert "workspace_cache" not in ToolcageSandboxClientOptions(workspace=str(tmp_path)).sandbox_kwargs()
+    with pytest.raises(Exception, match="workspace_cache apply to a workspace"):
+        ToolcageSandboxClientOptions(workspace_cache=True)
+    import inspect
+
+    from toolcage.integrations.deepagents import ToolcageSandbox
+
+    assert "workspace_cache" in inspect.signature(ToolcageSandbox.__init__).parameters
