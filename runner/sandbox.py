@@ -363,7 +363,9 @@ class Sandbox(CodeInterpreter):
         data = copycache.new_volume(engine, worker_image(), k, where)
         try:
             filler = Sandbox(
-                dataclasses.replace(self.policy, network=NetworkPolicy()), tool="toolcage-copy", image=worker_image(),
+                # it runs no code: no network, and so no secret (a policy's secrets must go where its network may)
+                dataclasses.replace(self.policy, network=NetworkPolicy(), secrets={}),
+                tool="toolcage-copy", image=worker_image(),
                 workspace=self.workspace, engine=engine, workspace_mode="copy",
                 workspace_gitignore=self.options.workspace_gitignore, audit=self.options.audit, workspace_cache=True,
             )  # fmt: skip

@@ -22,10 +22,14 @@ it reads anything of the run, single-threaded (unshare of a user namespace requi
    starts is spawned with its descriptors closed) to list the copy's files for ``changes()``;
 3. the capability bounding set emptied, the seccomp filter of worker.children.nsinit stacked on the
    container's (mount, umount2, unshare, setns, pivot_root, chroot and the new mount API refused; clone3
-   ENOSYS), every capability dropped (capset). Threat: tool code using what the container's profile grants
+   ENOSYS, and mincore: below), every capability dropped (capset). Threat: tool code using what the container's
+   profile grants
    this run's boot (``unshare``, ``mount``: toolcage.engine.seccomp's copy variant) to open a user
    namespace's kernel surface, or remount the overlay. Nothing runs in the container before this step
-   but the worker; everything after it descends from this process and inherits the filter
+   but the worker; everything after it descends from this process and inherits the filter, but an exposed
+   port's relay, which the engine execs and which stacks the same filter itself (toolcage.lifecycle.ports).
+   Threat: a covert channel between runs of the tree through its page cache, which they share: mincore answers
+   exactly for files the caller owns (the kept tree's are the sandbox user's), so it is answered ENOSYS
    (tests/security/test_copy_cache_attacks.py).
 
 Any step failing fails the worker's start (exit ``contract.EXIT_NO_COPY``, the reason on stderr): the runner then
@@ -37,16 +41,16 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
-import struct
 import time
 
 from toolcage.policies import contract
 
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x1, 0x2, 0x4, 0x8, 0x4000, 0x40000
-PR_CAPBSET_DROP, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 24, 22, 2
+PR_CAPBSET_DROP = 24
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 UPPER, WORK = ".toolcage-upper", ".toolcage-work"
+SEAL_ENOSYS = ("mincore",)  # answered ENOSYS besides nsinit's calls (see _seal)
 
 # the lower's root, kept open (close-on-exec) for changes(): the copy's own list of files; and when the overlay was
 # laid (the coarse clock file times come from): every file of the cached tree is older, every later write newer
@@ -101,21 +105,15 @@ def lay(lower: str, target: str, overlay: bool = True) -> None:
 
 def _seal(libc: ctypes.CDLL) -> None:
     """Step 3: no capability left, and the stacked filter."""
-    from toolcage.worker.children.nsinit import filter_program
+    from toolcage.worker.children.nsinit import stack_filter
 
     cap = 0
     while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
         cap += 1
     _check(cap > 0, "prctl(PR_CAPBSET_DROP)")
-    prog = filter_program(os.uname().machine)
-    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
-    buf = ctypes.create_string_buffer(raw, len(raw))
-
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = SockFprog(len(prog), ctypes.addressof(buf))
-    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0, "seccomp")
+    # mincore too: the cached tree's files are the sandbox user's, so the kernel would answer it exactly for their
+    # pages, which every run of the tree shares (a covert channel between runs; timing is left, as for the image's)
+    _check(stack_filter(libc, SEAL_ENOSYS), "seccomp")
     header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice (64 bits), all zero
     _check(libc.capset(header, data) == 0, "capset")

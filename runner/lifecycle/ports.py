@@ -46,6 +46,13 @@ WORKER_PYTHON = ("python3", "-I", "-S")  # the worker image's own
 # without a word (the host closes its client's connection); the end of either side ends it.
 RELAY = """\
 import os,select,socket
+if os.environ.get(%r):
+    import ctypes,importlib.util as u
+    sp=u.spec_from_file_location("nsinit",%r)
+    m=u.module_from_spec(sp)
+    sp.loader.exec_module(m)
+    if not m.stack_filter(ctypes.CDLL(None,use_errno=True),("mincore",)):
+        os._exit(126)
 try:
     s=socket.create_connection(("127.0.0.1",%d))
     s.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)
@@ -79,6 +86,12 @@ os._exit(0)
 """
 
 
+# In a run with a cached workspace copy (TOOLCAGE_COPY_LOWER set: the container's profile allows unshare and mount
+# for the worker's boot, toolcage.worker.copyfs), the relay, which the engine execs beside the worker and so does not
+# descend from it, stacks the worker's filter on itself first, from the toolcage the sandbox runs (read-only)
+_SEAL = (contract.ENV_COPY_LOWER, "/opt/toolcage/lib/toolcage/worker/children/nsinit.py")
+
+
 def max_connections(pids: int) -> int:
     """The cap on a sandbox's relayed connections: each relay is one process of the sandbox (one task, about
     8 MiB), counted against its pids and memory limits, so a quarter of its pids at most (16 of the default 64)."""
@@ -94,7 +107,7 @@ def check_port(port: Any, what: str = "port") -> int:
 
 def relay_command(port: int, foreign: bool) -> list[str]:
     """The relay's argv: the sandbox's own Python (the runtime's for a user's own image) on :data:`RELAY`."""
-    return [*(RT_PYTHON if foreign else WORKER_PYTHON), "-c", RELAY % check_port(port)]
+    return [*(RT_PYTHON if foreign else WORKER_PYTHON), "-c", RELAY % (*_SEAL, check_port(port))]
 
 
 @dataclass(frozen=True)

@@ -80,3 +80,35 @@ def test_the_framework_clients_take_workspace_cache(tmp_path: Path) -> None:
     from toolcage.integrations.deepagents import ToolcageSandbox
 
     assert "workspace_cache" in inspect.signature(ToolcageSandbox.__init__).parameters
+
+
+def test_a_policy_with_secrets_keeps_its_tree(tmp_path: Path) -> None:
+    """The run that fills the cache runs no code and has no network, so none of the policy's secrets either (a
+    policy's secrets must go where its network may: a helper session's attack found the start refused). The run
+    itself keeps its policy, proxy and secrets."""
+    from toolcage.files.treekey import key
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    for p in (tmp_path, ws, ws / "a.txt"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    gvisor = os.environ.get(contract.ENV_SANDBOX) == "gvisor"
+    engine = Engine.default()
+    copycache.mark_seen(engine, key(ws, False), copycache.path_label(ws))
+    policy = Path(__file__).resolve().parents[2] / "examples" / "connectors" / "github.yaml"
+    try:
+        with Sandbox(
+            policy,
+            workspace=ws,
+            workspace_mode="copy",
+            workspace_cache=True,
+            secrets={"GITHUB_TOKEN": "t0ken-for-the-test"},
+        ) as sb:
+            assert (_lower(sb) is None) == gvisor
+            assert sb.policy.network.mode == "proxy" and "GITHUB_TOKEN" in sb.policy.secrets
+            assert sb.call("run_shell", {"command": "cat /workspace/a.txt"}).result["stdout"] == "a\n"
+    finally:
+        wait_removed()
+        for v in engine.volumes(f"{copycache.LABEL_PATH}={copycache.path_label(ws)}"):
+            engine.remove_volume(str(v["Name"]))

@@ -53,33 +53,56 @@ ARCHES = {
 # cannot refuse clone3 (runsc's OCI seccomp answers EPERM whatever errno it asks for, and no thread
 # could start); a filter a process installs itself gets the errno it asks for.
 CLONE3 = 435  # the same on x86_64 and aarch64
+# calls a caller may also have answered ENOSYS (worker.copyfs: mincore, an exact oracle of the page cache of files
+# the caller owns, which a cached workspace copy's runs share)
+MORE_ENOSYS = {"x86_64": {"mincore": 27}, "aarch64": {"mincore": 232}}
 _X32_BIT = 0x40000000
 _RET_ALLOW, _RET_ERRNO_EPERM, _RET_ERRNO_ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
 _LD_ABS_W, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
 
 
-def filter_program(machine: str) -> list[tuple[int, int, int, int]]:
+def filter_program(machine: str, enosys: tuple[str, ...] = ()) -> list[tuple[int, int, int, int]]:
     """The stacked seccomp filter, as classic BPF (code, jt, jf, k): refuse ``ARCHES[machine]``'s
-    calls, any other architecture and the x32 numbers (EPERM), answer clone3 ENOSYS; allow the rest
-    (the container's own profile still decides everything else)."""
+    calls, any other architecture and the x32 numbers (EPERM), answer clone3 ENOSYS (and ``enosys``, names of
+    ``MORE_ENOSYS``); allow the rest (the container's own profile still decides everything else)."""
     arch, numbers = ARCHES[machine]
     nrs = sorted(numbers.values())
-    n = len(nrs)
-    # layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4 jeq clone3; 5.. jeq each; allow; deny; enosys
-    allow = 5 + n
-    deny, enosys = allow + 1, allow + 2
+    more = sorted(MORE_ENOSYS[machine][name] for name in enosys)
+    n, m = len(nrs), len(more)
+    # layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4 jeq clone3; 5.. jeq each (EPERM), jeq each (ENOSYS);
+    # allow; deny; enosys
+    allow = 5 + n + m
+    deny, enosys_at = allow + 1, allow + 2
     prog = [
         (_LD_ABS_W, 0, 0, 4),
         (_JEQ_K, 0, deny - 2, arch),
         (_LD_ABS_W, 0, 0, 0),
         (_JGE_K, deny - 4, 0, _X32_BIT),
-        (_JEQ_K, enosys - 5, 0, CLONE3),
+        (_JEQ_K, enosys_at - 5, 0, CLONE3),
     ]
     for i, nr in enumerate(nrs):
         here = 5 + i
         prog.append((_JEQ_K, deny - here - 1, 0, nr))
+    for i, nr in enumerate(more):
+        here = 5 + n + i
+        prog.append((_JEQ_K, enosys_at - here - 1, 0, nr))
     prog += [(_RET_K, 0, 0, _RET_ALLOW), (_RET_K, 0, 0, _RET_ERRNO_EPERM), (_RET_K, 0, 0, _RET_ERRNO_ENOSYS)]
     return prog
+
+
+def stack_filter(libc: ctypes.CDLL, enosys: tuple[str, ...] = ()) -> bool:
+    """Stack :func:`filter_program` on the caller's filters (its no_new_privs is set: the container's
+    no-new-privileges); False if the kernel refused. Also the cached copy's worker (worker.copyfs) and the port
+    relay the engine execs in such a run (toolcage.lifecycle.ports) take it."""
+    prog = filter_program(os.uname().machine, enosys)  # not platform: it imports re, ~10 ms here
+    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = SockFprog(len(prog), ctypes.addressof(buf))
+    return bool(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0)
 
 
 def _fail(libc: ctypes.CDLL, step: str) -> None:
@@ -156,15 +179,7 @@ def become_init(libc: ctypes.CDLL) -> None:
         cap += 1
     if cap == 0:
         _fail(libc, "prctl(PR_CAPBSET_DROP)")
-    prog = filter_program(os.uname().machine)  # not platform: it imports re, ~10 ms here
-    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
-    buf = ctypes.create_string_buffer(raw, len(raw))
-
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = SockFprog(len(prog), ctypes.addressof(buf))
-    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+    if not stack_filter(libc):
         _fail(libc, "seccomp")
     # and no capability left in the namespace: an exec would drop them (the uid is not 0 there), but
     # the zygote's fork runs the call without one; gVisor granted a raw socket on such a capability
