@@ -185,6 +185,13 @@ def test_fork_storm_subreaper_and_stopped_processes_do_not_survive_the_sweep(eng
         assert r.status == "ok" and r.result["stdout"] == "storm running\n", r.result
         assert sb.container_id is not None
         procs = _processes(engine, sb.container_id, sb)
+        # under gVisor the zygote makes the next call's process ahead in two forks while the worker idles: the
+        # listing can catch the first of them, which neither usage answer names; a survivor stays, it does not
+        for _ in range(10):
+            if len(procs) == 1:
+                break
+            time.sleep(0.3)
+            procs = _processes(engine, sb.container_id, sb)
         assert len(procs) == 1 and "worker" in procs[0], procs
         r = sb.call("run_shell", {"command": "echo alive"})
         assert r.result["stdout"] == "alive\n"
