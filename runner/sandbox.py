@@ -56,7 +56,9 @@ class _Background:
     """A function run on a thread of its own; ``result()`` waits for it and returns or raises what it did."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
-        self._fn, self._out, self._err = fn, None, None
+        self._fn = fn
+        self._out: Any = None
+        self._err: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="toolcage-copy-walk", daemon=True)
         self._thread.start()
 
