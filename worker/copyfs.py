@@ -23,8 +23,7 @@ it reads anything of the run, single-threaded (unshare of a user namespace requi
 3. the capability bounding set emptied, the seccomp filter of worker.children.nsinit stacked on the
    container's (mount, umount2, unshare, setns, pivot_root, chroot and the new mount API refused; clone3
    ENOSYS, and mincore: below), every capability dropped (capset). Threat: tool code using what the container's
-   profile grants
-   this run's boot (``unshare``, ``mount``: toolcage.engine.seccomp's copy variant) to open a user
+   profile grants this run's boot (``unshare``, ``mount``: toolcage.engine.seccomp's copy variant) to open a user
    namespace's kernel surface, or remount the overlay. Nothing runs in the container before this step
    but the worker; everything after it descends from this process and inherits the filter, but an exposed
    port's relay, which the engine execs and which stacks the same filter itself (toolcage.lifecycle.ports).
@@ -32,8 +31,10 @@ it reads anything of the run, single-threaded (unshare of a user namespace requi
    exactly for files the caller owns (the kept tree's are the sandbox user's), so it is answered ENOSYS
    (tests/security/test_copy_cache_attacks.py).
 
-Any step failing fails the worker's start (exit ``contract.EXIT_NO_COPY``, the reason on stderr): the runner then
-makes the copy as without the cache, once, and remembers that the engine cannot.
+Any step failing fails the worker's start (exit ``contract.EXIT_NO_COPY``, the reason on stderr), and the run
+with it, saying so (toolcage.backends.container.NO_COPY): never a copy that is not one. The runner asked the engine
+first (toolcage.engine.copycache.usable: a probe once per engine, kernel and worker image), so only an engine that
+changed since its answer fails a start so.
 """
 
 from __future__ import annotations

@@ -27,6 +27,12 @@ from toolcage.rpc.transport import StreamParser, Transport
 # engine says nobody asked it to kill the container (the kernel did: its OOM killer); not at all when someone did
 # (docker kill, rm -f: a crash, reported at once, tests/integration/test_lifecycle.py::test_external_kill_mid_call);
 # OOM_EVENT_WAIT_S when the engine cannot say.
+# the worker could not lay a cached workspace copy (worker.copyfs; its reason is in its stderr log)
+NO_COPY = (
+    "the worker could not lay the cached workspace copy (workspace_cache): the engine answered its probe once and "
+    "refuses now; run without workspace_cache, or remove the engine's answer with `docker volume rm` of the "
+    "toolcage-copy-able-* volumes so that it is asked again"
+)
 OOM_EVENT_WAIT_S = 0.3
 OOM_EVENT_LATE_S = 3.0
 KILL_EVENTS_SINCE_S = 86400.0  # how far back the engine's events are asked (it keeps a bounded number of them)
@@ -314,7 +320,8 @@ class ContainerBackend:
             oom = bool(self.engine.oom_reported(self.container_id, time.time() - KILL_EVENTS_SINCE_S))
         # State.OOMKilled is set when *any* process of the container met the limit (a call's child
         # too, which the worker survives and reports per call): only a SIGKILLed worker is the victim
-        return ExitStatus(code, oom_killed=oom and code == 137)
+        why = NO_COPY if code == contract.EXIT_NO_COPY else ""
+        return ExitStatus(code, oom_killed=oom and code == 137, why=why)
 
     def remove(self, keep: bool) -> None:
         self._launched()

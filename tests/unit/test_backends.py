@@ -408,3 +408,28 @@ def test_a_gvisor_worker_that_exits_2_is_said_to_be_gvisors_kernel_ending() -> N
     said = why(gvisor.GVisorBackend, 2)
     assert "gVisor's kernel ended" in said and "docs/operating.md" in said
     assert why(gvisor.GVisorBackend, 1) == "" and why(container.ContainerBackend, 2) == ""
+
+
+def test_a_worker_that_could_not_lay_its_cached_copy_says_so() -> None:
+    """Exit 75 (contract.EXIT_NO_COPY) is the worker refusing to serve a cached copy it could not lay: the crash says
+    that and what to do; any other exit says nothing of it."""
+    from toolcage.backends import container
+    from toolcage.policies import contract
+
+    class Engine:
+        def __init__(self, code: int) -> None:
+            self.code = code
+
+        def wait(self, cid: str, timeout: float) -> int:
+            return self.code
+
+        def inspect(self, cid: str) -> dict[str, Any]:
+            return {"State": {"ExitCode": self.code, "OOMKilled": False}}
+
+    def why(code: int) -> str:
+        backend = object.__new__(container.ContainerBackend)
+        backend.container_id, backend._engine = "c", Engine(code)
+        return str(backend.exit_status(5).why)
+
+    assert "cached workspace copy" in why(contract.EXIT_NO_COPY) and "workspace_cache" in why(contract.EXIT_NO_COPY)
+    assert why(1) == "" and why(70) == ""
