@@ -346,12 +346,12 @@ def stale(engine: EngineAPI, copies: bool = False) -> list[tuple[str, str, str]]
     named = {str((v.get("Labels") or {}).get(LABEL_DATA)) for v in found if (v.get("Labels") or {}).get(LABEL_DATA)}
     names = {str(v.get("Name")) for v in found}
     out: list[tuple[str, str, str]] = []
-    if copies:  # a tree a run mounts stays (the engine would refuse), and its marker with it
-        from toolcage.engine.labels import LABEL_RUN_ID
+    # a tree a run mounts stays (the engine would refuse: a fill that runs long, a kept tree in use), and its marker
+    from toolcage.engine.labels import LABEL_RUN_ID
 
-        used = {str(m.get("Name")) for c in engine.containers(LABEL_RUN_ID) for m in c.get("Mounts") or []}
-        busy = {str(v.get("Name")) for v in found if (v.get("Labels") or {}).get(LABEL_DATA) in used} | used
-        found = [v for v in found if str(v.get("Name")) not in busy]
+    used = {str(m.get("Name")) for c in engine.containers(LABEL_RUN_ID) for m in c.get("Mounts") or []}
+    busy = {str(v.get("Name")) for v in found if (v.get("Labels") or {}).get(LABEL_DATA) in used} | used
+    found = [v for v in found if str(v.get("Name")) not in busy]
     for v in found:
         name, labels = str(v.get("Name", "")), v.get("Labels") or {}
         if name.startswith(ABLE_PREFIX):

@@ -74,3 +74,11 @@ def test_gc_removes_what_no_run_needs_and_with_copies_every_tree_not_in_use() ->
     every = {n for _, n, _ in cc.stale(engine, copies=True)}  # type: ignore[arg-type]
     assert "da" not in every and cc.marker_name("a") not in every  # in use: the tree and its marker stay
     assert {cc.DATA_PREFIX + "fresh", cc.DATA_PREFIX + "old", cc.marker_name("z"), f"{cc.SEEN_PREFIX}s"} <= every
+
+
+def test_gc_never_names_a_tree_a_run_mounts_even_a_long_fill() -> None:
+    """A fill older than STALE_S that a run still mounts (a big tree, a slow disk) is not named: the engine would
+    refuse its removal and gc would stop there."""
+    vols = [data(cc.DATA_PREFIX + "slow", "k", created=OLD)]
+    assert cc.stale(FakeEngine(vols, mounted={cc.DATA_PREFIX + "slow"})) == []  # type: ignore[arg-type]
+    assert [n for _, n, _ in cc.stale(FakeEngine(vols))] == [cc.DATA_PREFIX + "slow"]  # type: ignore[arg-type]
