@@ -8,7 +8,10 @@ from typing import Any
 from toolcage.engine import copycache as cc
 
 OLD = "2020-01-01T00:00:00Z"
-NOW = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _now() -> str:  # at the call: a pass of the suite can take longer than STALE_S after this module's import
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class FakeEngine:
@@ -26,22 +29,18 @@ class FakeEngine:
         return [{"Mounts": [{"Name": n} for n in self._mounted]}]
 
 
-def vol(name: str, created: str = NOW, **labels: str) -> dict[str, Any]:
-    return {"Name": name, "CreatedAt": created, "Labels": {k.replace("_", "."): v for k, v in labels.items()}}
-
-
 def marker(k: str, data: str, at: int, where: str = "p") -> dict[str, Any]:
     labels = {cc.LABEL: k, cc.LABEL_PATH: where, cc.LABEL_DATA: data, cc.LABEL_SIZE: "4096", cc.LABEL_AT: str(at)}
-    return {"Name": cc.marker_name(k), "CreatedAt": NOW, "Labels": labels}
+    return {"Name": cc.marker_name(k), "CreatedAt": _now(), "Labels": labels}
 
 
-def data(name: str, k: str, created: str = NOW, where: str = "p") -> dict[str, Any]:
-    return {"Name": name, "CreatedAt": created, "Labels": {cc.LABEL: k, cc.LABEL_PATH: where}}
+def data(name: str, k: str, created: str | None = None, where: str = "p") -> dict[str, Any]:
+    return {"Name": name, "CreatedAt": created or _now(), "Labels": {cc.LABEL: k, cc.LABEL_PATH: where}}
 
 
 def seen(k: str, at: int, where: str = "p") -> dict[str, Any]:
     labels = {cc.LABEL: k, cc.LABEL_PATH: where, cc.LABEL_SEEN: "1", cc.LABEL_AT: str(at)}
-    return {"Name": f"{cc.SEEN_PREFIX}{k}", "CreatedAt": NOW, "Labels": labels}
+    return {"Name": f"{cc.SEEN_PREFIX}{k}", "CreatedAt": _now(), "Labels": labels}
 
 
 def test_a_paths_record_guesses_the_newest_kept_tree_unless_a_tree_started_since() -> None:
