@@ -385,29 +385,33 @@ def test_a_killed_worker_waits_for_the_oom_flag_only_when_nobody_asked_the_engin
         assert not got.oom_killed, (got, event)
 
 
+class _ExitedEngine:
+    """An engine whose container exited with ``code``, never OOM-killed (for what ``exit_status`` says of it)."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def wait(self, cid: str, timeout: float) -> int:
+        return self.code
+
+    def inspect(self, cid: str) -> dict[str, Any]:
+        return {"State": {"ExitCode": self.code, "OOMKilled": False}}
+
+
+def _why(cls: type, code: int) -> str:
+    backend = object.__new__(cls)
+    backend.container_id, backend._engine = "c", _ExitedEngine(code)
+    return str(backend.exit_status(5).why)
+
+
 def test_a_gvisor_worker_that_exits_2_is_said_to_be_gvisors_kernel_ending() -> None:
     """Exit code 2 under gVisor is runsc's sentry ending (met by the host's backstop limits on its own threads
     or memory): the crash says so and where to read more. Any other exit, and exit 2 under runc, says nothing more."""
     from toolcage.backends import container, gvisor
 
-    class Engine:
-        def __init__(self, code: int) -> None:
-            self.code = code
-
-        def wait(self, cid: str, timeout: float) -> int:
-            return self.code
-
-        def inspect(self, cid: str) -> dict[str, Any]:
-            return {"State": {"ExitCode": self.code, "OOMKilled": False}}
-
-    def why(cls: type, code: int) -> str:
-        backend = object.__new__(cls)
-        backend.container_id, backend._engine = "c", Engine(code)
-        return str(backend.exit_status(5).why)
-
-    said = why(gvisor.GVisorBackend, 2)
+    said = _why(gvisor.GVisorBackend, 2)
     assert "gVisor's kernel ended" in said and "docs/operating.md" in said
-    assert why(gvisor.GVisorBackend, 1) == "" and why(container.ContainerBackend, 2) == ""
+    assert _why(gvisor.GVisorBackend, 1) == "" and _why(container.ContainerBackend, 2) == ""
 
 
 def test_a_worker_that_could_not_lay_its_cached_copy_says_so() -> None:
@@ -416,20 +420,6 @@ def test_a_worker_that_could_not_lay_its_cached_copy_says_so() -> None:
     from toolcage.backends import container
     from toolcage.policies import contract
 
-    class Engine:
-        def __init__(self, code: int) -> None:
-            self.code = code
-
-        def wait(self, cid: str, timeout: float) -> int:
-            return self.code
-
-        def inspect(self, cid: str) -> dict[str, Any]:
-            return {"State": {"ExitCode": self.code, "OOMKilled": False}}
-
-    def why(code: int) -> str:
-        backend = object.__new__(container.ContainerBackend)
-        backend.container_id, backend._engine = "c", Engine(code)
-        return str(backend.exit_status(5).why)
-
-    assert "cached workspace copy" in why(contract.EXIT_NO_COPY) and "workspace_cache" in why(contract.EXIT_NO_COPY)
-    assert why(1) == "" and why(70) == ""
+    said = _why(container.ContainerBackend, contract.EXIT_NO_COPY)
+    assert "cached workspace copy" in said and "workspace_cache" in said
+    assert _why(container.ContainerBackend, 1) == "" and _why(container.ContainerBackend, 70) == ""
