@@ -173,7 +173,7 @@ class Sandbox(CodeInterpreter):
             )  # fmt: skip
         self.options = opts
         # workspace_cache: the spec's copy_lower (the cached tree this run lays its copy over), decided at start;
-        # or, in the run that fills the cache (toolcage.engine.copycache.make), its copy_target
+        # or, in the run that fills the cache (_make_cached), its copy_target
         self._copy_spec: dict[str, str] = {}
         self._copy_plan: Any = None  # (engine, path label, the tree mounted, the walk checking it or None)
         self._copy_laid = True  # a mounted tree is laid (False: the walk found it changed, the copy is filled)
@@ -205,10 +205,13 @@ class Sandbox(CodeInterpreter):
             opts.warn_unreadable_workspace(self.log, self._run.backend.sandbox_user)
 
     def _check_copy_size(self) -> None:
-        """A workspace whose copy would not fit in limits.workspace_copy is refused before anything starts."""
+        """A workspace whose copy would not fit in limits.workspace_copy is refused before anything starts. The
+        walk is taken once: the copy sends what it found (a cached copy walks only when the cache cannot serve)."""
         from toolcage.files.upload import scan
 
         assert self.options.workspace is not None
+        if self._scan is not None:
+            return
         self._scan = scan(self.options.workspace, self.options.workspace_gitignore)  # the copy sends what it found
         self._check_size(self._scan.size, self._scan.entries)
 
@@ -303,8 +306,7 @@ class Sandbox(CodeInterpreter):
             or engine.flavor().name != "docker"
             or not copycache.usable(engine, worker_image())
         ):
-            if self._scan is None:
-                self._check_copy_size()
+            self._check_copy_size()
             return {}
         workspace, gitignore = self.workspace, self.options.workspace_gitignore
         assert workspace is not None
@@ -319,12 +321,10 @@ class Sandbox(CodeInterpreter):
         got = known.ready.get(k)
         if got is None and k not in known.seen:
             copycache.mark_seen(engine, k, where)
-            if self._scan is None:
-                self._check_copy_size()
+            self._check_copy_size()
             return {}
         if got is None:
-            if self._scan is None:
-                self._check_copy_size()
+            self._check_copy_size()
             got = self._make_cached(engine, k)
         else:
             self._check_size(got.size, 0)
@@ -349,8 +349,7 @@ class Sandbox(CodeInterpreter):
         self._run.session.preface(b"fill\n")
         self._copy_laid = False
         copycache.mark_seen(engine, k, where)
-        if self._scan is None:
-            self._check_copy_size()
+        self._check_copy_size()
 
     def _make_cached(self, engine: EngineAPI, k: str) -> Any:
         """The tree of key ``k`` into a new volume of the engine's cache: filled by a run of toolcage's own that

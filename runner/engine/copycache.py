@@ -2,26 +2,27 @@
 
 Why: a writable copy made at start pays for every file twice, the host's walk and tar and the sandbox's
 extraction (2.6 s for 100,000 files, 8x a read-only start; the extraction alone is 3.6x). A coding agent
-starts many runs on the same tree. With ``workspace_cache=True`` (``--workspace-cache``), the first run of a
+starts many runs on the same tree. With ``workspace_cache=True`` (``--workspace-cache``), the second start of a
 tree makes a volume holding it as the sandbox user owns it, and every run of the same tree after that mounts
 it read-only under its own copy-on-write layer (toolcage.worker.copyfs: an overlay laid at the worker's boot,
 its upper layer the run's tmpfs of ``limits.workspace_copy``). A run sees and changes a copy exactly as
 without the cache; ``changes()`` and snapshots work the same.
 
-How, as values:
+How, as values (the run's side of it is ``Sandbox._cached_copy``):
 
-- :func:`key`: one walk of the tree (names, kinds, modes, owners, sizes, mtimes, ctimes, inodes: a file's
-  content or permission changed sets its ctime; one replaced is another inode), with the
-  ``workspace_gitignore`` choice and the copy's format; no ACL read, no file opened. Every start with
-  the cache walks the tree so (0.6 s for 100,000 files here): a tree changed since is a miss, never a stale copy.
-- :func:`lookup`: the marker volume ``toolcage-copy-<key>`` (one engine call) naming the volume that holds
-  the tree. A marker is made only after its tree was filled in whole, so a fill that did not finish is
+- the tree's key (toolcage.files.treekey): one walk of the tree (names, kinds, modes, owners, sizes, mtimes,
+  ctimes, inodes: a file's content or permission changed sets its ctime; one replaced is another inode), with
+  the ``workspace_gitignore`` choice and the copy's format; no ACL read, no file opened. Every start with the
+  cache walks the tree so: a tree changed since is a miss, never a stale copy.
+- :func:`state`: what the engine keeps for a workspace path (one engine call): its trees by key, each named by
+  a marker volume ``toolcage-copy-<key>``, and the trees started once and not kept (:func:`mark_seen`). A
+  marker is made only after its tree was filled in whole (:func:`record`), so a fill that did not finish is
   never used; volumes no marker names are removed by ``toolcage gc``.
-- :func:`make`: a run of toolcage's own that runs no code fills a new volume through the upload protocol,
-  as any copy is made (what the sandbox user could not read is withheld the same way), with the volume
-  itself at /workspace; then the marker. Two runners making the same tree at once: the engine keeps the
-  first marker, the other volume is removed. At most :data:`KEEP_PER_PATH` trees of one workspace path
-  are kept (the older ones, when no run uses them, are removed when a new one is made).
+- :func:`new_volume`, then a run of toolcage's own that runs no code (``Sandbox._make_cached``) fills it
+  through the upload protocol, as any copy is made (what the sandbox user could not read is withheld the same
+  way), with the volume itself at /workspace; then :func:`record`. Two runners making the same tree at once:
+  the engine keeps the first marker, the other volume is removed. At most :data:`KEEP_PER_PATH` trees of one
+  workspace path are kept (the older ones, when no run uses them, are removed when a new one is made).
 - :func:`usable`: whether this engine can lay the overlay (Linux >= 6.6, runc, an engine that lets the
   container make a user namespace): probed once per engine, kernel and worker image by a container of that image,
   the answer kept in a marker volume. Not usable: the copy is made as without the cache, and said once.
@@ -124,10 +125,9 @@ def mark_seen(engine: EngineAPI, k: str, where: str) -> None:
 
     labels = {LABEL: k, LABEL_PATH: where, LABEL_SEEN: "1", LABEL_AT: str(time.time_ns())}
     engine.create_volume(f"{SEEN_PREFIX}{k}", labels)
-    seen = [v for v in engine.volumes(f"{LABEL_PATH}={where}") if (v.get("Labels") or {}).get(LABEL_SEEN) == "1"]
-    seen.sort(key=lambda v: _at(v.get("Labels") or {}), reverse=True)
-    for v in seen[SEEN_PER_PATH:]:
-        _quiet(engine.remove_volume, str(v["Name"]))
+    seen = sorted(state(engine, where).seen.items(), key=lambda item: item[1], reverse=True)
+    for old, _ in seen[SEEN_PER_PATH:]:
+        _quiet(engine.remove_volume, f"{SEEN_PREFIX}{old}")
 
 
 def path_label(local: str | os.PathLike[str]) -> str:
@@ -156,6 +156,7 @@ def lookup(engine: EngineAPI, k: str) -> Cached | None:
 
 # --- whether the engine can lay the overlay -----------------------------------------------------------------
 _able: dict[tuple[int, str, str], bool] = {}
+_kernels: dict[int, str] = {}
 _able_lock = threading.Lock()
 PROBE = (
     "python3", "-S", "-c",
@@ -166,8 +167,9 @@ PROBE = (
 
 def usable(engine: EngineAPI, image: str) -> bool:
     """Whether ``engine`` lays a cached copy's overlay (asked of the engine once per kernel, remembered)."""
-    info = engine.info()
-    kernel = str(info.get("KernelVersion") or "")
+    kernel = _kernels.get(id(engine))
+    if kernel is None:  # (`info` takes about 12 ms: once per engine and process, not on every start)
+        kernel = _kernels[id(engine)] = str(engine.info().get("KernelVersion") or "")
     image_id = str((engine.image(image) or {}).get("Id") or image)  # a new worker image is asked again
     memo = (id(engine), kernel, image_id)
     with _able_lock:
@@ -297,30 +299,13 @@ def _own(engine: EngineAPI, image: str, volume: str) -> None:
 
 def _evict(engine: EngineAPI, where: str, keep: str) -> None:
     """At most KEEP_PER_PATH trees of one workspace path: the oldest others go (a volume in use stays)."""
-    markers = [v for v in engine.volumes(f"{LABEL_PATH}={where}") if (v.get("Labels") or {}).get(LABEL_DATA)]
-    markers.sort(key=lambda v: str(v.get("CreatedAt") or ""), reverse=True)
-    others = [m for m in markers if (m.get("Labels") or {}).get(LABEL) != keep]
-    for m in others[KEEP_PER_PATH - 1 :]:
+    others = sorted((c for c in state(engine, where).ready.values() if c.key != keep), key=lambda c: c.at, reverse=True)
+    for c in others[KEEP_PER_PATH - 1 :]:
         try:
-            engine.remove_volume(str(m["Labels"][LABEL_DATA]))  # refused while a run mounts it
-            engine.remove_volume(str(m["Name"]))
+            engine.remove_volume(c.volume)  # refused while a run mounts it
+            engine.remove_volume(marker_name(c.key))
         except ToolcageError:
             continue  # in use: kept until a later eviction, or gc
-
-
-def remove_all(engine: EngineAPI) -> list[str]:
-    """``toolcage gc --copies``: every cached tree no run uses (markers and their volumes)."""
-    gone: list[str] = []
-    for v in engine.volumes(LABEL):
-        name = str(v.get("Name", ""))
-        if not name.startswith(PREFIX):
-            continue
-        try:
-            engine.remove_volume(name)
-            gone.append(name)
-        except ToolcageError:
-            continue
-    return gone
 
 
 STALE_S = 600.0  # a fill takes seconds to minutes: a volume this old that no marker names lost its runner

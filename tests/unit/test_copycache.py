@@ -28,6 +28,21 @@ class FakeEngine:
     def containers(self, label: str, all: bool = True) -> list[dict[str, Any]]:
         return [{"Mounts": [{"Name": n} for n in self._mounted]}]
 
+    def create_volume(self, name: str, labels: dict[str, str], options: dict[str, str] | None = None) -> str:
+        if all(v["Name"] != name for v in self._volumes):  # as the engine: one of that name is kept as it is
+            self._volumes.append({"Name": name, "CreatedAt": _now(), "Labels": dict(labels)})
+        return name
+
+    def remove_volume(self, name: str) -> None:
+        from toolcage.errors import SandboxError
+
+        if name in self._mounted:
+            raise SandboxError(f"remove {name}: volume is in use")
+        self._volumes = [v for v in self._volumes if v["Name"] != name]
+
+    def names(self) -> set[str]:
+        return {v["Name"] for v in self._volumes}
+
 
 def marker(k: str, data: str, at: int, where: str = "p") -> dict[str, Any]:
     labels = {cc.LABEL: k, cc.LABEL_PATH: where, cc.LABEL_DATA: data, cc.LABEL_SIZE: "4096", cc.LABEL_AT: str(at)}
@@ -81,3 +96,21 @@ def test_gc_never_names_a_tree_a_run_mounts_even_a_long_fill() -> None:
     vols = [data(cc.DATA_PREFIX + "slow", "k", created=OLD)]
     assert cc.stale(FakeEngine(vols, mounted={cc.DATA_PREFIX + "slow"})) == []  # type: ignore[arg-type]
     assert [n for _, n, _ in cc.stale(FakeEngine(vols))] == [cc.DATA_PREFIX + "slow"]  # type: ignore[arg-type]
+
+
+def test_a_path_keeps_at_most_two_trees_and_four_noted_ones_never_one_in_use() -> None:
+    """Keeping a tree removes the oldest others of its path beyond KEEP_PER_PATH (a tree a run mounts stays);
+    noting one removes the oldest noted beyond SEEN_PER_PATH. Oldest by the time each was made (ns), not by the
+    engine's CreatedAt (whole seconds)."""
+    vols = [marker(k, f"d{k}", at) for k, at in (("a", 10), ("b", 20), ("c", 30))]
+    vols += [data(f"d{k}", k) for k in "abc"]
+    engine = FakeEngine(vols)
+    cc._evict(engine, "p", keep="a")  # type: ignore[arg-type]  # a: just kept; c the newest other; b goes
+    assert engine.names() == {cc.marker_name("a"), "da", cc.marker_name("c"), "dc"}
+    engine = FakeEngine([marker(k, f"d{k}", at) for k, at in (("a", 10), ("b", 20), ("c", 30))] + [
+        data(f"d{k}", k) for k in "abc"], mounted={"da"})  # fmt: skip
+    cc._evict(engine, "p", keep="c")  # type: ignore[arg-type]  # a would go, but a run mounts it
+    assert {"da", "db", "dc"} <= engine.names()
+    engine = FakeEngine([seen(k, at) for k, at in (("s1", 1), ("s2", 2), ("s3", 3), ("s4", 4))])
+    cc.mark_seen(engine, "s5", "p")  # type: ignore[arg-type]
+    assert engine.names() == {f"{cc.SEEN_PREFIX}{k}" for k in ("s2", "s3", "s4", "s5")}
