@@ -351,11 +351,13 @@ def _limit_probes(sb: Any) -> list[tuple[str, str, Callable[[], tuple[bool, Any]
 
     def child_oom() -> tuple[bool, Any]:
         # a child that asks to go first (oom_score_adj 1000) ends alone, and its call goes on: under gVisor
-        # too, where the memory guard picks the victim as Linux's OOM killer does
+        # too, where the memory guard picks the victim as Linux's OOM killer does. The child holds what it took
+        # for a few seconds: the guard reads the usage every few ms, and a child that exits at once on a loaded
+        # host (the guard's thread not scheduled meanwhile) was gone before it was seen, once in a full pass
         code = (
-            "import os, signal\npid = os.fork()\nif pid == 0:\n"
+            "import os, signal, time\npid = os.fork()\nif pid == 0:\n"
             "    with open('/proc/self/oom_score_adj', 'w') as f:\n        f.write('1000')\n"
-            f"    b = b'x' * {mem + 64 * 1024 * 1024}\n    os._exit(0)\n"
+            f"    b = b'x' * {mem + 64 * 1024 * 1024}\n    time.sleep(5)\n    os._exit(0)\n"
             "s = os.waitpid(pid, 0)[1]\nprint(signal.Signals(os.WTERMSIG(s)).name if os.WIFSIGNALED(s) else s)"
         )
         r = sb.call("run_python", {"code": code, "timeout_s": 30})

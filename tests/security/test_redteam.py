@@ -36,10 +36,17 @@ def _processes(engine: Any, cid: str, sb: Sandbox | None = None) -> list[str]:
             ["runsc", "--root", RUNSC_ROOT, "ps", cid], capture_output=True, text=True, check=True
         ).stdout.splitlines()[1:]  # UID PID PPID C STIME TIME CMD
         rows = [(int(line.split()[1]), line.split()[-1]) for line in out if line.strip()]
-        after = sb.call("sandbox.usage").result
-        zygotes = {zygote, after["zygote_pid"]}  # one may have started meanwhile
-        # and the next call's process, which the zygote made ahead while the worker was idle (no call's)
-        zygotes |= {ahead, after["ahead_pid"]}
+        zygotes = {zygote, ahead}
+        # one may have started meanwhile: the zygote, or the next call's process, which it makes ahead while the
+        # worker is idle (no call's). The worker names such a process only once it is made: seen in ps with a
+        # usage answered just after not naming it yet (1 in 9 runs with three at once). So ask again, a little
+        # later, while the listing has a process not named; the listing itself is not taken again
+        for _ in range(10):
+            after = sb.call("sandbox.usage").result
+            zygotes |= {after["zygote_pid"], after["ahead_pid"]}
+            if all(pid == 1 or pid in zygotes for pid, _ in rows):
+                break
+            time.sleep(0.1)
         # runsc ps shows names only (python3): PID 1 is the worker (probe worker_is_init proves it)
         return [f"{pid} {'worker' if pid == 1 else cmd}" for pid, cmd in rows if pid not in zygotes]
     top = engine.api.top(cid, ps_args="-eo pid,args")
