@@ -44,6 +44,7 @@ from typing import Any
 
 from toolcage import logs
 from toolcage.engine.api import EngineAPI
+from toolcage.engine.sharedfiles import marked
 from toolcage.errors import ToolcageError
 from toolcage.policies import contract
 
@@ -140,11 +141,10 @@ def marker_name(k: str) -> str:
 
 def lookup(engine: EngineAPI, k: str) -> Cached | None:
     """The cached tree of key ``k`` on this engine, or None (one engine call)."""
-    found = {v["Name"]: v for v in engine.volumes(f"{LABEL}={k}")}
-    marker = found.get(marker_name(k))
-    if marker is None:
+    seen = marked(engine, f"{LABEL}={k}", marker_name(k))
+    if seen is None:
         return None
-    labels = marker.get("Labels") or {}
+    labels, found = seen
     data = labels.get(LABEL_DATA)
     if not data or data not in found:
         return None  # its tree removed by hand: made again (gc removes the marker)

@@ -34,7 +34,7 @@ from typing import Any
 
 from toolcage import logs
 from toolcage.engine.api import EngineAPI
-from toolcage.engine.sharedfiles import drop_volumes, in_use_paths, overlay_options, stale_of
+from toolcage.engine.sharedfiles import drop_volumes, in_use_paths, marked, overlay_options, stale_of
 from toolcage.errors import SandboxError, ToolcageError
 
 PREFIX = "toolcage-rt-"
@@ -112,15 +112,14 @@ def make_run_volumes(
 
 
 def _listed(engine: EngineAPI, image_id: str) -> Runtime | None:
-    volumes = {v["Name"]: v for v in engine.volumes(f"{LABEL}={image_id}")}
-    marker = volumes.get(marker_name(image_id))
-    if marker is None:
+    seen = marked(engine, f"{LABEL}={image_id}", marker_name(image_id))
+    if seen is None:
         return None
-    labels = marker.get("Labels") or {}
+    labels, volumes = seen
     names = str(labels.get(LABEL_VOLUMES, "")).split(",")
     if len(names) != len(TARGETS) or not all(n in volumes and volumes[n].get("Mountpoint") for n in names):
         return None  # a volume removed by hand: made again (gc removes the old marker's leftovers)
-    empty = str(marker.get("Mountpoint") or "") if labels.get(LABEL_OVERLAY) == "1" else ""
+    empty = str(volumes[marker_name(image_id)].get("Mountpoint") or "") if labels.get(LABEL_OVERLAY) == "1" else ""
     return Runtime(
         volumes=tuple((n, str(volumes[n]["Mountpoint"]), t) for n, t in zip(names, TARGETS, strict=True)),
         empty=empty or None,

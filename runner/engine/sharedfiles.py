@@ -148,11 +148,10 @@ def _decide(engine: EngineAPI, image_id: str) -> Layers | None:
 
 def _listed(engine: EngineAPI, image_id: str) -> Layers | bool | None:
     """What the marker says (one engine call: this module's volumes of this image); False: no marker."""
-    volumes = {v["Name"]: v for v in engine.volumes(f"{LABEL}={image_id}")}
-    marker = volumes.get(marker_name(image_id))
-    if marker is None:
+    seen = marked(engine, f"{LABEL}={image_id}", marker_name(image_id))
+    if seen is None:
         return False
-    labels = marker.get("Labels") or {}
+    labels, volumes = seen
     usr, opt = labels.get(LABEL_USR), labels.get(LABEL_OPT)
     if labels.get(LABEL_USE) != "1" or usr not in volumes or opt not in volumes:
         return None  # not sharing, or a volume removed by hand (`toolcage gc` then removes the marker too)
@@ -331,6 +330,14 @@ def drop(engine: EngineAPI, image_id: str) -> list[str]:
     for key in [k for k in _known if k[1] == image_id]:
         del _known[key]
     return removed
+
+
+def marked(engine: EngineAPI, label: str, marker: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]] | None:
+    """The volumes under ``label`` by name and the labels of the one named ``marker`` (one engine call), or None
+    when there is no marker: how this module, the runtime's and the kept workspace copies' read what they made."""
+    volumes = {v["Name"]: v for v in engine.volumes(label)}
+    found = volumes.get(marker)
+    return None if found is None else (found.get("Labels") or {}, volumes)
 
 
 def drop_volumes(engine: EngineAPI, label: str, marker: str, run_prefix: str) -> list[str]:
