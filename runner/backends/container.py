@@ -337,12 +337,12 @@ class ContainerBackend:
             if self.container_id is not None and removal.hand_off(self.container_id, files):
                 return
             if self.container_id is not None:
-                self.engine.remove(self.container_id)
+                self._end(self.container_id)
             self._remove_files(files)
             return
         # the sandbox goes while the proxy is stopped and drained; the volume and network after both
         cid = self.container_id
-        sandbox = Background(lambda: self.engine.remove(cid) if cid is not None else None, "toolcage-remove")
+        sandbox = Background(lambda: self._end(cid) if cid is not None else None, "toolcage-remove")
         try:
             self._egress.down(before_volume=sandbox.join)
         except BaseException:
@@ -350,6 +350,14 @@ class ContainerBackend:
                 self._remove_files(files)
             raise
         self._remove_files(files)  # after both containers that mounted them
+
+    def _end(self, cid: str) -> None:
+        """Remove the sandbox: under a runtime that asks for it (gVisor), first a short wait for the worker to
+        end it by exiting at EOF (every caller closed the worker's input first), then the engine's removal."""
+        if self.runtime.exit_wait_s:
+            with contextlib.suppress(ToolcageError):  # a failed wait changes nothing: the removal kills it
+                self.engine.wait(cid, self.runtime.exit_wait_s)
+        self.engine.remove(cid)
 
     def _remove_files(self, names: list[str]) -> None:
         for name in names:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from toolcage import Sandbox, UsageError
+from toolcage import Sandbox, UsageError, wait_removed
 from toolcage.backends import available_kinds
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -306,3 +306,21 @@ def test_a_call_starts_in_what_its_cwd_names_at_the_call_not_when_the_zygote_sta
         for _ in range(2):  # in the process made ahead, then forked at the call
             r = sb.call("exec", probe)
             assert r.ok and r.result["stdout"].split() == ["/scratch/sub", "fresh"], r.result
+
+
+@pytest.mark.usefixtures("gvisor")
+def test_a_closed_gvisor_sandbox_ends_by_its_workers_exit_not_by_a_kill(engine: Any) -> None:
+    """Closed, a gVisor sandbox ends because its worker exits at EOF (exit code 0), before the removal would kill
+    it: killed, the engine sometimes went on showing it running for 10 to 28 s after runsc's process was gone
+    (2 in ~20 removals after a fork bomb on a loaded host), and a program waits for its removals at exit."""
+    since = time.time()
+    with Sandbox(sandbox="gvisor", audit=False) as sb:
+        # what made the worker's exit slow enough for the kill to come first: many processes just ended
+        assert sb.call("run_python", {"code": FORK_BOMB, "timeout_s": 30}).ok
+        cid = sb.container_id
+    assert cid is not None
+    wait_removed(60)
+    events = list(engine.api.events(since=since, until=time.time(), filters={"container": cid}, decode=True))
+    actions = [(e.get("Action") or e.get("status"), e.get("Actor", {}).get("Attributes", {})) for e in events]
+    assert [a for a, _ in actions if a in ("kill", "die", "destroy")] == ["die", "destroy"], actions
+    assert next(attrs for a, attrs in actions if a == "die").get("exitCode") == "0", actions
