@@ -333,16 +333,17 @@ class ContainerBackend:
                 self.log.warning("run.kept", container=self.name)
             return
         files, self._files = self._files, []
+        wait = self.runtime.exit_wait_s  # gVisor: its worker's exit at EOF ends it, before a kill would
         if self._egress is None:
-            if self.container_id is not None and removal.hand_off(self.container_id, files):
+            if self.container_id is not None and removal.hand_off(self.container_id, files, wait):
                 return
             if self.container_id is not None:
-                self._end(self.container_id)
+                removal.end(self.engine, self.container_id, wait)
             self._remove_files(files)
             return
         # the sandbox goes while the proxy is stopped and drained; the volume and network after both
         cid = self.container_id
-        sandbox = Background(lambda: self._end(cid) if cid is not None else None, "toolcage-remove")
+        sandbox = Background(lambda: None if cid is None else removal.end(self.engine, cid, wait), "toolcage-remove")
         try:
             self._egress.down(before_volume=sandbox.join)
         except BaseException:
@@ -350,14 +351,6 @@ class ContainerBackend:
                 self._remove_files(files)
             raise
         self._remove_files(files)  # after both containers that mounted them
-
-    def _end(self, cid: str) -> None:
-        """Remove the sandbox: under a runtime that asks for it (gVisor), first a short wait for the worker to
-        end it by exiting at EOF (every caller closed the worker's input first), then the engine's removal."""
-        if self.runtime.exit_wait_s:
-            with contextlib.suppress(ToolcageError):  # a failed wait changes nothing: the removal kills it
-                self.engine.wait(cid, self.runtime.exit_wait_s)
-        self.engine.remove(cid)
 
     def _remove_files(self, names: list[str]) -> None:
         for name in names:

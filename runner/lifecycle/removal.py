@@ -18,6 +18,7 @@ would die with the container's init (a runner container's script ends right afte
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import queue
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from toolcage import logs
+from toolcage.errors import ToolcageError
 
 EXIT_WAIT_S = 30.0  # at interpreter exit, how long pending removals may hold it
 
@@ -126,13 +128,23 @@ def stop_helper() -> None:
     _helper_fd = None
 
 
-def hand_off(container_id: str, volumes: list[str] | tuple[str, ...] = ()) -> bool:
-    """Give the helper a container to remove, then ``volumes`` (True), or False: remove them here."""
+def end(engine: Any, cid: str, exit_wait_s: float = 0.0) -> None:
+    """Remove a sandbox's container: when ``exit_wait_s``, first up to that long for it to end by itself (its
+    worker exits at EOF, and every caller closed its input first: gVisor's ``engine.knobs.exit_wait_s``), then the
+    engine's removal, which kills what still runs."""
+    if exit_wait_s:
+        with contextlib.suppress(ToolcageError):  # a failed wait changes nothing: the removal kills it
+            engine.wait(cid, exit_wait_s)
+    engine.remove(cid)
+
+
+def hand_off(container_id: str, volumes: list[str] | tuple[str, ...] = (), exit_wait_s: float = 0.0) -> bool:
+    """Give the helper a container to remove (:func:`end`), then ``volumes`` (True), or False: remove them here."""
     fd = _helper_fd
     if fd is None:
         return False
     try:
-        line = " ".join([container_id, *volumes])
+        line = " ".join([repr(float(exit_wait_s)), container_id, *volumes])
         os.write(fd, f"{line}\n".encode())  # one short line: a single atomic write to the pipe
     except OSError:
         return False  # the helper is gone: the caller removes it itself
@@ -154,17 +166,17 @@ def _helper(read_end: int, engine_class: Callable[[], Any]) -> None:
     engine = None
     with os.fdopen(keep, "rb") as pipe:
         for line in pipe:
-            names = line.decode("ascii", "replace").split()  # a container, then the volumes it mounted
-            if not names:
+            names = line.decode("ascii", "replace").split()  # its wait, a container, then the volumes it mounted
+            if len(names) < 2:
                 continue
             try:
                 if engine is None:
                     engine = engine_class()  # a connection of its own, never the command's
-                engine.remove(names[0])
-                for volume in names[1:]:
+                end(engine, names[1], float(names[0]))
+                for volume in names[2:]:
                     engine.remove_volume(volume)
             except Exception:  # noqa: S112 - the reaper and gc remove what is left
                 continue
 
 
-__all__ = ["hand_off", "schedule", "start_helper", "stop_helper", "wait_removed"]
+__all__ = ["end", "hand_off", "schedule", "start_helper", "stop_helper", "wait_removed"]

@@ -140,3 +140,30 @@ def test_no_helper_outside_the_machines_pid_namespace() -> None:
         timeout=60,
     )
     assert inside.stdout.strip() == "False", inside.stderr
+
+
+def test_end_waits_for_the_container_to_end_by_itself_only_when_asked_then_removes_it() -> None:
+    """``exit_wait_s`` (gVisor): the engine's wait first, then the removal, even when the wait failed; 0: no wait."""
+    from toolcage.errors import SandboxError
+
+    class Engine:
+        def __init__(self, fail: bool = False) -> None:
+            self.calls: list[tuple[str, ...]] = []
+            self.fail = fail
+
+        def wait(self, cid: str, timeout: float) -> int | None:
+            self.calls.append(("wait", cid, str(timeout)))
+            if self.fail:
+                raise SandboxError("the engine did not answer")
+            return 0
+
+        def remove(self, cid: str) -> None:
+            self.calls.append(("remove", cid))
+
+    engine = Engine()
+    removal.end(engine, "c1")
+    removal.end(engine, "c2", 1.0)
+    assert engine.calls == [("remove", "c1"), ("wait", "c2", "1.0"), ("remove", "c2")]
+    failing = Engine(fail=True)
+    removal.end(failing, "c3", 1.0)
+    assert failing.calls == [("wait", "c3", "1.0"), ("remove", "c3")]
